@@ -13,7 +13,7 @@ import os
 import socket
 import stat
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from workers.protocol import new_key, new_session_id
@@ -50,6 +50,38 @@ class Connection:
     @property
     def run_dir(self) -> Path:
         return Path(self.path).parent
+
+    def for_connect(self, endpoint: str) -> Connection:
+        """This run as seen by a worker given ``--connect tcp://HEAD:PORT``: data goes to
+        ``endpoint`` and the control/request endpoints move to the same host."""
+        host = tcp_host(endpoint)
+        if host is None:
+            return replace(self, data=endpoint)
+
+        def moved(other: str) -> str:
+            port = other.rsplit(":", 1)[-1] if other.startswith("tcp://") else ""
+            return f"tcp://{host}:{port}" if port else other
+
+        return replace(self, data=endpoint, control=moved(self.control), request=moved(self.request))
+
+
+def tcp_host(endpoint: str) -> str | None:
+    """The host part of a tcp:// endpoint, or None for other transports."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    return endpoint[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
+
+
+def tcp_endpoints(listen: str) -> tuple[str, str, str]:
+    """data/control/request endpoints for ``--listen tcp://ADDR:PORT`` (PORT, PORT+1, PORT+2)."""
+    host = tcp_host(listen)
+    try:
+        port = int(listen.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        raise ConnectionError_(f"--listen must look like tcp://0.0.0.0:5555; got {listen!r}") from None
+    if host is None or not 0 < port < 65534:
+        raise ConnectionError_(f"--listen must look like tcp://0.0.0.0:5555; got {listen!r}")
+    return listen, f"tcp://{host}:{port + 1}", f"tcp://{host}:{port + 2}"
 
 
 def runtime_root() -> Path:

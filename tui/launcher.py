@@ -1,0 +1,113 @@
+"""Start torchrun as a child process group and stop every process of it, always.
+
+`commtop run` owns the workers: quitting the TUI (or Ctrl-C in headless mode) stops the
+whole group; a SIGKILLed `commtop` takes torchrun with it (PR_SET_PDEATHSIG), and torchrun
+stops its workers. The last lines the job printed are kept (bounded) for the status line.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from workers.connection import CONNECTION_FILE_ENV, Connection
+
+PR_SET_PDEATHSIG = 1
+STOP_GRACE_S = 5.0
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def torchrun_argv(nproc: int, worker_args: list[str], connection: Connection) -> list[str]:
+    """torchrun (as `python -m torch.distributed.run`, so no PATH lookup) on this node."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        "--monitor-interval=0.2", "-m", "workers", "--connection-file", connection.path, *worker_args,
+    ]
+
+
+class JobProcess:
+    """A running torchrun job: its output tail, exit code and a reliable stop()."""
+
+    def __init__(self, argv: list[str], connection: Connection, env: dict[str, str] | None = None,
+                 tail_lines: int = 200) -> None:
+        self.argv = argv
+        self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        self._lock = threading.Lock()
+        child_env = dict(os.environ if env is None else env)
+        child_env[CONNECTION_FILE_ENV] = connection.path
+        child_env.setdefault("PYTHONUNBUFFERED", "1")
+        log_path = Path(connection.run_dir) / "job.log"
+        self.log_path = str(log_path)
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in _pump
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env,
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )
+        self.started = time.monotonic()
+        self._pump_thread = threading.Thread(target=self._pump, name="job-output", daemon=True)
+        self._pump_thread.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        try:
+            for raw in self.proc.stdout:
+                self._log.write(raw)
+                line = raw.decode(errors="replace").rstrip()
+                if line:
+                    with self._lock:
+                        self._tail.append(line)
+        finally:
+            self._log.close()
+
+    # ProcessWatch (tui.interfaces): what the app's status line reads
+    def lines(self) -> list[str]:
+        with self._lock:
+            return list(self._tail)
+
+    def error_lines(self, limit: int = 12) -> list[str]:
+        """The lines that explain a failure: tracebacks and torchrun's failure summary."""
+        lines = self.lines()
+        keep = [ln for ln in lines if "Error" in ln or "error" in ln or "Traceback" in ln or "exitcode" in ln
+                or ln.startswith(("  File", "[rank"))]
+        return (keep or lines)[-limit:]
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self.proc.wait(timeout)
+        self._pump_thread.join(timeout=2)
+        return code
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int:
+        """SIGTERM the whole group, then SIGKILL what is left after ``grace_s``."""
+        if self.proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # Workers may outlive torchrun by a moment; the group is ours, so clean it fully.
+        self._signal_group(signal.SIGKILL)
+        code = self.proc.wait()
+        self._pump_thread.join(timeout=2)
+        return code
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
