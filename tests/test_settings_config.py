@@ -1,0 +1,98 @@
+"""Live settings allow-list and loop options: bad values get one clear line, nothing changes."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from workers.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args, config_from_dict
+from workers.settings import Settings, SettingsError, parse_assignment
+
+
+def test_settings_accept_valid_changes() -> None:
+    s = Settings().updated(
+        {"mode": "sync-barrier", "copies": "3", "copy_scale": "0.25", "pinned": "false", "direction": "h2d"}
+    )
+    assert (s.mode, s.copies, s.copy_scale, s.pinned, s.direction) == ("sync-barrier", 3, 0.25, False, "h2d")
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"mode": "async"},
+        {"copies": 17},
+        {"copies": -1},
+        {"copies": "many"},
+        {"copies": 2.5},
+        {"copy_scale": 3},
+        {"pinned": "maybe"},
+        {"direction": "d2d"},
+        {"rm -rf": 1},
+        {"knob.offload": "x"},
+    ],
+)
+def test_settings_refuse_bad_changes(changes: dict) -> None:
+    before = Settings()
+    with pytest.raises(SettingsError) as info:
+        before.updated(changes)
+    assert "\n" not in str(info.value)
+    assert before == Settings()
+
+
+def test_user_knobs_are_validated_against_declared_choices() -> None:
+    knobs = {"offload": ("none", "overlap")}
+    assert Settings().updated({"offload": "none"}, knobs).knobs == {"offload": "none"}
+    with pytest.raises(SettingsError):
+        Settings().updated({"offload": "fast"}, knobs)
+
+
+def test_parse_assignment() -> None:
+    assert parse_assignment("copies=3") == ("copies", "3")
+    with pytest.raises(SettingsError):
+        parse_assignment("copies")
+
+
+def _parse(*argv: str, cpu: bool = False) -> LoopConfig:
+    parser = argparse.ArgumentParser()
+    add_loop_arguments(parser)
+    return config_from_args(parser.parse_args(list(argv)), cpu=cpu)
+
+
+def test_defaults_follow_the_forum_on_gpu_and_shrink_on_cpu() -> None:
+    gpu = _parse()
+    assert (gpu.collective, gpu.shape, gpu.dtype, gpu.copies, gpu.collectives_per_step) == (
+        "all_gather",
+        (8192, 8192),
+        "bfloat16",
+        5,
+        32,
+    )
+    assert gpu.tensor_bytes == 128 * 2**20
+    cpu = _parse(cpu=True)
+    assert cpu.dtype == "float32" and cpu.tensor_bytes < gpu.tensor_bytes
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--shape", "8192xx"),
+        ("--shape", "0x5"),
+        ("--copies", "40"),
+        ("--copy-scale", "3"),
+        ("--iters", "-1"),
+        ("--shape", "999999x999999"),
+    ],
+)
+def test_bad_options_raise_one_line(argv: tuple[str, ...]) -> None:
+    with pytest.raises(ConfigError) as info:
+        _parse(*argv)
+    assert "\n" not in str(info.value)
+
+
+def test_config_round_trips_through_argv_and_dict() -> None:
+    cfg = _parse("--collective", "all_reduce", "--shape", "64x32", "--offload", "sync", "--host-memory", "pageable")
+    parser = argparse.ArgumentParser()
+    add_loop_arguments(parser)
+    assert config_from_args(parser.parse_args(cfg.to_argv()), cpu=False) == cfg
+    assert config_from_dict(cfg.as_dict()) == cfg

@@ -1,0 +1,348 @@
+"""The `commtop` command: run, watch, replay, report, ctl.
+
+This module only parses arguments and wires parts together; each part lives in its own
+module. It must never import torch (the workers run in torchrun's processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workers import connection as connections
+from workers.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args
+
+CPU_RANKS = 2
+ABOUT = "commtop: live profiler for GPU communication (NCCL collectives vs. offload copies)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # ctl and report own their whole command line.
+    if argv and argv[0] == "ctl":
+        from tui import ctl
+
+        return ctl.main(argv[1:])
+    if argv and argv[0] == "report":
+        from tui import report
+
+        return report.main(argv[1:])
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(ns.func(ns))
+    except (ConfigError, connections.ConnectionError_, CollectorError) as exc:
+        print(f"commtop: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="commtop", description=ABOUT)
+    sub = parser.add_subparsers(dest="command", metavar="{run,watch,replay,report,ctl}")
+
+    run = sub.add_parser("run", help="start torchrun workers on this node and watch them live")
+    run.add_argument("--nproc", type=int, default=None, help="ranks (default: one per visible GPU, or 2 on CPU)")
+    run.add_argument("--headless", action="store_true", help="no TUI: run, then print the per-rank summary")
+    run.add_argument("--record", nargs="?", const="", default=None, metavar="PATH", help="record to PATH")
+    add_loop_arguments(run)
+    run.set_defaults(func=cmd_run)
+
+    watch = sub.add_parser("watch", help="TUI only, for workers started by hand (torchrun ... -m workers)")
+    watch.add_argument(
+        "--listen",
+        default=None,
+        metavar="tcp://ADDR:PORT",
+        help="listen on TCP for multi-node runs (uses PORT, PORT+1, PORT+2)",
+    )
+    watch.add_argument("--connection-file", default=None, help="re-attach to this run (default: a new run)")
+    watch.add_argument("--record", nargs="?", const="", default=None, metavar="PATH")
+    watch.add_argument("--headless", action="store_true", help="collect without a TUI until Ctrl-C")
+    watch.set_defaults(func=cmd_watch)
+
+    replay = sub.add_parser("replay", help="replay a recording in the TUI")
+    replay.add_argument("file")
+    replay.add_argument("--speed", type=float, default=1.0)
+    replay.set_defaults(func=cmd_replay)
+
+    sub.add_parser(
+        "report", help="per-mode tables, CSV, Perfetto traces and plots from a recording (commtop report -h)"
+    )
+    sub.add_parser("ctl", help="change a running job's settings (commtop ctl -h)")
+    return parser
+
+
+# --------------------------------------------------------------------------- collector
+
+
+class CollectorError(RuntimeError):
+    """The collector could not start (address in use, run already watched, ...)."""
+
+
+@dataclass
+class Collector:
+    """Everything on the receiving side of one run: sockets, model, control, recorder."""
+
+    connection: connections.Connection
+    source: Any
+    model: Any
+    controller: Any = None
+    recorder: Any = None
+    sinks: list[Any] = field(default_factory=list)
+    lock_fd: int = -1
+
+    def close(self) -> None:
+        for part in (self.recorder, self.controller, self.source):
+            close = getattr(part, "close", None) if part is not None else None
+            if close is None and part is not None:
+                close = getattr(part, "stop", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as exc:  # closing must go on for the other parts
+                    print(f"commtop: while closing {type(part).__name__}: {exc}", file=sys.stderr)
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
+
+
+def _lock_run(conn: connections.Connection) -> int:
+    """One collector per run: a second `watch` on the same run gets a clear error."""
+    path = conn.run_dir / "collector.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = Path(path).read_text().strip() or "?"
+        os.close(fd)
+        raise CollectorError(f"run {conn.run_id} is already being watched (pid {holder})") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def open_collector(conn: connections.Connection, record: str | None, collective: str = "") -> Collector:
+    from tui.model import RunModel
+    from tui.sources import LiveSource
+
+    lock_fd = _lock_run(conn)
+    try:
+        source = LiveSource(conn)
+    except Exception as exc:
+        os.close(lock_fd)
+        raise CollectorError(str(exc)) from None
+    collector = Collector(connection=conn, source=source, model=RunModel(), lock_fd=lock_fd)
+    try:
+        from tui.control_server import ControlServer
+    except ImportError:
+        ControlServer = None  # noqa: N806 - optional part
+    if ControlServer is not None:
+        try:
+            collector.controller = ControlServer(conn)
+        except Exception as exc:
+            collector.close()
+            raise CollectorError(str(exc)) from None
+        collector.sinks.append(collector.controller)
+    collector.recorder = make_recorder(collective)
+    if collector.recorder is not None:
+        collector.sinks.append(collector.recorder)
+        if record is not None:
+            path = collector.recorder.start(record or None)
+            print(f"commtop: recording to {path}", file=sys.stderr)
+    return collector
+
+
+def make_recorder(collective: str) -> Any:
+    try:
+        from tui.recording import Recorder
+    except ImportError:
+        return None
+    return Recorder(collective=collective or "run")
+
+
+# --------------------------------------------------------------------------- run
+
+
+def cmd_run(ns: argparse.Namespace) -> int:
+    from tui.gpus import visible_gpus
+    from tui.launcher import JobProcess, torchrun_argv
+
+    gpus = visible_gpus()
+    cpu = gpus.count == 0 or ns.backend == "gloo"
+    if ns.backend == "nccl" and gpus.count == 0:
+        raise ConfigError(f"--backend nccl needs a GPU: {gpus.reason}")
+    nproc = ns.nproc if ns.nproc is not None else (CPU_RANKS if cpu else gpus.count)
+    if nproc < 1:
+        raise ConfigError("--nproc must be at least 1")
+    if not cpu and nproc > gpus.count:
+        raise ConfigError(f"--nproc {nproc} but only {gpus.count} GPU(s) are visible")
+    config = config_from_args(ns, cpu=cpu)
+    check_memory(config, nproc, cpu, gpus.memory_bytes)
+    if cpu:
+        why = gpus.reason if gpus.count == 0 else "--backend gloo"
+        print(f"commtop: no GPU ({why}): running {nproc} gloo ranks on the CPU (backend gloo/cpu)", file=sys.stderr)
+    conn = connections.create_run(label=config.collective)
+    collector = open_collector(conn, ns.record, config.collective)
+    job = JobProcess(torchrun_argv(nproc, config.to_argv(), conn), conn)
+    try:
+        if ns.headless:
+            return run_headless(collector, job, nproc)
+        return run_tui(collector, job=job, title=f"commtop run · {nproc} ranks · {'gloo/cpu' if cpu else 'nccl'}")
+    finally:
+        job.stop()
+        collector.close()
+
+
+def check_memory(config: LoopConfig, nproc: int, cpu: bool, gpu_memory: tuple[int, ...]) -> None:
+    """Refuse sizes that cannot fit before any rank starts (a clear error, not an OOM later)."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    host_need = nproc * config.peak_host_bytes() + (nproc * config.peak_device_bytes(nproc) if cpu else 0)
+    if host_need > 0.8 * available:
+        raise ConfigError(
+            f"{config.collective} of {'x'.join(map(str, config.shape))} {config.dtype} on {nproc} "
+            f"ranks needs ~{host_need / 2**30:.1f} GiB of host memory; {available / 2**30:.1f} GiB "
+            "is available (use a smaller --shape)"
+        )
+    if not cpu and gpu_memory:
+        need = config.peak_device_bytes(nproc)
+        if need > 0.9 * min(gpu_memory):
+            raise ConfigError(
+                f"needs ~{need / 2**30:.1f} GiB per GPU; the smallest has "
+                f"{min(gpu_memory) / 2**30:.1f} GiB (use a smaller --shape)"
+            )
+
+
+def run_headless(collector: Collector, job: Any, nproc: int) -> int:
+    """Collect until the job ends (or Ctrl-C), then print the per-rank summary table."""
+    from tui.headless import format_summary
+    from tui.headless import run_headless as collect
+
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        snapshot = collect(collector.source, collector.model, stop, until=_job_finished(job), sinks=collector.sinks)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    interrupted = stop.is_set()
+    code = job.stop() if interrupted else job.wait()
+    print(format_summary(snapshot))
+    if code != 0 and not interrupted:
+        print(f"commtop: the job exited with code {code}; its last lines:", file=sys.stderr)
+        for line in job.error_lines():
+            print(f"  {line}", file=sys.stderr)
+    return 130 if interrupted else code
+
+
+def _job_finished(job: Any) -> Callable[[], bool]:
+    ended_at: list[float] = []
+
+    def finished() -> bool:
+        if job.exit_code() is None:
+            return False
+        if not ended_at:
+            ended_at.append(time.monotonic())
+        return time.monotonic() - ended_at[0] > 0.5  # drain what is still in flight
+
+    return finished
+
+
+def run_tui(collector: Collector, *, job: Any = None, replay: Any = None, title: str = "commtop") -> int:
+    from tui.app import build_app
+
+    app = build_app(collector=collector, job=job, title=title)
+    app.run()
+    if job is not None and job.exit_code() not in (None, 0):
+        print(f"commtop: the job exited with code {job.exit_code()}; its last lines:", file=sys.stderr)
+        for line in job.error_lines():
+            print(f"  {line}", file=sys.stderr)
+        return int(job.exit_code())
+    return 0
+
+
+# --------------------------------------------------------------------------- watch
+
+
+def cmd_watch(ns: argparse.Namespace) -> int:
+    if ns.listen:
+        data, control, request = connections.tcp_endpoints(ns.listen)
+        host = connections.tcp_host(ns.listen) or ""
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            print(
+                f"commtop: warning: listening on {ns.listen} is reachable from the network; every message is "
+                "signed with this run's key, so keep its connection file private",
+                file=sys.stderr,
+            )
+        conn = connections.create_run(data=data, control=control, request=request, label="watch")
+    elif ns.connection_file:
+        conn = connections.load(ns.connection_file)
+    else:
+        conn = connections.create_run(label="watch")
+    print(f"commtop: connection file {conn.path}", file=sys.stderr)
+    print(
+        f"commtop: start workers with: torchrun --nproc-per-node N -m workers --connection-file {conn.path}"
+        + (
+            f"   (other nodes: --connect tcp://{socket.gethostname()}:{conn.data.rsplit(':', 1)[-1]} "
+            "--connection-file <copy of that file>)"
+            if ns.listen
+            else ""
+        ),
+        file=sys.stderr,
+    )
+    collector = open_collector(conn, ns.record)
+    try:
+        if ns.headless:
+            from tui.headless import format_summary
+            from tui.headless import run_headless as collect
+
+            stop = threading.Event()
+            signal.signal(signal.SIGINT, lambda *_: stop.set())
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+            print(
+                format_summary(
+                    collect(collector.source, collector.model, stop, until=lambda: False, sinks=collector.sinks)
+                )
+            )
+            return 0
+        return run_tui(collector, title=f"commtop watch · {conn.run_id}")
+    finally:
+        collector.close()
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def cmd_replay(ns: argparse.Namespace) -> int:
+    from tui.model import RunModel
+    from tui.replay import open_replay
+
+    try:
+        source = open_replay(ns.file, speed=ns.speed)
+    except (OSError, ValueError) as exc:
+        print(f"commtop: error: {exc}", file=sys.stderr)
+        return 1
+    collector = Collector(connection=None, source=source, model=RunModel())  # type: ignore[arg-type]
+    try:
+        return run_tui(collector, title=f"commtop replay · {Path(ns.file).name}")
+    finally:
+        collector.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
