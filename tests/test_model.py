@@ -1,0 +1,207 @@
+"""RunModel against hand-computed values: windows, busbw, gaps, drops, liveness, stragglers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from frozen_run import T0, TENSOR_BYTES, frozen_coll, frozen_copy, frozen_hello, frozen_run
+
+from tui.model import HISTORY_ITERS, RunModel
+from tui.stats import RING_SIZE
+from workers.protocol import Bye
+
+S = 1_000_000_000
+
+
+class FrozenClock:
+    """A test clock (ns) that moves only when told to."""
+
+    def __init__(self, t: int = T0) -> None:
+        self.t = t
+
+    def __call__(self) -> int:
+        return self.t
+
+
+def model_with(*messages: object) -> tuple[RunModel, FrozenClock]:
+    clock = FrozenClock()
+    model = RunModel(clock=clock)
+    for m in messages:
+        model.apply(m)
+    return model, clock
+
+
+def test_window_latency_and_busbw_from_one_batch() -> None:
+    model, _ = model_with(frozen_hello(0), frozen_coll(0, 0, [0, 1, 2, 3], [1000, 2000, 3000, 4000]))
+    r = model.snapshot().ranks[0]
+    assert (r.count, r.last_iteration) == (4, 3)
+    assert r.last_ms == pytest.approx(4.0)
+    assert r.p50_ms == pytest.approx(2.0)  # nearest rank of 4 values
+    assert r.p99_ms == pytest.approx(4.0)
+    # all_gather on 2 ranks: S = 2 x tensor, busbw factor 1/2; bytes moved 4 x S/2 in 10 ms
+    assert r.busbw_gbps == pytest.approx(4 * TENSOR_BYTES / 10_000 / 1e3, rel=1e-5)
+    assert r.iter_rate == pytest.approx(100.0)  # records start every 10 ms
+    assert r.mode == "overlap" and r.state == "live"
+
+
+def test_header_fields_come_from_the_hello() -> None:
+    model, _ = model_with(frozen_hello(0, world=4), frozen_hello(1, world=4))
+    s = model.snapshot()
+    assert (s.backend, s.world_size, s.collective, s.shape, s.dtype) == (
+        "gloo/cpu",
+        4,
+        "all_gather",
+        (1024, 1024),
+        "float32",
+    )
+    assert s.tensor_bytes == TENSOR_BYTES and s.settings["mode"] == "overlap"
+    assert [r.state for r in s.ranks] == ["waiting", "waiting"]
+    assert s.ranks[0].host == "node-a" and s.ranks[0].gpu == "cpu"
+
+
+def test_ring_wrap_keeps_the_newest_records_and_whole_run_counts() -> None:
+    n = RING_SIZE + 904
+    dur = np.full(n, 1000.0)
+    dur[-1] = 7000.0
+    model, _ = model_with(frozen_coll(0, 0, range(n), dur, period_ns=1_000_000))
+    r = model.snapshot().ranks[0]
+    assert r.count == n and r.run.count == n and r.missing == 0
+    assert r.last_ms == pytest.approx(7.0)
+    assert r.run.max_ms == pytest.approx(7.0) and r.run.min_ms == pytest.approx(1.0)
+    assert model.ranks[0].coll.view()["iteration"][0] == n - RING_SIZE
+
+
+def test_window_covers_the_last_five_seconds_of_record_time() -> None:
+    # 1 record a second: 10 old slow ones, then 5 fast ones; the window holds t-5s..t
+    its = range(15)
+    dur = [9000.0] * 10 + [1000.0] * 5
+    model, _ = model_with(frozen_coll(0, 0, its, dur, period_ns=S))
+    r = model.snapshot().ranks[0]
+    assert r.p50_ms == pytest.approx(1.0)
+    assert r.p99_ms == pytest.approx(9.0)  # 6 records in [9 s, 14 s]: one slow one
+    assert r.run.count == 15
+
+
+def test_gaps_and_drops_are_not_double_counted() -> None:
+    a = frozen_coll(0, 0, range(10), [1000] * 10, dropped=0)
+    b = frozen_coll(0, 2, range(15, 20), [1000] * 5, dropped=3)  # seq 1 lost, 5 records missing
+    model, _ = model_with(a, b)
+    r = model.snapshot().ranks[0]
+    assert (r.missing, r.dropped, r.lost_batches, r.drops) == (5, 3, 1, 5)
+    model.apply(frozen_coll(0, 3, range(20, 22), [1000] * 2, dropped=8))
+    r = model.snapshot().ranks[0]
+    assert (r.missing, r.dropped, r.drops) == (5, 8, 8)
+    model.apply(frozen_hello(0, seq_coll=6, dropped=9))  # 6 sent, 3 received
+    r = model.snapshot().ranks[0]
+    assert (r.lost_batches, r.dropped, r.drops) == (3, 9, 9)
+    assert model.snapshot().drops == 9
+
+
+def test_rank_goes_stale_after_two_silent_seconds_and_comes_back() -> None:
+    model, clock = model_with(frozen_coll(0, 0, [0], [1000]), frozen_coll(1, 0, [0], [1000]))
+    clock.t += int(1.9 * S)
+    model.apply(frozen_coll(1, 1, [1], [1000]))
+    assert [r.state for r in model.snapshot().ranks] == ["live", "live"]
+    clock.t += int(0.2 * S)
+    assert [r.state for r in model.snapshot().ranks] == ["stale", "live"]
+    assert model.snapshot().ranks[0].silent_s == pytest.approx(2.1)
+    model.apply(frozen_coll(0, 1, [1], [1000]))
+    assert [r.state for r in model.snapshot().ranks] == ["live", "live"]
+
+
+def test_bye_marks_exited_with_code_until_a_newer_message() -> None:
+    model, _ = model_with(frozen_hello(0, t_ns=T0), frozen_coll(0, 0, [0], [1000]))
+    model.apply(Bye(rank=0, exit_code=3, reason="CUDA error", t_ns=T0 + 5))
+    r = model.snapshot().ranks[0]
+    assert (r.state, r.exit_code, r.exit_reason) == ("exited", 3, "CUDA error")
+    model.apply(frozen_hello(0, t_ns=T0 + 1))  # sent before the bye, arrived after it
+    assert model.snapshot().ranks[0].state == "exited"
+    model.apply(frozen_hello(0, t_ns=T0 + 10))  # restarted
+    assert model.snapshot().ranks[0].state == "live"
+
+
+def test_straggler_is_the_rank_that_waits_least() -> None:
+    msgs = [frozen_coll(r, 0, range(64), [3000.0 - (500.0 if r == 2 else 0.0) + r] * 64, world=4) for r in range(4)]
+    model, _ = model_with(*msgs)
+    s = model.snapshot()
+    assert s.straggler == 2
+    assert s.ranks[2].straggler_share == pytest.approx(1.0)
+    assert s.ranks[0].straggler_share == 0.0
+
+
+def test_no_straggler_when_arrival_order_is_even() -> None:
+    msgs = [frozen_coll(r, 0, range(64), np.roll(np.arange(64) % 4, r) * 10.0 + 3000.0, world=4) for r in range(4)]
+    model, _ = model_with(*msgs)
+    assert model.snapshot().straggler is None
+
+
+def test_history_is_aligned_by_iteration_with_gaps_as_nan() -> None:
+    model, _ = model_with(
+        frozen_coll(0, 0, [0, 1, 2, 3], [1000, 2000, 3000, 4000], mode=[1, 1, 0, 0]),
+        frozen_coll(1, 0, [0, 1], [1500, 1500]),
+    )
+    h = model.snapshot().history
+    assert h.first_iteration == 0 and h.ms.shape == (2, 4)
+    assert h.ms[0].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert h.ms[1, :2].tolist() == [1.5, 1.5] and np.isnan(h.ms[1, 2:]).all()
+    assert h.mode[0].tolist() == [1, 1, 0, 0]
+
+
+def test_history_keeps_the_last_iterations_only() -> None:
+    n = HISTORY_ITERS + 100
+    model, _ = model_with(frozen_coll(0, 0, range(n), np.arange(n, dtype=float) + 1000))
+    h = model.snapshot().history
+    assert h.first_iteration == 100 and h.ms.shape == (1, HISTORY_ITERS)
+    assert h.ms[0, 0] == pytest.approx(1.1)
+
+
+def test_run_stats_per_mode_and_modes_seen() -> None:
+    model, _ = model_with(frozen_coll(0, 0, range(4), [1000, 1000, 9000, 9000], mode=[0, 0, 1, 1]))
+    s = model.snapshot()
+    assert s.modes_seen == ("none", "overlap")
+    by = s.ranks[0].run_by_mode
+    assert by["none"].count == 2 and by["none"].max_ms == pytest.approx(1.0)
+    assert by["overlap"].p50_ms == pytest.approx(9.0, rel=0.012)
+
+
+def test_copy_bandwidth() -> None:
+    starts = [T0 + i * 10_000_000 for i in range(5)]
+    model, _ = model_with(frozen_copy(0, 0, starts, [2470.0] * 5, 128 * 2**20))
+    r = model.snapshot().ranks[0]
+    assert r.copy_gbps == pytest.approx(128 * 2**20 / 2470.0 / 1e3, rel=1e-5)
+    assert r.copies == 5 and r.copy_run.busbw_gbps == pytest.approx(r.copy_gbps, rel=1e-5)
+
+
+def test_pending_switch_and_epoch_in_force() -> None:
+    model, _ = model_with(frozen_hello(0), frozen_coll(0, 0, [0, 1], [1000, 1000], epoch=2, pending=(3, 640)))
+    s = model.snapshot()
+    assert (s.epoch_in_force, s.pending_epoch, s.apply_at) == (2, 3, 640)
+
+
+def test_rejected_counts_and_unknown_messages() -> None:
+    model, _ = model_with()
+    v = model.version
+    model.set_rejected({"signature": 2, "malformed": 0})
+    model.apply({"k": "ctl_rep", "s": "x"})
+    s = model.snapshot()
+    assert s.rejected == {"signature": 2} and s.rejected_total == 2
+    assert model.ignored == 1 and model.version == v + 1
+
+
+def test_reset_forgets_everything() -> None:
+    model, _ = model_with(*frozen_run(world=2, iterations=100))
+    assert model.snapshot().records > 0
+    model.reset()
+    s = model.snapshot()
+    assert (s.records, s.ranks, s.messages) == (0, (), 0)
+
+
+def test_frozen_run_has_two_modes_and_rank_one_straggles() -> None:
+    model, _ = model_with(*frozen_run(world=2, iterations=400))
+    s = model.snapshot(T0 + 5 * S)
+    assert s.modes_seen == ("none", "overlap")
+    assert s.straggler == 1
+    assert all(r.count == 400 and r.missing == 0 for r in s.ranks)
+    assert not math.isnan(s.iter_rate)

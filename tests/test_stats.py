@@ -1,0 +1,91 @@
+"""Ring buffers, run-wide aggregates and axis scaling against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tui.stats import AxisScale, LogHistogram, Ring, RunAggregate, nice_ceiling, percentile, weighted_rate
+
+
+def test_ring_keeps_the_newest_rows_in_order_across_the_wrap() -> None:
+    ring = Ring({"a": "<i8", "b": "<f4"}, size=5)
+    ring.append({"a": np.array([1, 2, 3]), "b": np.array([0.5, 1.5, 2.5])})
+    assert ring.view()["a"].tolist() == [1, 2, 3]
+    ring.append({"a": np.array([4, 5, 6, 7]), "b": np.zeros(4)})
+    assert ring.view()["a"].tolist() == [3, 4, 5, 6, 7]
+    assert ring.view(2)["a"].tolist() == [6, 7]
+    assert (len(ring), ring.total) == (5, 7)
+    ring.append({"a": np.arange(100, 112), "b": np.zeros(12)})  # larger than the ring
+    assert ring.view()["a"].tolist() == [107, 108, 109, 110, 111]
+
+
+def test_ring_view_is_a_copy() -> None:
+    ring = Ring({"a": "<i8"}, size=4)
+    ring.append({"a": np.array([1, 2])})
+    got = ring.view()["a"]
+    ring.append({"a": np.array([9, 9, 9, 9])})
+    assert got.tolist() == [1, 2]
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = np.array([4.0, 1.0, 3.0, 2.0])
+    assert percentile(values, 50) == 2.0
+    assert percentile(values, 99) == 4.0
+    assert math.isnan(percentile(np.array([]), 50))
+
+
+def test_weighted_rate_is_the_rate_at_the_average_duration() -> None:
+    # 10 GB/s for 1 us and 1 GB/s for 9 us: 10*1 + 1*9 = 19 over 10 us = 1.9
+    assert weighted_rate(np.array([10.0, 1.0]), np.array([1.0, 9.0])) == pytest.approx(1.9)
+
+
+def test_log_histogram_percentiles_are_within_its_documented_resolution() -> None:
+    rng = np.random.default_rng(7)
+    values = rng.lognormal(mean=8.0, sigma=1.0, size=50_000)
+    hist = LogHistogram()
+    for chunk in np.array_split(values, 7):
+        hist.add(chunk)
+    assert hist.count == len(values)
+    for q in (0.5, 0.9, 0.99):
+        exact = float(np.percentile(values, q * 100, method="inverted_cdf"))
+        assert hist.quantile(q) == pytest.approx(exact, rel=0.0116)
+
+
+def test_log_histogram_clamps_out_of_range_values_and_ignores_nan() -> None:
+    hist = LogHistogram()
+    hist.add(np.array([0.0, -5.0, np.nan, 1e12]))
+    assert hist.count == 4
+    assert hist.counts[0] == 3 and hist.counts[-1] == 1
+
+
+def test_run_aggregate_keeps_count_sum_min_max_and_busbw_at_average_time() -> None:
+    agg = RunAggregate()
+    agg.add(np.array([1000.0, 3000.0]), np.array([4.0, 2.0]))
+    agg.add(np.array([2000.0]), np.array([1.0]))
+    st = agg.stats()
+    assert st.count == 3
+    assert st.mean_ms == pytest.approx(2.0)
+    assert (st.min_ms, st.max_ms) == (1.0, 3.0)
+    assert st.busbw_gbps == pytest.approx((4 * 1000 + 2 * 3000 + 1 * 2000) / 6000)
+    assert st.p50_ms == pytest.approx(2.0, rel=0.012)
+    assert math.isnan(RunAggregate().stats().p50_ms)
+
+
+def test_nice_ceiling() -> None:
+    assert nice_ceiling(2.7) == 3.0
+    assert nice_ceiling(13.0) == 15.0
+    assert nice_ceiling(0.11) == pytest.approx(0.15)
+    assert nice_ceiling(8.5) == 10.0
+    assert nice_ceiling(0.0) == 1.0
+
+
+def test_axis_rescales_at_most_once_a_second() -> None:
+    axis = AxisScale(min_interval_s=1.0, headroom=1.0)
+    assert axis.update(2.7, now_s=0.0) == 3.0
+    assert axis.update(13.0, now_s=0.5) == 3.0  # too soon: keep the top, the widget clips
+    assert axis.update(13.0, now_s=1.0) == 15.0
+    assert axis.update(2.0, now_s=1.5) == 15.0
+    assert axis.update(2.0, now_s=2.1) == 2.0

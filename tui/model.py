@@ -1,0 +1,464 @@
+"""The run model: every accepted message lands here; the UI only ever sees frozen Snapshots.
+
+Plain Python + numpy, no Textual, no torch, so the headless collector, the report and the
+tests use it as is. ``RunModel.apply`` is called on the ingest thread, ``snapshot`` too;
+neither is thread-safe on its own (``tui.ingest.IngestLoop`` holds a lock around both).
+
+Counting rules (per rank), chosen so nothing is counted twice:
+
+* ``missing``: collective iterations never received, from gaps in the ``iteration`` column
+  (``last - first + 1 - received``). It includes records the worker dropped *and* records
+  lost between worker and collector.
+* ``dropped``: the largest cumulative ``dropped`` the rank reported (batches and hellos):
+  records (collective or copy) the worker could not queue.
+* ``lost_batches``: batches the collector knows were sent (from ``seq`` and the hello's
+  ``seq_coll``/``seq_copy``) but never received.
+* ``drops`` = ``max(dropped, missing)``. Both are lower bounds of the records this rank
+  lost, so their maximum never double-counts (a sum would count a worker-side drop of a
+  collective batch twice). A copy batch lost in transit shows only in ``lost_batches``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tui.stats import RING_SIZE, Ring, RunAggregate, RunStats, percentile, weighted_rate
+from workers.protocol import COLL, COPY, MODES, TELEM, TELEM_CAPS, Batch, Bye, Hello
+
+#: A rank silent for longer than this is shown as stale (it may be stopped or hung).
+STALE_AFTER_S = 2.0
+#: Windowed statistics (last / p50 / p99 / busbw / rate) cover this much record time.
+WINDOW_S = 5.0
+#: Iterations of per-rank history handed to the UI in every snapshot (sparklines, heat map).
+HISTORY_ITERS = 1024
+#: Complete iterations (all ranks reported) used to name the straggler.
+STRAGGLER_ITERS = 256
+COPY_RING_SIZE = 1024
+NO_MODE = 255
+
+_COLL_RING = {"iteration": "<i8", "epoch": "<i4", "mode": "u1", "start_ns": "<i8", "dur_us": "<f4", "busbw": "<f4"}
+_COPY_RING = {"epoch": "<i4", "start_ns": "<i8", "dur_us": "<f4", "nbytes": "<i8", "gbps": "<f4"}
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank as the UI shows it. Latencies in ms, bandwidths in GB/s, NaN = no data."""
+
+    rank: int
+    host: str = ""
+    gpu: str = ""  # "0" or "cpu"; the device index on its host
+    state: str = "waiting"  # "live" | "stale" | "exited" | "waiting" (hello but no records yet)
+    exit_code: int | None = None
+    exit_reason: str = ""
+    silent_s: float = 0.0  # seconds since the last message of this rank
+    count: int = 0  # collective records received
+    missing: int = 0
+    dropped: int = 0
+    lost_batches: int = 0
+    drops: int = 0
+    last_iteration: int = -1
+    last_ms: float = math.nan
+    p50_ms: float = math.nan
+    p99_ms: float = math.nan
+    busbw_gbps: float = math.nan
+    copy_gbps: float = math.nan
+    iter_rate: float = math.nan  # collectives per second (window)
+    mode: str = ""  # mode of the newest record
+    epoch: int = -1
+    straggler_share: float = math.nan  # fraction of recent complete iterations this rank was last in
+    run: RunStats = field(default_factory=RunStats)  # whole run, all modes
+    run_by_mode: dict[str, RunStats] = field(default_factory=dict)
+    copy_run: RunStats = field(default_factory=RunStats)  # busbw_gbps = copy GB/s
+    copies: int = 0
+
+
+@dataclass(frozen=True)
+class History:
+    """Per-rank collective latency by iteration, aligned across ranks (rows = ``Snapshot.ranks``).
+
+    Column j is iteration ``first_iteration + j``; ``ms`` is NaN and ``mode`` is NO_MODE
+    where a rank has no record for that iteration (not yet run, lost, or stalled).
+    """
+
+    first_iteration: int = 0
+    ms: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
+    mode: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.uint8))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the UI draws, frozen at ``now_ns`` (host wall clock, ns)."""
+
+    now_ns: int
+    ranks: tuple[RankView, ...] = ()
+    history: History = field(default_factory=History)
+    world_size: int = 0
+    backend: str = ""
+    device: str = ""
+    collective: str = ""
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    tensor_bytes: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)  # in force (rank 0's hello)
+    epoch_in_force: int = -1
+    pending_epoch: int = -1
+    apply_at: int = -1
+    started_ns: int = 0
+    iter_rate: float = math.nan  # median over ranks with data
+    drops: int = 0
+    lost_batches: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)  # frames refused by the collector
+    worker_rejected: int = 0  # control messages refused by workers (their hellos)
+    messages: int = 0
+    records: int = 0
+    modes_seen: tuple[str, ...] = ()
+    straggler: int | None = None  # rank most often last in recent iterations, if clearly so
+    telemetry: Any = None  # tui.telemetry_model.TelemetrySnapshot when available
+    version: int = 0  # model changes applied so far
+
+    @property
+    def live_ranks(self) -> int:
+        return sum(1 for r in self.ranks if r.state == "live")
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+
+# --------------------------------------------------------------------------- per rank
+
+
+class _RankState:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.hello: Hello | None = None
+        self.bye: Bye | None = None
+        self.last_seen_ns = 0
+        self.coll = Ring(_COLL_RING, RING_SIZE)
+        self.copy = Ring(_COPY_RING, COPY_RING_SIZE)
+        self.run_by_mode: dict[int, RunAggregate] = {}
+        self.copy_run = RunAggregate()
+        self.first_iteration = -1
+        self.last_iteration = -1
+        self.received = 0
+        self.dropped = 0
+        self.max_seq = {COLL: -1, COPY: -1}
+        self.batches = {COLL: 0, COPY: 0}
+        self.sent_hint = {COLL: 0, COPY: 0}  # batches sent so far, from the hello
+        self.ctl = (0, -1, -1)  # epoch_in_force, pending_epoch, apply_at of the newest batch
+        self.ctl_t_ns = -1
+
+    @property
+    def missing(self) -> int:
+        if self.received == 0:
+            return 0
+        return max(0, self.last_iteration - self.first_iteration + 1 - self.received)
+
+    @property
+    def lost_batches(self) -> int:
+        lost = 0
+        for kind in (COLL, COPY):
+            expected = max(self.max_seq[kind] + 1, self.sent_hint[kind])
+            lost += max(0, expected - self.batches[kind])
+        return lost
+
+    def revive_if_newer(self, t_ns: int) -> None:
+        """A message sent after the rank's Bye means it came back (restarted)."""
+        if self.bye is not None and t_ns > self.bye.t_ns:
+            self.bye = None
+
+
+# --------------------------------------------------------------------------- model
+
+
+class RunModel:
+    """Aggregates a run's messages into per-rank ring buffers and run-wide statistics."""
+
+    def __init__(self, clock: Callable[[], int] = time.time_ns, stale_after_s: float = STALE_AFTER_S) -> None:
+        self.clock = clock
+        self.stale_after_ns = int(stale_after_s * 1e9)
+        self._telemetry_cls: Any = _load_telemetry_model()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (a replay seeking backwards rebuilds from the start)."""
+        self.ranks: dict[int, _RankState] = {}
+        self.rejected: dict[str, int] = {}
+        self.messages = 0
+        self.records = 0
+        self.ignored = 0
+        self.version = 0
+        self.modes_seen: set[int] = set()
+        self.telemetry = self._telemetry_cls() if self._telemetry_cls is not None else None
+
+    def set_rejected(self, counts: Counter[str] | dict[str, int]) -> None:
+        """Frames the source refused, by reason (the source counts, the model reports)."""
+        new = {str(k): int(v) for k, v in counts.items() if v}
+        if new != self.rejected:
+            self.rejected = new
+            self.version += 1
+
+    def _rank(self, rank: int) -> _RankState:
+        state = self.ranks.get(rank)
+        if state is None:
+            state = self.ranks[rank] = _RankState(rank)
+        return state
+
+    def apply(self, message: Any, now_ns: int | None = None) -> None:
+        """Apply one decoded message (Batch, Hello, Bye, or a TELEM/TELEM_CAPS dict)."""
+        now = self.clock() if now_ns is None else now_ns
+        if isinstance(message, Batch):
+            self._apply_batch(message, now)
+        elif isinstance(message, Hello):
+            self._apply_hello(message, now)
+        elif isinstance(message, Bye):
+            state = self._rank(message.rank)
+            state.bye = message
+            state.last_seen_ns = now
+        elif isinstance(message, dict) and message.get("k") in (TELEM, TELEM_CAPS):
+            if self.telemetry is None:
+                self.ignored += 1
+                return
+            self.telemetry.apply(message)
+        else:
+            self.ignored += 1
+            return
+        self.messages += 1
+        self.version += 1
+
+    def _apply_batch(self, batch: Batch, now: int) -> None:
+        state = self._rank(batch.rank)
+        state.last_seen_ns = now
+        state.revive_if_newer(batch.t_ns)
+        kind = batch.kind
+        state.max_seq[kind] = max(state.max_seq[kind], batch.seq)
+        state.batches[kind] += 1
+        state.dropped = max(state.dropped, batch.dropped)
+        if batch.t_ns >= state.ctl_t_ns:
+            state.ctl = (batch.epoch_in_force, batch.pending_epoch, batch.apply_at)
+            state.ctl_t_ns = batch.t_ns
+        n = len(batch)
+        if n == 0:
+            return
+        self.records += n
+        cols = batch.columns
+        if kind == COLL:
+            state.coll.append(cols)
+            it = cols["iteration"]
+            lo, hi = int(it.min()), int(it.max())
+            state.first_iteration = lo if state.first_iteration < 0 else min(state.first_iteration, lo)
+            state.last_iteration = max(state.last_iteration, hi)
+            state.received += n
+            modes = cols["mode"]
+            m_lo, m_hi = int(modes.min()), int(modes.max())
+            if m_lo == m_hi:
+                self._agg(state, m_lo).add(cols["dur_us"], cols["busbw"])
+                self.modes_seen.add(m_lo)
+            else:
+                for m in np.unique(modes):
+                    sel = modes == m
+                    self._agg(state, int(m)).add(cols["dur_us"][sel], cols["busbw"][sel])
+                    self.modes_seen.add(int(m))
+        else:
+            state.copy.append(cols)
+            state.copy_run.add(cols["dur_us"], cols["gbps"])
+
+    @staticmethod
+    def _agg(state: _RankState, mode: int) -> RunAggregate:
+        agg = state.run_by_mode.get(mode)
+        if agg is None:
+            agg = state.run_by_mode[mode] = RunAggregate()
+        return agg
+
+    def _apply_hello(self, hello: Hello, now: int) -> None:
+        state = self._rank(hello.rank)
+        state.last_seen_ns = now
+        state.revive_if_newer(hello.t_ns)
+        if state.hello is None or hello.t_ns >= state.hello.t_ns:
+            state.hello = hello
+        state.dropped = max(state.dropped, hello.dropped)
+        state.sent_hint[COLL] = max(state.sent_hint[COLL], hello.seq_coll)
+        state.sent_hint[COPY] = max(state.sent_hint[COPY], hello.seq_copy)
+
+    # ----------------------------------------------------------------------- snapshot
+
+    def snapshot(self, now_ns: int | None = None) -> Snapshot:
+        """A frozen view of the run at ``now_ns`` (the model clock by default)."""
+        now = self.clock() if now_ns is None else now_ns
+        order = sorted(self.ranks)
+        views_by_rank = {r: self.ranks[r].coll.view(HISTORY_ITERS) for r in order}
+        history = _history(order, views_by_rank, self.ranks)
+        shares = _straggler_shares(history)
+        ranks = tuple(
+            self._rank_view(self.ranks[r], now, shares[i] if shares is not None else math.nan)
+            for i, r in enumerate(order)
+        )
+        lead = self._lead_hello()
+        config = dict(lead.config) if lead else {}
+        rates = [v.iter_rate for v in ranks if math.isfinite(v.iter_rate)]
+        pend = [s.ctl for s in self.ranks.values() if s.ctl[1] >= 0]
+        lead_state = self.ranks.get(lead.rank) if lead else (self.ranks[order[0]] if order else None)
+        epoch = (
+            lead_state.ctl[0] if lead_state is not None and lead_state.ctl_t_ns >= 0 else (lead.epoch if lead else -1)
+        )
+        straggler = None
+        if shares is not None and len(ranks) > 1:
+            best = int(np.argmax(shares))
+            # "clearly": last in at least twice its fair share of iterations.
+            if shares[best] >= min(0.9, 2.0 / len(ranks)):
+                straggler = ranks[best].rank
+        return Snapshot(
+            now_ns=now,
+            ranks=ranks,
+            history=history,
+            world_size=max((s.hello.world_size for s in self.ranks.values() if s.hello), default=len(order)),
+            backend=lead.backend if lead else "",
+            device=lead.device if lead else "",
+            collective=str(config.get("collective", "")),
+            shape=tuple(int(d) for d in config.get("shape", ()) if isinstance(d, int)),
+            dtype=str(config.get("dtype", "")),
+            tensor_bytes=int(config.get("tensor_bytes", 0) or 0),
+            config=config,
+            settings=dict(lead.settings) if lead else {},
+            epoch_in_force=epoch,
+            pending_epoch=max((p[1] for p in pend), default=-1),
+            apply_at=max((p[2] for p in pend), default=-1),
+            started_ns=min((s.hello.started_ns for s in self.ranks.values() if s.hello), default=0),
+            iter_rate=float(np.median(rates)) if rates else math.nan,
+            drops=sum(v.drops for v in ranks),
+            lost_batches=sum(v.lost_batches for v in ranks),
+            rejected=dict(self.rejected),
+            worker_rejected=sum(sum(s.hello.rejected.values()) for s in self.ranks.values() if s.hello),
+            messages=self.messages,
+            records=self.records,
+            modes_seen=tuple(MODES[m] if m < len(MODES) else str(m) for m in sorted(self.modes_seen)),
+            straggler=straggler,
+            telemetry=self.telemetry.snapshot(now) if self.telemetry is not None else None,
+            version=self.version,
+        )
+
+    def _lead_hello(self) -> Hello | None:
+        if 0 in self.ranks and self.ranks[0].hello is not None:
+            return self.ranks[0].hello
+        return next((s.hello for _, s in sorted(self.ranks.items()) if s.hello is not None), None)
+
+    def _rank_view(self, s: _RankState, now: int, share: float) -> RankView:
+        h = s.hello
+        if s.bye is not None:
+            state = "exited"
+        elif now - s.last_seen_ns > self.stale_after_ns:
+            state = "stale"
+        elif s.received == 0:
+            state = "waiting"
+        else:
+            state = "live"
+        win = _window(s.coll.view(), "start_ns")
+        cwin = _window(s.copy.view(), "start_ns")
+        dur = win["dur_us"]
+        rate = math.nan
+        if len(dur) > 1:
+            span = int(win["start_ns"][-1] - win["start_ns"][0])
+            rate = (len(dur) - 1) / (span / 1e9) if span > 0 else math.nan
+        total = RunAggregate()
+        for agg in s.run_by_mode.values():
+            total.merge(agg)
+        copy_gbps = math.nan
+        if len(cwin["dur_us"]) and float(cwin["dur_us"].sum()) > 0:
+            copy_gbps = float(cwin["nbytes"].sum()) / float(cwin["dur_us"].astype(np.float64).sum()) / 1e3
+        missing, lost = s.missing, s.lost_batches
+        return RankView(
+            rank=s.rank,
+            host=h.host if h else "",
+            gpu=(str(h.device_index) if h.device_index >= 0 else "cpu") if h else "",
+            state=state,
+            exit_code=s.bye.exit_code if s.bye else None,
+            exit_reason=s.bye.reason if s.bye else "",
+            silent_s=max(0.0, (now - s.last_seen_ns) / 1e9),
+            count=s.received,
+            missing=missing,
+            dropped=s.dropped,
+            lost_batches=lost,
+            drops=max(s.dropped, missing),
+            last_iteration=s.last_iteration,
+            last_ms=float(dur[-1]) / 1e3 if len(dur) else math.nan,
+            p50_ms=percentile(dur, 50) / 1e3,
+            p99_ms=percentile(dur, 99) / 1e3,
+            busbw_gbps=weighted_rate(win["busbw"], dur),
+            copy_gbps=copy_gbps,
+            iter_rate=rate,
+            mode=MODES[int(win["mode"][-1])] if len(dur) and int(win["mode"][-1]) < len(MODES) else "",
+            epoch=int(win["epoch"][-1]) if len(dur) else (h.epoch if h else -1),
+            straggler_share=share,
+            run=total.stats(),
+            run_by_mode={MODES[m] if m < len(MODES) else str(m): a.stats() for m, a in sorted(s.run_by_mode.items())},
+            copy_run=s.copy_run.stats(),
+            copies=s.copy_run.count,
+        )
+
+
+def _window(view: dict[str, np.ndarray], time_col: str) -> dict[str, np.ndarray]:
+    """The rows of ``view`` within WINDOW_S of its newest row (record time, not wall time)."""
+    t = view[time_col]
+    if len(t) == 0:
+        return view
+    keep = t >= t.max() - int(WINDOW_S * 1e9)
+    return {k: v[keep] for k, v in view.items()}
+
+
+def _history(order: list[int], views: dict[int, dict[str, np.ndarray]], ranks: dict[int, _RankState]) -> History:
+    last = max((ranks[r].last_iteration for r in order), default=-1)
+    if last < 0:
+        return History(
+            first_iteration=0,
+            ms=np.full((len(order), 0), np.nan, dtype=np.float32),
+            mode=np.zeros((len(order), 0), dtype=np.uint8),
+        )
+    first = max(0, last - HISTORY_ITERS + 1)
+    width = last - first + 1
+    ms = np.full((len(order), width), np.nan, dtype=np.float32)
+    mode = np.full((len(order), width), NO_MODE, dtype=np.uint8)
+    for row, r in enumerate(order):
+        v = views[r]
+        it = v["iteration"]
+        sel = (it >= first) & (it <= last)
+        idx = (it[sel] - first).astype(np.intp)
+        ms[row, idx] = v["dur_us"][sel] / 1e3
+        mode[row, idx] = v["mode"][sel]
+    return History(first_iteration=first, ms=ms, mode=mode)
+
+
+def _straggler_shares(history: History) -> np.ndarray | None:
+    """Per rank, the share of recent complete iterations in which it arrived last.
+
+    All ranks leave a collective together, so the rank that *arrived* last waited least:
+    it has the shortest duration for that iteration.
+    """
+    ms = history.ms
+    if ms.shape[0] < 2 or ms.shape[1] == 0:
+        return None
+    complete = ~np.isnan(ms).any(axis=0)
+    cols = np.flatnonzero(complete)[-STRAGGLER_ITERS:]
+    if len(cols) == 0:
+        return None
+    last_in = np.argmin(ms[:, cols], axis=0)
+    return np.bincount(last_in, minlength=ms.shape[0]) / len(cols)
+
+
+def _load_telemetry_model() -> Any:
+    """The telemetry helper's model class, or None while it does not exist."""
+    try:
+        from tui.telemetry_model import TelemetryModel
+    except ImportError:
+        return None
+    return TelemetryModel

@@ -1,0 +1,227 @@
+"""Bounded-memory statistics for the model: ring buffers, run-wide aggregates, axis scaling.
+
+Plain Python + numpy (no Textual): everything here is written once per *batch* of records
+with vectorised numpy, never once per record, so the model keeps up with ~1e6 records/s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Records kept per rank (and per kind) for windowed statistics and sparklines.
+RING_SIZE = 4096
+
+
+class Ring:
+    """Fixed-length column store: the newest ``size`` rows of a stream of columnar batches.
+
+    Rows are written with one slice assignment per column (two at the wrap), so appending a
+    batch costs O(columns), not O(records) Python work. ``view()`` returns the rows oldest
+    first, as copies, so a caller may keep them after the ring moves on.
+    """
+
+    def __init__(self, dtypes: Mapping[str, str | np.dtype], size: int = RING_SIZE) -> None:
+        if size <= 0:
+            raise ValueError("ring size must be positive")
+        self.size = size
+        self.cols: dict[str, np.ndarray] = {name: np.zeros(size, dtype=dt) for name, dt in dtypes.items()}
+        self.head = 0  # index the next row goes to
+        self.filled = 0  # rows held (<= size)
+        self.total = 0  # rows ever appended
+
+    def __len__(self) -> int:
+        return self.filled
+
+    def append(self, columns: Mapping[str, np.ndarray]) -> None:
+        """Append a batch; ``columns`` must hold every ring column, all of one length."""
+        n = len(next(iter(columns.values())))
+        if n == 0:
+            return
+        self.total += n
+        skip = max(0, n - self.size)  # a batch larger than the ring keeps only its tail
+        n_keep = n - skip
+        start = (self.head + skip) % self.size
+        first = min(n_keep, self.size - start)
+        for name, dest in self.cols.items():
+            src = columns[name][skip:]
+            dest[start : start + first] = src[:first]
+            if first < n_keep:
+                dest[: n_keep - first] = src[first:]
+        self.head = (start + n_keep) % self.size
+        self.filled = min(self.size, self.filled + n)
+
+    def view(self, last: int | None = None) -> dict[str, np.ndarray]:
+        """The newest ``last`` rows (all held rows by default), oldest first, as copies."""
+        n = self.filled if last is None else max(0, min(last, self.filled))
+        start = (self.head - n) % self.size
+        if start + n <= self.size:
+            return {name: col[start : start + n].copy() for name, col in self.cols.items()}
+        return {name: np.concatenate((col[start:], col[: self.head])) for name, col in self.cols.items()}
+
+    def clear(self) -> None:
+        self.head = self.filled = self.total = 0
+
+
+class LogHistogram:
+    """Run-wide distribution of positive values in fixed memory, for percentiles of a whole run.
+
+    Bins are logarithmic, ``BINS_PER_DECADE`` per decade from ``LO`` to ``HI``: a value is
+    reported as its bin's geometric centre, so a percentile is within about
+    +/-1.2 % (half a bin: 10**(1/200) - 1) of the exact one. Values outside the range fall
+    in the first/last bin (and ``min``/``max`` are kept exactly by ``RunAggregate``).
+    """
+
+    BINS_PER_DECADE = 100
+    LO = 1e-1  # 0.1 us
+    HI = 1e9  # 1000 s in us
+    N_BINS = int(round(math.log10(HI / LO) * BINS_PER_DECADE))
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(self.N_BINS, dtype=np.int64)
+
+    def add(self, values: np.ndarray) -> None:
+        if len(values) == 0:
+            return
+        v = np.asarray(values, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            idx = np.floor(np.log10(np.maximum(v, self.LO) / self.LO) * self.BINS_PER_DECADE)
+        idx = np.nan_to_num(idx, nan=0.0)
+        idx = np.clip(idx, 0, self.N_BINS - 1).astype(np.intp)
+        self.counts += np.bincount(idx, minlength=self.N_BINS)
+
+    def merge(self, other: LogHistogram) -> None:
+        self.counts += other.counts
+
+    @property
+    def count(self) -> int:
+        return int(self.counts.sum())
+
+    def quantile(self, q: float) -> float:
+        """The value below which a fraction ``q`` of the values lie (NaN when empty)."""
+        total = self.counts.sum()
+        if total == 0:
+            return math.nan
+        cum = np.cumsum(self.counts)
+        # Nearest-rank definition, like np.percentile(method="inverted_cdf").
+        rank = max(1, math.ceil(q * total))
+        i = int(np.searchsorted(cum, rank))
+        return float(self.LO * 10 ** ((i + 0.5) / self.BINS_PER_DECADE))
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """Whole-run summary of one stream (e.g. one rank's collective durations in one mode)."""
+
+    count: int = 0
+    mean_ms: float = math.nan
+    min_ms: float = math.nan
+    max_ms: float = math.nan
+    p50_ms: float = math.nan
+    p99_ms: float = math.nan
+    busbw_gbps: float = math.nan  # at the run's average duration, like nccl-tests
+
+
+class RunAggregate:
+    """count / sum / min / max / log-histogram of durations (us), plus bandwidth sums.
+
+    ``bw_weighted`` accumulates busbw x duration so ``busbw = bw_weighted / sum`` is the
+    bandwidth at the average duration (nccl-tests reports busbw of the average time).
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum_us = 0.0
+        self.min_us = math.inf
+        self.max_us = -math.inf
+        self.bw_weighted = 0.0
+        self.hist = LogHistogram()
+
+    def add(self, dur_us: np.ndarray, bw: np.ndarray | None = None) -> None:
+        if len(dur_us) == 0:
+            return
+        d = np.asarray(dur_us, dtype=np.float64)
+        self.count += len(d)
+        self.sum_us += float(d.sum())
+        self.min_us = min(self.min_us, float(d.min()))
+        self.max_us = max(self.max_us, float(d.max()))
+        if bw is not None:
+            self.bw_weighted += float(np.dot(np.asarray(bw, dtype=np.float64), d))
+        self.hist.add(d)
+
+    def merge(self, other: RunAggregate) -> None:
+        self.count += other.count
+        self.sum_us += other.sum_us
+        self.min_us = min(self.min_us, other.min_us)
+        self.max_us = max(self.max_us, other.max_us)
+        self.bw_weighted += other.bw_weighted
+        self.hist.merge(other.hist)
+
+    def stats(self) -> RunStats:
+        if self.count == 0:
+            return RunStats()
+        return RunStats(
+            count=self.count,
+            mean_ms=self.sum_us / self.count / 1e3,
+            min_ms=self.min_us / 1e3,
+            max_ms=self.max_us / 1e3,
+            p50_ms=self.hist.quantile(0.50) / 1e3,
+            p99_ms=self.hist.quantile(0.99) / 1e3,
+            busbw_gbps=self.bw_weighted / self.sum_us if self.sum_us > 0 else math.nan,
+        )
+
+
+def percentile(values: np.ndarray, q: float) -> float:
+    """Exact nearest-rank percentile (q in 0..100) of a window; NaN when empty."""
+    if len(values) == 0:
+        return math.nan
+    return float(np.percentile(values, q, method="inverted_cdf"))
+
+
+def weighted_rate(amount: np.ndarray, dur_us: np.ndarray) -> float:
+    """sum(amount x dur) / sum(dur): a bandwidth at the average duration (NaN when empty)."""
+    total = float(np.sum(dur_us, dtype=np.float64))
+    if len(dur_us) == 0 or total <= 0:
+        return math.nan
+    return float(np.dot(np.asarray(amount, dtype=np.float64), np.asarray(dur_us, dtype=np.float64))) / total
+
+
+def nice_ceiling(value: float) -> float:
+    """The smallest of 1, 1.5, 2, 2.5, 3, 4, 5, 6, 8 x 10^k that is >= ``value``."""
+    if not value > 0 or not math.isfinite(value):
+        return 1.0
+    exp = math.floor(math.log10(value))
+    for step in (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0):
+        top = step * 10**exp
+        if top >= value * (1 - 1e-9):
+            return top
+    return 10 ** (exp + 1)
+
+
+class AxisScale:
+    """A y-axis top that follows the data but changes at most once per ``min_interval_s``.
+
+    Like nitop's graphs: re-scaling on every frame makes bars jump; here the top is a
+    "nice" number above the data, re-evaluated at most once a second; in between, values
+    above the top are drawn clipped (and marked as such by the widget).
+    """
+
+    def __init__(self, min_interval_s: float = 1.0, headroom: float = 1.15) -> None:
+        self.min_interval_s = min_interval_s
+        self.headroom = headroom
+        self.top = math.nan
+        self._changed_at = -math.inf
+
+    def update(self, data_max: float, now_s: float) -> float:
+        """Feed the current maximum of the visible data; returns the top to draw with."""
+        if not math.isfinite(data_max) or data_max <= 0:
+            return self.top if math.isfinite(self.top) else 1.0
+        wanted = nice_ceiling(data_max * self.headroom)
+        if not math.isfinite(self.top):
+            self.top, self._changed_at = wanted, now_s
+        elif wanted != self.top and now_s - self._changed_at >= self.min_interval_s:
+            self.top, self._changed_at = wanted, now_s
+        return self.top
