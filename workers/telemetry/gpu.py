@@ -19,6 +19,7 @@ from workers.telemetry.nvml import NA
 Value = float | NA
 LINK_METRICS = ("pcie_tx_gbps", "pcie_rx_gbps", "nvlink_tx_gbps", "nvlink_rx_gbps")
 WARMING = NA("warming up")
+SLOW_EVERY = 10  # ticks between reads of PCIe gen/width and the replay counter
 
 
 def _s(value: Any) -> str:
@@ -102,6 +103,8 @@ class GpuProbe:
         self._counters: dict[str, tuple[int, int, int, float]] = {}  # metric -> (field, scope, bits, unit)
         self._counter_prev: dict[str, tuple[int, int]] = {}
         self.needs_throughput_thread = False
+        self._ticks = 0
+        self._slow_last: dict[str, Value] = {}
         self.throughput: ThroughputThread | None = None
         self.throughput_slot = -1
         self._choose_sources()
@@ -220,9 +223,12 @@ class GpuProbe:
         mod = nvml.pynvml
         h = self.handle
         out: dict[str, Value] = dict(self.static_na)
-        gen, width, peak = self._pcie_link()
-        if gen > 0:
-            self.pcie_gen, self.pcie_width, self.pcie_peak = gen, width, peak
+        self._ticks += 1
+        slow = self._ticks % SLOW_EVERY == 1  # rarely-changing reads (~0.4 ms) once a second
+        if slow:
+            gen, width, peak = self._pcie_link()
+            if gen > 0:
+                self.pcie_gen, self.pcie_width, self.pcie_peak = gen, width, peak
         if self._gpm_pair is not None:
             out.update({m: v for m, v in self._read_gpm().items() if self.sources.get(m) == "gpm"})
         if self._counters:
@@ -245,8 +251,10 @@ class GpuProbe:
         out["gpu_util_pct"] = util if isinstance(util, NA) else float(util.gpu)
         meminfo = nvml.query(mod.nvmlDeviceGetMemoryInfo, h)
         out["mem_used_bytes"] = meminfo if isinstance(meminfo, NA) else float(meminfo.used)
-        replay = nvml.query(mod.nvmlDeviceGetPcieReplayCounter, h)
-        out["pcie_replay_count"] = replay if isinstance(replay, NA) else float(replay)
+        if slow or "pcie_replay_count" not in self._slow_last:
+            replay = nvml.query(mod.nvmlDeviceGetPcieReplayCounter, h)
+            self._slow_last["pcie_replay_count"] = replay if isinstance(replay, NA) else float(replay)
+        out.update(self._slow_last)
         for metric in LINK_METRICS:
             out.setdefault(metric, NA(nvml.NOT_SUPPORTED))
         self.last_na = {k: v for k, v in out.items() if isinstance(v, NA)}
