@@ -1,0 +1,48 @@
+"""commtop's node telemetry: one sampler process per node (``python -m workers.telemetry``).
+
+Importing this package is cheap and torch-free: NVML, psutil and zmq are imported by the
+sampler process itself, never by the worker that starts it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+CONNECTION_FILE_ENV = "COMMTOP_CONNECTION_FILE"  # same name as workers.connection (kept import-free)
+LOG_NAME = "telemetry-{host}.log"
+
+
+def start_node_sampler(connection_path: str, gpu_uuids: list[str]) -> subprocess.Popen[bytes] | None:
+    """Spawn this node's sampler (call on local rank 0). Its stderr goes to a log in the run
+    directory; the key travels in the connection file, never on the command line.
+    Returns None (after one line on stderr) when it cannot start: the run goes on without it."""
+    import socket
+
+    env = dict(os.environ)
+    env[CONNECTION_FILE_ENV] = str(connection_path)
+    argv = [sys.executable, "-m", "workers.telemetry", "--gpus", ",".join(u for u in gpu_uuids if u)]
+    root = Path(__file__).resolve().parent.parent.parent
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
+    log_path = Path(connection_path).parent / LOG_NAME.format(host=socket.gethostname())
+    try:
+        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
+    except OSError:
+        log = None
+    try:
+        return subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log if log is not None else subprocess.DEVNULL,
+            close_fds=True,
+        )
+    except OSError as exc:
+        print(f"commtop: node telemetry sampler not started: {exc}", file=sys.stderr)
+        return None
+    finally:
+        if log is not None:
+            log.close()
