@@ -385,13 +385,13 @@ for i, (_, msg) in enumerate(synth_run(duration_s=120.0, world=4, seed=9)):
 def test_sigkill_of_a_writing_process_leaves_a_readable_recording(tmp_path: Path) -> None:
     path = tmp_path / "killed.commtop"
     code = WRITER.format(tests=str(TESTS), root=str(ROOT), path=str(path))
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        time.sleep(0.3)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=30)
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            time.sleep(0.3)
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     got, rec = read_all(path)
     assert not rec.complete and "recording incomplete" in rec.summary()

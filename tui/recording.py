@@ -143,8 +143,7 @@ def _enc_int(values: np.ndarray, delta: bool) -> list[Any]:
     if len(v) == 0:
         return [int(delta), first, 0, 0, b"", n]
     base = int(v.min())
-    with np.errstate(over="ignore"):
-        u = (v - np.int64(base)).view(np.uint64)
+    u = (v - np.int64(base)).view(np.uint64)  # wraps (silently, for arrays) where the range is huge
     top = int(u.max())
     width = 0 if top == 0 else 1 if top < 1 << 8 else 2 if top < 1 << 16 else 4 if top < 1 << 32 else 8
     payload = b"" if width == 0 else _shuffle(u.astype(_UINT[width]))
@@ -161,20 +160,21 @@ def _dec_int(enc: Any) -> np.ndarray:
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     m = n - 1 if delta else n
+    # numpy integer arrays wrap silently on overflow, which is exactly what the encoder relied on.
     if width == 0:
-        v = np.full(m, base, dtype=np.int64)
-    else:
-        u = _unshuffle(payload, width, m)
-        v = u.view(np.int64) if width == 8 else u.astype(np.int64)
-        with np.errstate(over="ignore"):
-            v = v + np.int64(base)
+        if delta:
+            return np.arange(n, dtype=np.int64) * np.int64(base) + np.int64(first)
+        return np.full(m, base, dtype=np.int64)
+    u = _unshuffle(payload, width, m)
+    v = u.view(np.int64) if width == 8 else u.astype(np.int64)
+    if base:
+        v += np.int64(base)
     if not delta:
         return v
     out = np.empty(n, dtype=np.int64)
     out[0] = first
-    with np.errstate(over="ignore"):
-        np.cumsum(v, out=out[1:])
-        out[1:] += np.int64(first)
+    np.cumsum(v, out=out[1:])
+    out[1:] += np.int64(first)
     return out
 
 
