@@ -47,6 +47,16 @@ def field_reading(fv: Any) -> tuple[int, float | int, int, int] | NA:
     return vt, value, int(fv.timestamp), 0
 
 
+def nvlink_links(states: list[int | NA]) -> tuple[int, NA | None]:
+    """Active link count from nvmlDeviceGetNvLinkState per link; "no NVLink" when no link is
+    supported (H200 PCIe: NotSupported on all 18) or none is active."""
+    supported = [s for s in states if not isinstance(s, NA)]
+    if not supported:
+        return 0, NA(nvml.NO_NVLINK)
+    active = sum(1 for s in supported if s == 1)
+    return active, (None if active else NA(nvml.NO_NVLINK, "no active link"))
+
+
 class ThroughputThread:
     """Last-resort PCIe source: nvmlDeviceGetPcieThroughput blocks ~21 ms per call, so it
     runs here, never on the tick; the tick reads the latest values (KB/s) and their age."""
@@ -122,20 +132,15 @@ class GpuProbe:
 
     def _nvlink(self) -> tuple[int, Value]:
         mod = nvml.pynvml
-        active = 0
-        supported = 0
+        states: list[int | NA] = []
         for link in range(mod.NVML_NVLINK_MAX_LINKS):
             state = nvml.query(mod.nvmlDeviceGetNvLinkState, self.handle, link)
-            if isinstance(state, NA):
-                if state.reason.startswith("NVML error"):  # invalid argument: past the last link
-                    break
-                continue
-            supported += 1
-            active += int(state == 1)
-        if supported == 0:
-            return 0, NA(nvml.NO_NVLINK)
-        if active == 0:
-            return 0, NA(nvml.NO_NVLINK, "no active link")
+            if isinstance(state, NA) and state.reason.startswith("NVML error"):  # invalid argument: no such link
+                break
+            states.append(state)
+        active, none = nvlink_links(states)
+        if none is not None:
+            return 0, none
         speed: Value = NA("unknown")
         fv = nvml.query(mod.nvmlDeviceGetFieldValues, self.handle, [rates.FI_NVLINK_SPEED_MBPS_COMMON])
         if not isinstance(fv, NA):

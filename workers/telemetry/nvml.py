@@ -46,7 +46,7 @@ _logged: set[tuple[str, str]] = set()
 pynvml: Any = None  # the module, once imported
 
 
-def _reason_for(exc: BaseException) -> NA:
+def reason_for(exc: BaseException) -> NA:
     """Map an NVML exception to the reason users see."""
     mod = pynvml
     code = getattr(exc, "value", None)
@@ -86,7 +86,7 @@ def init() -> NA | None:
         try:
             mod.nvmlInit()
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, OSError...
-            reason = _reason_for(exc)
+            reason = reason_for(exc)
             _state = NA(NVML_MISSING, reason.detail or str(exc)) if reason.reason != NO_PERMISSION else reason
             log.info("NVML unavailable: %s", _state.detail or _state.reason)
             return _state
@@ -117,6 +117,11 @@ def query(fn: Callable[..., T], *args: Any) -> T | NA:
     failed = init()
     if failed is not None:
         return failed
+    return call(fn, *args)
+
+
+def call(fn: Callable[..., T], *args: Any) -> T | NA:
+    """Call an NVML function (NVML already initialised): its value or an NA; logs once."""
     try:
         return fn(*args)
     except Exception as exc:
@@ -124,7 +129,7 @@ def query(fn: Callable[..., T], *args: Any) -> T | NA:
             # a pynvml/ctypes bug, not a device answer: still n/a, but say what it was
             na = NA(f"error: {type(exc).__name__}", str(exc)[:200])
         else:
-            na = _reason_for(exc)
+            na = reason_for(exc)
         _log_once(getattr(fn, "__name__", str(fn)), na)
         return na
 
@@ -146,7 +151,7 @@ def ret_na(code: int) -> NA | None:
         err = pynvml.NVMLError(code)
     except Exception:  # unknown code
         return NA(f"NVML error {code}")
-    return _reason_for(err)
+    return reason_for(err)
 
 
 def _reset_for_tests() -> None:
