@@ -157,7 +157,7 @@ class ControlServer:
                 epoch_in_force=epoch_in_force,
                 pending_epoch=pending,
                 apply_at=apply_at,
-                rejected=sum(self.rejected.values()) + sum(r for _, _, r in self._hellos.values()),
+                rejected=sum(self.rejected.values()),  # workers' refusals come in their Hello
                 note=note,
             )
 
