@@ -33,16 +33,26 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 def torchrun_argv(nproc: int, worker_args: list[str], connection: Connection) -> list[str]:
     """torchrun (as `python -m torch.distributed.run`, so no PATH lookup) on this node."""
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        "--monitor-interval=0.2", "-m", "workers", "--connection-file", connection.path, *worker_args,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--monitor-interval=0.2",
+        "-m",
+        "workers",
+        "--connection-file",
+        connection.path,
+        *worker_args,
     ]
 
 
 class JobProcess:
     """A running torchrun job: its output tail, exit code and a reliable stop()."""
 
-    def __init__(self, argv: list[str], connection: Connection, env: dict[str, str] | None = None,
-                 tail_lines: int = 200) -> None:
+    def __init__(
+        self, argv: list[str], connection: Connection, env: dict[str, str] | None = None, tail_lines: int = 200
+    ) -> None:
         self.argv = argv
         self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self._lock = threading.Lock()
@@ -53,8 +63,13 @@ class JobProcess:
         self.log_path = str(log_path)
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in _pump
         self.proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env,
-            start_new_session=True, preexec_fn=_die_with_parent,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         self.started = time.monotonic()
         self._pump_thread = threading.Thread(target=self._pump, name="job-output", daemon=True)
@@ -80,8 +95,15 @@ class JobProcess:
     def error_lines(self, limit: int = 12) -> list[str]:
         """The lines that explain a failure: tracebacks and torchrun's failure summary."""
         lines = self.lines()
-        keep = [ln for ln in lines if "Error" in ln or "error" in ln or "Traceback" in ln or "exitcode" in ln
-                or ln.startswith(("  File", "[rank"))]
+        keep = [
+            ln
+            for ln in lines
+            if "Error" in ln
+            or "error" in ln
+            or "Traceback" in ln
+            or "exitcode" in ln
+            or ln.startswith(("  File", "[rank"))
+        ]
         return (keep or lines)[-limit:]
 
     def exit_code(self) -> int | None:
