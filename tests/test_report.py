@@ -1,0 +1,264 @@
+"""`commtop report`: numbers checked against statistics computed independently (numpy on the
+per-record CSV export and on the original messages), formats, errors, trace and plot."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from recording_synth import DEFAULT_EPOCHS, TENSOR, Epoch, synth_run, write_recording
+
+from tui import report
+from workers import protocol as p
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[Path, list]:
+    items = list(synth_run(duration_s=6.0, world=4, seed=11))
+    path = tmp_path_factory.mktemp("report") / "run.commtop"
+    write_recording(path, items)
+    return path, items
+
+
+def call(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = report.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def records_from_csv(text: str) -> dict[str, np.ndarray]:
+    rows = list(csv.DictReader(io.StringIO(text)))
+    out = {}
+    for name in rows[0]:
+        values = [r[name] for r in rows]
+        if name in ("mode", "op"):
+            out[name] = np.array(values)
+        elif name in ("dur_us", "algbw", "busbw"):
+            # 9 significant digits name a float32 exactly; widen the float32 for arithmetic
+            out[name] = np.array(values, dtype=np.float64).astype(np.float32).astype(np.float64)
+        else:
+            out[name] = np.array(values, dtype=np.int64)
+    return out
+
+
+def test_records_csv_has_one_exact_row_per_collective(capsys, run) -> None:
+    path, items = run
+    rc, out, err = call(capsys, str(path), "--format", "csv", "--records")
+    assert rc == 0 and err == ""
+    got = records_from_csv(out)
+    batches = [m for _, m in items if isinstance(m, p.Batch) and m.kind == p.COLL]
+    assert len(got["rank"]) == sum(len(b) for b in batches)
+    for name in ("iteration", "step", "epoch", "nbytes", "host_ns", "start_ns"):
+        assert got[name].tolist() == np.concatenate([b.columns[name] for b in batches]).tolist()
+    for name in ("dur_us", "algbw", "busbw"):  # 9 significant digits: exact for float32
+        want = np.concatenate([b.columns[name] for b in batches])
+        assert got[name].astype(np.float32).tobytes() == want.tobytes()
+    assert set(got["mode"].tolist()) == {"none", "overlap", "sync"}
+    assert got["rank"].tolist() == [b.rank for b in batches for _ in range(len(b))]
+    assert (got["recv_ns"] > got["start_ns"]).all()
+
+
+def test_report_numbers_match_numpy_on_the_csv_export(capsys, run) -> None:
+    path, _ = run
+    _, text, _ = call(capsys, str(path), "--format", "csv", "--records")
+    rec = records_from_csv(text)
+    rc, out, _ = call(capsys, str(path), "--format", "json")
+    assert rc == 0
+    doc = json.loads(out)
+    rows = {(r["epoch"], r["rank"]): r for r in doc["rows"]}
+    epochs = sorted(set(rec["epoch"].tolist()))
+    ranks = sorted(set(rec["rank"].tolist()))
+    assert set(rows) == {(e, r) for e in epochs for r in [*ranks, None]}
+    for e in epochs:
+        for r in [*ranks, None]:
+            sel = (rec["epoch"] == e) & ((rec["rank"] == r) if r is not None else True)
+            d = rec["dur_us"][sel]
+            row = rows[(e, r)]
+            assert row["count"] == sel.sum()
+            assert row["p50_us"] == pytest.approx(np.percentile(d, 50), rel=1e-9)
+            assert row["p90_us"] == pytest.approx(np.percentile(d, 90), rel=1e-9)
+            assert row["p99_us"] == pytest.approx(np.percentile(d, 99), rel=1e-9)
+            assert row["max_us"] == pytest.approx(d.max(), rel=1e-9)
+            assert row["algbw_gbps"] == pytest.approx(rec["algbw"][sel].mean(), rel=1e-6)
+            assert row["busbw_gbps"] == pytest.approx(rec["busbw"][sel].mean(), rel=1e-6)
+            none = (rec["mode"] == "none") & ((rec["rank"] == r) if r is not None else True)
+            assert row["slowdown"] == pytest.approx(np.percentile(d, 50) / np.median(rec["dur_us"][none]), rel=1e-9)
+            assert row["mode"] == DEFAULT_EPOCHS[e].mode
+    for m in doc["modes"]:
+        sel = rec["mode"] == m["mode"]
+        assert m["count"] == sel.sum()
+        assert m["p50_us"] == pytest.approx(np.percentile(rec["dur_us"][sel], 50), rel=1e-9)
+        ratio = np.median(rec["dur_us"][sel]) / np.median(rec["dur_us"][rec["mode"] == "none"])
+        assert m["slowdown"] == pytest.approx(ratio, rel=1e-9)
+    # the synthetic run is 3x slower under overlap and 1.6x under sync (lognormal noise around it)
+    slow = {m["mode"]: m["slowdown"] for m in doc["modes"]}
+    assert slow["none"] == 1.0 and 2.8 < slow["overlap"] < 3.2 and 1.5 < slow["sync"] < 1.7
+
+
+def test_settings_copies_and_links_per_epoch(capsys, run) -> None:
+    path, items = run
+    doc = json.loads(call(capsys, str(path), "--format", "json")[1])
+    copies = [m for _, m in items if isinstance(m, p.Batch) and m.kind == p.COPY]
+    gbps = np.concatenate([c.columns["gbps"] for c in copies]).astype(np.float64)
+    epoch_of = np.concatenate([c.columns["epoch"] for c in copies])
+    rank_of = np.concatenate([np.full(len(c), c.rank) for c in copies])
+    ticks = [(m["t"], np.frombuffer(m["m"]["pcie_tx_gbps"])) for _, m in items if isinstance(m, dict)]
+    colls = [m for _, m in items if isinstance(m, p.Batch) and m.kind == p.COLL]
+    start = np.concatenate([b.columns["start_ns"] for b in colls])
+    end = start + (np.concatenate([b.columns["dur_us"] for b in colls]).astype(np.float64) * 1e3).astype(np.int64)
+    ep = np.concatenate([b.columns["epoch"] for b in colls])
+    for row in doc["rows"]:
+        e, r = row["epoch"], row["rank"]
+        want = DEFAULT_EPOCHS[e]
+        assert (row["copies"], row["pinned"], row["direction"]) == (want.copies, want.pinned, want.direction)
+        sel = (epoch_of == e) & ((rank_of == r) if r is not None else True)
+        assert row["copy_count"] == sel.sum()
+        if sel.any():
+            assert row["copy_bytes"] == TENSOR
+            assert row["copy_gbps"] == pytest.approx(gbps[sel].mean(), rel=1e-6)
+        else:
+            assert row["copy_gbps"] is None
+        t0, t1 = start[ep == e].min(), end[ep == e].max()
+        window = [v.mean() for t, v in ticks if t0 <= t <= t1]
+        assert row["pcie_tx_gbps"] == pytest.approx(np.mean(window), rel=1e-9)
+        assert row["nvlink_tx_gbps"] is None  # n/a in the synthetic telemetry, not 0
+        assert row["sm_clock_mhz"] == pytest.approx(1980.0 if e == 0 else 1970.0, abs=5)
+
+
+def test_table_and_summary_csv(capsys, run) -> None:
+    path, _ = run
+    rc, out, err = call(capsys, str(path))
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0] == f"commtop report: {path}"
+    assert "p50 ms" in out and "slowdown" in out and "per mode (all ranks)" in out
+    overlap = [line for line in lines if " overlap " in line and " all " in line]
+    assert len(overlap) == 1 and "128MiB" in overlap[0] and "d2h" in overlap[0]
+    rc, out, _ = call(capsys, str(path), "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 3 * 5 and {r["rank"] for r in rows} == {"0", "1", "2", "3", "all"}
+    assert all(r["nvlink_tx_gbps"] == "" for r in rows)
+
+
+def test_output_file_and_usage_errors(capsys, run, tmp_path: Path) -> None:
+    path, _ = run
+    out = tmp_path / "r.json"
+    assert call(capsys, str(path), "--format", "json", "-o", str(out))[0] == 0
+    assert json.loads(out.read_text())["complete"] is True
+    rc, _, err = call(capsys, str(path), "--format", "json", "--records")
+    assert rc == 1 and err == "commtop: error: --records needs --format csv\n"
+    rc, _, err = call(capsys, str(path), "-o", str(tmp_path / "no" / "dir.txt"))
+    assert rc == 1 and err.count("\n") == 1 and "No such file or directory" in err
+
+
+@pytest.mark.parametrize("content", [b"", b"a,b,c\n1,2,3\n", bytes(range(256)) * 4])
+def test_not_a_recording_is_one_line_and_exit_1(capsys, tmp_path: Path, content: bytes) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(content)
+    rc, out, err = call(capsys, str(bad))
+    assert rc == 1 and out == ""
+    assert err == f"commtop: error: {bad} is not a commtop recording\n"
+    rc, _, err = call(capsys, str(tmp_path / "missing.commtop"))
+    assert rc == 1 and err.startswith("commtop: error: cannot read") and err.count("\n") == 1
+
+
+def test_the_command_line_exit_code(tmp_path: Path) -> None:
+    bad = tmp_path / "x.txt"
+    bad.write_text("not a recording\n")
+    proc = subprocess.run([sys.executable, "-m", "tui.report", str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1 and proc.stderr == f"commtop: error: {bad} is not a commtop recording\n"
+
+
+def test_damaged_recording_reports_with_a_warning(capsys, run, tmp_path: Path) -> None:
+    path, _ = run
+    data = path.read_bytes()
+    cut = tmp_path / "cut.commtop"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    rc, out, err = call(capsys, str(cut), "--format", "json")
+    assert rc == 0
+    assert err.startswith("commtop: warning: recording incomplete: cut at byte")
+    doc = json.loads(out)
+    assert doc["complete"] is False and 0 < doc["records"]
+
+
+def test_cpu_run_without_hellos_or_telemetry(capsys, tmp_path: Path) -> None:
+    """What a bare recording still gives: settings counted from the records, links n/a."""
+    epochs = (Epoch(0.0, "none", copies=0), Epoch(1.0, "overlap", copies=3, pinned=False, direction="h2d"))
+    items = [
+        (t, m)
+        for t, m in synth_run(duration_s=2.0, world=2, epochs=epochs, telemetry=False)
+        if not isinstance(m, p.Hello)
+    ]
+    path = tmp_path / "bare.commtop"
+    write_recording(path, items)
+    doc = json.loads(call(capsys, str(path), "--format", "json")[1])
+    row = next(r for r in doc["rows"] if r["epoch"] == 1 and r["rank"] is None)
+    assert (row["mode"], row["copies"], row["pinned"], row["direction"]) == ("overlap", 3.0, False, "h2d")
+    assert row["pcie_tx_gbps"] is None and row["sm_clock_mhz"] is None
+    assert doc["meta"]["ranks"] == []
+
+
+# --------------------------------------------------------------------------- trace and plot
+
+
+def test_trace_is_perfetto_json_with_the_expected_tracks(capsys, run, tmp_path: Path) -> None:
+    path, items = run
+    out = tmp_path / "t.json"
+    rc, stdout, err = call(capsys, str(path), "--trace", str(out))
+    assert rc == 0 and stdout == "" and "trace events" in err
+    doc = json.loads(out.read_text())
+    events = doc["traceEvents"]
+    assert doc["otherData"]["complete"] is True and doc["otherData"]["schema_version"] == p.SCHEMA_VERSION
+    names = {(e["pid"], e["args"]["name"]) for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {(r, f"rank {r} · node0 · NVIDIA H200 {r}") for r in range(4)}
+    threads = {(e["pid"], e["tid"], e["args"]["name"]) for e in events if e["name"] == "thread_name"}
+    assert threads == {(r, t, n) for r in range(4) for t, n in ((1, "collectives"), (2, "copies"))}
+    colls = [e for e in events if e["ph"] == "X" and e["cat"] == "collective"]
+    copies = [e for e in events if e["ph"] == "X" and e["cat"] == "copy"]
+    batches = [m for _, m in items if isinstance(m, p.Batch)]
+    assert len(colls) == sum(len(b) for b in batches if b.kind == p.COLL)
+    assert len(copies) == sum(len(b) for b in batches if b.kind == p.COPY)
+    assert {e["name"] for e in colls} == {"all_gather"} and {e["tid"] for e in colls} == {1}
+    assert {e["name"] for e in copies} == {"d2h copy (pinned)"} and {e["tid"] for e in copies} == {2}
+    assert min(e["ts"] for e in colls + copies) == 0.0
+    first = batches[0]
+    assert colls[0]["dur"] == pytest.approx(float(first.columns["dur_us"][0]), abs=1e-3)
+    counters = [e for e in events if e["ph"] == "C"]
+    assert {e["name"] for e in counters} == {"PCIe GB/s", "clocks MHz"}  # no NVLink values: no NVLink track
+    assert {e["pid"] for e in counters} == {0, 1, 2, 3}
+    assert all(set(e["args"]) <= {"tx", "rx", "sm", "mem"} for e in counters)
+    marks = [e for e in events if e["ph"] == "i"]
+    assert [m["name"].split(":")[0] for m in marks] == ["epoch 0", "epoch 1", "epoch 2"]
+    assert "mode=overlap" in marks[1]["name"]
+
+
+def test_plot_writes_a_png(capsys, run, tmp_path: Path) -> None:
+    path, _ = run
+    out = tmp_path / "p.png"
+    rc, _, err = call(capsys, str(path), "--plot", str(out))
+    assert rc == 0 and err == f"commtop: wrote {out}\n"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+
+
+def test_plot_without_matplotlib_is_one_line(run, tmp_path: Path) -> None:
+    path, _ = run
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from tui import report\n"
+        f"raise SystemExit(report.main([{str(path)!r}, '--plot', {str(tmp_path / 'p.png')!r}]))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1
+    assert (
+        proc.stderr
+        == "commtop: error: --plot needs matplotlib: pip install 'commtop[plot]' (or pip install matplotlib)\n"
+    )
+    assert not (tmp_path / "p.png").exists()
