@@ -168,3 +168,24 @@ class FakePublisher:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def frozen_snapshot(world: int = 8, iterations: int = 600, *, stale: int | None = None, exited: int | None = None):
+    """A model fed ``frozen_run`` and snapshotted at a fixed time: the same picture every run.
+
+    ``stale``: this rank stops reporting at 80 % of the run; ``exited``: this rank says Bye.
+    """
+    from tui.model import RunModel
+
+    clock_t = [T0]
+    model = RunModel(clock=lambda: clock_t[0])
+    cut = int(iterations * 0.8)
+    for m in frozen_run(world=world, iterations=iterations):
+        if isinstance(m, p.Batch) and m.rank == stale and m.t_ns >= T0 + cut * 10_000_000:
+            continue
+        if isinstance(m, p.Batch) and m.kind == p.COLL:
+            clock_t[0] = max(clock_t[0], int(m.columns["start_ns"][-1]))
+        model.apply(m)
+    if exited is not None:
+        model.apply(p.Bye(rank=exited, exit_code=1, reason="RuntimeError: NCCL timeout", t_ns=clock_t[0] + 1))
+    return model.snapshot(clock_t[0] + 1_000_000_000)

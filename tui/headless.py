@@ -37,7 +37,7 @@ def run_headless(
         pass
     for line in loop.errors:
         print(f"commtop: {line}")
-    return loop.snapshot()
+    return loop.snapshot(fresh_run_stats=True)
 
 
 def _ms(value: float) -> str:

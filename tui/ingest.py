@@ -117,10 +117,10 @@ class IngestLoop:
                     break  # one report per sink per poll
         return len(messages)
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, fresh_run_stats: bool = False) -> Snapshot:
         """A fresh snapshot (thread-safe; also used by the headless collector at the end)."""
         with self.lock:
-            snap = self.model.snapshot(self.clock())
+            snap = self.model.snapshot(self.clock(), fresh_run_stats=fresh_run_stats)
         self._latest = snap
         return snap
 
@@ -138,8 +138,10 @@ class IngestLoop:
         if not (force or changed or mono - self._last_emit >= IDLE_SNAPSHOT_S):
             return None
         snap = self.snapshot()
+        built_s = time.monotonic() - mono
         self._last_version = snap.version
-        self._last_emit = mono
+        # Never spend more than ~1/4 of this thread on snapshots (hundreds of ranks).
+        self._last_emit = mono + max(0.0, 4 * built_s - self.interval_s)
         if self.on_snapshot is not None:
             try:
                 self.on_snapshot(snap)

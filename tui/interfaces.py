@@ -113,3 +113,15 @@ class ControllerLike(Protocol):
         ...
 
     def view(self) -> ControlView: ...
+
+
+class ProcessWatch(Protocol):
+    """The launched job as the app sees it (tui.launcher.JobProcess fits): for the status line."""
+
+    def lines(self) -> list[str]:
+        """Recent output lines of the job (stderr/stdout of torchrun and its ranks)."""
+        ...
+
+    def exit_code(self) -> int | None:
+        """None while running."""
+        ...

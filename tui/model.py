@@ -24,12 +24,12 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from tui.stats import RING_SIZE, Ring, RunAggregate, RunStats, percentile, weighted_rate
+from tui.stats import RING_SIZE, Ring, RunAggregate, RunStats, percentiles, weighted_rate
 from workers.protocol import COLL, COPY, MODES, TELEM, TELEM_CAPS, Batch, Bye, Hello
 
 #: A rank silent for longer than this is shown as stale (it may be stopped or hung).
@@ -41,6 +41,9 @@ HISTORY_ITERS = 1024
 #: Complete iterations (all ranks reported) used to name the straggler.
 STRAGGLER_ITERS = 256
 COPY_RING_SIZE = 1024
+#: Whole-run statistics (histogram percentiles) of a snapshot are at most this old,
+#: unless the snapshot is asked for ``fresh_run_stats`` (the headless summary is).
+RUN_STATS_EVERY_S = 1.0
 NO_MODE = 255
 
 _COLL_RING = {"iteration": "<i8", "epoch": "<i4", "mode": "u1", "start_ns": "<i8", "dur_us": "<f4", "busbw": "<f4"}
@@ -57,6 +60,7 @@ class RankView:
     rank: int
     host: str = ""
     gpu: str = ""  # "0" or "cpu"; the device index on its host
+    pid: int = 0
     state: str = "waiting"  # "live" | "stale" | "exited" | "waiting" (hello but no records yet)
     exit_code: int | None = None
     exit_reason: str = ""
@@ -93,6 +97,8 @@ class History:
     first_iteration: int = 0
     ms: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
     mode: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.uint8))
+    #: Start (host wall clock, ns) of each iteration on the lowest rank that has it; 0 = none.
+    start_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,9 @@ class _RankState:
         self.sent_hint = {COLL: 0, COPY: 0}  # batches sent so far, from the hello
         self.ctl = (0, -1, -1)  # epoch_in_force, pending_epoch, apply_at of the newest batch
         self.ctl_t_ns = -1
+        self.version = 0  # bumped by every message of this rank (snapshot caching)
+        self.view_cache: tuple[int, RankView] | None = None
+        self.run_cache: tuple[int, tuple[RunStats, dict[str, RunStats], RunStats]] | None = None
 
     @property
     def missing(self) -> int:
@@ -226,6 +235,7 @@ class RunModel:
             state = self._rank(message.rank)
             state.bye = message
             state.last_seen_ns = now
+            state.version += 1
         elif isinstance(message, dict) and message.get("k") in (TELEM, TELEM_CAPS):
             if self.telemetry is None:
                 self.ignored += 1
@@ -240,6 +250,7 @@ class RunModel:
     def _apply_batch(self, batch: Batch, now: int) -> None:
         state = self._rank(batch.rank)
         state.last_seen_ns = now
+        state.version += 1
         state.revive_if_newer(batch.t_ns)
         kind = batch.kind
         state.max_seq[kind] = max(state.max_seq[kind], batch.seq)
@@ -284,6 +295,7 @@ class RunModel:
     def _apply_hello(self, hello: Hello, now: int) -> None:
         state = self._rank(hello.rank)
         state.last_seen_ns = now
+        state.version += 1
         state.revive_if_newer(hello.t_ns)
         if state.hello is None or hello.t_ns >= state.hello.t_ns:
             state.hello = hello
@@ -293,15 +305,18 @@ class RunModel:
 
     # ----------------------------------------------------------------------- snapshot
 
-    def snapshot(self, now_ns: int | None = None) -> Snapshot:
-        """A frozen view of the run at ``now_ns`` (the model clock by default)."""
+    def snapshot(self, now_ns: int | None = None, *, fresh_run_stats: bool = False) -> Snapshot:
+        """A frozen view of the run at ``now_ns`` (the model clock by default).
+
+        Whole-run percentiles are refreshed at most every RUN_STATS_EVERY_S (they cost a
+        histogram scan per rank and mode) unless ``fresh_run_stats``.
+        """
         now = self.clock() if now_ns is None else now_ns
         order = sorted(self.ranks)
-        views_by_rank = {r: self.ranks[r].coll.view(HISTORY_ITERS) for r in order}
-        history = _history(order, views_by_rank, self.ranks)
+        history = _history(order, self.ranks)
         shares = _straggler_shares(history)
         ranks = tuple(
-            self._rank_view(self.ranks[r], now, shares[i] if shares is not None else math.nan)
+            self._rank_view(self.ranks[r], now, shares[i] if shares is not None else math.nan, fresh_run_stats)
             for i, r in enumerate(order)
         )
         lead = self._lead_hello()
@@ -330,7 +345,7 @@ class RunModel:
             dtype=str(config.get("dtype", "")),
             tensor_bytes=int(config.get("tensor_bytes", 0) or 0),
             config=config,
-            settings=dict(lead.settings) if lead else {},
+            settings=_settings_in_force(lead, lead_state),
             epoch_in_force=epoch,
             pending_epoch=max((p[1] for p in pend), default=-1),
             apply_at=max((p[2] for p in pend), default=-1),
@@ -353,8 +368,7 @@ class RunModel:
             return self.ranks[0].hello
         return next((s.hello for _, s in sorted(self.ranks.items()) if s.hello is not None), None)
 
-    def _rank_view(self, s: _RankState, now: int, share: float) -> RankView:
-        h = s.hello
+    def _rank_view(self, s: _RankState, now: int, share: float, fresh: bool) -> RankView:
         if s.bye is not None:
             state = "exited"
         elif now - s.last_seen_ns > self.stale_after_ns:
@@ -363,16 +377,37 @@ class RunModel:
             state = "waiting"
         else:
             state = "live"
-        win = _window(s.coll.view(), "start_ns")
-        cwin = _window(s.copy.view(), "start_ns")
+        silent = max(0.0, (now - s.last_seen_ns) / 1e9)
+        cached = s.view_cache
+        if cached is not None and cached[0] == s.version and not fresh:
+            return replace(cached[1], state=state, silent_s=silent, straggler_share=share)
+        view = self._compute_rank_view(s, now, fresh)
+        s.view_cache = (s.version, view)
+        return replace(view, state=state, silent_s=silent, straggler_share=share)
+
+    def _run_stats(self, s: _RankState, now: int, fresh: bool) -> tuple[RunStats, dict[str, RunStats], RunStats]:
+        cached = s.run_cache
+        if cached is not None and not fresh and now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+            return cached[1]
+        total = RunAggregate()
+        for agg in s.run_by_mode.values():
+            total.merge(agg)
+        by_mode = {MODES[m] if m < len(MODES) else str(m): a.stats() for m, a in sorted(s.run_by_mode.items())}
+        result = (total.stats(), by_mode, s.copy_run.stats())
+        s.run_cache = (now, result)
+        return result
+
+    def _compute_rank_view(self, s: _RankState, now: int, fresh: bool) -> RankView:
+        h = s.hello
+        win = _window(s.coll.view(copy=False), "start_ns")
+        cwin = _window(s.copy.view(copy=False), "start_ns")
         dur = win["dur_us"]
         rate = math.nan
         if len(dur) > 1:
             span = int(win["start_ns"][-1] - win["start_ns"][0])
             rate = (len(dur) - 1) / (span / 1e9) if span > 0 else math.nan
-        total = RunAggregate()
-        for agg in s.run_by_mode.values():
-            total.merge(agg)
+        run, run_by_mode, copy_run = self._run_stats(s, now, fresh)
+        p50, p99 = percentiles(dur, (50, 99))
         copy_gbps = math.nan
         if len(cwin["dur_us"]) and float(cwin["dur_us"].sum()) > 0:
             copy_gbps = float(cwin["nbytes"].sum()) / float(cwin["dur_us"].astype(np.float64).sum()) / 1e3
@@ -381,10 +416,9 @@ class RunModel:
             rank=s.rank,
             host=h.host if h else "",
             gpu=(str(h.device_index) if h.device_index >= 0 else "cpu") if h else "",
-            state=state,
+            pid=h.pid if h else 0,
             exit_code=s.bye.exit_code if s.bye else None,
             exit_reason=s.bye.reason if s.bye else "",
-            silent_s=max(0.0, (now - s.last_seen_ns) / 1e9),
             count=s.received,
             missing=missing,
             dropped=s.dropped,
@@ -392,19 +426,29 @@ class RunModel:
             drops=max(s.dropped, missing),
             last_iteration=s.last_iteration,
             last_ms=float(dur[-1]) / 1e3 if len(dur) else math.nan,
-            p50_ms=percentile(dur, 50) / 1e3,
-            p99_ms=percentile(dur, 99) / 1e3,
+            p50_ms=p50 / 1e3,
+            p99_ms=p99 / 1e3,
             busbw_gbps=weighted_rate(win["busbw"], dur),
             copy_gbps=copy_gbps,
             iter_rate=rate,
             mode=MODES[int(win["mode"][-1])] if len(dur) and int(win["mode"][-1]) < len(MODES) else "",
             epoch=int(win["epoch"][-1]) if len(dur) else (h.epoch if h else -1),
-            straggler_share=share,
-            run=total.stats(),
-            run_by_mode={MODES[m] if m < len(MODES) else str(m): a.stats() for m, a in sorted(s.run_by_mode.items())},
-            copy_run=s.copy_run.stats(),
+            run=run,
+            run_by_mode=run_by_mode,
+            copy_run=copy_run,
             copies=s.copy_run.count,
         )
+
+
+def _settings_in_force(lead: Hello | None, state: _RankState | None) -> dict[str, Any]:
+    """The lead rank's settings from its hello (<= 1 s old), with the mode of its newest
+    record (fresher: it changes at an iteration, the hello only once a second)."""
+    settings = dict(lead.settings) if lead else {}
+    if state is not None and len(state.coll):
+        m = int(state.coll.view(1, copy=False)["mode"][0])
+        if m < len(MODES):
+            settings["mode"] = MODES[m]
+    return settings
 
 
 def _window(view: dict[str, np.ndarray], time_col: str) -> dict[str, np.ndarray]:
@@ -416,26 +460,30 @@ def _window(view: dict[str, np.ndarray], time_col: str) -> dict[str, np.ndarray]
     return {k: v[keep] for k, v in view.items()}
 
 
-def _history(order: list[int], views: dict[int, dict[str, np.ndarray]], ranks: dict[int, _RankState]) -> History:
+def _history(order: list[int], ranks: dict[int, _RankState]) -> History:
     last = max((ranks[r].last_iteration for r in order), default=-1)
     if last < 0:
         return History(
             first_iteration=0,
             ms=np.full((len(order), 0), np.nan, dtype=np.float32),
             mode=np.zeros((len(order), 0), dtype=np.uint8),
+            start_ns=np.zeros(0, dtype=np.int64),
         )
     first = max(0, last - HISTORY_ITERS + 1)
     width = last - first + 1
     ms = np.full((len(order), width), np.nan, dtype=np.float32)
     mode = np.full((len(order), width), NO_MODE, dtype=np.uint8)
+    start = np.zeros(width, dtype=np.int64)
     for row, r in enumerate(order):
-        v = views[r]
+        v = ranks[r].coll.view(HISTORY_ITERS, copy=False)
         it = v["iteration"]
         sel = (it >= first) & (it <= last)
         idx = (it[sel] - first).astype(np.intp)
         ms[row, idx] = v["dur_us"][sel] / 1e3
         mode[row, idx] = v["mode"][sel]
-    return History(first_iteration=first, ms=ms, mode=mode)
+        empty = start[idx] == 0
+        start[idx[empty]] = v["start_ns"][sel][empty]
+    return History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
 
 
 def _straggler_shares(history: History) -> np.ndarray | None:

@@ -54,12 +54,18 @@ class Ring:
         self.head = (start + n_keep) % self.size
         self.filled = min(self.size, self.filled + n)
 
-    def view(self, last: int | None = None) -> dict[str, np.ndarray]:
-        """The newest ``last`` rows (all held rows by default), oldest first, as copies."""
+    def view(self, last: int | None = None, *, copy: bool = True) -> dict[str, np.ndarray]:
+        """The newest ``last`` rows (all held rows by default), oldest first.
+
+        ``copy=False`` returns views into the ring where the rows are contiguous: only for
+        a caller that is done with them before the next ``append``.
+        """
         n = self.filled if last is None else max(0, min(last, self.filled))
         start = (self.head - n) % self.size
         if start + n <= self.size:
-            return {name: col[start : start + n].copy() for name, col in self.cols.items()}
+            if copy:
+                return {name: col[start : start + n].copy() for name, col in self.cols.items()}
+            return {name: col[start : start + n] for name, col in self.cols.items()}
         return {name: np.concatenate((col[start:], col[: self.head])) for name, col in self.cols.items()}
 
     def clear(self) -> None:
@@ -176,9 +182,18 @@ class RunAggregate:
 
 def percentile(values: np.ndarray, q: float) -> float:
     """Exact nearest-rank percentile (q in 0..100) of a window; NaN when empty."""
-    if len(values) == 0:
-        return math.nan
-    return float(np.percentile(values, q, method="inverted_cdf"))
+    return percentiles(values, (q,))[0]
+
+
+def percentiles(values: np.ndarray, qs: tuple[float, ...]) -> tuple[float, ...]:
+    """Nearest-rank percentiles (like ``np.percentile(method="inverted_cdf")``) with one
+    partial sort, which is several times cheaper than numpy's general path."""
+    n = len(values)
+    if n == 0:
+        return tuple(math.nan for _ in qs)
+    ks = [min(n - 1, max(0, math.ceil(q / 100.0 * n) - 1)) for q in qs]
+    part = np.partition(values, sorted(set(ks)))
+    return tuple(float(part[k]) for k in ks)
 
 
 def weighted_rate(amount: np.ndarray, dur_us: np.ndarray) -> float:

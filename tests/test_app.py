@@ -1,0 +1,337 @@
+"""The app under Textual's Pilot: live data through the real LiveSource, keys to the
+controller / recorder / replay, views, the status line, and a flood that must not freeze it."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from frozen_run import FakePublisher, frozen_coll, frozen_hello, frozen_run, frozen_snapshot
+
+from tui.app import CommtopApp, build_app
+from tui.interfaces import ControlView, RecordingStatus, ReplayPosition
+from tui.widgets.header import header_text
+from tui.widgets.rank_grid import RankGrid
+from tui.widgets.status import StatusLine
+from workers.connection import Connection
+
+KEY = bytes(range(32))
+SESSION = "app-sess"
+SIZE = (120, 36)
+
+
+@pytest.fixture
+def connection() -> Iterator[Connection]:
+    path = Path(tempfile.mkdtemp(prefix="ca-", dir="/tmp"))
+    yield Connection(
+        run_id="t",
+        session=SESSION,
+        key_hex=KEY.hex(),
+        data=f"ipc://{path}/data.sock",
+        control="",
+        request="",
+        host="h",
+        created_ns=0,
+    )
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def wait_for(pilot: Any, cond: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out waiting for the app"
+        await pilot.pause(0.05)
+
+
+def run_async(fn: Any) -> Any:
+    """Run an async test body with asyncio.run (no pytest async plugin needed)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+def grid_text(app: CommtopApp) -> list[str]:
+    return app.query_one(RankGrid).line_texts()
+
+
+@run_async
+async def test_live_source_to_two_rank_rows(connection: Connection) -> None:
+    app = build_app(connection=connection, title="commtop test")
+    async with app.run_test(size=SIZE) as pilot:
+        pub = FakePublisher(app.source.endpoint, KEY, SESSION)  # type: ignore[union-attr]
+        pub.send(frozen_run(world=2, iterations=200))
+        await wait_for(pilot, lambda: app.snapshot is not None and sum(r.count for r in app.snapshot.ranks) == 400)
+        await pilot.pause()
+        rows = grid_text(app)
+        assert len(rows) == 2
+        assert rows[0].startswith("●     0  node-a:cpu") and rows[1].startswith("●     1◀ node-a:cpu")
+        assert any(ch in rows[0] for ch in "▁▂▃▄▅▆▇█")
+        header = app.query_one("#header").render().plain
+        assert "backend gloo/cpu" in header and "world 2" in header and "all_gather 1024x1024 float32" in header
+        pub.close()
+    assert app.ingest is not None and not app.ingest.running
+
+
+class FakeController:
+    """Test-only controller: remembers requests; refuses copies above 6."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.settings = {"mode": "overlap", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
+
+    def request(self, changes: dict[str, Any]) -> str:
+        self.requests.append(dict(changes))
+        if changes.get("copies", 0) > 6:
+            return "copies must be at most 6 here"
+        self.settings.update(changes)
+        return ""
+
+    def view(self) -> ControlView:
+        return ControlView(requested=dict(self.settings), in_force={"mode": "overlap"}, epoch_in_force=1)
+
+
+@run_async
+async def test_control_keys_request_changes_and_show_refusals() -> None:
+    ctl = FakeController()
+    app = CommtopApp(controller=ctl, links=False)
+    async with app.run_test(size=SIZE) as pilot:
+        app.show_snapshot(frozen_snapshot(world=2))
+        await pilot.press("o", "3", "C", "C", "c", "s", "h", "d")
+        await pilot.pause()
+    assert ctl.requests == [
+        {"mode": "sync"},
+        {"mode": "sync"},
+        {"copies": 6},
+        {"copies": 7},
+        {"copies": 5},
+        {"copy_scale": 2.0},
+        {"pinned": False},
+        {"direction": "h2d"},
+    ]
+    messages = [n.message for n in app._notifications]
+    assert "copies must be at most 6 here" in messages
+
+
+@run_async
+async def test_control_keys_do_nothing_without_a_controller() -> None:
+    app = CommtopApp(links=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("o", "c")
+        assert app.check_action("cycle_mode", ()) is False
+
+
+class FakeRecorder:
+    def __init__(self) -> None:
+        self.active = False
+        self.calls: list[str] = []
+
+    def write(self, message: Any) -> None:
+        pass
+
+    def start(self, path: str | None = None) -> str:
+        self.active = True
+        self.calls.append("start")
+        return "/tmp/rec.commtop"
+
+    def stop(self) -> None:
+        self.active = False
+        self.calls.append("stop")
+
+    def status(self) -> RecordingStatus:
+        return RecordingStatus(active=self.active, path="/tmp/rec.commtop", bytes_written=3 * 2**20, elapsed_s=65)
+
+
+@run_async
+async def test_r_toggles_the_recorder_and_the_header_shows_it() -> None:
+    rec = FakeRecorder()
+    app = CommtopApp(recorder=rec, links=False)
+    async with app.run_test(size=SIZE) as pilot:
+        app.show_snapshot(frozen_snapshot(world=2))
+        await pilot.press("r")
+        await pilot.pause()
+        assert "● REC 3.0 MiB 1:05" in app.query_one("#header").render().plain
+        await pilot.press("r")
+        await pilot.pause()
+        assert "rec off" in app.query_one("#header").render().plain
+    assert rec.calls == ["start", "stop"]
+
+
+class FakeReplay:
+    """Test-only replay source: no messages; records the controls used."""
+
+    def __init__(self) -> None:
+        self.rejected: Counter[str] = Counter()
+        self.calls: list[tuple[str, Any]] = []
+        self.speed = 1.0
+        self.paused = False
+
+    def poll(self, timeout_s: float) -> list[Any]:
+        time.sleep(min(timeout_s, 0.01))
+        return []
+
+    def close(self) -> None:
+        pass
+
+    def toggle_pause(self) -> None:
+        self.paused = not self.paused
+        self.calls.append(("pause", self.paused))
+
+    def set_speed(self, factor: float) -> None:
+        self.speed = factor
+        self.calls.append(("speed", factor))
+
+    def seek(self, delta_s: float) -> None:
+        self.calls.append(("seek", delta_s))
+
+    def jump_change(self, direction: int) -> None:
+        self.calls.append(("jump", direction))
+
+    def position(self) -> ReplayPosition:
+        return ReplayPosition(30.0, 120.0, self.speed, self.paused, changes_s=(60.0,))
+
+
+@run_async
+async def test_replay_keys_and_progress_bar() -> None:
+    replay = FakeReplay()
+    app = CommtopApp(replay, links=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("space", "plus", "minus", "minus", "right", "left", "n", "p")
+        await pilot.pause()
+        bar = app.query_one("#replay").render().plain
+        assert bar.startswith(" ⏸ 0:30 ") and "2:00" in bar and "◆" in bar and "×0.5" in bar
+    assert replay.calls == [
+        ("pause", True),
+        ("speed", 2.0),
+        ("speed", 1.0),
+        ("speed", 0.5),
+        ("seek", 5),
+        ("seek", -5),
+        ("jump", 1),
+        ("jump", -1),
+    ]
+
+
+@run_async
+async def test_v_toggles_rows_and_heat_map_and_many_ranks_switch_automatically() -> None:
+    app = CommtopApp(links=False)
+    async with app.run_test(size=SIZE) as pilot:
+        app.show_snapshot(frozen_snapshot(world=8))
+        await pilot.pause()
+        grid = app.query_one(RankGrid)
+        assert grid.shown_view == "rows"
+        await pilot.press("v")
+        assert grid.shown_view == "heat"
+        assert grid_text(app)[0].startswith("mode")
+        await pilot.press("v")
+        assert grid.shown_view == "rows"
+        grid.view_mode = "auto"
+        app.show_snapshot(frozen_snapshot(world=64, iterations=200))
+        await pilot.pause()
+        assert grid.shown_view == "heat"
+        assert len(grid_text(app)) == 1 + 32  # mode line + two ranks per line
+
+
+class FakeJob:
+    def __init__(self, code: int | None, lines: list[str]) -> None:
+        self.code = code
+        self._lines = lines
+
+    def lines(self) -> list[str]:
+        return self._lines
+
+    def exit_code(self) -> int | None:
+        return self.code
+
+
+@run_async
+async def test_status_line_shows_the_job_failure() -> None:
+    job = FakeJob(None, ["[rank1]: RuntimeError: boom"])
+    app = CommtopApp(process_watch=job, links=False, hint="listening on ipc://x")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.query_one(StatusLine).render().plain == "listening on ipc://x"
+        job.code = 1
+        await pilot.pause(0.4)
+        assert (
+            app.query_one(StatusLine).render().plain.startswith("✗ job exited with code 1: [rank1]: RuntimeError: boom")
+        )
+
+
+class FakeFloodSource:
+    """Test-only source that never runs dry: 2000 records of 2 ranks every poll."""
+
+    def __init__(self) -> None:
+        self.rejected: Counter[str] = Counter()
+        self.seq = 0
+
+    def poll(self, timeout_s: float) -> list[Any]:
+        out = []
+        for _ in range(20):
+            lo = self.seq * 50
+            its = range(lo, lo + 50)
+            out += [frozen_coll(r, self.seq, its, np.full(50, 1000.0)) for r in (0, 1)]
+            self.seq += 1
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+@run_async
+async def test_a_flood_does_not_freeze_the_keyboard() -> None:
+    """Keys are handled promptly while ingest runs flat out. (Pilot's own idle wait
+    cannot be used as the measure: it waits for the *process* to idle, which a flood
+    never lets happen, so we time when the action itself ran.)"""
+    app = CommtopApp(FakeFloodSource(), links=False)
+    ran: list[float] = []
+    toggle = app.action_toggle_view
+
+    def timed_toggle() -> None:
+        ran.append(time.monotonic())
+        toggle()
+
+    app.action_toggle_view = timed_toggle  # type: ignore[method-assign]
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.applied >= 2)
+        before = app.model.records
+        t0 = time.monotonic()
+        await pilot.press("v")
+        assert ran and ran[0] - t0 < 0.5
+        assert app.query_one(RankGrid).shown_view == "heat"
+        await wait_for(pilot, lambda: app.applied >= 4)
+    assert app.model.records > before
+
+
+def test_header_text_without_data_and_with_pending_switch() -> None:
+    assert "waiting for ranks" in header_text(None).plain
+    snap = frozen_snapshot(world=2)
+    view = ControlView(
+        requested={"mode": "sync", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"},
+        in_force={"mode": "overlap", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"},
+        epoch_in_force=3,
+        pending_epoch=4,
+        apply_at=640,
+    )
+    text = header_text(snap, view).plain
+    assert "mode  overlap " in text and "epoch 3" in text and "switching to sync at iteration 640" in text
+
+
+def test_header_text_shows_hello_only_runs() -> None:
+    from tui.model import RunModel
+
+    model = RunModel()
+    model.apply(frozen_hello(0, world=4, backend="nccl"))
+    text = header_text(model.snapshot()).plain
+    assert "backend nccl on NVIDIA H200" in text and "ranks 0/4" in text

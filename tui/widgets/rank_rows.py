@@ -1,0 +1,333 @@
+"""Rank rows and the latency heat map as lists of rich Segments (no Textual here).
+
+The grid widget calls :func:`render_rows` or :func:`render_heatmap` once per snapshot (or
+resize) and keeps the resulting lines; ``render_line`` then only hands them out. Latency
+cells are bucketed by iteration (aligned to multiples of the bucket size, so the picture
+does not shimmer as new iterations arrive) and share one y-axis across ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from rich.segment import Segment
+
+from tui.model import NO_MODE, History, RankView, Snapshot
+from tui.widgets.palette import (
+    ACCENT,
+    CLIPPED,
+    EXITED,
+    HEAT_RAMP,
+    LIVE,
+    MODE_COLORS,
+    MUTED,
+    SPARK_CHARS,
+    STALE,
+    STRAGGLER,
+    TEXT,
+    WARN,
+    blend,
+    fmt_gbps,
+    fmt_ms,
+    mode_color,
+    style,
+)
+
+#: Fixed columns left of the sparkline: state, rank, host:gpu, last, p50, p99, busbw, copy.
+HOST_W = 15
+NUM_W = 8
+FIXED_W = 2 + 5 + 2 + HOST_W + 5 * NUM_W + 2
+HEAT_LABEL_W = 8
+MIN_SPARK = 8
+
+
+@dataclass(frozen=True)
+class Cells:
+    """Latency (ms) and mode per (rank, cell); cell j covers ``k`` iterations."""
+
+    ms: np.ndarray  # (ranks, cells) float, NaN = no data
+    mode: np.ndarray  # (ranks, cells) int, -1 = no data
+    k: int
+    first_iteration: int  # iteration of the first cell's first column
+    first_start_ns: int  # host time of the first visible iteration (0 = unknown)
+
+
+def bucket(history: History, cells: int, k: int) -> Cells:
+    """The last ``cells`` buckets of ``k`` iterations, max latency per bucket.
+
+    Max, not mean: a profiler should show the spike, not average it away.
+    """
+    n_ranks, n_cols = history.ms.shape
+    cells = max(0, cells)
+    if n_cols == 0 or cells == 0:
+        return Cells(np.full((n_ranks, cells), np.nan), np.full((n_ranks, cells), -1), k, history.first_iteration, 0)
+    last = history.first_iteration + n_cols - 1
+    start_it = (last // k - cells + 1) * k
+    total = cells * k
+    ms = np.full((n_ranks, total), np.nan, dtype=np.float32)
+    mode = np.full((n_ranks, total), -1, dtype=np.int16)
+    lo, hi = max(start_it, history.first_iteration), last
+    src = slice(lo - history.first_iteration, hi - history.first_iteration + 1)
+    dst = slice(lo - start_it, hi - start_it + 1)
+    ms[:, dst] = history.ms[:, src]
+    m = history.mode[:, src].astype(np.int16)
+    mode[:, dst] = np.where(m == NO_MODE, -1, m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        out_ms = np.nanmax(ms.reshape(n_ranks, cells, k), axis=2) if n_ranks else np.zeros((0, cells))
+    out_mode = mode.reshape(n_ranks, cells, k).max(axis=2) if n_ranks else np.zeros((0, cells), dtype=np.int16)
+    first_start = 0
+    if len(history.start_ns):
+        visible = history.start_ns[src]
+        nz = visible[visible > 0]
+        first_start = int(nz[0]) if len(nz) else 0
+    return Cells(out_ms, out_mode, k, start_it, first_start)
+
+
+def visible_top(cells: Cells) -> float:
+    """The latency the y-axis should cover: the 99th percentile of the visible cells, so
+    one spike is drawn clipped instead of flattening every other rank."""
+    finite = cells.ms[np.isfinite(cells.ms)]
+    if len(finite) == 0:
+        return math.nan
+    return float(np.percentile(finite, 99))
+
+
+# --------------------------------------------------------------------------- rows
+
+
+class _Line:
+    """A line of Segments built piece by piece (cheaper than rich Text + a Console)."""
+
+    def __init__(self) -> None:
+        self.segments: list[Segment] = []
+
+    def append(self, text: str, st: object = None) -> _Line:
+        self.segments.append(Segment(text, st))  # type: ignore[arg-type]
+        return self
+
+
+def column_header(width: int, top: float, k: int, view: str, n_ranks: int) -> list[list[Segment]]:
+    """Two header lines: column names, then units and the colour legend."""
+    head = style(MUTED, bold=True)
+    unit = style(MUTED)
+    first, second = _Line(), _Line()
+    if view == "heat":
+        first.append(f"{'ranks':<{HEAT_LABEL_W}}", head)
+        first.append(f"latency heat map · {n_ranks} ranks × iterations · {k} it/cell", head)
+        second.append(" " * HEAT_LABEL_W).append("0 ms ", unit)
+        for color in HEAT_RAMP:
+            second.append("█", style(color))
+        second.append(f" {_axis(top)} ms", unit)
+        second.append("   █ above", style(CLIPPED))
+        second.append("   v: rows", unit)
+    else:
+        names = f"  {'rank':>5}  {'host:gpu':<{HOST_W}}" + "".join(
+            f"{c:>{NUM_W}}" for c in ("last", "p50", "p99", "busbw", "copy")
+        )
+        first.append(names + "  ", head)
+        first.append(f"latency per iteration · 0–{_axis(top)} ms · {k} it/cell", head)
+        second.append(" " * (2 + 5 + 2 + HOST_W))
+        second.append("".join(f"{u:>{NUM_W}}" for u in ("ms", "ms", "ms", "GB/s", "GB/s")) + "  ", unit)
+        for mode, color in MODE_COLORS.items():
+            second.append("■", style(color))
+            second.append(f"{mode} ", unit)
+        second.append("▲", style(TEXT, bold=True)).append("clipped ", unit)
+        second.append("◀", style(STRAGGLER, bold=True)).append("straggler", unit)
+    return [_fit(first.segments, width), _fit(second.segments, width)]
+
+
+def _axis(top: float) -> str:
+    return f"{top:g}" if math.isfinite(top) else "?"
+
+
+def _fit(segments: list[Segment], width: int) -> list[Segment]:
+    """Crop or pad a line to exactly ``width`` cells."""
+    return Segment.adjust_line_length(segments, width)
+
+
+def _state_glyph(r: RankView) -> tuple[str, str]:
+    return {
+        "live": ("●", LIVE),
+        "stale": ("◌", WARN),
+        "exited": ("✗", EXITED),
+        "waiting": ("○", MUTED),
+    }.get(r.state, ("?", MUTED))
+
+
+def _row_text_color(r: RankView) -> str:
+    return {"stale": STALE, "exited": EXITED, "waiting": MUTED}.get(r.state, TEXT)
+
+
+def state_note(r: RankView, proc: str | None) -> str:
+    """What to write over the empty end of a row whose rank stopped reporting."""
+    if r.state == "exited":
+        why = f": {r.exit_reason}" if r.exit_reason else ""
+        return f" exited ({r.exit_code}){why} "
+    if r.state == "stale":
+        what = {"stopped": "stopped (SIGSTOP?)", "gone": "process gone"}.get(proc or "", "silent")
+        return f" {what} {r.silent_s:.0f}s "
+    if r.state == "waiting":
+        return " waiting for data "
+    return ""
+
+
+def render_rows(
+    snap: Snapshot, cells: Cells, top: float, width: int, procs: dict[int, str | None] | None = None
+) -> list[list[Segment]]:
+    """One line per rank: numbers, then the latency sparkline coloured by mode."""
+    lines: list[list[Segment]] = []
+    spark_w = cells.ms.shape[1] if cells.ms.ndim == 2 else 0
+    levels = _levels(cells.ms, top)
+    for i, r in enumerate(snap.ranks):
+        glyph, gcolor = _state_glyph(r)
+        color = _row_text_color(r)
+        num = style(color)
+        segs = [Segment(f"{glyph} ", style(gcolor))]
+        straggler = snap.straggler == r.rank
+        segs.append(Segment(f"{r.rank:>5}", style(STRAGGLER if straggler else color, bold=True)))
+        segs.append(Segment("◀ " if straggler else "  ", style(STRAGGLER, bold=True)))
+        where = f"{r.host}:{r.gpu}" if r.host else "?"
+        if len(where) > HOST_W - 1:
+            where = "…" + where[-(HOST_W - 2) :]
+        segs.append(Segment(f"{where:<{HOST_W}}", style(MUTED if r.state == "live" else color)))
+        segs.append(Segment(fmt_ms(r.last_ms, NUM_W), style(color, bold=r.state == "live")))
+        segs.append(Segment(fmt_ms(r.p50_ms, NUM_W) + fmt_ms(r.p99_ms, NUM_W), num))
+        segs.append(Segment(fmt_gbps(r.busbw_gbps, NUM_W), style(ACCENT if r.state == "live" else color)))
+        segs.append(Segment(fmt_gbps(r.copy_gbps, NUM_W), num))
+        segs.append(Segment("  "))
+        if spark_w:
+            segs += _spark(levels[i], cells.mode[i], r, state_note(r, (procs or {}).get(r.rank)))
+        lines.append(_fit(segs, width))
+    return lines
+
+
+def _levels(ms: np.ndarray, top: float) -> np.ndarray:
+    """0 = no data, 1..8 = bar height, 9 = above the axis top (clipped)."""
+    if ms.size == 0 or not top > 0:
+        return np.zeros(ms.shape, dtype=np.int8)
+    with np.errstate(invalid="ignore"):
+        lv = np.ceil(ms / top * 8)
+    lv = np.nan_to_num(lv, nan=0.0)
+    lv = np.clip(lv, 1, 9)
+    lv[~np.isfinite(ms)] = 0
+    return lv.astype(np.int8)
+
+
+def _spark(levels: np.ndarray, modes: np.ndarray, r: RankView, note: str) -> list[Segment]:
+    """Run-length encode cells of equal (char, style) into few Segments."""
+    dim = r.state in ("stale", "exited")
+    out: list[Segment] = []
+    run_text: list[str] = []
+    run_style = None
+    n = len(levels)
+    if note and r.state != "live":
+        # Write the note over the empty tail (where newer iterations would be), else the end.
+        tail = 0
+        while tail < n and levels[n - 1 - tail] == 0:
+            tail += 1
+        note = note[: max(0, n)]
+        start = n - len(note) if tail < len(note) else n - tail
+        start = max(0, start)
+    else:
+        start = n
+    for j in range(n):
+        if start <= j < start + len(note):
+            ch, st = note[j - start], style(EXITED if r.state == "exited" else WARN, bold=True)
+        else:
+            lv = int(levels[j])
+            if lv == 0:
+                ch, st = " ", style(None)
+            else:
+                color = mode_color(int(modes[j]))
+                if r.state == "exited":
+                    color = blend(EXITED, amount=0.45)
+                elif dim:
+                    color = blend(color)
+                ch = "▲" if lv == 9 else SPARK_CHARS[lv - 1]
+                st = style(color, bold=lv == 9)
+        if st is run_style:
+            run_text.append(ch)
+        else:
+            if run_text:
+                out.append(Segment("".join(run_text), run_style))
+            run_text, run_style = [ch], st
+    if run_text:
+        out.append(Segment("".join(run_text), run_style))
+    return out
+
+
+# --------------------------------------------------------------------------- heat map
+
+
+def render_heatmap(snap: Snapshot, cells: Cells, top: float, width: int, max_lines: int) -> list[list[Segment]]:
+    """Ranks x time, colour = latency. Two ranks share a line (upper/lower half block)
+    when one per line would not fit in ``max_lines``. The first line shows the mode."""
+    n = len(snap.ranks)
+    lines: list[list[Segment]] = []
+    heat = _heat_index(cells.ms, top)
+    mode_row = cells.mode.max(axis=0) if n else np.zeros(0, dtype=np.int16)
+    segs = [Segment(f"{'mode':<{HEAT_LABEL_W}}", style(MUTED))]
+    segs += _rle([("▀", style(mode_color(int(m))) if m >= 0 else style(None)) for m in mode_row])
+    lines.append(_fit(segs, width))
+    pair = n > max(1, max_lines - 1)
+    step = 2 if pair else 1
+    for i in range(0, n, step):
+        top_rank = snap.ranks[i]
+        low_rank = snap.ranks[i + 1] if pair and i + 1 < n else None
+        label = f"{top_rank.rank}" if low_rank is None else f"{top_rank.rank}-{low_rank.rank}"
+        marked = snap.straggler in (top_rank.rank, low_rank.rank if low_rank else None)
+        bad = any(x is not None and x.state in ("stale", "exited") for x in (top_rank, low_rank))
+        label_color = STRAGGLER if marked else (EXITED if bad else TEXT)
+        segs = [Segment(f"{label:>{HEAT_LABEL_W - 2}}{'◀' if marked else ' '} ", style(label_color, bold=marked))]
+        cells_out: list[tuple[str, object]] = []
+        for j in range(heat.shape[1]):
+            up = _heat_color(int(heat[i, j]), top_rank)
+            if low_rank is None:
+                cells_out.append(("█" if up else " ", style(up)))
+            else:
+                down = _heat_color(int(heat[i + 1, j]), low_rank)
+                cells_out.append(("▀", style(up or "#000000", down)))
+        segs += _rle(cells_out)
+        lines.append(_fit(segs, width))
+    return lines
+
+
+def _heat_index(ms: np.ndarray, top: float) -> np.ndarray:
+    """-1 = no data, 0..len(HEAT_RAMP)-1 = colour, len(HEAT_RAMP) = above the top."""
+    if ms.size == 0 or not top > 0:
+        return np.full(ms.shape, -1, dtype=np.int16)
+    steps = len(HEAT_RAMP)
+    with np.errstate(invalid="ignore"):
+        idx = np.floor(ms / top * steps)
+    idx = np.clip(np.nan_to_num(idx, nan=-1.0), -1, steps)
+    idx[~np.isfinite(ms)] = -1
+    return idx.astype(np.int16)
+
+
+def _heat_color(idx: int, r: RankView) -> str | None:
+    if idx < 0:
+        return None
+    color = CLIPPED if idx >= len(HEAT_RAMP) else HEAT_RAMP[idx]
+    if r.state in ("stale", "exited"):
+        color = blend(color)
+    return color
+
+
+def _rle(cells: list[tuple[str, object]]) -> list[Segment]:
+    out: list[Segment] = []
+    text: list[str] = []
+    current = None
+    for ch, st in cells:
+        if st is current:
+            text.append(ch)
+        else:
+            if text:
+                out.append(Segment("".join(text), current))  # type: ignore[arg-type]
+            text, current = [ch], st
+    if text:
+        out.append(Segment("".join(text), current))  # type: ignore[arg-type]
+    return out
