@@ -112,9 +112,39 @@ def _nanmean(values: np.ndarray) -> float:
         return float(np.nanmean(values))
 
 
+def _counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values, counts) of an int array; fast when there are few distinct values
+    (the usual case: one collective, one size): candidates from a sample, then exact counts,
+    checked to cover every element, else a full np.unique."""
+    if len(values) == 0:
+        return values[:0], np.zeros(0, dtype=np.int64)
+    cands = np.unique(values[:: max(1, len(values) // 4096)])
+    if len(cands) <= 16:
+        counts = np.array([np.count_nonzero(values == c) for c in cands.tolist()], dtype=np.int64)
+        if counts.sum() == len(values):
+            return cands, counts
+    return np.unique(values, return_counts=True)
+
+
 def _mode_of(values: np.ndarray) -> int:
-    uniq, counts = np.unique(values, return_counts=True)
-    return int(uniq[np.argmax(counts)])
+    uniq, counts = _counts(values)
+    return int(uniq[np.argmax(counts)]) if len(uniq) else 0
+
+
+def _runs(sorted_keys: np.ndarray) -> list[tuple[int, int, int]]:
+    """(key, start, end) of each run of equal keys in a sorted array."""
+    if len(sorted_keys) == 0:
+        return []
+    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    ends = np.r_[starts[1:], len(sorted_keys)]
+    return list(zip(sorted_keys[starts].tolist(), starts.tolist(), ends.tolist(), strict=True))
+
+
+def _by_epoch_rank(table: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(order, sorted keys) grouping records by (epoch, rank); key = epoch << 20 | rank."""
+    keys = (table["epoch"].astype(np.int64) << 20) | table["rank"].astype(np.int64)
+    order = np.argsort(keys, kind="stable")
+    return order, keys[order]
 
 
 class _Telemetry:
@@ -172,68 +202,63 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     settings = _settings_by_epoch(tables.hellos)
     gpu_of = {h.rank: (h.host, h.gpu_uuid) for _, h in tables.hellos}
     telemetry = _Telemetry(tables.other)
-    dur = coll["dur_us"].astype(np.float64)
-    end_ns = coll["start_ns"] + (dur * 1e3).astype(np.int64)
 
-    # baseline: p50 of mode none per (rank, op, nbytes) and per (op, nbytes) over all ranks
-    none = coll["mode"] == p.MODES.index("none")
-    base_rank: dict[tuple[int, int, int], float] = {}
-    base_all: dict[tuple[int, int], float] = {}
-    if none.any():
-        keys = np.stack([coll["rank"][none], coll["op"][none], coll["nbytes"][none]], axis=1)
-        for key in np.unique(keys, axis=0):
-            sel = none & (coll["rank"] == key[0]) & (coll["op"] == key[1]) & (coll["nbytes"] == key[2])
-            base_rank[(int(key[0]), int(key[1]), int(key[2]))] = float(np.median(dur[sel]))
-        for key in np.unique(keys[:, 1:], axis=0):
-            sel = none & (coll["op"] == key[0]) & (coll["nbytes"] == key[1])
-            base_all[(int(key[0]), int(key[1]))] = float(np.median(dur[sel]))
+    # everything sorted once by (epoch, rank): each row below is a contiguous slice
+    order, keys = _by_epoch_rank(coll)
+    dur = coll["dur_us"][order].astype(np.float64)
+    start = coll["start_ns"][order]
+    end = start + (dur * 1e3).astype(np.int64)
+    mode = coll["mode"][order]
+    combo = (coll["op"][order].astype(np.int64) << 48) | coll["nbytes"][order]  # (op, size)
+    algbw = coll["algbw"][order].astype(np.float64)
+    busbw = coll["busbw"][order].astype(np.float64)
+    ranks = coll["rank"][order]
+    corder, ckeys = _by_epoch_rank(copy)
+    cspan = {k: (a, b) for k, a, b in _runs(ckeys)}
+    cepoch = {e: (a, b) for e, a, b in _runs(ckeys >> 20)}
+    c = {name: copy[name][corder] for name in ("rank", "step", "nbytes", "direction", "pinned")}
+    gbps = copy["gbps"][corder].astype(np.float64)
 
-    # copies, grouped the same way
-    cgroups: dict[tuple[int, int | None], np.ndarray] = {}
-    if len(copy["epoch"]):
-        for e in np.unique(copy["epoch"]).tolist():
-            in_e = copy["epoch"] == e
-            cgroups[(e, None)] = np.flatnonzero(in_e)
-            for r in np.unique(copy["rank"][in_e]).tolist():
-                cgroups[(e, r)] = np.flatnonzero(in_e & (copy["rank"] == r))
+    # baseline: p50 of mode none, per (rank, op, size) and per (op, size) over all ranks
+    none = np.flatnonzero(mode == p.MODES.index("none"))
+    base_rank: dict[tuple[int, int], float] = {}
+    base_all: dict[int, float] = {}
+    for k in _counts(combo[none])[0].tolist():
+        sel = none[combo[none] == k]
+        base_all[k] = float(np.median(dur[sel]))
+        rsel = np.argsort(ranks[sel], kind="stable")
+        for r, a, b in _runs(ranks[sel][rsel]):
+            base_rank[(r, k)] = float(np.median(dur[sel[rsel[a:b]]]))
 
     rows: list[Row] = []
-    order = np.argsort(coll["epoch"].astype(np.int64) * (1 << 24) + coll["rank"], kind="stable")
-    epochs_sorted = coll["epoch"][order]
-    for e in np.unique(coll["epoch"]).tolist():
-        a, b = np.searchsorted(epochs_sorted, [e, e + 1])
-        idx_e = order[a:b]
-        ranks_e = coll["rank"][idx_e]
-        t0, t1 = int(coll["start_ns"][idx_e].min()), int(end_ns[idx_e].max())
-        op = _mode_of(coll["op"][idx_e])
-        nbytes = _mode_of(coll["nbytes"][idx_e])
-        mode = p.MODES[_mode_of(coll["mode"][idx_e])] if _mode_of(coll["mode"][idx_e]) < len(p.MODES) else "?"
+    for e, a_e, b_e in _runs(keys >> 20):
         s = settings.get(e, {})
-        cidx = cgroups.get((e, None), np.zeros(0, dtype=np.int64))
+        ca, cb = cepoch.get(e, (0, 0))
         if "copies" in s:
             copies: float | None = float(s["copies"])
-        else:
-            steps = len(np.unique(np.stack([copy["rank"][cidx], copy["step"][cidx]], axis=1), axis=0))
-            copies = len(cidx) / steps if len(cidx) else 0.0
-        pinned = bool(s["pinned"]) if "pinned" in s else (bool(_mode_of(copy["pinned"][cidx])) if len(cidx) else None)
-        direction = str(s.get("direction", p.DIRECTIONS[_mode_of(copy["direction"][cidx])] if len(cidx) else ""))
-        copy_bytes = _mode_of(copy["nbytes"][cidx]) if len(cidx) else None
-        groups: list[tuple[int | None, np.ndarray]] = [(None, idx_e)]
-        bounds = np.flatnonzero(np.diff(ranks_e)) + 1
-        for part in np.split(np.arange(len(idx_e)), bounds):
-            groups.append((int(ranks_e[part[0]]), idx_e[part]))
-        for rank, idx in groups:
-            d = dur[idx]
+        else:  # count them: copy records per (rank, step)
+            steps = len(_counts((c["rank"][ca:cb].astype(np.int64) << 40) | c["step"][ca:cb])[0])
+            copies = (cb - ca) / steps if steps else 0.0
+        pinned = bool(s["pinned"]) if "pinned" in s else (bool(_mode_of(c["pinned"][ca:cb])) if cb > ca else None)
+        direction = str(s.get("direction", p.DIRECTIONS[_mode_of(c["direction"][ca:cb])] if cb > ca else ""))
+        copy_bytes = _mode_of(c["nbytes"][ca:cb]) if cb > ca else None
+        k = _mode_of(combo[a_e:b_e])
+        op, nbytes = k >> 48, k & ((1 << 48) - 1)
+        m = _mode_of(mode[a_e:b_e])
+        t0, t1 = int(start[a_e:b_e].min()), int(end[a_e:b_e].max())
+        groups: list[tuple[int | None, int, int, tuple[int, int]]] = [(None, a_e, b_e, (ca, cb))]
+        for key, a, b in _runs(keys[a_e:b_e]):  # key = epoch << 20 | rank
+            groups.append((key & 0xFFFFF, a_e + a, a_e + b, cspan.get(key, (0, 0))))
+        for rank, a, b, (ga, gb) in groups:
+            d = dur[a:b]
             p50, p90, p99 = np.percentile(d, [50, 90, 99]).tolist()
-            ci = cgroups.get((e, rank), np.zeros(0, dtype=np.int64))
+            base = base_all.get(k) if rank is None else base_rank.get((rank, k))
             gpu = None if rank is None else gpu_of.get(rank, ("", ""))
-            base = base_all.get((op, nbytes)) if rank is None else base_rank.get((rank, op, nbytes))
-            links = {name: telemetry.mean(name, t0, t1, gpu) for name in LINK_METRICS}
             rows.append(
                 Row(
                     epoch=e,
                     rank=rank,
-                    mode=mode,
+                    mode=p.MODES[m] if m < len(p.MODES) else f"mode{m}",
                     copies=copies,
                     copy_bytes=copy_bytes,
                     pinned=pinned,
@@ -242,36 +267,35 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                     nbytes=nbytes,
                     start_s=(t0 - t_base) / 1e9,
                     end_s=(t1 - t_base) / 1e9,
-                    count=len(idx),
+                    count=b - a,
                     p50_us=p50,
                     p90_us=p90,
                     p99_us=p99,
                     max_us=float(d.max()),
                     mean_us=float(d.mean()),
-                    algbw_gbps=float(coll["algbw"][idx].astype(np.float64).mean()),
-                    busbw_gbps=float(coll["busbw"][idx].astype(np.float64).mean()),
-                    copy_count=len(ci),
-                    copy_gbps=float(copy["gbps"][ci].astype(np.float64).mean()) if len(ci) else math.nan,
+                    algbw_gbps=float(algbw[a:b].mean()),
+                    busbw_gbps=float(busbw[a:b].mean()),
+                    copy_count=gb - ga,
+                    copy_gbps=float(gbps[ga:gb].mean()) if gb > ga else math.nan,
                     slowdown=p50 / base if base else math.nan,
-                    **links,
+                    **{name: telemetry.mean(name, t0, t1, gpu) for name in LINK_METRICS},
                 )
             )
 
     modes = []
-    for m in np.unique(coll["mode"]).tolist():
-        sel = coll["mode"] == m
-        d = dur[sel]
-        p50, p99 = np.percentile(d, [50, 99]).tolist()
-        # slowdown per (op, size) with a baseline, weighted by records
-        ratios, weights = [], []
-        for (op, nb), base in base_all.items():
-            s2 = sel & (coll["op"] == op) & (coll["nbytes"] == nb)
-            if s2.any():
-                ratios.append(float(np.median(dur[s2])) / base)
-                weights.append(int(s2.sum()))
+    for m in _counts(mode)[0].tolist():
+        sel = mode == m
+        p50, p99 = np.percentile(dur[sel], [50, 99]).tolist()
+        ratios, weights = [], []  # slowdown per (op, size) with a baseline, weighted by records
+        for k, base in base_all.items():
+            both = sel & (combo == k)
+            if both.any():
+                ratios.append(float(np.median(dur[both])) / base)
+                weights.append(int(np.count_nonzero(both)))
         slow = float(np.average(ratios, weights=weights)) if ratios else math.nan
-        name = p.MODES[m] if m < len(p.MODES) else f"mode{m}"
-        modes.append(ModeRow(name, int(sel.sum()), p50, p99, slow))
+        modes.append(
+            ModeRow(p.MODES[m] if m < len(p.MODES) else f"mode{m}", int(np.count_nonzero(sel)), p50, p99, slow)
+        )
     return Report(
         path=rec.path,
         complete=rec.complete,
