@@ -48,9 +48,13 @@ class CtlError(RuntimeError):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="commtop ctl", description="change a running commtop job's settings")
     parser.add_argument("--run", default=None, help="run id or connection file (default: your newest run)")
-    parser.add_argument("--timeout", type=float, default=REPLY_TIMEOUT_S, help="seconds to wait for a reply")
+    parser.add_argument(
+        "--timeout", type=float, default=REPLY_TIMEOUT_S, metavar="SECONDS", help="seconds to wait for a reply"
+    )
     parser.add_argument("--no-wait", action="store_true", help="return once accepted, not once in force")
-    parser.add_argument("--wait", type=float, default=WAIT_S, dest="wait_s", help="seconds to wait until in force")
+    parser.add_argument(
+        "--wait", type=float, default=WAIT_S, dest="wait_s", metavar="SECONDS", help="seconds to wait until in force"
+    )
     parser.add_argument("--json", action="store_true", help="print the collector's reply as JSON")
     sub = parser.add_subparsers(dest="op", required=True, metavar="{status,mode,set}")
     sub.add_parser("status", help="settings requested and in force, pending switch, refused messages")
