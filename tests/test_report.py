@@ -206,6 +206,27 @@ def test_cpu_run_without_hellos_or_telemetry(capsys, tmp_path: Path) -> None:
     assert doc["meta"]["ranks"] == []
 
 
+def test_window_limits_every_output(capsys, run, tmp_path: Path) -> None:
+    path, _ = run
+    _, text, _ = call(capsys, str(path), "--format", "csv", "--records")
+    everything = records_from_csv(text)
+    rc, text, _ = call(capsys, str(path), "--format", "csv", "--records", "--window", "2.5:3.5")
+    assert rc == 0
+    part = records_from_csv(text)
+    rel = (everything["start_ns"] - everything["start_ns"].min()) / 1e9
+    assert part["start_ns"].tolist() == everything["start_ns"][(rel >= 2.5) & (rel <= 3.5)].tolist()
+    doc = json.loads(call(capsys, str(path), "--format", "json", "--window", "2.5:3.5")[1])
+    assert {r["epoch"] for r in doc["rows"]} == {1} and doc["records"] == len(part["rank"])
+    out = tmp_path / "w.json"
+    call(capsys, str(path), "--trace", str(out), "--window", "2.5:")
+    events = json.loads(out.read_text())["traceEvents"]
+    assert {e["args"]["epoch"] for e in events if e["ph"] == "X"} == {1, 2}
+    with pytest.raises(SystemExit) as exc:
+        report.main([str(path), "--window", "5:1"])
+    assert exc.value.code == 2
+    assert "expected FROM:TO in seconds" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- trace and plot
 
 

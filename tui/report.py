@@ -509,6 +509,13 @@ def build_parser(prog: str = "commtop report") -> argparse.ArgumentParser:
     ap.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace (open in ui.perfetto.dev)")
     ap.add_argument("--plot", metavar="OUT.png", help="plot latency per rank by mode, and link throughput (matplotlib)")
     ap.add_argument("-o", "--output", metavar="PATH", help="write the report here instead of stdout")
+    ap.add_argument(
+        "--window",
+        metavar="FROM:TO",
+        type=_window_arg,
+        help="only records that start FROM..TO seconds after the first one (either may be empty), e.g. 60:90 "
+        "(large recordings make traces too big for a browser)",
+    )
     return ap
 
 
@@ -524,6 +531,34 @@ report_main = main
 def _err(message: str) -> int:
     print(f"commtop: error: {message}", file=sys.stderr)
     return 1
+
+
+def _window_arg(text: str) -> tuple[float, float]:
+    lo, sep, hi = text.partition(":")
+    try:
+        window = (float(lo) if lo.strip() else 0.0, float(hi) if hi.strip() else math.inf)
+    except ValueError:
+        window = (math.nan, math.nan)
+    if not sep or not window[0] <= window[1]:
+        raise argparse.ArgumentTypeError(f"expected FROM:TO in seconds (FROM <= TO), got {text!r}")
+    return window
+
+
+def window_tables(tables: Tables, window: tuple[float, float]) -> Tables:
+    """Only what starts ``window`` seconds after the first record (telemetry by its tick time)."""
+    starts = [t["start_ns"].min() for t in (tables.coll, tables.copy) if len(t["start_ns"])]
+    if not starts:
+        return tables
+    base = int(min(starts))
+    lo = base + window[0] * 1e9
+    hi = base + window[1] * 1e9 if math.isfinite(window[1]) else math.inf
+
+    def cut(table: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        keep = (table["start_ns"] >= lo) & (table["start_ns"] <= hi)
+        return {name: col[keep] for name, col in table.items()}
+
+    other = [(t, b) for t, b in tables.other if not isinstance(b.get("t"), int) or lo <= b["t"] <= hi]
+    return Tables(cut(tables.coll), cut(tables.copy), tables.hellos, tables.byes, other)
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -547,6 +582,8 @@ def run(ns: argparse.Namespace) -> int:
             print(f"commtop: warning: {rec.summary()}", file=sys.stderr)
         wanted = None if ns.records or ns.trace else REPORT_COLUMNS
         tables = rec.tables(coll_columns=wanted)
+        if ns.window:
+            tables = window_tables(tables, ns.window)
         try:
             if ns.trace:
                 from tui.trace import write_trace
