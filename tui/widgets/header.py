@@ -35,9 +35,9 @@ def _settings_text(settings: dict[str, Any]) -> str:
     if not settings:
         return ""
     copies = settings.get("copies", "?")
-    scale = settings.get("copy_scale", "?")
+    scale = float(settings.get("copy_scale", 1.0))
     host = "pinned" if settings.get("pinned", True) else "pageable"
-    return f"{copies}×{scale} {settings.get('direction', '?')} {host}"
+    return f"{copies} copies ×{scale:g} {settings.get('direction', '?')} {host}"
 
 
 def header_text(

@@ -34,6 +34,8 @@ from tui.widgets.rank_rows import (
 ZOOMS = (1, 2, 4, 8, 16)
 ZOOM_TARGET_S = 10.0
 ZOOM_HOLD_S = 3.0
+#: Lines per rank when there is room (taller bars: 8 levels per line).
+MAX_ROW_H = 6
 
 
 class GridHeader(Widget):
@@ -75,6 +77,8 @@ class RankGrid(ScrollView):
         self._strips: dict[int, Strip] = {}
         self.shown_view = "rows"
         self.top = math.nan
+        self.row_h = 1
+        self._built_width = 0
         #: Host time of the first visible iteration (the links panel shows the same window).
         self.window_start_ns = 0
 
@@ -120,7 +124,10 @@ class RankGrid(ScrollView):
         if snap is None or width <= 0:
             return
         view = self._effective_view()
+        if view != self.shown_view or width != self._built_width:
+            self._k_changed_s = -math.inf  # a new layout may pick its zoom at once
         self.shown_view = view
+        self._built_width = width
         label_w = HEAT_LABEL_W if view == "heat" else FIXED_W
         n_cells = max(0, width - label_w - self.scrollbar_size_vertical)
         if view == "rows" and n_cells < MIN_SPARK:
@@ -134,7 +141,10 @@ class RankGrid(ScrollView):
         if view == "heat":
             lines = render_heatmap(snap, cells, self.top, width, self.size.height)
         else:
-            lines = render_rows(snap, cells, self.top, width, procs)
+            n = max(1, len(snap.ranks))
+            row_h = max(1, min(MAX_ROW_H, self.size.height // n))
+            self.row_h = row_h
+            lines = render_rows(snap, cells, self.top, width, procs, row_h)
         if self.header is not None:
             self.header.set_lines(column_header(width, self.top, k, view, len(snap.ranks)))
         self._lines = lines

@@ -176,70 +176,121 @@ def state_note(r: RankView, proc: str | None) -> str:
 
 
 def render_rows(
-    snap: Snapshot, cells: Cells, top: float, width: int, procs: dict[int, str | None] | None = None
+    snap: Snapshot,
+    cells: Cells,
+    top: float,
+    width: int,
+    procs: dict[int, str | None] | None = None,
+    row_h: int = 1,
 ) -> list[list[Segment]]:
-    """One line per rank: numbers, then the latency sparkline coloured by mode."""
+    """``row_h`` lines per rank: windowed numbers (and, from 2 lines, whole-run numbers),
+    then the latency bars coloured by the mode in force, ``row_h`` x 8 levels high."""
+    row_h = max(1, row_h)
     lines: list[list[Segment]] = []
     spark_w = cells.ms.shape[1] if cells.ms.ndim == 2 else 0
-    levels = _levels(cells.ms, top)
+    levels = _levels(cells.ms, top, 8 * row_h)
     for i, r in enumerate(snap.ranks):
-        glyph, gcolor = _state_glyph(r)
-        color = _row_text_color(r)
-        num = style(color)
-        segs = [Segment(f"{glyph} ", style(gcolor))]
-        straggler = snap.straggler == r.rank
-        segs.append(Segment(f"{r.rank:>5}", style(STRAGGLER if straggler else color, bold=True)))
-        segs.append(Segment("◀ " if straggler else "  ", style(STRAGGLER, bold=True)))
-        where = f"{r.host}:{r.gpu}" if r.host else "?"
-        if len(where) > HOST_W - 1:
-            where = "…" + where[-(HOST_W - 2) :]
-        segs.append(Segment(f"{where:<{HOST_W}}", style(MUTED if r.state == "live" else color)))
-        segs.append(Segment(fmt_ms(r.last_ms, NUM_W), style(color, bold=r.state == "live")))
-        segs.append(Segment(fmt_ms(r.p50_ms, NUM_W) + fmt_ms(r.p99_ms, NUM_W), num))
-        segs.append(Segment(fmt_gbps(r.busbw_gbps, NUM_W), style(ACCENT if r.state == "live" else color)))
-        segs.append(Segment(fmt_gbps(r.copy_gbps, NUM_W), num))
-        segs.append(Segment("  "))
-        if spark_w:
-            segs += _spark(levels[i], cells.mode[i], r, state_note(r, (procs or {}).get(r.rank)))
-        lines.append(_fit(segs, width))
+        note = state_note(r, (procs or {}).get(r.rank))
+        for line in range(row_h):
+            if line == 0:
+                segs = _numbers(snap, r)
+            elif line == 1:
+                segs = _run_numbers(r)
+            elif line == 2:
+                segs = _counts(r)
+            else:
+                segs = [Segment(" " * FIXED_W)]
+            if spark_w:
+                band = row_h - 1 - line  # 0 = bottom line of the rank
+                segs += _spark(levels[i], cells.mode[i], r, note if line == 0 else "", band, row_h)
+            lines.append(_fit(segs, width))
     return lines
 
 
-def _levels(ms: np.ndarray, top: float) -> np.ndarray:
-    """0 = no data, 1..8 = bar height, 9 = above the axis top (clipped)."""
+def _numbers(snap: Snapshot, r: RankView) -> list[Segment]:
+    glyph, gcolor = _state_glyph(r)
+    color = _row_text_color(r)
+    num = style(color)
+    straggler = snap.straggler == r.rank
+    where = f"{r.host}:{r.gpu}" if r.host else "?"
+    if len(where) > HOST_W - 1:
+        where = "…" + where[-(HOST_W - 2) :]
+    return [
+        Segment(f"{glyph} ", style(gcolor)),
+        Segment(f"{r.rank:>5}", style(STRAGGLER if straggler else color, bold=True)),
+        Segment("◀ " if straggler else "  ", style(STRAGGLER, bold=True)),
+        Segment(f"{where:<{HOST_W}}", style(MUTED if r.state == "live" else color)),
+        Segment(fmt_ms(r.last_ms, NUM_W), style(color, bold=r.state == "live")),
+        Segment(fmt_ms(r.p50_ms, NUM_W) + fmt_ms(r.p99_ms, NUM_W), num),
+        Segment(fmt_gbps(r.busbw_gbps, NUM_W), style(ACCENT if r.state == "live" else color)),
+        Segment(fmt_gbps(r.copy_gbps, NUM_W), num),
+        Segment("  "),
+    ]
+
+
+def _run_numbers(r: RankView) -> list[Segment]:
+    """Whole-run p50 / p99 / max, busbw and copy GB/s under the windowed ones (dim)."""
+    dim = style(STALE)
+    label = f"{'whole run max':>{HOST_W}}"
+    return [
+        Segment(" " * (2 + 5 + 2)),
+        Segment(label, dim),
+        Segment(fmt_ms(r.run.max_ms, NUM_W), dim),
+        Segment(fmt_ms(r.run.p50_ms, NUM_W) + fmt_ms(r.run.p99_ms, NUM_W), dim),
+        Segment(fmt_gbps(r.run.busbw_gbps, NUM_W) + fmt_gbps(r.copy_run.busbw_gbps, NUM_W), dim),
+        Segment("  "),
+    ]
+
+
+def _counts(r: RankView) -> list[Segment]:
+    """Collectives received, rate, missing and dropped records of one rank (dim)."""
+    rate = f"{r.iter_rate:,.0f}/s" if math.isfinite(r.iter_rate) else "-/s"
+    text = f"{r.count:,} it · {rate} · missing {r.missing:,} · drops {r.drops:,}"
+    bad = r.missing or r.drops
+    return [
+        Segment(" " * (2 + 5 + 2)),
+        Segment(f"{text[: FIXED_W - 11]:>{FIXED_W - 11}}", style(WARN if bad else STALE)),
+        Segment("  "),
+    ]
+
+
+def _levels(ms: np.ndarray, top: float, steps: int = 8) -> np.ndarray:
+    """0 = no data, 1..steps = bar height, steps + 1 = above the axis top (clipped)."""
     if ms.size == 0 or not top > 0:
-        return np.zeros(ms.shape, dtype=np.int8)
+        return np.zeros(ms.shape, dtype=np.int16)
     with np.errstate(invalid="ignore"):
-        lv = np.ceil(ms / top * 8)
+        lv = np.ceil(ms / top * steps)
     lv = np.nan_to_num(lv, nan=0.0)
-    lv = np.clip(lv, 1, 9)
+    lv = np.clip(lv, 1, steps + 1)
     lv[~np.isfinite(ms)] = 0
-    return lv.astype(np.int8)
+    return lv.astype(np.int16)
 
 
-def _spark(levels: np.ndarray, modes: np.ndarray, r: RankView, note: str) -> list[Segment]:
-    """Run-length encode cells of equal (char, style) into few Segments."""
+def _spark(
+    levels: np.ndarray, modes: np.ndarray, r: RankView, note: str, band: int = 0, bands: int = 1
+) -> list[Segment]:
+    """One line (``band`` from the bottom) of a rank's bars, run-length encoded."""
     dim = r.state in ("stale", "exited")
+    clipped = 8 * bands + 1
     out: list[Segment] = []
     run_text: list[str] = []
     run_style = None
     n = len(levels)
+    start = n
     if note and r.state != "live":
         # Write the note over the empty tail (where newer iterations would be), else the end.
         tail = 0
         while tail < n and levels[n - 1 - tail] == 0:
             tail += 1
         note = note[: max(0, n)]
-        start = n - len(note) if tail < len(note) else n - tail
-        start = max(0, start)
-    else:
-        start = n
+        start = max(0, n - len(note) if tail < len(note) else n - tail)
     for j in range(n):
         if start <= j < start + len(note):
             ch, st = note[j - start], style(EXITED if r.state == "exited" else WARN, bold=True)
         else:
             lv = int(levels[j])
-            if lv == 0:
+            part = min(8, lv - 8 * band)
+            if lv == 0 or (part <= 0 and not (band == 0 and lv > 0)):
                 ch, st = " ", style(None)
             else:
                 color = mode_color(int(modes[j]))
@@ -247,8 +298,12 @@ def _spark(levels: np.ndarray, modes: np.ndarray, r: RankView, note: str) -> lis
                     color = blend(EXITED, amount=0.45)
                 elif dim:
                     color = blend(color)
-                ch = "▲" if lv == 9 else SPARK_CHARS[lv - 1]
-                st = style(color, bold=lv == 9)
+                top_band = band == bands - 1
+                if lv == clipped and top_band:
+                    ch = "▲"
+                else:
+                    ch = SPARK_CHARS[max(1, part) - 1]
+                st = style(color, bold=lv == clipped)
         if st is run_style:
             run_text.append(ch)
         else:
@@ -271,7 +326,7 @@ def render_heatmap(snap: Snapshot, cells: Cells, top: float, width: int, max_lin
     heat = _heat_index(cells.ms, top)
     mode_row = cells.mode.max(axis=0) if n else np.zeros(0, dtype=np.int16)
     segs = [Segment(f"{'mode':<{HEAT_LABEL_W}}", style(MUTED))]
-    segs += _rle([("▀", style(mode_color(int(m))) if m >= 0 else style(None)) for m in mode_row])
+    segs += _rle([("▀", style(mode_color(int(m)))) if m >= 0 else (" ", style(None)) for m in mode_row])
     lines.append(_fit(segs, width))
     pair = n > max(1, max_lines - 1)
     step = 2 if pair else 1
@@ -280,8 +335,8 @@ def render_heatmap(snap: Snapshot, cells: Cells, top: float, width: int, max_lin
         low_rank = snap.ranks[i + 1] if pair and i + 1 < n else None
         label = f"{top_rank.rank}" if low_rank is None else f"{top_rank.rank}-{low_rank.rank}"
         marked = snap.straggler in (top_rank.rank, low_rank.rank if low_rank else None)
-        bad = any(x is not None and x.state in ("stale", "exited") for x in (top_rank, low_rank))
-        label_color = STRAGGLER if marked else (EXITED if bad else TEXT)
+        states = {x.state for x in (top_rank, low_rank) if x is not None}
+        label_color = STRAGGLER if marked else EXITED if "exited" in states else WARN if "stale" in states else TEXT
         segs = [Segment(f"{label:>{HEAT_LABEL_W - 2}}{'◀' if marked else ' '} ", style(label_color, bold=marked))]
         cells_out: list[tuple[str, object]] = []
         for j in range(heat.shape[1]):
