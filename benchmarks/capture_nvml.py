@@ -332,6 +332,10 @@ def summarise(doc: dict[str, Any]) -> dict[str, Any]:
         s[f"{direction}_commtop_{metric}"] = got
         if event and got:
             s[f"{direction}_commtop_vs_events_pct"] = 100.0 * (got - event) / event
+    fb = sampler.get("d2h_fallback", [])[3:]
+    s["d2h_fallback_commtop_pcie_tx_gbps"] = median([t["metrics"]["pcie_tx_gbps"][0] for t in fb])
+    s["d2h_fallback_tick_cost_ms_median"] = median([t["cost_us"] / 1e3 for t in fb])
+    s["fallback_sources"] = sampler.get("caps_fallback", {})
     costs = [t["cost_us"] for ph in ("d2h", "h2d", "idle") for t in sampler.get(ph, [])[1:]]
     per_gpu = [c for ph in ("d2h", "h2d", "idle") for t in sampler.get(ph, [])[1:] for c in t["gpu_cost_us"]]
     if costs:
@@ -397,6 +401,24 @@ def capture(doc: dict[str, Any]) -> None:
                     err(f"sampler {direction}", exc)
         time.sleep(0.5)
         doc["sampler"]["idle"] = sampler_phase(sampler, 1.0)
+        if has_cuda:  # the fallback sources (no GPM): counters are refused, PcieThroughput thread
+            fallback = None
+            try:
+                fallback = NodeSampler(uuids, parent_pid=os.getpid(), use_gpm=False)
+                with CopyStream(torch, "d2h") as cs:
+                    time.sleep(0.3)  # the throughput thread's first readings
+                    doc["sampler"]["d2h_fallback"] = sampler_phase(fallback, 1.5)
+                doc["copy"]["d2h_fallback"] = cs.summary()
+                fcaps = fallback.caps()
+                doc["sampler"]["caps_fallback"] = {
+                    "notes": list(fcaps.notes),
+                    "gpus": [{"uuid": g.uuid, "sources": g.sources, "na": g.na} for g in fcaps.gpus],
+                }
+            except Exception as exc:
+                err("fallback sampler", exc)
+            finally:
+                if fallback is not None:
+                    fallback.close()
         caps = sampler.caps()
         doc["sampler"]["caps"] = {
             "nvml": caps.nvml,

@@ -155,3 +155,14 @@ def test_nvlink_peak_and_pct() -> None:
     assert rates.nvlink_peak_gbps(18, 25.0) == 450.0
     assert rates.pct_of_peak(30.0, 60.0) == 50.0
     assert isinstance(rates.pct_of_peak(1.0, NA("unknown")), NA)
+
+
+def test_sampler_fallback_without_gpm_on_h200(cap: dict) -> None:
+    """commtop's sampler with GPM disabled, on the H200: it refuses the 32-bit counters (and
+    says why) and falls back to the PcieThroughput thread, which still tracks the copy."""
+    fcaps = cap["sampler"]["caps_fallback"]
+    assert fcaps["gpus"][0]["sources"]["pcie_tx_gbps"] == "pcie_throughput"
+    assert any("32-bit counter wraps every" in n for n in fcaps["notes"])
+    event = cap["copy"]["d2h_fallback"]["gbps_mean"]
+    tx = statistics.median(t["metrics"]["pcie_tx_gbps"][0] for t in cap["sampler"]["d2h_fallback"][3:])
+    assert abs(tx - event) / event < 0.15, (tx, event)

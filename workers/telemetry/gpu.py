@@ -92,8 +92,9 @@ class ThroughputThread:
 class GpuProbe:
     """One GPU: static capabilities at open, then :meth:`read` once per tick."""
 
-    def __init__(self, handle: Any, interval_s: float) -> None:
+    def __init__(self, handle: Any, interval_s: float, use_gpm: bool = True) -> None:
         mod = nvml.pynvml
+        self.use_gpm = use_gpm
         self.handle = handle
         self.interval_s = interval_s
         self.uuid = _s(nvml.query(mod.nvmlDeviceGetUUID, handle))
@@ -156,7 +157,7 @@ class GpuProbe:
 
     def _choose_sources(self) -> None:
         mod = nvml.pynvml
-        support = nvml.query(mod.nvmlGpmQueryDeviceSupport, self.handle)
+        support = nvml.query(mod.nvmlGpmQueryDeviceSupport, self.handle) if self.use_gpm else NA("GPM disabled")
         gpm_ok = not isinstance(support, NA) and bool(support.isSupportedDevice)
         if gpm_ok:
             a = nvml.query(mod.nvmlGpmSampleAlloc)

@@ -8,6 +8,7 @@ whatever the collector cannot take right now.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -24,6 +25,7 @@ from workers.telemetry.host import HostProbe
 from workers.telemetry.nvml import NA
 from workers.telemetry.wire import Caps, GpuCaps, Tick, caps_body, tick_body
 
+log = logging.getLogger("commtop.telemetry")
 INTERVAL_S = 0.1
 CAPS_EVERY_S = 1.0
 SNDHWM = 64
@@ -52,7 +54,10 @@ def _open_handles(uuids: list[str]) -> tuple[list[Any], list[str]]:
 class NodeSampler:
     """Samples every given GPU and the host; each :meth:`tick` measures its own cost."""
 
-    def __init__(self, gpu_uuids: list[str], interval_s: float = INTERVAL_S, parent_pid: int | None = None) -> None:
+    def __init__(
+        self, gpu_uuids: list[str], interval_s: float = INTERVAL_S, parent_pid: int | None = None, use_gpm: bool = True
+    ) -> None:
+        """``use_gpm=False`` forces the fallback sources (the H200 capture exercises them)."""
         self.interval_s = interval_s
         self.host = socket.gethostname()
         self.seq = 0
@@ -71,7 +76,7 @@ class NodeSampler:
         self.driver = "" if isinstance(driver, NA) else str(driver)
         handles, notes = _open_handles(gpu_uuids)
         self.notes.extend(notes)
-        self.gpus = [GpuProbe(h, interval_s) for h in handles]
+        self.gpus = [GpuProbe(h, interval_s, use_gpm) for h in handles]
         slow = [g for g in self.gpus if g.needs_throughput_thread]
         if slow:
             self.throughput = ThroughputThread([g.handle for g in slow])
@@ -194,16 +199,23 @@ def run(connection: Any, gpu_uuids: list[str], interval_s: float = INTERVAL_S) -
             return False
 
     next_caps = 0.0
+    errors = 0
     deadline = time.monotonic()
     try:
         while not stop["flag"] and os.getppid() == parent:
-            tick = sampler.tick()
-            if not send(tick_body(session, tick)):
-                sampler.dropped += 1
-            now = time.monotonic()
-            if now >= next_caps:
-                send(caps_body(session, sampler.caps()))
-                next_caps = now + CAPS_EVERY_S
+            try:
+                tick = sampler.tick()
+                if not send(tick_body(session, tick)):
+                    sampler.dropped += 1
+                now = time.monotonic()
+                if now >= next_caps:
+                    send(caps_body(session, sampler.caps()))
+                    next_caps = now + CAPS_EVERY_S
+            except Exception:  # one bad tick (a driver hiccup) must not end the node's telemetry
+                errors += 1
+                if errors <= 3:
+                    log.exception("telemetry tick failed")
+                now = time.monotonic()
             deadline += interval_s
             if deadline < now:  # fell behind (suspended, slow NVML): do not burst to catch up
                 deadline = now
