@@ -27,6 +27,8 @@ MIN_SPEED = 0.25
 MAX_SPEED = 64.0
 #: Most messages one poll hands over (a seek re-feeds in several polls, the UI keeps breathing).
 MAX_PER_POLL = 20_000
+#: Shortest wait for the next message (never spin on a clock that does not move).
+MIN_WAIT_S = 0.001
 #: A "previous change" press this soon after a change goes to the one before it.
 BACK_GRACE_S = 1.0
 
@@ -109,7 +111,7 @@ class ReplaySource:
             nxt = self._next_ns()
             if not self._paused and nxt is not None:
                 ahead = (nxt - self._t0) / 1e9 - self._pos()
-                wait = min(timeout_s, max(0.0, ahead / self._speed))
+                wait = min(timeout_s, max(MIN_WAIT_S, ahead / self._speed))
         self._wake.wait(wait)
         return self._take()
 

@@ -15,6 +15,7 @@ import csv
 import io
 import json
 import math
+import os
 import sys
 import warnings
 from collections import Counter
@@ -27,6 +28,7 @@ import numpy as np
 from tui.recording import Recording, RecordingError, Tables, open_recording
 from workers import protocol as p
 
+TRACE_WARN_BYTES = 500_000_000
 REPORT_COLUMNS = ("epoch", "mode", "op", "nbytes", "start_ns", "dur_us", "algbw", "busbw")
 LINK_METRICS = ("pcie_tx_gbps", "pcie_rx_gbps", "nvlink_tx_gbps", "nvlink_rx_gbps", "sm_clock_mhz", "mem_clock_mhz")
 RECORD_FIELDS = (
@@ -593,6 +595,13 @@ def run(ns: argparse.Namespace) -> int:
                     f"commtop: wrote {events:,} trace events to {ns.trace} (open in https://ui.perfetto.dev)",
                     file=sys.stderr,
                 )
+                size = os.path.getsize(ns.trace)
+                if size > TRACE_WARN_BYTES:
+                    print(
+                        f"commtop: warning: the trace is {size / 1e9:.1f} GB; browsers give up near 1 GB: "
+                        "pick a part with --window FROM:TO (seconds)",
+                        file=sys.stderr,
+                    )
             if ns.plot:
                 from tui.plot import plot_recording
 
