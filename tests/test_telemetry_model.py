@@ -129,11 +129,11 @@ class PanelApp(App[None]):
         yield LinksPanel(id="links")
 
 
-async def _rendered(snap: TelemetrySnapshot, size: tuple[int, int] = (180, 10)) -> list[str]:
+async def _rendered(snap: TelemetrySnapshot, size: tuple[int, int] = (180, 10), order=None) -> list[str]:
     app = PanelApp()
     async with app.run_test(size=size) as pilot:
         panel = app.query_one(LinksPanel)
-        panel.update_snapshot(snap)
+        panel.update_snapshot(snap, order=order)
         await pilot.pause()
         return [panel.render_line(y).text for y in range(panel.size.height)]
 
@@ -159,3 +159,13 @@ def test_panel_shows_h200_row_with_no_nvlink() -> None:
     assert "n/a: no NVLink" in line and "GB/s" in line and "PCIe" in line and " W" in line
     assert any(ch in line for ch in "▁▂▃▄▅▆▇█")
     assert "NVL TX" not in line  # not a row of zeros
+
+
+def test_panel_rows_follow_rank_order() -> None:
+    snap = fixture_snapshot("h2d")
+    gpu = snap.gpus[0]
+    order = [("r0", HOST, gpu.uuid), ("r1", HOST, str(gpu.index)), ("r2", "elsewhere", "0")]
+    lines = asyncio.run(_rendered(snap, order=order))
+    assert [line[:3] for line in lines] == ["r0 ", "r1 ", "r2 "]
+    assert "GB/s" in lines[0] and "GB/s" in lines[1]
+    assert "no telemetry for this GPU" in lines[2]

@@ -8,6 +8,7 @@ axis never jitters; columns are time bins over the same window as the rank rows.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from rich.segment import Segment
@@ -71,22 +72,48 @@ class LinksPanel(Widget):
         self._window: tuple[int, int] | None = None
         self.span_s = span_s
         self._cache: dict[tuple[int, int], Strip] = {}
+        self._rows: list[tuple[str, GpuRow | None]] = []
 
-    def update_snapshot(self, snap: TelemetrySnapshot, window: tuple[int, int] | None = None) -> None:
+    def update_snapshot(
+        self,
+        snap: TelemetrySnapshot,
+        window: tuple[int, int] | None = None,
+        order: Sequence[tuple[str, str, str]] | None = None,
+    ) -> None:
         """Show ``snap``; ``window`` = (t0_ns, t1_ns) of the rank rows' time axis (default:
-        the last ``span_s`` seconds up to the snapshot time). Call on the UI thread only."""
+        the last ``span_s`` seconds up to the snapshot time). ``order`` = (label, host, gpu)
+        per rank row, gpu being a GPU UUID or NVML index, so GPU rows line up with rank rows;
+        GPUs no rank names follow. Call on the UI thread only."""
         old_rows = self._row_count()
         self._snap = snap
         self._window = window
+        self._rows = self._arrange(snap, order)
         self._cache.clear()
         self.refresh(layout=self._row_count() != old_rows)
+
+    @staticmethod
+    def _arrange(
+        snap: TelemetrySnapshot, order: Sequence[tuple[str, str, str]] | None
+    ) -> list[tuple[str, GpuRow | None]]:
+        rows: list[tuple[str, GpuRow | None]] = []
+        used: set[tuple[str, str]] = set()
+        for label, host, gpu in order or ():
+            match = next((g for g in snap.gpus if g.host == host and gpu in (g.uuid, str(g.index))), None)
+            if match is not None:
+                used.add((match.host, match.uuid))
+            rows.append((label, match))
+        for g in snap.gpus:
+            if (g.host, g.uuid) not in used:
+                host = g.host if len(g.host) <= 8 else g.host[:7] + "…"
+                rows.append((f"{host}:{g.index if g.index >= 0 else '?'}", g))
+        return rows
 
     @property
     def snapshot(self) -> TelemetrySnapshot:
         return self._snap
 
     def _row_count(self) -> int:
-        return max(1, len(self._snap.gpus))
+        return max(1, len(self._rows)) if self._snap.gpus else 1
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return self._row_count()
@@ -111,19 +138,20 @@ class LinksPanel(Widget):
                 return []
             note = snap.nvml_note or "no GPUs"
             return [Segment("links: ", LABEL), Segment(note, NOTE)]
-        if y >= len(snap.gpus):
+        if y >= len(self._rows):
             return []
-        return self._gpu_line(snap.gpus[y], width)
+        label, row = self._rows[y]
+        if row is None:
+            return [Segment(f"{label:<11} ", LABEL), Segment("no telemetry for this GPU", NOTE)]
+        return self._gpu_line(label, row, width)
 
-    def _gpu_line(self, row: GpuRow, width: int) -> list[Segment]:
+    def _gpu_line(self, label: str, row: GpuRow, width: int) -> list[Segment]:
         t1 = self._window[1] if self._window else self._snap.t_ns
         t0 = self._window[0] if self._window else t1 - int(self.span_s * 1e9)
         has_nvlink = row.value("nvlink_tx_gbps") is not None or row.value("nvlink_rx_gbps") is not None
         n_sparks = 4 if has_nvlink else 2
         fixed = 12 + n_sparks * 24 + 44 + (0 if has_nvlink else 24)
         sw = max(3, min(40, (width - fixed) // n_sparks))
-        host = row.host if len(row.host) <= 8 else row.host[:7] + "…"
-        label = f"{host}:{row.index if row.index >= 0 else '?'}"
         segs: list[Segment] = [Segment(f"{label:<11} ", DIM if row.stale else LABEL)]
         links = [("PCIe", "pcie_tx_gbps", "pcie_rx_gbps", row.pcie_peak_gbps)]
         if has_nvlink:
