@@ -260,12 +260,12 @@ class FakeJob:
 
 @run_async
 async def test_status_line_shows_the_job_failure() -> None:
-    job = FakeJob(None, ["[rank1]: RuntimeError: boom"])
+    job = FakeJob(None, ["starting 2 ranks"])
     app = CommtopApp(process_watch=job, links=False, hint="listening on ipc://x")
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         assert app.query_one(StatusLine).render().plain == "listening on ipc://x"
-        job.code = 1
+        job.code, job._lines = 1, ["[rank1]: RuntimeError: boom"]
         await pilot.pause(0.4)
         assert (
             app.query_one(StatusLine).render().plain.startswith("✗ job exited with code 1: [rank1]: RuntimeError: boom")
@@ -338,3 +338,22 @@ def test_header_text_shows_hello_only_runs() -> None:
     model.apply(frozen_hello(0, world=4, backend="nccl"))
     text = header_text(model.snapshot()).plain
     assert "backend nccl on NVIDIA H200" in text and "ranks 0/4" in text
+
+
+@run_async
+async def test_status_line_shows_a_worker_traceback_while_the_job_runs_and_a_clean_finish() -> None:
+    job = FakeJob(None, ["rank 0 ok", "[rank1]: Traceback (most recent call last):", "[rank1]: ValueError: bad"])
+    app = CommtopApp(process_watch=job, links=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.query_one(StatusLine).render().plain == "✗ worker: [rank1]: ValueError: bad"
+        job.code, job._lines = 0, []
+        await pilot.pause(0.4)
+        assert app.query_one(StatusLine).render().plain == "job finished (exit code 0) · q to quit"
+
+
+def test_header_lists_rejections_by_reason() -> None:
+    from dataclasses import replace
+
+    snap = replace(frozen_snapshot(world=2), rejected={"signature": 2, "version": 1})
+    assert "rejected 3 (signature 2, version 1)" in header_text(snap).plain

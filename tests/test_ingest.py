@@ -3,6 +3,8 @@ sinks that fail, replay resets and the headless collector."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import shutil
 import tempfile
 import threading
@@ -73,8 +75,6 @@ def test_bad_frames_are_counted_by_reason_and_good_ones_still_arrive(source: Liv
     body = good[1]
     wrong_version = msgpack.packb({"v": 99, "k": "hello", "s": SESSION})
     garbage = b"\xc1\xc1 not msgpack"
-    import hashlib
-    import hmac
 
     def sign(payload: bytes) -> list[bytes]:
         return [hmac.new(KEY, payload, hashlib.sha256).digest(), payload]

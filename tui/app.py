@@ -247,16 +247,24 @@ class CommtopApp(App[None]):
 
     def _update_status(self) -> None:
         lines: list[str] = []
+        hint = self.hint
         watch = self.process_watch
         if watch is not None:
             code = watch.exit_code()
-            if code is not None:
+            if code is None:
+                # A rank that crashed while torchrun still tears the others down.
+                errors = [ln for ln in watch.lines()[-50:] if "Error" in ln or "Traceback" in ln]
+                if errors:
+                    lines.append(f"worker: {errors[-1]}")
+            elif code != 0:
                 tail = getattr(watch, "error_lines", None)
-                errors = list(tail() if callable(tail) else watch.lines()[-3:]) if code != 0 else []
+                errors = list(tail() if callable(tail) else watch.lines()[-3:])
                 lines.append(f"job exited with code {code}" + (": " + errors[-1] if errors else ""))
                 lines += errors[-3:-1]
+            else:
+                hint = "job finished (exit code 0) · q to quit"
         lines += self._errors[-2:]
-        self.query_one(StatusLine).show(lines, self.hint)
+        self.query_one(StatusLine).show(lines, hint)
 
     def _note_error(self, line: str) -> None:
         if not self._errors or self._errors[-1] != line:

@@ -415,7 +415,7 @@ class RunModel:
         return RankView(
             rank=s.rank,
             host=h.host if h else "",
-            gpu=(str(h.device_index) if h.device_index >= 0 else "cpu") if h else "",
+            gpu=("cpu" if h.device in ("", "cpu") or h.device_index < 0 else str(h.device_index)) if h else "",
             pid=h.pid if h else 0,
             exit_code=s.bye.exit_code if s.bye else None,
             exit_reason=s.bye.reason if s.bye else "",

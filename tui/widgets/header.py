@@ -98,7 +98,11 @@ def _health(t: Text, snap: Snapshot, recording: RecordingStatus | None) -> None:
     _kv(t, "ranks", f"{live}/{total}", LIVE if live == total and total else WARN, bold=True)
     _kv(t, "drops", f"{snap.drops:,}", WARN if snap.drops else TEXT)
     rejected = snap.rejected_total + snap.worker_rejected
-    _kv(t, "rejected", f"{rejected:,}", EXITED if rejected else TEXT)
+    why = dict(snap.rejected)
+    if snap.worker_rejected:
+        why["by workers"] = snap.worker_rejected
+    detail = " (" + ", ".join(f"{k} {v}" for k, v in sorted(why.items())) + ")" if rejected else ""
+    _kv(t, "rejected", f"{rejected:,}{detail}", EXITED if rejected else TEXT)
     if recording is not None:
         if recording.error:
             t.append(f"REC ✗ {recording.error}  ", style=style(EXITED, bold=True))

@@ -23,10 +23,10 @@ from tui.widgets.rank_rows import (
     HEAT_LABEL_W,
     MIN_SPARK,
     Cells,
+    HeatView,
+    RowsView,
     bucket,
     column_header,
-    render_heatmap,
-    render_rows,
     visible_top,
 )
 
@@ -73,7 +73,7 @@ class RankGrid(ScrollView):
         self.axis = AxisScale(min_interval_s=1.0)
         self.k = 1
         self._k_changed_s = -math.inf
-        self._lines: list[list[Segment]] = []
+        self._view: RowsView | HeatView | None = None
         self._strips: dict[int, Strip] = {}
         self.shown_view = "rows"
         self.top = math.nan
@@ -139,17 +139,15 @@ class RankGrid(ScrollView):
         self.top = self.axis.update(visible_top(cells), now_s)
         procs = self._proc_states(snap)
         if view == "heat":
-            lines = render_heatmap(snap, cells, self.top, width, self.size.height)
+            self._view = HeatView(snap, cells, self.top, width, self.size.height)
         else:
             n = max(1, len(snap.ranks))
-            row_h = max(1, min(MAX_ROW_H, self.size.height // n))
-            self.row_h = row_h
-            lines = render_rows(snap, cells, self.top, width, procs, row_h)
+            self.row_h = max(1, min(MAX_ROW_H, self.size.height // n))
+            self._view = RowsView(snap, cells, self.top, width, procs, self.row_h)
         if self.header is not None:
             self.header.set_lines(column_header(width, self.top, k, view, len(snap.ranks)))
-        self._lines = lines
         self._strips.clear()
-        self.virtual_size = Size(width, len(lines))
+        self.virtual_size = Size(width, self._view.n_lines)
         self.refresh()
 
     @staticmethod
@@ -175,8 +173,9 @@ class RankGrid(ScrollView):
         width = self.size.width
         strip = self._strips.get(index)
         if strip is None:
-            if 0 <= index < len(self._lines):
-                strip = Strip(self._lines[index]).crop_extend(0, width, None).apply_style(self.rich_style)
+            view = self._view
+            if view is not None and 0 <= index < view.n_lines:
+                strip = Strip(view.line(index)).crop_extend(0, width, None).apply_style(self.rich_style)
             else:
                 strip = Strip.blank(width, self.rich_style)
             if len(self._strips) < 4096:
@@ -185,4 +184,7 @@ class RankGrid(ScrollView):
 
     def line_texts(self) -> list[str]:
         """The grid's lines as plain text (tests and debugging)."""
-        return ["".join(seg.text for seg in line) for line in self._lines]
+        view = self._view
+        if view is None:
+            return []
+        return ["".join(seg.text for seg in view.line(i)) for i in range(view.n_lines)]

@@ -175,6 +175,43 @@ def state_note(r: RankView, proc: str | None) -> str:
     return ""
 
 
+class RowsView:
+    """Lines of the rows view, built on demand (only the visible ranks are ever drawn,
+    which keeps 512 ranks cheap): ``row_h`` lines per rank, numbers on the left, the
+    latency bars coloured by the mode in force, ``row_h`` x 8 levels high."""
+
+    def __init__(
+        self,
+        snap: Snapshot,
+        cells: Cells,
+        top: float,
+        width: int,
+        procs: dict[int, str | None] | None = None,
+        row_h: int = 1,
+    ) -> None:
+        self.snap, self.cells, self.width, self.procs = snap, cells, width, procs or {}
+        self.row_h = max(1, row_h)
+        self.levels = _levels(cells.ms, top, 8 * self.row_h)
+        self.n_lines = len(snap.ranks) * self.row_h
+
+    def line(self, index: int) -> list[Segment]:
+        i, line = divmod(index, self.row_h)
+        r = self.snap.ranks[i]
+        if line == 0:
+            segs = _numbers(self.snap, r)
+        elif line == 1:
+            segs = _run_numbers(r)
+        elif line == 2:
+            segs = _counts(r)
+        else:
+            segs = [Segment(" " * FIXED_W)]
+        if self.cells.ms.ndim == 2 and self.cells.ms.shape[1]:
+            note = state_note(r, self.procs.get(r.rank)) if line == 0 else ""
+            band = self.row_h - 1 - line  # 0 = bottom line of the rank
+            segs += _spark(self.levels[i], self.cells.mode[i], r, note, band, self.row_h)
+        return _fit(segs, self.width)
+
+
 def render_rows(
     snap: Snapshot,
     cells: Cells,
@@ -183,28 +220,9 @@ def render_rows(
     procs: dict[int, str | None] | None = None,
     row_h: int = 1,
 ) -> list[list[Segment]]:
-    """``row_h`` lines per rank: windowed numbers (and, from 2 lines, whole-run numbers),
-    then the latency bars coloured by the mode in force, ``row_h`` x 8 levels high."""
-    row_h = max(1, row_h)
-    lines: list[list[Segment]] = []
-    spark_w = cells.ms.shape[1] if cells.ms.ndim == 2 else 0
-    levels = _levels(cells.ms, top, 8 * row_h)
-    for i, r in enumerate(snap.ranks):
-        note = state_note(r, (procs or {}).get(r.rank))
-        for line in range(row_h):
-            if line == 0:
-                segs = _numbers(snap, r)
-            elif line == 1:
-                segs = _run_numbers(r)
-            elif line == 2:
-                segs = _counts(r)
-            else:
-                segs = [Segment(" " * FIXED_W)]
-            if spark_w:
-                band = row_h - 1 - line  # 0 = bottom line of the rank
-                segs += _spark(levels[i], cells.mode[i], r, note if line == 0 else "", band, row_h)
-            lines.append(_fit(segs, width))
-    return lines
+    """Every line of the rows view (see RowsView)."""
+    view = RowsView(snap, cells, top, width, procs, row_h)
+    return [view.line(i) for i in range(view.n_lines)]
 
 
 def _numbers(snap: Snapshot, r: RankView) -> list[Segment]:
@@ -318,26 +336,34 @@ def _spark(
 # --------------------------------------------------------------------------- heat map
 
 
-def render_heatmap(snap: Snapshot, cells: Cells, top: float, width: int, max_lines: int) -> list[list[Segment]]:
-    """Ranks x time, colour = latency. Two ranks share a line (upper/lower half block)
-    when one per line would not fit in ``max_lines``. The first line shows the mode."""
-    n = len(snap.ranks)
-    lines: list[list[Segment]] = []
-    heat = _heat_index(cells.ms, top)
-    mode_row = cells.mode.max(axis=0) if n else np.zeros(0, dtype=np.int16)
-    segs = [Segment(f"{'mode':<{HEAT_LABEL_W}}", style(MUTED))]
-    segs += _rle([("▀", style(mode_color(int(m)))) if m >= 0 else (" ", style(None)) for m in mode_row])
-    lines.append(_fit(segs, width))
-    pair = n > max(1, max_lines - 1)
-    step = 2 if pair else 1
-    for i in range(0, n, step):
+class HeatView:
+    """Lines of the heat map (ranks x time, colour = latency), built on demand. Two ranks
+    share a line (upper/lower half block) when one per line would not fit in
+    ``max_lines``; line 0 shows the mode in force per column."""
+
+    def __init__(self, snap: Snapshot, cells: Cells, top: float, width: int, max_lines: int) -> None:
+        self.snap, self.cells, self.width = snap, cells, width
+        n = len(snap.ranks)
+        self.heat = _heat_index(cells.ms, top)
+        self.step = 2 if n > max(1, max_lines - 1) else 1
+        self.n_lines = 1 + (n + self.step - 1) // self.step
+
+    def line(self, index: int) -> list[Segment]:
+        snap = self.snap
+        if index == 0:
+            mode_row = self.cells.mode.max(axis=0) if snap.ranks else np.zeros(0, dtype=np.int16)
+            segs = [Segment(f"{'mode':<{HEAT_LABEL_W}}", style(MUTED))]
+            segs += _rle([("▀", style(mode_color(int(m)))) if m >= 0 else (" ", style(None)) for m in mode_row])
+            return _fit(segs, self.width)
+        i = (index - 1) * self.step
         top_rank = snap.ranks[i]
-        low_rank = snap.ranks[i + 1] if pair and i + 1 < n else None
+        low_rank = snap.ranks[i + 1] if self.step == 2 and i + 1 < len(snap.ranks) else None
         label = f"{top_rank.rank}" if low_rank is None else f"{top_rank.rank}-{low_rank.rank}"
         marked = snap.straggler in (top_rank.rank, low_rank.rank if low_rank else None)
         states = {x.state for x in (top_rank, low_rank) if x is not None}
         label_color = STRAGGLER if marked else EXITED if "exited" in states else WARN if "stale" in states else TEXT
         segs = [Segment(f"{label:>{HEAT_LABEL_W - 2}}{'◀' if marked else ' '} ", style(label_color, bold=marked))]
+        heat = self.heat
         cells_out: list[tuple[str, object]] = []
         for j in range(heat.shape[1]):
             up = _heat_color(int(heat[i, j]), top_rank)
@@ -347,8 +373,13 @@ def render_heatmap(snap: Snapshot, cells: Cells, top: float, width: int, max_lin
                 down = _heat_color(int(heat[i + 1, j]), low_rank)
                 cells_out.append(("▀", style(up or "#000000", down)))
         segs += _rle(cells_out)
-        lines.append(_fit(segs, width))
-    return lines
+        return _fit(segs, self.width)
+
+
+def render_heatmap(snap: Snapshot, cells: Cells, top: float, width: int, max_lines: int) -> list[list[Segment]]:
+    """Every line of the heat map (see HeatView)."""
+    view = HeatView(snap, cells, top, width, max_lines)
+    return [view.line(i) for i in range(view.n_lines)]
 
 
 def _heat_index(ms: np.ndarray, top: float) -> np.ndarray:
