@@ -11,7 +11,7 @@ reads on. A file cut at any byte keeps every frame before the cut. Frame types:
 
 * HEADER: msgpack map of run metadata (tool and schema version, clock source, ranks, hosts,
   GPUs, config: whatever the recorder knew at start; the Hello messages are in the stream too).
-* CHUNK: the messages received in about one flush interval. A 24-byte uncompressed prefix
+* CHUNK: the messages received in about one flush interval. A 28-byte uncompressed prefix
   (first/last receive time, message and record counts) lets a reader index a file without
   decompressing it; the body is msgpack, zlib-compressed when that is smaller. Batches are
   stored columnar: every column of all batches in the chunk is concatenated, delta-encoded
@@ -53,7 +53,7 @@ FORMAT_VERSION = 1
 PREFIX = struct.Struct("<8sHH")
 MARKER = b"\xd7CMF"
 FRAME = struct.Struct("<4sBBII")  # marker, type, flags, length, crc32
-CHUNK_PREFIX = struct.Struct("<qqII")  # first recv_ns, last recv_ns, messages, records
+CHUNK_PREFIX = struct.Struct("<qqIII")  # first recv_ns, last recv_ns, messages, coll records, copy records
 HEADER, CHUNK, TRAILER = 1, 2, 3
 FLAG_ZLIB = 1
 MAX_FRAME = 256 * 1024 * 1024
@@ -291,8 +291,8 @@ def _unpack(data: bytes | memoryview) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False, object_hook=_nd_hook)
 
 
-def encode_chunk(items: Sequence[tuple[int, Any]]) -> tuple[bytes, int]:
-    """(chunk body, records) for (recv_ns, message) pairs in arrival order."""
+def encode_chunk(items: Sequence[tuple[int, Any]]) -> tuple[bytes, int, int]:
+    """(chunk body, collective records, copy records) for (recv_ns, message) pairs in arrival order."""
     kinds = np.empty(len(items), dtype=np.uint8)
     coll: list[p.Batch] = []
     copy: list[p.Batch] = []
@@ -323,7 +323,7 @@ def encode_chunk(items: Sequence[tuple[int, Any]]) -> tuple[bytes, int]:
         body["c"] = _encode_part(coll, COLL_CODECS, p.COLL_COLUMNS)
     if copy:
         body["p"] = _encode_part(copy, COPY_CODECS, p.COPY_COLUMNS)
-    return _pack(body), sum(len(b) for b in coll) + sum(len(b) for b in copy)
+    return _pack(body), sum(len(b) for b in coll), sum(len(b) for b in copy)
 
 
 @dataclass
@@ -433,15 +433,15 @@ class RecordingWriter:
     def write_chunk(self, items: Sequence[tuple[int, Any]]) -> None:
         if not items:
             return
-        body, records = encode_chunk(items)
+        body, n_coll, n_copy = encode_chunk(items)
         packed = zlib.compress(body, self._level)
         flags = 0
         if len(packed) < len(body):
             body, flags = packed, FLAG_ZLIB
         first, last = items[0][0], items[-1][0]
-        self._put(_frame(CHUNK, CHUNK_PREFIX.pack(first, last, len(items), records) + body, flags))
+        self._put(_frame(CHUNK, CHUNK_PREFIX.pack(first, last, len(items), n_coll, n_copy) + body, flags))
         self.messages += len(items)
-        self.records += records
+        self.records += n_coll + n_copy
         self.first_ns = self.first_ns or first
         self.last_ns = last
 
@@ -666,7 +666,12 @@ class ChunkInfo:
     first_ns: int
     last_ns: int
     messages: int
-    records: int
+    coll_records: int
+    copy_records: int
+
+    @property
+    def records(self) -> int:
+        return self.coll_records + self.copy_records
 
 
 @dataclass
@@ -796,9 +801,9 @@ class Recording:
                 if end - body < CHUNK_PREFIX.size:
                     self.problems.append(f"empty chunk at byte {pos}")
                 else:
-                    first, last, messages, records = CHUNK_PREFIX.unpack_from(self._data, body)
+                    first, last, messages, n_coll, n_copy = CHUNK_PREFIX.unpack_from(self._data, body)
                     self.chunks.append(
-                        ChunkInfo(pos, body + CHUNK_PREFIX.size, end, flags, first, last, messages, records)
+                        ChunkInfo(pos, body + CHUNK_PREFIX.size, end, flags, first, last, messages, n_coll, n_copy)
                     )
             else:
                 try:
@@ -849,9 +854,17 @@ class Recording:
 
     def tables(self, coll_columns: Sequence[str] | None = None) -> Tables:
         """The whole recording as numpy columns (+ "rank" and "recv_ns" per record).
-        ``coll_columns`` limits the collective columns decoded (faster, less memory)."""
-        parts: dict[str, list[dict[str, np.ndarray]]] = {"coll": [], "copy": []}
+        ``coll_columns`` limits the collective columns decoded (faster, less memory).
+        Chunks decode straight into arrays sized from the chunk prefixes (no second copy)."""
         tables = Tables({}, {})
+        out: dict[str, dict[str, np.ndarray]] = {}
+        fill = {"coll": 0, "copy": 0}
+        for name, schema, wanted, total in (
+            ("coll", p.COLL_COLUMNS, coll_columns, sum(c.coll_records for c in self.chunks)),
+            ("copy", p.COPY_COLUMNS, None, sum(c.copy_records for c in self.chunks)),
+        ):
+            dtypes = {n: d for n, d in schema.items() if wanted is None or n in wanted}
+            out[name] = {n: np.empty(total, d) for n, d in {**dtypes, "rank": "<i4", "recv_ns": "<i8"}.items()}
         for info in self.chunks:
             chunk = self.decode(info, coll_columns)
             if chunk is None:
@@ -860,13 +873,23 @@ class Recording:
                 ("coll", chunk.coll_meta, chunk.coll, K_COLL),
                 ("copy", chunk.copy_meta, chunk.copy, K_COPY),
             ):
-                if meta:
-                    counts = meta["n"]
-                    extra = {
-                        "rank": np.repeat(meta["rank"].astype(np.int32), counts),
-                        "recv_ns": np.repeat(chunk.recv_ns[chunk.kinds == kind], counts),
-                    }
-                    parts[name].append({**cols, **extra})
+                if not meta:
+                    continue
+                counts = meta["n"]
+                a = fill[name]
+                b = a + int(counts.sum())
+                table = out[name]
+                if b > len(table["rank"]):  # prefix and body disagree: only a bug can do this
+                    self.problems.append(f"undecodable chunk at byte {info.offset}: record count mismatch")
+                    continue
+                for col, arr in table.items():
+                    if col == "rank":
+                        arr[a:b] = np.repeat(meta["rank"], counts)
+                    elif col == "recv_ns":
+                        arr[a:b] = np.repeat(chunk.recv_ns[chunk.kinds == kind], counts)
+                    else:
+                        arr[a:b] = cols[col]
+                fill[name] = b
             if chunk.other:
                 times = chunk.recv_ns[chunk.kinds >= K_HELLO].tolist()
                 for t, msg in zip(times, chunk.other, strict=True):
@@ -876,12 +899,8 @@ class Recording:
                         tables.byes.append((t, msg))
                     else:
                         tables.other.append((t, msg))
-        for name, schema, wanted in (("coll", p.COLL_COLUMNS, coll_columns), ("copy", p.COPY_COLUMNS, None)):
-            names = [n for n in schema if wanted is None or n in wanted] + ["rank", "recv_ns"]
-            dtypes = {**schema, "rank": "<i4", "recv_ns": "<i8"}
-            chunks = parts[name]
-            table = {n: np.concatenate([c[n] for c in chunks]) if chunks else np.zeros(0, dtypes[n]) for n in names}
-            setattr(tables, name, table)
+        tables.coll = {n: arr[: fill["coll"]] for n, arr in out["coll"].items()}
+        tables.copy = {n: arr[: fill["copy"]] for n, arr in out["copy"].items()}
         return tables
 
 
