@@ -357,3 +357,32 @@ def test_header_lists_rejections_by_reason() -> None:
 
     snap = replace(frozen_snapshot(world=2), rejected={"signature": 2, "version": 1})
     assert "rejected 3 (signature 2, version 1)" in header_text(snap).plain
+
+
+def test_header_shows_only_the_requested_changes_not_yet_in_force() -> None:
+    snap = frozen_snapshot(world=2)
+    base = {"mode": "overlap", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
+    view = ControlView(requested={**base, "mode": "sync", "pinned": False}, in_force=base, epoch_in_force=3)
+    text = header_text(snap, view).plain
+    assert "requested mode=sync pinned=off (not yet in force)" in text
+    same = ControlView(requested=base, in_force=base, epoch_in_force=3)
+    assert "requested" not in header_text(snap, same).plain
+
+
+def test_rows_mark_failed_exits_red_and_clean_exits_dim() -> None:
+    from tui.model import RunModel
+    from tui.widgets.palette import EXITED
+    from tui.widgets.rank_rows import bucket, render_rows, style
+    from workers.protocol import Bye
+
+    model = RunModel()
+    for m in frozen_run(world=2, iterations=100):
+        model.apply(m)
+    model.apply(Bye(rank=0, exit_code=0, reason="", t_ns=2**62))
+    model.apply(Bye(rank=1, exit_code=3, reason="CUDA error", t_ns=2**62))
+    snap = model.snapshot()
+    lines = render_rows(snap, bucket(snap.history, 60, 1), 15.0, 150)
+    text = ["".join(seg.text for seg in line) for line in lines]
+    assert text[0].startswith("✓") and "exited (0)" in text[0]
+    assert text[1].startswith("✗") and "exited (3): CUDA error" in text[1]
+    assert lines[1][0].style == style(EXITED) and lines[0][0].style != style(EXITED)

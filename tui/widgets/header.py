@@ -40,6 +40,14 @@ def _settings_text(settings: dict[str, Any]) -> str:
     return f"{copies} copies ×{scale:g} {settings.get('direction', '?')} {host}"
 
 
+def _fmt_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
 def header_text(
     snap: Snapshot | None,
     control: ControlView | None = None,
@@ -77,8 +85,11 @@ def header_text(
     epoch = control.epoch_in_force if control else snap.epoch_in_force
     t.append(f"  epoch {epoch}", style=style(MUTED))
     pending, apply_at = (control.pending_epoch, control.apply_at) if control else (snap.pending_epoch, snap.apply_at)
-    if control and control.requested and control.requested != control.in_force and pending < 0:
-        t.append(f"  requested {control.requested.get('mode', '?')} {_settings_text(control.requested)}", WARN)
+    if control and control.requested and pending < 0:
+        diff = {k: v for k, v in control.requested.items() if in_force.get(k) != v}
+        if diff:
+            wanted = " ".join(f"{k}={_fmt_value(v)}" for k, v in diff.items())
+            t.append(f"  requested {wanted} (not yet in force)", style=style(WARN))
     if pending >= 0:
         at = f" at iteration {apply_at}" if apply_at >= 0 else ""
         want = control.requested.get("mode", "") if control and control.requested else ""

@@ -149,7 +149,14 @@ def _fit(segments: list[Segment], width: int) -> list[Segment]:
     return Segment.adjust_line_length(segments, width)
 
 
+def failed(r: RankView) -> bool:
+    """Exited with a non-zero code (red); a clean exit (code 0) is only dimmed."""
+    return r.state == "exited" and r.exit_code != 0
+
+
 def _state_glyph(r: RankView) -> tuple[str, str]:
+    if r.state == "exited" and not failed(r):
+        return ("✓", MUTED)
     return {
         "live": ("●", LIVE),
         "stale": ("◌", WARN),
@@ -159,7 +166,9 @@ def _state_glyph(r: RankView) -> tuple[str, str]:
 
 
 def _row_text_color(r: RankView) -> str:
-    return {"stale": STALE, "exited": EXITED, "waiting": MUTED}.get(r.state, TEXT)
+    if r.state == "exited":
+        return EXITED if failed(r) else STALE
+    return {"stale": STALE, "waiting": MUTED}.get(r.state, TEXT)
 
 
 def state_note(r: RankView, proc: str | None) -> str:
@@ -304,7 +313,7 @@ def _spark(
         start = max(0, n - len(note) if tail < len(note) else n - tail)
     for j in range(n):
         if start <= j < start + len(note):
-            ch, st = note[j - start], style(EXITED if r.state == "exited" else WARN, bold=True)
+            ch, st = note[j - start], style(EXITED if failed(r) else MUTED if r.state == "exited" else WARN, bold=True)
         else:
             lv = int(levels[j])
             part = min(8, lv - 8 * band)
@@ -312,7 +321,7 @@ def _spark(
                 ch, st = " ", style(None)
             else:
                 color = mode_color(int(modes[j]))
-                if r.state == "exited":
+                if failed(r):
                     color = blend(EXITED, amount=0.45)
                 elif dim:
                     color = blend(color)
@@ -361,7 +370,8 @@ class HeatView:
         label = f"{top_rank.rank}" if low_rank is None else f"{top_rank.rank}-{low_rank.rank}"
         marked = snap.straggler in (top_rank.rank, low_rank.rank if low_rank else None)
         states = {x.state for x in (top_rank, low_rank) if x is not None}
-        label_color = STRAGGLER if marked else EXITED if "exited" in states else WARN if "stale" in states else TEXT
+        bad = any(x is not None and failed(x) for x in (top_rank, low_rank))
+        label_color = STRAGGLER if marked else EXITED if bad else WARN if states & {"stale", "exited"} else TEXT
         segs = [Segment(f"{label:>{HEAT_LABEL_W - 2}}{'◀' if marked else ' '} ", style(label_color, bold=marked))]
         heat = self.heat
         cells_out: list[tuple[str, object]] = []
