@@ -241,10 +241,13 @@ class TelemetryModel:
         state = self._hosts.get(host)
         if state is None:
             if len(self._hosts) >= MAX_HOSTS:
-                oldest = min(self._hosts, key=lambda h: self._hosts[h].tick.t_ns if self._hosts[h].tick else 0)
-                del self._hosts[oldest]
+                del self._hosts[min(self._hosts, key=self._last_t)]
             state = self._hosts[host] = _HostState()
         return state
+
+    def _last_t(self, host: str) -> int:
+        tick = self._hosts[host].tick
+        return tick.t_ns if tick is not None else 0
 
     def _apply_tick(self, tick: Tick) -> None:
         state = self._host(tick.host)

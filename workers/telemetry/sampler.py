@@ -183,7 +183,7 @@ def run(connection: Any, gpu_uuids: list[str], interval_s: float = INTERVAL_S) -
     signal.signal(signal.SIGINT, on_signal)
     parent = os.getppid()
     sampler = NodeSampler(gpu_uuids, interval_s, parent_pid=parent)
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, SNDHWM)
     sock.setsockopt(zmq.IMMEDIATE, 1)
