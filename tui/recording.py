@@ -854,7 +854,8 @@ class Recording:
 
     def tables(self, coll_columns: Sequence[str] | None = None) -> Tables:
         """The whole recording as numpy columns (+ "rank" and "recv_ns" per record).
-        ``coll_columns`` limits the collective columns decoded (faster, less memory).
+        ``coll_columns`` limits the collective columns decoded (faster, less memory); "rank"
+        always comes, "recv_ns" only when named.
         Chunks decode straight into arrays sized from the chunk prefixes (no second copy)."""
         tables = Tables({}, {})
         out: dict[str, dict[str, np.ndarray]] = {}
@@ -863,8 +864,8 @@ class Recording:
             ("coll", p.COLL_COLUMNS, coll_columns, sum(c.coll_records for c in self.chunks)),
             ("copy", p.COPY_COLUMNS, None, sum(c.copy_records for c in self.chunks)),
         ):
-            dtypes = {n: d for n, d in schema.items() if wanted is None or n in wanted}
-            out[name] = {n: np.empty(total, d) for n, d in {**dtypes, "rank": "<i4", "recv_ns": "<i8"}.items()}
+            dtypes = {n: d for n, d in {**schema, "recv_ns": "<i8"}.items() if wanted is None or n in wanted}
+            out[name] = {n: np.empty(total, d) for n, d in {**dtypes, "rank": "<i4"}.items()}
         for info in self.chunks:
             chunk = self.decode(info, coll_columns)
             if chunk is None:

@@ -82,7 +82,7 @@ class ReplaySource:
 
     def _find_changes(self) -> tuple[float, ...]:
         """Seconds from the start at which a higher settings epoch first appears."""
-        coll = self.recording.tables(coll_columns=("epoch",)).coll
+        coll = self.recording.tables(coll_columns=("epoch", "recv_ns")).coll
         epochs, recv = coll["epoch"], coll["recv_ns"]
         if len(epochs) == 0:
             return ()
