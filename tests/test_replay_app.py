@@ -77,8 +77,9 @@ async def test_replay_keys_drive_the_model_through_the_app(recording) -> None:
         want = records_until(items, t0 + changes[1] * 1e9)
         await wait_for(pilot, lambda: app.snapshot.records == want)
         assert set(app.snapshot.modes_seen) == {"none", "overlap", "sync"}
+        bar = app.query_one("#replay").render().plain
         await pilot.press("space")
-        await wait_for(pilot, lambda: "⏸" in app.query_one("#replay").render().plain)
+        await wait_for(pilot, lambda: source.position().paused and app.query_one("#replay").render().plain != bar)
         assert [r.state for r in app.snapshot.ranks] == ["live", "live"]
 
 
