@@ -4,7 +4,7 @@ record on disk, >= 5 million records/s read, a report over 10 million records in
     /work/venv/bin/python benchmarks/recording_speed.py [--records 10000000] [--ranks 8]
 
 Writes a synthetic GPU-like run (all_gather every ~2.7 ms per rank, 50 ms batches, one chunk
-per second of receive time, as the live Recorder does) with the real writer, then times the
+per flush interval of the live Recorder) with the real writer, then times the
 columnar read and `commtop report` on it.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tui.recording import RecordingWriter, open_recording  # noqa: E402
+from tui.recording import Recorder, RecordingWriter, open_recording  # noqa: E402
 from workers import protocol as p  # noqa: E402
 from workers.busbw import algbw_gbps  # noqa: E402
 
@@ -81,8 +81,9 @@ def main() -> int:
         t = time.perf_counter()
         writer = RecordingWriter(open(path, "wb"), {"schema_version": p.SCHEMA_VERSION})
         chunk: list = []
+        every_ns = Recorder().flush_s * 1e9  # one chunk as often as the live Recorder writes one
         for item in batches(ns.records, ns.ranks):
-            if chunk and item[0] - chunk[0][0] >= 1_000_000_000:
+            if chunk and item[0] - chunk[0][0] >= every_ns:
                 writer.write_chunk(chunk)
                 chunk = []
             chunk.append(item)

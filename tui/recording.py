@@ -509,7 +509,7 @@ class Recorder:
         collective: str = "run",
         directory: str | os.PathLike[str] = "recordings",
         *,
-        flush_s: float = 0.5,
+        flush_s: float = 0.9,
         max_pending_records: int = 2_000_000,
         max_pending_messages: int = 200_000,
         opener: Callable[[str, str], IO[bytes]] | None = None,
