@@ -283,3 +283,17 @@ def test_plot_without_matplotlib_is_one_line(run, tmp_path: Path) -> None:
         == "commtop: error: --plot needs matplotlib: pip install 'commtop[plot]' (or pip install matplotlib)\n"
     )
     assert not (tmp_path / "p.png").exists()
+
+
+def test_an_empty_recording_reports_replays_and_plots(capsys, tmp_path: Path) -> None:
+    from tui.recording import Recorder
+    from tui.replay import open_replay
+
+    recorder = Recorder(directory=tmp_path)
+    path = recorder.start()
+    recorder.stop()
+    rc, out, err = call(capsys, path, "--format", "json", "--plot", str(tmp_path / "p.png"))
+    assert rc == 0 and json.loads(out)["rows"] == [] and json.loads(out)["complete"] is True
+    src = open_replay(path)
+    assert src.poll(0) == [] and src.position().finished
+    src.close()

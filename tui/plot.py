@@ -57,7 +57,10 @@ def plot_recording(rec: Recording, tables: Tables, path: str) -> None:
     top.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
     top.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     top.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    top.legend(title="mode", markerscale=4, loc="upper left")
+    if n:
+        top.legend(title="mode", markerscale=4, loc="upper left")
+    else:
+        top.text(0.5, 0.5, "no collective records", ha="center", va="center", transform=top.transAxes)
     title = f"{rec.path}: {n:,} collectives, ranks {len(np.unique(coll['rank'])) if n else 0}"
     top.set_title(title + ("" if rec.complete else " (incomplete recording)"), fontsize=10)
     _links(bottom, tables, base)
