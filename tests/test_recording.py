@@ -361,6 +361,7 @@ def test_a_full_disk_stops_recording_visibly_and_the_run_goes_on(tiny_disk) -> N
     assert time.perf_counter() - t < 1.0
     recorder.stop()
     got, rec = read_all(path)
+    rec.close()  # before the tmpfs is unmounted
     assert not rec.complete and rec.truncated_at is not None
     assert len(got) > 0 and "recording incomplete" in rec.summary()
 
