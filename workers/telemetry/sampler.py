@@ -35,6 +35,8 @@ def _open_handles(uuids: list[str]) -> tuple[list[Any], list[str]]:
     """NVML handles for the given UUIDs (all devices when none are given), and notes."""
     mod = nvml.pynvml
     notes: list[str] = []
+    # several ranks may share a GPU; torch spells UUIDs without NVML's "GPU-" prefix
+    uuids = list(dict.fromkeys(u if u.startswith(("GPU-", "MIG-")) else f"GPU-{u}" for u in uuids))
     if not uuids:
         count = nvml.query(mod.nvmlDeviceGetCount)
         if isinstance(count, NA):
