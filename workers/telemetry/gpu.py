@@ -19,7 +19,7 @@ from workers.telemetry.nvml import NA
 Value = float | NA
 LINK_METRICS = ("pcie_tx_gbps", "pcie_rx_gbps", "nvlink_tx_gbps", "nvlink_rx_gbps")
 WARMING = NA("warming up")
-SLOW_EVERY = 10  # ticks between reads of PCIe gen/width and the replay counter
+SLOW_EVERY = 10  # ticks between reads of PCIe gen/width, replay counter and power limit
 
 
 def _s(value: Any) -> str:
@@ -250,16 +250,16 @@ class GpuProbe:
         out["mem_clock_mhz"] = mem if isinstance(mem, NA) else float(mem)
         power = nvml.query(mod.nvmlDeviceGetPowerUsage, h)
         out["power_w"] = power if isinstance(power, NA) else power / 1000.0
-        limit = nvml.query(mod.nvmlDeviceGetEnforcedPowerLimit, h)
-        out["power_limit_w"] = limit if isinstance(limit, NA) else limit / 1000.0
         out["throttle_reasons"] = self._throttle()
         util = nvml.query(mod.nvmlDeviceGetUtilizationRates, h)
         out["gpu_util_pct"] = util if isinstance(util, NA) else float(util.gpu)
         meminfo = nvml.query(mod.nvmlDeviceGetMemoryInfo, h)
         out["mem_used_bytes"] = meminfo if isinstance(meminfo, NA) else float(meminfo.used)
-        if slow or "pcie_replay_count" not in self._slow_last:
+        if slow or not self._slow_last:
             replay = nvml.query(mod.nvmlDeviceGetPcieReplayCounter, h)
             self._slow_last["pcie_replay_count"] = replay if isinstance(replay, NA) else float(replay)
+            limit = nvml.query(mod.nvmlDeviceGetEnforcedPowerLimit, h)
+            self._slow_last["power_limit_w"] = limit if isinstance(limit, NA) else limit / 1000.0
         out.update(self._slow_last)
         for metric in LINK_METRICS:
             out.setdefault(metric, NA(nvml.NOT_SUPPORTED))
