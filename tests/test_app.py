@@ -213,7 +213,7 @@ async def test_replay_keys_and_progress_bar() -> None:
         await pilot.press("space", "plus", "minus", "minus", "right", "left", "n", "p")
         await pilot.pause()
         bar = app.query_one("#replay").render().plain
-        assert bar.startswith(" ⏸ 0:30 ") and "2:00" in bar and "◆" in bar and "×0.5" in bar
+        assert bar.startswith(" ‖ 0:30 ") and "2:00" in bar and "◆" in bar and "×0.5" in bar
     assert replay.calls == [
         ("pause", True),
         ("speed", 2.0),

@@ -169,7 +169,7 @@ class CommtopApp(App[None]):
                 on_snapshot=self._from_ingest,
                 interval_s=self.interval_s,
                 clock=self.clock,
-                on_error=lambda line: self.post_message(IngestError(line)),
+                on_error=self._from_ingest_error,
             )
             self.ingest.start()
         self.set_interval(SIDE_POLL_S, self._side_poll)
@@ -190,6 +190,10 @@ class CommtopApp(App[None]):
         if not self._posted.is_set():
             self._posted.set()
             self.post_message(SnapshotReady(snap))
+
+    def _from_ingest_error(self, line: str) -> None:
+        """Ingest thread: a sink/source/callback failed (already de-duplicated there)."""
+        self.post_message(IngestError(line))
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
         self._posted.clear()

@@ -68,8 +68,8 @@ def format_summary(snapshot: Snapshot) -> str:
     Percentiles are whole-run, from a log-binned histogram (+/-1.2 %); max is exact.
     """
     s = snapshot
-    cols = ("rank", "host:gpu", "mode", "count", "missing", "p50 ms", "p99 ms", "max ms", "busbw GB/s", "copy GB/s")
-    cols = cols + ("drops", "state")
+    cols: tuple[str, ...] = ("rank", "host:gpu", "mode", "count", "missing", "p50 ms", "p99 ms", "max ms")
+    cols += ("busbw GB/s", "copy GB/s", "drops", "state")
     rows: list[tuple[str, ...]] = []
     several = len(s.modes_seen) > 1
     for r in s.ranks:

@@ -151,8 +151,9 @@ class IngestLoop:
 
     def _report(self, text: str) -> None:
         line = text.splitlines()[0][:200] if text else "error"
-        if not self.errors or self.errors[-1] != line:
-            self.errors.append(line)
+        if self.errors and self.errors[-1] == line:
+            return  # a sink failing on every poll reports once, not 12 times a second
+        self.errors.append(line)
         if self.on_error is not None:
             try:
                 self.on_error(line)

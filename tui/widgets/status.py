@@ -11,7 +11,7 @@ from tui.widgets.palette import ACCENT, EXITED, MUTED, TEXT, WARN, fmt_duration,
 
 def replay_text(pos: ReplayPosition, width: int) -> Text:
     """``▶ 1:02 ━━━━━╋━━━━◆━━━ 4:10  x2.0`` with settings changes marked ◆."""
-    state = "⏸" if pos.paused else ("■" if pos.finished else "▶")
+    state = "‖" if pos.paused else ("■" if pos.finished else "▶")
     left = f" {state} {fmt_duration(pos.position_s)} "
     right = f" {fmt_duration(pos.duration_s)}  ×{pos.speed:g} "
     bar_w = max(0, width - len(left) - len(right))
