@@ -1,0 +1,208 @@
+"""``torchrun --nproc-per-node N -m workers [loop options] [--connection-file F | --connect EP]``
+
+One rank of commtop's instrumented collective + offload loop. The connection is resolved
+before torch is imported, so a bad option fails in milliseconds with one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from workers.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args
+from workers.connection import CONNECTION_FILE_ENV, Connection, ConnectionError_, find_by_endpoint, load
+from workers.control import Control, StaticControl
+
+PROG = "commtop worker"
+
+
+class UsageError(Exception):
+    """A one-line problem with how the worker was started (exit 2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m workers", description=__doc__.splitlines()[0])
+    add_loop_arguments(parser)
+    g = parser.add_argument_group("where to send timings")
+    g.add_argument("--connection-file", help=f"the run's connection file (else ${CONNECTION_FILE_ENV})")
+    g.add_argument("--connect", metavar="ENDPOINT", help="the collector's data endpoint, e.g. tcp://head:5555")
+    parser.add_argument(
+        "--bare", action="store_true", help="the same loop with commtop's instrumentation off (overhead A/B)"
+    )
+    return parser
+
+
+def connection_from_args(ns: argparse.Namespace) -> Connection | None:
+    """--connection-file, else $COMMTOP_CONNECTION_FILE, else the file of this user whose
+    data endpoint is --connect; None when nothing names a collector."""
+    path = ns.connection_file or os.environ.get(CONNECTION_FILE_ENV)
+    if path:
+        try:
+            conn = load(path)
+        except ConnectionError_ as exc:
+            raise UsageError(str(exc)) from None
+        return dataclasses.replace(conn, data=ns.connect) if ns.connect else conn
+    if ns.connect:
+        try:
+            conn = find_by_endpoint(ns.connect)
+        except ConnectionError_ as exc:
+            raise UsageError(str(exc)) from None
+        if conn is None:
+            raise UsageError(
+                f"no key for {ns.connect} on this host: copy the run's connection file from the head node "
+                f"and pass --connection-file FILE (or set {CONNECTION_FILE_ENV})"
+            )
+        return conn
+    return None
+
+
+def make_control(config: LoopConfig, conn: Connection | None, rank: int) -> Control:
+    """The settings source of the loop (the live, TUI-driven control plugs in here)."""
+    return StaticControl(config.initial_settings())
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        raise UsageError(f"${name} must be an integer; got {value!r}") from None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_sampler(conn: Connection | None, gpu_uuids: list[str]) -> subprocess.Popen[Any] | None:
+    """The node's telemetry sampler (local rank 0 only), if that part is installed."""
+    if conn is None:
+        return None
+    try:
+        from workers.telemetry import start_node_sampler
+    except ImportError as exc:
+        print(f"{PROG}: node telemetry not started ({exc})", file=sys.stderr)
+        return None
+    try:
+        return start_node_sampler(conn.path, gpu_uuids)
+    except Exception as exc:
+        print(f"{PROG}: node telemetry not started ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return None
+
+
+def stop_sampler(proc: subprocess.Popen[Any] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        conn = connection_from_args(ns)
+        rank = _env_int("RANK", 0)
+        world_size = _env_int("WORLD_SIZE", 1)
+        local_rank = _env_int("LOCAL_RANK", 0)
+        local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
+    except UsageError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    if conn is None and rank == 0:
+        print(f"{PROG}: no connection file or --connect given; running without publishing", file=sys.stderr)
+
+    import torch  # after the cheap checks: importing torch takes seconds
+    import torch.distributed as dist
+
+    from workers.heartbeat import StopFlag
+    from workers.loop import Runtime, gpu_uuid, run_worker
+
+    cuda = torch.cuda.is_available()
+    backend = ns.backend if ns.backend != "auto" else ("nccl" if cuda else "gloo")
+    try:
+        if backend == "nccl" and not cuda:
+            raise UsageError("--backend nccl needs a CUDA GPU; none is visible (use --backend gloo)")
+        config = config_from_args(ns, cpu=backend == "gloo")
+        if backend == "nccl" and local_rank >= torch.cuda.device_count():
+            raise UsageError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs are visible")
+    except (UsageError, ConfigError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    rt = Runtime(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        cuda=backend == "nccl",
+        backend="nccl" if backend == "nccl" else "gloo/cpu",
+        device_index=local_rank if backend == "nccl" else -1,
+    )
+
+    stop = StopFlag()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.request(f"stopped by {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    if "MASTER_ADDR" not in os.environ:  # plain `python -m workers`: a world of one
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(world_size))
+    if rt.cuda:
+        torch.cuda.set_device(rt.device_index)
+        try:
+            dist.init_process_group("nccl", device_id=torch.device("cuda", rt.device_index))
+        except TypeError:  # torch without eager init
+            dist.init_process_group("nccl")
+    else:
+        dist.init_process_group("gloo")
+
+    sampler = None
+    if local_rank == 0:
+        uuids = [gpu_uuid(i) for i in range(min(local_world_size, torch.cuda.device_count()))] if rt.cuda else []
+        sampler = start_sampler(conn, uuids)
+    try:
+        result = run_worker(
+            config,
+            rt,
+            conn,
+            make_control(config, conn, rank),
+            bare=ns.bare,
+            stop=stop,
+            dead_man=True,
+            before_hard_exit=lambda: stop_sampler(sampler),
+        )
+    finally:
+        stop_sampler(sampler)
+    # NCCL's teardown can hang when a peer died mid-collective: bound it.
+    guard = threading.Timer(3.0, os._exit, args=(result.exit_code,))
+    guard.daemon = True
+    guard.start()
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+    guard.cancel()
+    print("commtop-summary " + json.dumps(result.summary), flush=True)
+    if result.exit_code:
+        print(f"{PROG} rank {rank}: {result.reason}", file=sys.stderr)
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
