@@ -458,6 +458,13 @@ class RecordingWriter:
             pass
         self._f.close()
 
+    def abort(self) -> None:
+        """Close without a trailer after a write error (the file stays readable, incomplete)."""
+        try:
+            self._f.close()
+        except OSError:  # the buffered tail cannot be written either
+            pass
+
 
 def run_metadata(hellos: dict[int, p.Hello], caps: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a reader wants to know before reading the stream: from the Hellos seen so far."""
@@ -647,10 +654,7 @@ class Recorder:
             self._error = f"{reason}: recording stopped"
             self._active = False
             self._take()
-            try:
-                writer._f.close()
-            except OSError:
-                pass
+            writer.abort()
             print(f"commtop: recording to {self._path} stopped: {reason}", file=sys.stderr)
 
 
