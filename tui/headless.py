@@ -102,7 +102,7 @@ def format_summary(snapshot: Snapshot) -> str:
             v.ljust(w) if i in left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True))
         )
 
-    lines = [header_line(s), fmt(cols), "  ".join("-" * w for w in widths)]
+    lines = [header_line(s), fmt(cols).rstrip(), "  ".join("-" * w for w in widths)]
     lines += [fmt(row).rstrip() for row in rows]
     if not rows:
         lines.append("(no rank reported anything)")
