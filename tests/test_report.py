@@ -131,6 +131,10 @@ def test_settings_copies_and_links_per_epoch(capsys, run) -> None:
         assert row["pcie_tx_gbps"] == pytest.approx(np.mean(window), rel=1e-9)
         assert row["nvlink_tx_gbps"] is None  # n/a in the synthetic telemetry, not 0
         assert row["sm_clock_mhz"] == pytest.approx(1980.0 if e == 0 else 1970.0, abs=5)
+        power = [
+            np.frombuffer(m["m"]["power_w"]).mean() for _, m in items if isinstance(m, dict) and t0 <= m["t"] <= t1
+        ]
+        assert row["power_w"] == pytest.approx(np.mean(power), rel=1e-9)
 
 
 def test_table_and_summary_csv(capsys, run) -> None:

@@ -735,7 +735,9 @@ class Recording:
 
     def summary(self) -> str:
         """One line on the state of the file, for warnings ("" when it is clean)."""
-        notes = list(self.problems)
+        notes = self.problems[:2] + (
+            [f"{len(self.problems) - 2} more damaged frames"] if len(self.problems) > 2 else []
+        )
         if self.truncated_at is not None:
             notes.append(f"recording incomplete: cut at byte {self.truncated_at} (writer killed or disk full)")
         elif self.trailer is None:
@@ -806,9 +808,13 @@ class Recording:
                     self.problems.append(f"empty chunk at byte {pos}")
                 else:
                     first, last, messages, n_coll, n_copy = CHUNK_PREFIX.unpack_from(self._data, body)
-                    self.chunks.append(
-                        ChunkInfo(pos, body + CHUNK_PREFIX.size, end, flags, first, last, messages, n_coll, n_copy)
-                    )
+                    if n_coll + n_copy > messages * p.MAX_BATCH_RECORDS or last < first:
+                        self.problems.append(f"implausible chunk at byte {pos}: skipped")  # a bug, not damage
+                    else:
+                        info = ChunkInfo(
+                            pos, body + CHUNK_PREFIX.size, end, flags, first, last, messages, n_coll, n_copy
+                        )
+                        self.chunks.append(info)
             else:
                 try:
                     doc = _unpack(self._data[body:end])

@@ -30,7 +30,15 @@ from workers import protocol as p
 
 TRACE_WARN_BYTES = 500_000_000
 REPORT_COLUMNS = ("epoch", "mode", "op", "nbytes", "start_ns", "dur_us", "algbw", "busbw")
-LINK_METRICS = ("pcie_tx_gbps", "pcie_rx_gbps", "nvlink_tx_gbps", "nvlink_rx_gbps", "sm_clock_mhz", "mem_clock_mhz")
+LINK_METRICS = (
+    "pcie_tx_gbps",
+    "pcie_rx_gbps",
+    "nvlink_tx_gbps",
+    "nvlink_rx_gbps",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "power_w",
+)
 RECORD_FIELDS = (
     "rank",
     "iteration",
@@ -79,6 +87,7 @@ class Row:
     nvlink_rx_gbps: float
     sm_clock_mhz: float
     mem_clock_mhz: float
+    power_w: float
     slowdown: float  # p50 / p50 of mode none (same rank, op, size); NaN without a baseline
 
 
@@ -363,6 +372,7 @@ def format_table(report: Report) -> str:
         "PCIe tx/rx",
         "NVLink tx/rx",
         "SM MHz",
+        "power W",
         "slowdown",
     )
     body = []
@@ -387,6 +397,7 @@ def format_table(report: Report) -> str:
                 _pair(r.pcie_tx_gbps, r.pcie_rx_gbps),
                 _pair(r.nvlink_tx_gbps, r.nvlink_rx_gbps),
                 _num(r.sm_clock_mhz, "{:.0f}"),
+                _num(r.power_w, "{:.0f}"),
                 _num(r.slowdown, "{:.2f}x"),
             )
         )
@@ -416,7 +427,7 @@ def format_table(report: Report) -> str:
             )
     lines.append("")
     lines.append("latency = collective duration per rank (CUDA events on GPU); algbw/busbw GB/s as nccl-tests;")
-    lines.append("PCIe/NVLink GB/s and SM clock = mean per GPU of the node telemetry during the epoch")
+    lines.append("PCIe/NVLink GB/s, SM clock and power = mean per GPU of the node telemetry during the epoch")
     return "\n".join(lines) + "\n"
 
 
