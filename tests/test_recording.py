@@ -400,3 +400,17 @@ def test_sigkill_of_a_writing_process_leaves_a_readable_recording(tmp_path: Path
     assert len(got) > 400
     for (_, a), (_, b) in zip(synth_run(duration_s=120.0, world=4, seed=9), got, strict=False):
         assert_same_message(a, b)
+
+
+def test_a_chunk_whose_counts_cannot_be_true_is_skipped_not_allocated(tmp_path: Path, small) -> None:
+    """A checksummed chunk claiming 4 billion records (only a bug can write one) costs no memory."""
+    from tui.recording import CHUNK, CHUNK_PREFIX, _frame
+
+    items, data, chunks = small
+    bogus = _frame(CHUNK, CHUNK_PREFIX.pack(T0, T0, 1, 2**32 - 1, 0) + b"\0" * 16)
+    at = chunks[1].offset
+    path = tmp_path / "bogus.commtop"
+    path.write_bytes(data[:at] + bogus + data[at:])
+    got, rec = read_all(path)
+    assert rec.problems == [f"implausible chunk at byte {at}: skipped"]
+    assert len(got) == len(items) and len(rec.tables().coll["rank"]) == rec.records
