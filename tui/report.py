@@ -630,7 +630,8 @@ def run(ns: argparse.Namespace) -> int:
             finally:
                 if out is not sys.stdout:
                     out.close()
-        except BrokenPipeError:
+        except BrokenPipeError:  # `commtop report ... | head`: fine, and no noise at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
         except OSError as exc:
             return _err(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
