@@ -76,3 +76,9 @@ def test_key_is_not_on_the_command_line_of_a_run(runtime_dir: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_too_long_ipc_paths_get_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(c.RUNTIME_DIR_ENV, str(tmp_path / ("x" * 90)))
+    with pytest.raises(c.ConnectionError_, match=c.RUNTIME_DIR_ENV):
+        c.create_run()

@@ -21,6 +21,7 @@ from workers.protocol import new_key, new_session_id
 CONNECTION_FILE_ENV = "COMMTOP_CONNECTION_FILE"
 RUNTIME_DIR_ENV = "COMMTOP_RUNTIME_DIR"
 FILE_NAME = "connection.json"
+IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 
 class ConnectionError_(RuntimeError):
@@ -116,12 +117,18 @@ def create_run(
 ) -> Connection:
     """Make a run directory and its connection file; endpoints default to ipc:// in it."""
     root = runtime_root()
-    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{label}"[:48]
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{label[:12]}"
     run_dir = root / run_id
     suffix = 0
     while run_dir.exists():
         suffix += 1
         run_dir = root / f"{run_id}-{suffix}"
+    longest = len(str(run_dir / "request.sock"))
+    if longest > IPC_PATH_MAX:
+        raise ConnectionError_(
+            f"ipc socket paths under {root} would be {longest} characters (Linux allows "
+            f"{IPC_PATH_MAX}); set {RUNTIME_DIR_ENV} to a shorter directory"
+        )
     _ensure_private_dir(run_dir)
     conn = Connection(
         run_id=run_dir.name,
