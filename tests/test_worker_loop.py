@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch.distributed as dist
@@ -13,7 +15,7 @@ from workers.config import LoopConfig
 from workers.connection import create_run
 from workers.control import StaticControl
 from workers.heartbeat import StopFlag
-from workers.loop import Runtime, run_worker
+from workers.loop import CONNECT_WAIT_S, Runtime, run_worker
 from workers.protocol import COLL, COLLECTIVES, COPY, DIRECTIONS, MODES, Batch, Bye, Hello
 from workers.settings import Settings
 
@@ -189,3 +191,14 @@ def test_failure_says_bye_with_the_reason(conn, collector):
     coll, _, _, byes = split(collector())
     assert coll["iteration"].tolist() == list(range(8))  # what ran before the failure is kept
     assert byes[0].exit_code == 1 and "RuntimeError: control exploded" in byes[0].reason
+
+
+def test_no_collector_ever_bound_drops_everything_and_exits_promptly(conn):
+    cfg = config()
+    t0 = time.monotonic()
+    result = run_worker(cfg, RT, conn, StaticControl(cfg.initial_settings()))
+    elapsed = time.monotonic() - t0
+    assert result.exit_code == 0 and result.iterations == 40
+    assert result.summary["sent"] == 0 and result.summary["dropped"] == 40 + 5 * 2
+    # bounded waits only: 1 s for a collector at start-up, nothing queued at exit (IMMEDIATE)
+    assert elapsed < CONNECT_WAIT_S + 2.0
