@@ -126,9 +126,10 @@ def test_app_fed_by_real_workers_shows_two_rank_rows(runtime_env: dict[str, str]
             while time.monotonic() < deadline:
                 await pilot.pause(0.25)
                 snap = app.snapshot
-                if snap is not None and len(snap.ranks) == 2 and all(r.count > 20 for r in snap.ranks) and snap.backend:
+                lines = app.query_one("RankGrid").line_texts()
+                ready = snap is not None and len(snap.ranks) == 2 and all(r.count > 20 for r in snap.ranks)
+                if ready and snap.backend and "\n".join(lines).count("cpu") >= 2:
                     break
-            lines = app.query_one("RankGrid").line_texts()
             return lines
 
     try:
