@@ -16,7 +16,7 @@ import zmq
 
 from workers import protocol
 from workers.connection import create_run
-from workers.protocol import COLL, Batch, Bye, Hello
+from workers.protocol import COLL, MODES, Batch, Bye, Hello
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = ["--shape", "16x64", "--collectives-per-step", "8", "--copies", "2", "--warmup", "2", "--batch-ms", "20"]
@@ -213,3 +213,19 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state not in ("Z", "X")
+
+
+def test_selfcheck_runs_every_mode_and_sees_every_iteration():
+    res = subprocess.run(
+        [sys.executable, "-m", "workers.selfcheck", "--iters", "24", "--shape", "32x32", "--collectives-per-step", "8"],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = {line.split()[0]: line.split() for line in res.stdout.splitlines()[2:] if line.split()[0] in MODES}
+    assert set(rows) == set(MODES)
+    for mode, cols in rows.items():
+        assert cols[1] == "24" and cols[-1] == "0"  # 24 collectives recorded, exit code 0
+        assert cols[6] == ("0" if mode == "none" else "15")  # 3 steps x 5 copies

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,10 @@ COPY_RING = 1024
 STEP_RING = 256
 CONNECT_WAIT_S = 1.0  # at start-up, how long to wait for a collector's handshake
 EXIT_LINGER_MS = 500  # at a clean exit, how long the queued tail may take to go out
+#: Steps of copies that may be queued and unfinished (side stream or copier thread). Copies
+#: slower than a step's collectives would otherwise pile up without bound; past this the
+#: loop waits for the oldest step's copies, as a full CUDA launch queue would make it do.
+COPY_STEPS_IN_FLIGHT = 4
 MODE_INDEX = {m: i for i, m in enumerate(MODES)}
 
 
@@ -80,7 +85,7 @@ class ThreadCopier:
     releases the GIL, so they really overlap the gloo collective). The job queue is bounded,
     like a CUDA launch queue: if copies fall far behind, the loop waits for room."""
 
-    def __init__(self, timer: Timer, depth: int = 4) -> None:
+    def __init__(self, timer: Timer, depth: int = COPY_STEPS_IN_FLIGHT) -> None:
         self.timer = timer
         self.jobs: queue.Queue[tuple[Any, Any, tuple[Any, ...], int] | None] = queue.Queue(maxsize=depth)
         self.thread = threading.Thread(target=self._run, name="commtop-copier", daemon=True)
@@ -142,6 +147,9 @@ class Workload:
         self._views: dict[tuple[bool, str, float], tuple[Any, Any, int, int]] = {}
         self.side = torch.cuda.Stream(device=device, priority=-1) if rt.cuda else None
         self.copier: ThreadCopier | None = None
+        self._copies_done: deque[Any] = deque()  # one plain event per queued step of copies (CUDA)
+        if rt.cuda:
+            torch.cuda.synchronize()  # start-up: buffers filled before any side-stream copy reads them
 
     def _collective(self, op: str, numel: int, dtype: Any, device: Any) -> Any:
         ws, t = self.rt.world_size, self.tensor
@@ -181,11 +189,17 @@ class Workload:
         dst, src, nbytes, pinned = self.copy_views(settings)
         meta = (step, epoch, nbytes, DIRECTIONS.index(settings.direction), pinned)
         if self.side is not None:
+            done = self._copies_done
+            while len(done) >= COPY_STEPS_IN_FLIGHT:
+                done.popleft().synchronize()  # workload pacing (see COPY_STEPS_IN_FLIGHT), not telemetry
             with torch.cuda.stream(self.side):
                 for _ in range(n):
                     token = timer.begin(meta)
                     dst.copy_(src, non_blocking=True)  # pageable host memory: effectively synchronous
                     timer.end(token)
+                event = torch.cuda.Event()
+                event.record()
+            done.append(event)
         elif overlap:
             if self.copier is None:
                 self.copier = ThreadCopier(timer)
