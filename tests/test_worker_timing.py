@@ -1,0 +1,147 @@
+"""Timing rings and clocks. CI has no GPU, so the CUDA event ring runs on FakeCudaEvent, a
+stand-in whose completion the test controls (a real GPU cannot be made to finish events in a
+chosen order); everything else here is real."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from workers.timing import Anchor, CpuTimer, CudaTimer, StepTimes
+
+
+class FakeGpu:
+    """A stream's timeline: events get increasing times (ms) when recorded and complete in
+    record order when the test says so."""
+
+    def __init__(self) -> None:
+        self.recorded = 0
+        self.completed = 0
+        self.now_ms = 100.0
+
+    def complete(self, n: int) -> None:
+        self.completed = min(self.recorded, self.completed + n)
+
+
+class FakeCudaEvent:
+    def __init__(self, gpu: FakeGpu) -> None:
+        self.gpu = gpu
+        self.seq = 0
+        self.t_ms = 0.0
+
+    def record(self) -> None:
+        self.gpu.recorded += 1
+        self.seq = self.gpu.recorded
+        self.gpu.now_ms += 0.25
+        self.t_ms = self.gpu.now_ms
+
+    def query(self) -> bool:
+        return self.seq <= self.gpu.completed
+
+    def elapsed_time(self, other: FakeCudaEvent) -> float:
+        assert self.query() and other.query(), "elapsed_time on an unfinished event would raise on a GPU"
+        return other.t_ms - self.t_ms
+
+
+class FakeTorch:
+    def __init__(self, gpu: FakeGpu) -> None:
+        self.cuda = self
+        self.gpu = gpu
+
+    def Event(self, enable_timing: bool = False) -> FakeCudaEvent:  # noqa: N802 - torch's spelling
+        assert enable_timing
+        return FakeCudaEvent(self.gpu)
+
+
+@pytest.fixture
+def gpu() -> FakeGpu:
+    return FakeGpu()
+
+
+def make_timer(gpu: FakeGpu, capacity: int) -> tuple[CudaTimer, Anchor]:
+    anchor_ev = FakeCudaEvent(gpu)
+    anchor_ev.record()
+    gpu.complete(1)
+    anchor = Anchor(anchor_ev, host_ns=1_000_000_000_000)
+    return CudaTimer(FakeTorch(gpu), capacity, anchor), anchor
+
+
+def test_harvest_is_oldest_first_and_stops_at_the_first_unfinished(gpu):
+    timer, anchor = make_timer(gpu, capacity=8)
+    for i in range(5):
+        timer.end(timer.begin((i,)))
+    out: list[tuple] = []
+    timer.harvest(out)
+    assert out == []  # nothing finished yet: no waiting, nothing returned
+    gpu.complete(6)  # starts and ends of the first three pairs
+    timer.harvest(out)
+    assert [r[0] for r in out] == [0, 1, 2]
+    first = out[0]
+    # anchor at 100.25 ms; first start at 100.5 ms, end at 100.75 ms
+    assert first[1] == anchor.host_ns + 250_000
+    assert first[2] == pytest.approx(250.0)
+    gpu.complete(100)
+    timer.harvest(out)
+    assert [r[0] for r in out] == [0, 1, 2, 3, 4] and timer.count == 0
+
+
+def test_full_ring_drops_timing_and_counts_untimed(gpu):
+    timer, _ = make_timer(gpu, capacity=4)
+    for i in range(6):
+        timer.end(timer.begin((i,)))
+    assert timer.untimed == 2 and timer.count == 4
+    gpu.complete(100)
+    out: list[tuple] = []
+    timer.harvest(out)
+    assert [r[0] for r in out] == [0, 1, 2, 3]
+    timer.end(timer.begin((6,)))  # room again after the harvest; slots are reused
+    gpu.complete(100)
+    timer.harvest(out)
+    assert out[-1][0] == 6 and timer.untimed == 2
+
+
+def test_a_reused_slot_is_not_read_before_its_end_is_recorded(gpu):
+    timer, _ = make_timer(gpu, capacity=2)
+    for i in range(2):
+        timer.end(timer.begin((i,)))
+    gpu.complete(100)
+    out: list[tuple] = []
+    timer.harvest(out)
+    token = timer.begin((9,))  # slot 0 again; its old end event still "queries" done
+    timer.harvest(out)
+    assert [r[0] for r in out] == [0, 1]
+    timer.end(token)
+    gpu.complete(100)
+    timer.harvest(out)
+    assert [r[0] for r in out] == [0, 1, 9]
+
+
+def test_cpu_timer_hands_rows_over_from_another_thread():
+    timer = CpuTimer()
+
+    def work() -> None:
+        for i in range(1000):
+            timer.end(timer.begin((i,)))
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    out: list[tuple] = []
+    while any(t.is_alive() for t in threads):
+        timer.harvest(out)
+    for t in threads:
+        t.join()
+    timer.harvest(out)
+    assert sorted(r[0] for r in out) == sorted(list(range(1000)) * 2)
+    assert all(r[2] >= 0 and r[1] > 0 for r in out)
+
+
+def test_step_times_keep_a_bounded_window():
+    times = StepTimes(capacity=4)
+    for v in (1000.0, 2000.0, 3000.0, 4000.0, 5000.0, 6000.0):
+        times.add(v)
+    s = times.summary()
+    assert s["steps"] == 6
+    assert s["step_ms_mean"] == pytest.approx(4.5)  # only the last four: 3, 4, 5, 6 ms
+    assert StepTimes().summary() == {"steps": 0}
