@@ -52,15 +52,15 @@ def connection_from_args(ns: argparse.Namespace) -> Connection | None:
         return dataclasses.replace(conn, data=ns.connect) if ns.connect else conn
     if ns.connect:
         try:
-            conn = find_by_endpoint(ns.connect)
+            found = find_by_endpoint(ns.connect)
         except ConnectionError_ as exc:
             raise UsageError(str(exc)) from None
-        if conn is None:
+        if found is None:
             raise UsageError(
                 f"no key for {ns.connect} on this host: copy the run's connection file from the head node "
                 f"and pass --connection-file FILE (or set {CONNECTION_FILE_ENV})"
             )
-        return conn
+        return found
     return None
 
 
@@ -177,17 +177,24 @@ def main(argv: list[str] | None = None) -> int:
         uuids = [gpu_uuid(i) for i in range(min(local_world_size, torch.cuda.device_count()))] if rt.cuda else []
         sampler = start_sampler(conn, uuids)
     try:
+        control = make_control(config, conn, rank)
+    except Exception as exc:
+        stop_sampler(sampler)
+        print(f"{PROG} rank {rank}: live control not started ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 1
+    try:
         result = run_worker(
             config,
             rt,
             conn,
-            make_control(config, conn, rank),
+            control,
             bare=ns.bare,
             stop=stop,
             dead_man=True,
             before_hard_exit=lambda: stop_sampler(sampler),
         )
     finally:
+        control.close()
         stop_sampler(sampler)
     # NCCL's teardown can hang when a peer died mid-collective: bound it.
     guard = threading.Timer(3.0, os._exit, args=(result.exit_code,))

@@ -53,6 +53,9 @@ EXIT_LINGER_MS = 500  # at a clean exit, how long the queued tail may take to go
 #: slower than a step's collectives would otherwise pile up without bound; past this the
 #: loop waits for the oldest step's copies, as a full CUDA launch queue would make it do.
 COPY_STEPS_IN_FLIGHT = 4
+#: After SIGTERM, how long the current step may take before the heartbeat ends the process
+#: (a rank blocked in a collective whose peer already left); below `commtop run`'s 5 s SIGKILL.
+STOP_GRACE_S = 3.0
 MODE_INDEX = {m: i for i, m in enumerate(MODES)}
 
 
@@ -430,7 +433,7 @@ def run_worker(
             ctx.destroy(linger=0)
         else:
             ctx.term()
-    summary = {"rank": rt.rank, "bare": bare, "iterations": iterations}
+    summary: dict[str, Any] = {"rank": rt.rank, "bare": bare, "iterations": iterations}
     if instr is not None:
         summary |= instr.steps.times.summary()
         if isinstance(instr, Instrumentation):
