@@ -112,7 +112,10 @@ class ControlServer:
         self._note_until = 0.0
         self._kick = False
         self._published = 0
-        self._ctx = context or zmq.Context.instance()
+        # Its own context by default: close() terminates it, so the endpoints are free again
+        # when close() returns (a restarted collector can bind them at once).
+        self._own_ctx = context is None
+        self._ctx = context or zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._router = self._ctx.socket(zmq.ROUTER)
         for sock in (self._pub, self._router):
@@ -131,6 +134,8 @@ class ControlServer:
         except ControlServerError:
             self._pub.close(0)
             self._router.close(0)
+            if self._own_ctx:
+                self._ctx.term()
             raise
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="commtop-control-server", daemon=True)
@@ -369,3 +374,5 @@ class ControlServer:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2.0)
+        if self._own_ctx and not self._thread.is_alive():
+            self._ctx.term()

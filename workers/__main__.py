@@ -65,8 +65,19 @@ def connection_from_args(ns: argparse.Namespace) -> Connection | None:
 
 
 def make_control(config: LoopConfig, conn: Connection | None, rank: int) -> Control:
-    """The settings source of the loop (the live, TUI-driven control plugs in here)."""
-    return StaticControl(config.initial_settings())
+    """The settings source of the loop: live (changed by the TUI / `commtop ctl`, switched on
+    every rank at the same iteration via torchrun's store) when a collector is named, else fixed."""
+    if conn is None:
+        return StaticControl(config.initial_settings())
+    from workers.live_control import make_live_control
+
+    return make_live_control(
+        conn,
+        config.initial_settings(),
+        rank=rank,
+        world_size=_env_int("WORLD_SIZE", 1),
+        step=config.collectives_per_step,
+    )
 
 
 def _env_int(name: str, default: int) -> int:

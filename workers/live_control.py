@@ -60,6 +60,8 @@ MAX_LEAD_S = 8.0
 ACK_TIMEOUT_S = 5.0
 #: A loop waiting at a switch checks that the control thread is still alive this often.
 SWITCH_CHECK_S = 0.5
+#: Refused control messages are logged to stderr at most this often.
+LOG_S = 10.0
 
 
 def settings_from_wire(data: Any, knob_choices: Mapping[str, tuple[str, ...]] | None = None) -> Settings:
@@ -460,6 +462,8 @@ class DesiredListener:
         self.desired: tuple[int, Settings] | None = None
         self.rejected: Counter[str] = Counter()
         self.accepted = 0
+        self._logged = 0
+        self._logged_at = -LOG_S
 
     def poll(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for messages, then handle every one queued."""
@@ -470,8 +474,19 @@ class DesiredListener:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
             self.handle(frames)
+        self._log_rejections()
+
+    def _log_rejections(self) -> None:
+        """Refusals go to the job's log too (at most every LOG_S), not only into Hello."""
+        total = sum(self.rejected.values())
+        now = time.monotonic()
+        if total == self._logged or now - self._logged_at < LOG_S:
+            return
+        self._logged, self._logged_at = total, now
+        counts = " ".join(f"{k}={v}" for k, v in sorted(self.rejected.items()))
+        print(f"commtop: rank 0 refused control messages so far: {counts}", file=sys.stderr, flush=True)
 
     def handle(self, frames: list[bytes]) -> None:
         try:
