@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -40,19 +41,37 @@ def conn(tmp_path, monkeypatch):
 
 @pytest.fixture
 def collector(conn):
+    """The collector's PULL socket, read on a thread while the worker runs (like the ingest
+    thread), so the worker's bounded queue never fills because the test is not reading."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PULL)
     sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_BODY_BYTES)
-    sock.setsockopt(zmq.RCVHWM, 10000)
     sock.bind(conn.data)
+    msgs: list = []
+    done = threading.Event()
+
+    def pump() -> None:
+        while not done.is_set():
+            if sock.poll(20):
+                msgs.append(protocol.decode(protocol.open_frames(conn.key, sock.recv_multipart(), conn.session)))
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
 
     def drain() -> list:
-        out = []
-        while sock.poll(200):
-            out.append(protocol.decode(protocol.open_frames(conn.key, sock.recv_multipart(), conn.session)))
-        return out
+        """Everything up to the worker's Bye (or 300 ms of quiet when none comes)."""
+        deadline = time.monotonic() + 5
+        last = -1
+        while time.monotonic() < deadline and not any(isinstance(m, Bye) for m in msgs):
+            if len(msgs) == last:
+                break
+            last = len(msgs)
+            time.sleep(0.3)
+        return list(msgs)
 
     yield drain
+    done.set()
+    thread.join()
     sock.close(linger=0)
     ctx.term()
 

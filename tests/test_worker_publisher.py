@@ -86,10 +86,14 @@ def test_every_record_arrives_in_order_with_contiguous_seq(ctx, endpoint):
     sock = pull(ctx, endpoint)
     pub = RecordPublisher(endpoint, KEY, SESSION, rank=1, ctx=ctx)
     assert pub.wait_connected(2.0)
-    for b in range(40):
+    got = []
+    for b in range(40):  # a collector that keeps up (read as we go), as the ingest thread does
         assert pub.publish(COLL, columns(10, first=b * 10), 10, STATUS)
         assert pub.publish(COPY, {k: np.zeros(2, dt) for k, dt in COPY_COLUMNS.items()}, 2, STATUS)
-    got = receive_all(sock)
+        for _ in range(2):
+            assert sock.poll(5000)
+            got.append(protocol.decode(protocol.open_frames(KEY, sock.recv_multipart(), SESSION)))
+    got += receive_all(sock)
     pub.close()
     colls = [m for m in got if isinstance(m, Batch) and m.kind == COLL]
     copies = [m for m in got if isinstance(m, Batch) and m.kind == COPY]
