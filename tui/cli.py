@@ -37,8 +37,13 @@ def main(argv: list[str] | None = None) -> int:
         from tui import report
 
         return report.main(argv[1:])
+    script: list[str] = []
+    if argv and argv[0] == "run" and "--" in argv:  # `commtop run [options] -- python train.py ...`
+        cut = argv.index("--")
+        argv, script = argv[:cut], argv[cut + 1 :]
     parser = build_parser()
     ns = parser.parse_args(argv)
+    ns.script = script
     if ns.command is None:
         parser.print_help()
         return 2
@@ -178,6 +183,8 @@ def make_recorder(collective: str) -> Any:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
+    if getattr(ns, "script", None):
+        return cmd_run_script(ns)
     from tui.gpus import visible_gpus
     from tui.launcher import JobProcess, torchrun_argv
 
@@ -205,6 +212,53 @@ def cmd_run(ns: argparse.Namespace) -> int:
     finally:
         job.stop()
         collector.close()
+
+
+def cmd_run_script(ns: argparse.Namespace) -> int:
+    """`commtop run [--nproc N] [--headless] [--record] -- python train.py ...`: the user's own
+    script (instrumented with ``workers.monitor``) under torchrun, its connection set up
+    through $COMMTOP_CONNECTION_FILE."""
+    from tui.gpus import visible_gpus
+    from tui.launcher import JobProcess
+
+    gpus = visible_gpus()
+    nproc = ns.nproc if ns.nproc is not None else (gpus.count or CPU_RANKS)
+    if nproc < 1:
+        raise ConfigError("--nproc must be at least 1")
+    argv = script_argv(ns.script, nproc)
+    conn = connections.create_run(label=next((Path(a).stem for a in ns.script if a.endswith(".py")), "script"))
+    collector = open_collector(conn, ns.record, "monitor")
+    job = JobProcess(argv, conn)
+    try:
+        if ns.headless:
+            return run_headless(collector, job, nproc)
+        return run_tui(collector, job=job, title=f"commtop run · {' '.join(ns.script)[:60]}")
+    finally:
+        job.stop()
+        collector.close()
+
+
+def script_argv(script: list[str], nproc: int) -> list[str]:
+    """torchrun on this node for ``python x.py ARGS``, ``python -m mod ARGS`` or ``x.py ARGS``;
+    a command that is already ``torchrun ...`` runs as given."""
+    if os.path.basename(script[0]) == "torchrun":
+        return script
+    rest = list(script)
+    if os.path.basename(rest[0]).startswith("python"):
+        rest = rest[1:]
+        while rest and rest[0].startswith("-") and rest[0] != "-m":  # python's own flags (-u, -O)
+            rest = rest[1:]
+    if not rest or (rest[0] == "-m" and len(rest) < 2):
+        raise ConfigError(f"nothing to run in {' '.join(script)!r}; expected e.g. `-- python train.py`")
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--monitor-interval=0.2",
+        *rest,
+    ]
 
 
 def check_memory(config: LoopConfig, nproc: int, cpu: bool, gpu_memory: tuple[int, ...]) -> None:
