@@ -1,0 +1,233 @@
+"""What real runs do to a profiler, done to commtop: real torchrun gloo ranks, the real
+collector (`commtop watch --headless`), real ZeroMQ, real signals.
+
+Each test prints the numbers it measured (``pytest -s`` shows them; the reliability report
+quotes them). Thresholds are generous on purpose: CI has 2 shared cores, so a scheduling
+hiccup of tens of ms is noise; what the tests catch is a worker that *waits* for a dead or
+frozen collector (a blocking send stalls for the whole outage: seconds).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from synthetic_ranks import (
+    SMALL_JOB,
+    Proc,
+    child_env,
+    rss_bytes,
+    short_runtime_dir,
+    start_job,
+    start_watch,
+    summary_table,
+    wait_bound,
+    worker_pids,
+    worker_summaries,
+)
+
+from tui.recording import open_recording
+from workers.connection import create_run
+from workers.protocol import COLL, Batch, Hello
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def run(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, dict[str, str], list[Proc]]]:
+    """(connection file, child env, processes to clean up)."""
+    rt = short_runtime_dir()
+    monkeypatch.setenv("COMMTOP_RUNTIME_DIR", rt)
+    conn = create_run(label="faults")
+    procs: list[Proc] = []
+    yield conn.path, child_env(rt), procs
+    for proc in procs:
+        proc.kill_all()
+    shutil.rmtree(rt, ignore_errors=True)
+
+
+def records(path: str) -> tuple[dict[int, list[tuple[int, np.ndarray, np.ndarray]]], list[Hello]]:
+    """rank -> [(recv_ns, iteration, host_ns)] of every collective batch in a recording."""
+    out: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+    hellos: list[Hello] = []
+    with open_recording(path) as rec:
+        for recv_ns, m in rec.messages():
+            if isinstance(m, Batch) and m.kind == COLL and len(m):
+                out.setdefault(m.rank, []).append((recv_ns, m.columns["iteration"], m.columns["host_ns"]))
+            elif isinstance(m, Hello):
+                hellos.append(m)
+    return out, hellos
+
+
+def iteration_times_ms(batches: list[tuple[int, np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Time between consecutive iterations (both received) of one rank, in ms."""
+    if not batches:
+        return np.zeros(0)
+    it = np.concatenate([b[1] for b in batches])
+    t = np.concatenate([b[2] for b in batches])
+    order = np.argsort(it)
+    it, t = it[order], t[order]
+    step = np.diff(it) == 1
+    return np.diff(t)[step] / 1e6
+
+
+def test_tui_sigkilled_and_restarted_five_times_never_stalls_the_workers(run, tmp_path: Path) -> None:
+    conn_path, env, procs = run
+    first = start_watch(conn_path, env, record=str(tmp_path / "c0.cmtrec"))
+    procs.append(first)
+    wait_bound(first, record=True)
+    job = start_job(conn_path, env, *SMALL_JOB)
+    procs.append(job)
+    # Baseline: wait until the first collector has data, then let it watch for 2 s.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not Path(tmp_path / "c0.cmtrec").stat().st_size > 4096:
+        time.sleep(0.1)
+    time.sleep(2.0)
+    collectors = [(first, str(tmp_path / "c0.cmtrec"), 0)]
+    current = first
+    outages_ms: list[float] = []
+    for k in range(1, 6):
+        killed_ns = time.time_ns()
+        current.signal(signal.SIGKILL)
+        current.wait(5)
+        time.sleep(0.4)  # a longer outage than the noise: a stalled worker could not hide in it
+        path = str(tmp_path / f"c{k}.cmtrec")
+        current = start_watch(conn_path, env, record=path)
+        procs.append(current)
+        bound = wait_bound(current, record=True)
+        collectors.append((current, path, bound))
+        outages_ms.append((bound - killed_ns) / 1e6)
+        time.sleep(1.3)  # > one recorder flush (0.9 s), so the kill below loses at most the tail
+    job.signal(signal.SIGTERM)  # torchrun forwards it: every rank stops at a step boundary
+    assert job.wait(30) in (0, 1, -15, 143), job.text()[-2000:]
+    time.sleep(0.5)
+    current.signal(signal.SIGINT)
+    assert current.wait(10) == 0, current.text()[-2000:]
+
+    base, _ = records(collectors[0][1])
+    before = np.concatenate([iteration_times_ms(base[r]) for r in base])
+    during: list[np.ndarray] = []
+    to_data_ms: list[float] = []
+    start_to_data_ms: list[float] = []
+    gap_ms_per_iter: list[float] = []
+    windows = [records(path)[0] for _, path, _ in collectors]
+    for k in range(1, 6):
+        recs = windows[k]
+        assert sorted(recs) == [0, 1], f"collector {k} got no data from some rank: {sorted(recs)}"
+        first_recv = min(b[0][0] for b in recs.values())
+        to_data_ms.append((first_recv - collectors[k][2]) / 1e6)
+        start_to_data_ms.append((first_recv - collectors[k][0].started_ns) / 1e6)
+        during += [iteration_times_ms(recs[r]) for r in recs]
+        for r in (0, 1):  # the outage itself: iterations between the last record of k-1 and the first of k
+            prev = windows[k - 1].get(r)
+            if prev:
+                i0, t0 = int(prev[-1][1][-1]), int(prev[-1][2][-1])
+                i1, t1 = int(recs[r][0][1][0]), int(recs[r][0][2][0])
+                gap_ms_per_iter.append((t1 - t0) / 1e6 / max(1, i1 - i0))
+    during_all = np.concatenate(during)
+    print(
+        f"\n[kill x5] iteration time before: max {before.max():.1f} ms, mean {before.mean():.3f} ms "
+        f"(n={len(before)}); during restarts: max {during_all.max():.1f} ms, mean {during_all.mean():.3f} ms "
+        f"(n={len(during_all)}); across outages: mean {np.mean(gap_ms_per_iter):.3f} ms/iteration "
+        f"(worst {max(gap_ms_per_iter):.3f}); time to data after bind: "
+        + ", ".join(f"{x:.0f}" for x in to_data_ms)
+        + " ms (from process start: "
+        + ", ".join(f"{x:.0f}" for x in start_to_data_ms)
+        + " ms); outages (kill to new bind): "
+        + ", ".join(f"{x:.0f}" for x in outages_ms)
+        + " ms"
+    )
+    assert max(to_data_ms) < 1000.0
+    # No stall: a worker that waited for the dead collector would stop for a whole outage.
+    assert during_all.max() < max(0.5 * min(outages_ms), before.max() + 150.0)
+    assert max(gap_ms_per_iter) < 3 * before.mean() + 2.0
+    summaries = worker_summaries(job)
+    assert sorted(summaries) == [0, 1]
+    assert all(s["dropped"] > 0 for s in summaries.values())  # records of the outages: dropped, not queued
+
+
+def hello_rate(hellos: list[Hello], rank: int, lo_ns: int, hi_ns: int) -> float:
+    """Iterations per second of ``rank`` between its first hello at or after ``lo_ns`` and its
+    last hello at or before ``hi_ns`` (hellos carry the iteration count and when they were made)."""
+    mine = sorted((h.t_ns, h.iteration) for h in hellos if h.rank == rank and lo_ns <= h.t_ns <= hi_ns)
+    assert len(mine) >= 2, f"rank {rank}: fewer than 2 hellos in the window"
+    (t0, i0), (t1, i1) = mine[0], mine[-1]
+    return (i1 - i0) / ((t1 - t0) / 1e9)
+
+
+def test_tui_frozen_for_10_s_workers_keep_speed_memory_bounded_drops_counted_once(run, tmp_path: Path) -> None:
+    conn_path, env, procs = run
+    rec = str(tmp_path / "frozen.cmtrec")
+    watch = start_watch(conn_path, env, record=rec)
+    procs.append(watch)
+    wait_bound(watch, record=True)
+    job = start_job(conn_path, env, *SMALL_JOB, "--copies", "0")  # only collective records: drops are exact
+    procs.append(job)
+    pids = worker_pids(job, 2)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and Path(rec).stat().st_size < 8192:
+        time.sleep(0.1)
+    time.sleep(2.0)
+    rss_before = {r: rss_bytes(pid) for r, pid in pids.items()}
+    collector_rss_before = rss_bytes(watch.pid)
+    frozen_at = time.time_ns()
+    watch.signal(signal.SIGSTOP)
+    time.sleep(10.0)
+    rss_frozen = {r: rss_bytes(pid) for r, pid in pids.items()}
+    resumed_at = time.time_ns()
+    watch.signal(signal.SIGCONT)
+    time.sleep(3.0)
+    collector_rss_after = rss_bytes(watch.pid)
+    stop_at = time.time_ns()
+    job.signal(signal.SIGTERM)
+    job.wait(30)
+    time.sleep(0.5)
+    watch.signal(signal.SIGINT)
+    assert watch.wait(10) == 0, watch.text()[-2000:]
+
+    recs, hellos = records(rec)
+    rate_before = [hello_rate(hellos, r, frozen_at - 3_000_000_000, frozen_at) for r in (0, 1)]
+    rate_frozen = [hello_rate(hellos, r, frozen_at - 1_000_000_000, resumed_at + 1_000_000_000) for r in (0, 1)]
+    rate_after = [hello_rate(hellos, r, resumed_at, stop_at) for r in (0, 1)]
+    times = {r: iteration_times_ms(recs[r]) for r in recs}
+    it_before = np.concatenate(
+        [np.diff(np.concatenate([b[2] for b in recs[r] if b[2][-1] < frozen_at])) / 1e6 for r in recs]
+    )
+    in_freeze = []
+    for r in recs:
+        it = np.concatenate([b[1] for b in recs[r]])
+        t = np.concatenate([b[2] for b in recs[r]])
+        sel = (t >= frozen_at) & (t <= resumed_at)
+        d = np.diff(t[sel]) / 1e6
+        in_freeze.append(d[np.diff(it[sel]) == 1])
+    it_frozen = np.concatenate(in_freeze)
+    summary = summary_table(watch.text("out"))
+    workers = worker_summaries(job)
+    growth = {r: (rss_frozen[r] - rss_before[r]) / 2**20 for r in pids}
+    print(
+        f"\n[frozen 10 s] iterations/s before {rate_before[0]:.0f}/{rate_before[1]:.0f}, across the freeze "
+        f"{rate_frozen[0]:.0f}/{rate_frozen[1]:.0f}, after {rate_after[0]:.0f}/{rate_after[1]:.0f}; "
+        f"max iteration time before {it_before.max():.1f} ms, during the freeze {it_frozen.max():.1f} ms "
+        f"(n={len(it_frozen)} queued records), whole run {max(t.max() for t in times.values()):.1f} ms; "
+        f"worker RSS {[round(rss_before[r] / 2**20, 1) for r in sorted(pids)]} -> "
+        f"{[round(rss_frozen[r] / 2**20, 1) for r in sorted(pids)]} MiB; collector RSS "
+        f"{collector_rss_before / 2**20:.1f} -> {collector_rss_after / 2**20:.1f} MiB; "
+        f"worker dropped {[workers[r]['dropped'] for r in (0, 1)]}, collector "
+        f"count/missing/drops {[(summary[r]['count'], summary[r]['missing'], summary[r]['drops']) for r in (0, 1)]}"
+    )
+    assert len(it_frozen) > 100 and it_frozen.max() < 1000.0  # waiting on the frozen peer would take 10 s
+    for r in (0, 1):
+        assert rate_frozen[r] > 0.6 * rate_before[r], "the workers slowed down while the collector was frozen"
+        assert growth[r] < 32, f"rank {r} grew {growth[r]:.1f} MiB while the collector was frozen"
+        w, s = workers[r], summary[r]
+        assert w["dropped"] > 0, "10 s of records cannot all fit the bounded queues: some must be dropped"
+        # Every record is either received or counted as dropped, exactly once.
+        assert int(s["count"]) + int(s["missing"]) == w["iterations"]
+        assert int(s["missing"]) == w["dropped"]
+        assert int(s["drops"]) == w["dropped"]  # max(dropped, missing), never their sum
+    assert (collector_rss_after - collector_rss_before) / 2**20 < 100
