@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from workers.timing import Anchor, CpuTimer, CudaTimer, StepTimes
@@ -41,7 +42,7 @@ class FakeCudaEvent:
 
     def elapsed_time(self, other: FakeCudaEvent) -> float:
         assert self.query() and other.query(), "elapsed_time on an unfinished event would raise on a GPU"
-        return other.t_ms - self.t_ms
+        return float(np.float32(other.t_ms - self.t_ms))  # cudaEventElapsedTime is float32 ms
 
 
 class FakeTorch:
@@ -145,3 +146,49 @@ def test_step_times_keep_a_bounded_window():
     assert s["steps"] == 6
     assert s["step_ms_mean"] == pytest.approx(4.5)  # only the last four: 3, 4, 5, 6 ms
     assert StepTimes().summary() == {"steps": 0}
+
+
+def test_anchor_rolls_forward_without_losing_rows_recorded_before_a_hop(gpu):
+    anchor_ev = FakeCudaEvent(gpu)
+    anchor_ev.record()  # t = 100.25 ms
+    gpu.complete(1)
+    anchor = Anchor(anchor_ev, host_ns=10**12, spare=FakeCudaEvent(gpu), every_ns=0)
+    timer = CudaTimer(FakeTorch(gpu), 8, anchor)
+    timer.end(timer.begin(("before",)))  # start at 100.5 ms
+    anchor.advance()  # records the spare (101.0 ms)
+    anchor.advance()  # not finished yet: nothing changes
+    assert anchor.hops == 0
+    gpu.complete(100)
+    anchor.advance()
+    assert anchor.hops == 1 and anchor.host_ns == 10**12 + 750_000
+    timer.end(timer.begin(("after",)))  # start at 101.25 ms
+    gpu.complete(100)
+    out: list[tuple] = []
+    timer.harvest(out)
+    assert [(r[0], r[1]) for r in out] == [("before", 10**12 + 250_000), ("after", 10**12 + 1_000_000)]
+
+
+def test_rolling_anchor_keeps_start_times_exact_over_hours(gpu):
+    first = FakeCudaEvent(gpu)
+    first.record()
+    gpu.complete(1)
+    t0 = first.t_ms
+    fixed = Anchor(first, host_ns=10**12)
+    rolling = Anchor(first, host_ns=10**12, spare=FakeCudaEvent(gpu), every_ns=0)
+    rolling.spare.record()
+    gpu.complete(100)
+    rolling.advance()  # first hop; "first" is now the rolling anchor's spare, so give fixed its own
+    fixed.event = FakeCudaEvent(gpu)
+    fixed.event.seq, fixed.event.t_ms = first.seq, t0
+    for _ in range(2 * 3600):  # two hours, one hop a second
+        gpu.now_ms += 1000.0
+        rolling.advance()
+        gpu.complete(100)
+        rolling.advance()
+    gpu.now_ms += 0.123456  # a time that float32 cannot hold at ~7e6 ms (its step there is 0.5 ms)
+    late = FakeCudaEvent(gpu)
+    late.record()
+    gpu.complete(100)
+    exact = 10**12 + round((late.t_ms - t0) * 1e6)
+    assert abs(rolling.ns(late) - exact) < 5_000  # within 5 us after 7200 hops
+    assert abs(fixed.ns(late) - exact) > 50_000  # a fixed float32 anchor is off by tens of us or more

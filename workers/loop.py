@@ -330,12 +330,15 @@ def _make_instrumentation(
         torch.cuda.synchronize()  # the one start-up sync: anchors GPU event times to time.time_ns()
         event = torch.cuda.Event(enable_timing=True)
         event.record()
-        anchor = Anchor(event, time.time_ns())
+        cuda_anchor = Anchor(event, time.time_ns(), spare=torch.cuda.Event(enable_timing=True))
+        event.synchronize()  # done within microseconds (the GPU is idle); harvests may use it at once
+        anchor: Anchor | None = cuda_anchor
 
         def timer(capacity: int) -> Timer:
-            return CudaTimer(torch, capacity, anchor)
+            return CudaTimer(torch, capacity, cuda_anchor)
 
     else:
+        anchor = None
 
         def timer(capacity: int) -> Timer:
             return CpuTimer()
@@ -350,7 +353,7 @@ def _make_instrumentation(
         bus_factor=work.bus_factor,
         batch_ms=config.batch_ms,
     )
-    return Instrumentation(timer(COLL_RING), timer(COPY_RING), timer(STEP_RING), batcher, status)
+    return Instrumentation(timer(COLL_RING), timer(COPY_RING), timer(STEP_RING), batcher, status, anchor)
 
 
 def run_worker(

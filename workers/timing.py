@@ -79,16 +79,41 @@ class Anchor:
     """Maps CUDA event times onto the host wall clock: one event recorded right after the
     single start-up ``torch.cuda.synchronize()``, and ``time.time_ns()`` taken with it.
 
-    cudaEventElapsedTime is float32 milliseconds, so start times lose resolution as the run
-    goes on (about 4 us after a minute, 0.25 ms after an hour); durations stay exact.
+    cudaEventElapsedTime is float32 milliseconds: measured from one fixed event, start times
+    would lose resolution as the run goes on (62 us after 10 minutes, 0.25 ms after an hour).
+    So, given a ``spare`` event, :meth:`advance` rolls the anchor forward about once a second
+    without any sync: it records the spare on the current stream and, once that has finished,
+    dates it from the old anchor over a short interval (rounding ~0.1 us per hop) and makes
+    it the anchor. Elapsed times may be negative, so rows recorded before a hop stay right.
     """
 
-    def __init__(self, event: Any, host_ns: int) -> None:
+    def __init__(self, event: Any, host_ns: int, spare: Any = None, every_ns: int = 1_000_000_000) -> None:
         self.event = event
         self.host_ns = host_ns
+        self.spare = spare
+        self.every_ns = every_ns
+        self.hops = 0
+        self._pending = False
+        self._next = time.monotonic_ns() + every_ns
 
     def ns(self, event: Any) -> int:
         return self.host_ns + int(self.event.elapsed_time(event) * 1e6)
+
+    def advance(self) -> None:
+        """Call at step boundaries (loop thread): at most one event record or query."""
+        spare = self.spare
+        if spare is None:
+            return
+        if self._pending:
+            if spare.query():
+                self.host_ns = self.ns(spare)
+                self.event, self.spare = spare, self.event
+                self._pending = False
+                self.hops += 1
+        elif time.monotonic_ns() >= self._next:
+            spare.record()
+            self._pending = True
+            self._next = time.monotonic_ns() + self.every_ns
 
 
 class CudaTimer:
@@ -192,7 +217,9 @@ class Instrumentation:
         step_timer: Timer,
         batcher: RecordBatcher,
         status: WorkerStatus,
+        anchor: Anchor | None = None,
     ) -> None:
+        self.anchor = anchor
         self.coll_timer = coll_timer
         self.copy_timer = copy_timer
         self.steps = StepClock(step_timer)
@@ -200,6 +227,8 @@ class Instrumentation:
         self.status = status
 
     def step_begin(self, step: int) -> None:
+        if self.anchor is not None:
+            self.anchor.advance()
         self.steps.begin(step)
 
     def step_end(self) -> None:
