@@ -21,10 +21,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
+from _common import percentile
 from textual import app as textual_app
 from textual import screen as textual_screen
 from textual._compositor import CompositorUpdate
@@ -194,3 +196,143 @@ def publisher_totals(procs: list[subprocess.Popen[str]], timeout_s: float = 60.0
             total[k] += data.get(k, 0) if k != "per_batch" else 0
         total["per_batch"] = data.get("per_batch", 0)
     return total
+
+
+# --------------------------------------------------------------------------- one measured run
+
+FRAME_TARGET_MS = 100.0
+
+
+@dataclass
+class Level:
+    """What one run of the app under a synthetic fleet measured."""
+
+    rate: float
+    ranks: int
+    seconds: float
+    sent: int = 0
+    dropped: int = 0  # at the publishers (queue full)
+    received: int = 0
+    in_window: int = 0  # records/s the model applied during the measured window
+    rejected: int = 0
+    drain_s: float = 0.0
+    late_ticks: int = 0
+    frames: int = 0
+    frame_ms: list[float] = field(default_factory=list)
+    apply_ms: list[float] = field(default_factory=list)
+    paint_ms: list[float] = field(default_factory=list)
+    snapshot_ms: list[float] = field(default_factory=list)
+    lag_ms: list[float] = field(default_factory=list)
+    cpu_pct: float = float("nan")
+    ingest_pct: float = float("nan")
+    ui_pct: float = float("nan")
+    pub_cpu_pct: float = float("nan")
+    view: str = ""
+    lines: int = 0
+    screen_lines: int = 0
+
+    @property
+    def lost(self) -> int:
+        return self.dropped + max(0, self.sent - self.received) + self.rejected
+
+    def p(self, name: str, q: float) -> float:
+        values: list[float] = getattr(self, name)
+        return percentile(values, q)
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0 and self.drain_s < 0.5 and self.p("frame_ms", 99) < FRAME_TARGET_MS
+
+
+def _records(app: Any) -> int:
+    ingest = app.ingest
+    if ingest is None:
+        return 0
+    with ingest.lock:
+        return int(app.model.records)
+
+
+async def drive(
+    rate: float,
+    ranks: int,
+    seconds: float,
+    processes: int,
+    size: tuple[int, int],
+    *,
+    interval_s: float = 0.08,
+    dur_us: float = 64.0,
+    screenshot: str = "",
+) -> Level:
+    """The real app (LiveSource + RunModel + IngestLoop, headless) fed by ``ranks`` synthetic
+    ranks at ``rate`` records/s for ``seconds``; measured over the steady part."""
+    from tui.app import CommtopApp
+    from tui.model import RunModel
+    from tui.sources import LiveSource
+    from tui.widgets.rank_grid import RankGrid
+    from workers.connection import create_run
+
+    conn = create_run(label="tui-bench")
+    model = RunModel()
+    level = Level(rate, ranks, seconds)
+    build = model.snapshot
+
+    def timed_snapshot(*args: Any, **kwargs: Any) -> Any:  # runs on the ingest thread
+        t0 = time.perf_counter()
+        snap = build(*args, **kwargs)
+        level.snapshot_ms.append((time.perf_counter() - t0) * 1e3)
+        return snap
+
+    model.snapshot = timed_snapshot  # type: ignore[method-assign]
+    app = CommtopApp(LiveSource(conn), model, owns_source=True, title="commtop benchmark", interval_s=interval_s)
+    meter = FrameMeter(app)
+    async with app.run_test(size=size):
+        start_at = time.time() + 1.5  # publishers import numpy/zmq and connect first
+        pubs = spawn_publishers(str(conn.path), ranks, rate, seconds, processes, start_at, dur_us=dur_us)
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        ingest_tid = app.ingest._thread.native_id if app.ingest and app.ingest._thread else None
+        await asyncio.sleep(min(1.0, seconds * 0.2))  # the steady state, not the first batches
+        meter.reset()
+        level.snapshot_ms.clear()
+        lag = LagProbe()
+        lag.start()
+        r0, c0, i0, u0 = _records(app), time.process_time(), thread_cpu(ingest_tid), thread_cpu(main_thread_id())
+        t0 = time.perf_counter()
+        await asyncio.sleep(max(0.2, seconds * 0.8 - 0.3))
+        r1, c1, i1, u1 = _records(app), time.process_time(), thread_cpu(ingest_tid), thread_cpu(main_thread_id())
+        wall = time.perf_counter() - t0
+        lag.stop()
+        level.frame_ms, level.apply_ms, level.paint_ms = (
+            list(meter.frame_ms),
+            list(meter.apply_ms),
+            list(meter.paint_ms),
+        )
+        level.snapshot_ms = list(level.snapshot_ms)
+        grid = app.query_one(RankGrid)
+        level.view = grid.shown_view
+        level.lines = grid.virtual_size.height
+        level.screen_lines = grid.size.height
+        if screenshot:
+            app.save_screenshot(screenshot)
+        totals = await asyncio.to_thread(publisher_totals, pubs)
+        ended = time.perf_counter()
+        # Drained: every queued record applied, or nothing new for 2 s (lost), at most 20 s.
+        expected = int(totals["sent"])
+        last, last_change = _records(app), time.perf_counter()
+        while last < expected and time.perf_counter() - last_change < 2.0 and time.perf_counter() - ended < 20:
+            await asyncio.sleep(0.01)
+            now = _records(app)
+            if now != last:
+                last, last_change = now, time.perf_counter()
+        level.drain_s = max(0.0, last_change - ended) if last >= expected else time.perf_counter() - ended
+        level.received = last
+        level.rejected = sum(app.source.rejected.values()) if app.source is not None else 0
+    level.in_window = int((r1 - r0) / wall)
+    level.sent, level.dropped = int(totals["sent"]), int(totals["dropped"])
+    level.late_ticks = int(totals["late_ticks"])
+    level.pub_cpu_pct = totals["cpu_s"] / seconds * 100
+    level.cpu_pct = (c1 - c0) / wall * 100
+    level.ingest_pct = (i1 - i0) / wall * 100
+    level.ui_pct = (u1 - u0) / wall * 100
+    level.frames = len(level.frame_ms)
+    level.lag_ms = lag.lag_ms
+    return level

@@ -16,117 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import time
-from dataclasses import dataclass
 
-from _common import Report, add_common_args, finish, percentile  # benchmarks/ is sys.path[0]
-from _tui_probe import FrameMeter, LagProbe, main_thread_id, publisher_totals, spawn_publishers, thread_cpu
+from _common import Report, add_common_args, finish  # benchmarks/ is sys.path[0]
+from _tui_probe import drive
 
-from tui.app import CommtopApp
-from tui.model import RunModel
-from tui.sources import LiveSource
-from workers.connection import create_run
-
-FRAME_TARGET_MS = 100.0
 RATE_TARGET = 1_000_000
-
-
-@dataclass
-class Level:
-    rate: float
-    ranks: int
-    seconds: float
-    sent: int = 0
-    dropped: int = 0  # at the publishers (queue full)
-    received: int = 0
-    in_window: int = 0
-    rejected: int = 0
-    drain_s: float = 0.0
-    late_ticks: int = 0
-    frames: int = 0
-    frame_p50: float = float("nan")
-    frame_p99: float = float("nan")
-    frame_max: float = float("nan")
-    lag_p99: float = float("nan")
-    cpu_pct: float = float("nan")
-    ingest_pct: float = float("nan")
-    ui_pct: float = float("nan")
-    pub_cpu_pct: float = float("nan")
-
-    @property
-    def lost(self) -> int:
-        return self.dropped + max(0, self.sent - self.received) + self.rejected
-
-    @property
-    def ok(self) -> bool:
-        return self.lost == 0 and self.drain_s < 0.5 and self.frame_p99 < FRAME_TARGET_MS
-
-
-def records_of(app: CommtopApp) -> int:
-    ingest = app.ingest
-    if ingest is None:
-        return 0
-    with ingest.lock:
-        return int(app.model.records)
-
-
-async def run_level(rate: float, ranks: int, seconds: float, processes: int, size: tuple[int, int]) -> Level:
-    conn = create_run(label="ingest-bench")
-    app = CommtopApp(LiveSource(conn), RunModel(), owns_source=True, title="ingest benchmark")
-    meter = FrameMeter(app)
-    level = Level(rate, ranks, seconds)
-    async with app.run_test(size=size):
-        start_at = time.time() + 1.5  # publishers import numpy/zmq and connect first
-        pubs = spawn_publishers(str(conn.path), ranks, rate, seconds, processes, start_at)
-        await asyncio.sleep(max(0.0, start_at - time.time()))
-        assert app.ingest is not None and app.ingest._thread is not None
-        ingest_tid = app.ingest._thread.native_id
-        await asyncio.sleep(0.3)  # measure the steady state, not the first batches
-        meter.reset()
-        lag = LagProbe()
-        lag.start()
-        r0, c0, i0, u0, t0 = (
-            records_of(app),
-            time.process_time(),
-            thread_cpu(ingest_tid),
-            thread_cpu(main_thread_id()),
-            time.perf_counter(),
-        )
-        await asyncio.sleep(max(0.2, seconds - 0.6))
-        r1, c1, i1, u1, t1 = (
-            records_of(app),
-            time.process_time(),
-            thread_cpu(ingest_tid),
-            thread_cpu(main_thread_id()),
-            time.perf_counter(),
-        )
-        lag.stop()
-        totals = await asyncio.to_thread(publisher_totals, pubs)
-        ended = time.perf_counter()
-        last, last_change = records_of(app), time.perf_counter()
-        while time.perf_counter() - last_change < 0.3 and time.perf_counter() - ended < 10:
-            await asyncio.sleep(0.02)
-            now = records_of(app)
-            if now != last:
-                last, last_change = now, time.perf_counter()
-        level.drain_s = max(0.0, last_change - ended)
-        level.received = last
-        level.rejected = sum(app.source.rejected.values()) if app.source is not None else 0
-    wall = t1 - t0
-    level.in_window = r1 - r0
-    level.sent, level.dropped = int(totals["sent"]), int(totals["dropped"])
-    level.late_ticks = int(totals["late_ticks"])
-    level.pub_cpu_pct = totals["cpu_s"] / seconds * 100
-    level.cpu_pct = (c1 - c0) / wall * 100
-    level.ingest_pct = (i1 - i0) / wall * 100
-    level.ui_pct = (u1 - u0) / wall * 100
-    frames = meter.frame_ms
-    level.frames = len(frames)
-    level.frame_p50, level.frame_p99 = percentile(frames, 50), percentile(frames, 99)
-    level.frame_max = max(frames) if frames else float("nan")
-    level.lag_p99 = percentile(lag.lag_ms, 99)
-    level.in_window = int(level.in_window / wall)  # records/s during the window
-    return level
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     best = 0.0
     for rate in rates:
-        lv = asyncio.run(run_level(rate, ranks, seconds, ns.processes, (w, h)))
+        lv = asyncio.run(drive(rate, ranks, seconds, ns.processes, (w, h)))
         table.add(
             int(rate),
             lv.in_window,
@@ -175,10 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             lv.lost,
             lv.drain_s,
             lv.frames,
-            lv.frame_p50,
-            lv.frame_p99,
-            lv.frame_max,
-            lv.lag_p99,
+            lv.p("frame_ms", 50),
+            lv.p("frame_ms", 99),
+            lv.p("frame_ms", 100),
+            lv.p("lag_ms", 99),
             lv.cpu_pct,
             lv.ingest_pct,
             lv.ui_pct,
