@@ -1,0 +1,311 @@
+"""workers.monitor in one process: real gloo (world size 1), real ZeroMQ, real store.
+
+Every record the patched collectives produce must reach a real PULL socket with the right
+op, size, step and iteration; the monitor must never raise into the job (no collector, a
+garbage or unsafe connection file, an internal failure), and a knob flipped over the
+signed control channel must apply at one step boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from tui.cli import script_argv  # noqa: E402
+from tui.sources import LiveSource  # noqa: E402
+from workers import connection as connections  # noqa: E402
+from workers import monitor, protocol  # noqa: E402
+from workers.live_control import ctl_state_body  # noqa: E402
+from workers.monitor_records import OP_INDEX, OPS, MonitorBatcher, bus_factors  # noqa: E402
+from workers.publisher import NullPublisher  # noqa: E402
+from workers.settings import Settings  # noqa: E402
+
+N = 256  # float32 elements per tensor
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one() -> Iterator[None]:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture()
+def run(monkeypatch: pytest.MonkeyPatch) -> Iterator[connections.Connection]:
+    """A private runtime dir (short: ipc paths are limited) and one run in it."""
+    root = tempfile.mkdtemp(prefix="cm-", dir="/tmp")
+    monkeypatch.setenv("COMMTOP_RUNTIME_DIR", root)
+    monkeypatch.delenv("COMMTOP_CONNECTION_FILE", raising=False)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    yield connections.create_run(label="t")
+    monitor.stop()
+    monitor.unpatch_distributed()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture()
+def source(run: connections.Connection) -> Iterator[LiveSource]:
+    src = LiveSource(run)
+    yield src
+    src.close()
+
+
+def drain(src: LiveSource, until_bye: bool = True, timeout_s: float = 5.0) -> list[Any]:
+    """Every message until the rank's Bye (or the timeout)."""
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out += src.poll(0.05)
+        if until_bye and any(isinstance(m, protocol.Bye) for m in out):
+            out += src.poll(0.1)
+            break
+    return out
+
+
+def columns(messages: list[Any], kind: str) -> dict[str, np.ndarray]:
+    batches = [m for m in messages if isinstance(m, protocol.Batch) and m.kind == kind and len(m)]
+    if not batches:
+        return {}
+    return {k: np.concatenate([b.columns[k] for b in batches]) for k in batches[0].columns}
+
+
+# --------------------------------------------------------------------------- records
+
+
+def test_every_patched_collective_and_copy_reaches_the_collector(run, source) -> None:
+    mon = monitor.start(run.path, wait_s=2.0, sampler=False)
+    assert "all_gather_into_tensor" in monitor.patch_distributed()
+    t = torch.ones(N)
+    big = torch.ones(N)
+    out = torch.empty(N)
+    expected: list[tuple[str, int, int]] = []  # (op, nbytes, step)
+    for step in range(4):
+        with mon.step(100 + step):
+            dist.all_reduce(t)
+            dist.all_gather_into_tensor(out, t)
+            dist.reduce_scatter_tensor(out, big)
+            dist.all_reduce(t, async_op=True).wait()
+            dist.reduce_scatter_tensor(out, big, async_op=True).wait()  # a gloo Work without a future
+            dist.all_gather([out], t, async_op=True).wait()
+            dist.barrier()
+            with mon.copy("offload", nbytes=t.nbytes):
+                big.copy_(t)
+        nb = 4 * N
+        expected += [
+            ("all_reduce", nb, 100 + step),
+            ("all_gather", nb, 100 + step),
+            ("reduce_scatter", nb, 100 + step),
+            ("all_reduce", nb, 100 + step),
+            ("reduce_scatter", nb, 100 + step),
+            ("all_gather", nb, 100 + step),
+            ("barrier", 0, 100 + step),
+        ]
+    monitor.stop()  # flushes, says Bye
+    messages = drain(source)
+    coll = columns(messages, protocol.COLL)
+    order = np.argsort(coll["iteration"])
+    assert coll["iteration"][order].tolist() == list(range(len(expected)))
+    assert [OPS[o] for o in coll["op"][order]] == [e[0] for e in expected]
+    assert coll["nbytes"][order].tolist() == [e[1] for e in expected]
+    assert coll["step"][order].tolist() == [e[2] for e in expected]
+    assert (coll["dur_us"] > 0).all() and (coll["start_ns"] >= coll["host_ns"] - 1_000_000).all()
+    assert (coll["busbw"] == 0).all()  # one rank moves nothing over a bus
+    copies = columns(messages, protocol.COPY)
+    assert copies["step"].tolist() == [100, 101, 102, 103]
+    assert copies["nbytes"].tolist() == [4 * N] * 4 and (copies["gbps"] > 0).all()
+    hello = [m for m in messages if isinstance(m, protocol.Hello)][-1]
+    assert hello.config["source"] == "monitor" and hello.config["op_names"] == list(OPS)
+    assert hello.backend == "gloo/cpu" and hello.iteration == len(expected)
+    bye = [m for m in messages if isinstance(m, protocol.Bye)]
+    assert [(b.exit_code, b.reason) for b in bye] == [(0, "finished")]
+    assert not source.rejected
+
+
+def test_unpatched_and_stopped_monitor_record_nothing(run, source) -> None:
+    monitor.patch_distributed()
+    monitor.unpatch_distributed()
+    assert not hasattr(dist.all_reduce, "__commtop_original__")
+    mon = monitor.start(run.path, wait_s=2.0, sampler=False)
+    t = torch.ones(N)
+    with mon.step(0):
+        dist.all_reduce(t)
+    monitor.stop()
+    assert not columns(drain(source), protocol.COLL)
+
+
+def test_bus_factors_follow_nccl_tests_per_row() -> None:
+    op = np.array([OP_INDEX["all_reduce"], OP_INDEX["all_gather"], OP_INDEX["broadcast"], OP_INDEX["barrier"]])
+    ranks = np.array([8, 8, 4, 8])
+    assert bus_factors(op, ranks).tolist() == [1.75, 0.875, 1.0, 0.0]
+    batcher = MonitorBatcher(NullPublisher(), lambda: (0, -1, -1), batch_ms=50)
+    cols = batcher.coll_columns([(0, 1, 0, 0, OP_INDEX["all_reduce"], 1000, 8, 5, 6, 1.0)])
+    assert set(cols) == set(protocol.COLL_COLUMNS)
+    assert cols["algbw"].tolist() == [1.0] and cols["busbw"].tolist() == [1.75]
+
+
+# --------------------------------------------------------------------------- never raises
+
+
+def test_no_collector_never_slows_or_raises(run) -> None:
+    """The run's file names an endpoint nobody listens on: sends drop, the loop goes on."""
+    mon = monitor.start(run.path, sampler=False)
+    monitor.patch_distributed()
+    mon.knob("offload", ["none", "overlap"])
+    t = torch.ones(N)
+    started = time.perf_counter()
+    for step in range(300):
+        with mon.step(step):
+            dist.all_reduce(t)
+            with mon.copy("offload", nbytes=t.nbytes):
+                pass
+    assert time.perf_counter() - started < 10
+    assert mon.on and mon.setting("offload") == "none"
+    mon.harvest()
+    mon.batcher.flush()
+    assert mon.publisher.dropped > 0 and mon.publisher.sent == 0
+
+
+@pytest.mark.parametrize(
+    "content,mode,loads",
+    [
+        (b"\x00\xffnot json at all", 0o600, False),
+        (b'{"run_id": 1, "session": [], "key_hex": "zz", "data": 5}', 0o600, False),
+        (
+            b'{"run_id": "r", "session": "s", "key_hex": "00", "data": "tcp://[::1", "control": "x", '
+            b'"request": "y", "host": "h", "created_ns": 0}',
+            0o600,
+            True,  # loads; its endpoints are nonsense: sends drop, live knobs stay off
+        ),
+        (b"{}", 0o644, False),  # not private: refused
+    ],
+)
+def test_garbage_connection_file_logs_once_and_leaves_the_job_alone(run, content, mode, loads, caplog, tmp_path):
+    path = tmp_path / "connection.json"
+    path.write_bytes(content)
+    os.chmod(path, mode)
+    with caplog.at_level(logging.WARNING, logger="commtop.monitor"):
+        mon = monitor.start(str(path), sampler=False)
+        monitor.patch_distributed()
+        value = mon.knob("offload", ["none", "overlap"], default="overlap")
+        t = torch.ones(N)
+        for step in range(5):
+            with mon.step(step):
+                dist.all_reduce(t)
+                with mon.copy("offload"):
+                    pass
+        monitor.stop()
+    assert value == "overlap" and mon.setting("offload") == "overlap"
+    assert t.tolist() == [1.0] * N
+    assert mon.on is loads
+    warnings = [r for r in caplog.records if r.name == "commtop.monitor"]
+    assert len(warnings) == 1 and "off" in warnings[0].getMessage()
+
+
+def test_an_internal_failure_is_logged_once_and_disables_timing(run, source, caplog) -> None:
+    mon = monitor.start(run.path, wait_s=2.0, sampler=False)
+    monitor.patch_distributed()
+
+    def fake_broken_begin(meta: Any) -> Any:
+        raise MemoryError("frozen failure for the test")
+
+    mon.cpu_coll.begin = fake_broken_begin  # type: ignore[method-assign]
+    t = torch.ones(N)
+    with caplog.at_level(logging.WARNING, logger="commtop.monitor"):
+        for step in range(20):
+            with mon.step(step):
+                dist.all_reduce(t)
+    assert t.tolist() == [1.0] * N  # every all_reduce ran (world of one: sum = itself)
+    assert not mon.on and "MemoryError" in mon.failure
+    assert len([r for r in caplog.records if "disabled" in r.getMessage()]) == 1
+
+
+def test_bad_knob_declarations_warn_once_and_return_the_default(run, caplog) -> None:
+    mon = monitor.start(run.path, sampler=False)
+    with caplog.at_level(logging.WARNING, logger="commtop.monitor"):
+        assert mon.knob("x", []) is None
+        assert mon.knob("y", ["a", "a"], default="a") == "a"
+        assert mon.knob("z", ["a", "b"], default="c") == "c"
+    assert mon.knobs == {}
+    assert len(caplog.records) == 1
+    assert mon.knob("offload", ["none", "overlap", "sync"]) == "none"
+    assert mon.mode_knob == "offload"
+
+
+# --------------------------------------------------------------------------- knobs
+
+
+def test_a_knob_flipped_over_the_control_channel_applies_at_a_step_boundary(run, source) -> None:
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)  # what the collector's ControlServer binds (signed CTL_STATE)
+    pub.bind(run.control)
+    try:
+        mon = monitor.start(run.path, wait_s=2.0, sampler=False)
+        monitor.patch_distributed()
+        mon.knob("offload", ["none", "overlap", "sync"])
+        mon.knob("dtype", ["bf16", "fp32"])
+        t = torch.ones(N)
+        seen: list[tuple[str, str]] = []
+        wanted = Settings(mode="none", copies=0, knobs={"offload": "sync", "dtype": "fp32"})
+        forged = Settings(mode="none", copies=0, knobs={"offload": "overlap", "dtype": "bf16"})
+        next_send = 0.0
+        deadline = time.monotonic() + 20
+        step = 0
+        while time.monotonic() < deadline and (not seen or seen[-1][0] == "none" or len(seen) < 5):
+            with mon.step(step):
+                dist.all_reduce(t)
+                seen.append((mon.setting("offload"), mon.setting("dtype")))
+            if time.monotonic() >= next_send:
+                pub.send_multipart(protocol.seal(run.key, ctl_state_body(run.session, 1, wanted)))
+                pub.send_multipart(protocol.seal(b"x" * 32, ctl_state_body(run.session, 2, forged)))
+                next_send = time.monotonic() + 0.1
+            time.sleep(0.002)
+            step += 1
+        switch = next(i for i, s in enumerate(seen) if s != ("none", "bf16"))
+        assert set(seen[:switch]) == {("none", "bf16")} and set(seen[switch:]) == {("sync", "fp32")}
+        monitor.stop()
+        coll = columns(drain(source), protocol.COLL)
+        order = np.argsort(coll["iteration"])
+        epochs, modes, steps = coll["epoch"][order], coll["mode"][order], coll["step"][order]
+        assert steps.tolist() == list(range(len(seen)))
+        assert epochs.tolist() == [0] * switch + [1] * (len(seen) - switch)
+        assert [protocol.MODES[m] for m in modes] == [s[0] for s in seen]  # the offload knob colours records
+    finally:
+        pub.close(0)
+
+
+# --------------------------------------------------------------------------- commtop run --
+
+
+def test_run_script_argv_puts_the_script_under_torchrun() -> None:
+    head = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--monitor-interval=0.2"]
+    assert script_argv(["python", "-u", "train.py", "--lr", "1"], 2)[1:] == [*head, "train.py", "--lr", "1"]
+    assert script_argv(["python3", "-m", "pkg.train"], 2)[1:] == [*head, "-m", "pkg.train"]
+    assert script_argv(["train.py"], 2)[1:] == [*head, "train.py"]
+    assert script_argv(["torchrun", "--nproc-per-node", "8", "t.py"], 2) == [
+        "torchrun",
+        "--nproc-per-node",
+        "8",
+        "t.py",
+    ]
+    with pytest.raises(Exception, match="nothing to run"):
+        script_argv(["python"], 2)
