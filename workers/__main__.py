@@ -184,11 +184,11 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("gloo")
 
     sampler = None
-    if local_rank == 0:
+    if local_rank == 0 and not ns.bare:  # --bare: nothing of commtop's running beside the loop
         uuids = [gpu_uuid(i) for i in range(min(local_world_size, torch.cuda.device_count()))] if rt.cuda else []
         sampler = start_sampler(conn, uuids)
     try:
-        control = make_control(config, conn, rank)
+        control = make_control(config, None if ns.bare else conn, rank)
     except Exception as exc:
         stop_sampler(sampler)
         print(f"{PROG} rank {rank}: live control not started ({type(exc).__name__}: {exc})", file=sys.stderr)
