@@ -35,7 +35,9 @@ def server(conn):
     srv.close()
 
 
-def frozen_hello(rank: int, epoch: int, settings: Settings, rejected: dict[str, int] | None = None) -> protocol.Hello:
+def frozen_hello(
+    rank: int, epoch: int, settings: Settings, rejected: dict[str, int] | None = None, config: dict | None = None
+) -> protocol.Hello:
     return protocol.Hello(
         rank=rank,
         world_size=2,
@@ -49,7 +51,7 @@ def frozen_hello(rank: int, epoch: int, settings: Settings, rejected: dict[str, 
         gpu_uuid="",
         torch_version="x",
         nccl_version="",
-        config={},
+        config=config or {},
         settings=settings.as_dict(),
         epoch=epoch,
         iteration=0,
@@ -263,3 +265,18 @@ def test_a_second_server_on_a_live_run_is_refused(conn, server):
 
     with pytest.raises(ControlServerError, match="address already in use"):
         ControlServer(conn)
+
+
+def test_knobs_of_a_monitored_job_are_validated_with_the_choices_it_declared(conn, server, capsys):
+    knobs = {"offload": ["none", "overlap", "sync"]}
+    in_force = Settings(mode="overlap", copies=0, knobs={"offload": "overlap"})
+    server.write(frozen_hello(0, 0, in_force, config={"source": "monitor", "knobs": knobs}))
+    assert ctl.main(["--no-wait", "set", "knob.offload=sync"]) == 0, capsys.readouterr().err
+    assert server.desired == (1, Settings(mode="overlap", copies=0, knobs={"offload": "sync"}))
+    assert ctl.main(["--no-wait", "set", "offload=none"]) == 0, capsys.readouterr().err
+    assert server.desired[1].knobs == {"offload": "none"}
+    capsys.readouterr()
+    assert ctl.main(["--no-wait", "set", "offload=fast"]) == 2
+    assert "offload must be one of none, overlap, sync; got 'fast'; nothing changed" in capsys.readouterr().err
+    assert server.request({"knob.colour": "red"}) == "unknown knob 'colour'"
+    assert server.desired == (2, Settings(mode="overlap", copies=0, knobs={"offload": "none"}))

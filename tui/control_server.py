@@ -91,6 +91,18 @@ def settings_from_hello(data: Any) -> Settings | None:
 _FIELDS = ("mode", "copies", "copy_scale", "pinned", "direction")
 
 
+def knob_choices_from_config(config: Any) -> dict[str, tuple[str, ...]] | None:
+    """The live knobs a monitored job declared (Hello.config["knobs"]: name -> choices)."""
+    knobs = config.get("knobs") if isinstance(config, dict) else None
+    if not isinstance(knobs, dict) or not knobs:
+        return None
+    out: dict[str, tuple[str, ...]] = {}
+    for name, choices in list(knobs.items())[:32]:
+        if isinstance(name, str) and isinstance(choices, list) and all(isinstance(c, str) for c in choices):
+            out[name[:64]] = tuple(c[:64] for c in choices[:64])
+    return out or None
+
+
 class ControlServer:
     """interfaces.ControllerLike (TUI keys) and interfaces.Sink (fed by the ingest thread)."""
 
@@ -106,6 +118,7 @@ class ControlServer:
         self._hellos: dict[int, tuple[int, Settings | None, int]] = {}  # rank -> (epoch, settings, rejected)
         self._headers: dict[int, tuple[int, int, int]] = {}  # rank -> (epoch in force, pending, apply_at)
         self._apply_at_seen: dict[int, int] = {}  # pending epoch -> latest apply_at seen
+        self._knob_choices: dict[str, tuple[str, ...]] | None = None  # a monitored job's knobs (Hello.config)
         self.rejected: Counter[str] = Counter()
         self.reissues = 0
         self._note = ""
@@ -183,7 +196,10 @@ class ControlServer:
         if isinstance(message, protocol.Hello):
             settings = settings_from_hello(message.settings)
             rejected = sum(v for v in message.rejected.values() if isinstance(v, int) and v > 0)
+            knobs = knob_choices_from_config(message.config)
             with self._lock:
+                if knobs is not None:
+                    self._knob_choices = knobs
                 self._hellos[message.rank] = (message.epoch, settings, rejected)
                 if settings is not None:
                     self._remember(message.epoch, settings)
@@ -263,7 +279,7 @@ class ControlServer:
         if not isinstance(changes, dict) or not changes or len(changes) > MAX_CHANGES:
             return -1, f"expected 1..{MAX_CHANGES} settings to change"
         try:
-            settings = current.updated({str(k): v for k, v in changes.items()})
+            settings = current.updated({str(k): v for k, v in changes.items()}, self._knob_choices)
         except SettingsError as exc:
             return -1, str(exc)
         self._desired = (epoch + 1, settings)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import sys
 import time
@@ -35,6 +36,7 @@ from workers.settings import Settings, SettingsError, parse_assignment
 REPLY_TIMEOUT_S = 3.0
 WAIT_S = 20.0
 STALE_RETRIES = 5
+BUILTIN = frozenset({"mode", "copies", "copy_scale", "pinned", "direction"})
 
 
 class CtlError(RuntimeError):
@@ -91,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     except CtlError as exc:
         print(f"commtop ctl: error: {exc}", file=sys.stderr)
         return exc.code
+    except BrokenPipeError:  # `commtop ctl status | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _changes(ns: argparse.Namespace) -> dict[str, Any] | None:
@@ -107,9 +112,9 @@ def _changes(ns: argparse.Namespace) -> dict[str, Any] | None:
             except SettingsError as exc:
                 raise CtlError(str(exc), 2) from None
             changes[name.replace("-", "_")] = value
-    plain = {k: v for k, v in changes.items() if not k.startswith("knob.")}
+    plain = {k: v for k, v in changes.items() if k in BUILTIN}
     try:
-        Settings().updated(plain)  # knobs are checked by the collector, which knows them
+        Settings().updated(plain)  # other names (a job's knobs) are checked by the collector, which knows them
     except SettingsError as exc:
         raise CtlError(f"{exc}; nothing changed", 2) from None
     return changes
