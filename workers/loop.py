@@ -195,6 +195,9 @@ class Workload:
             done = self._copies_done
             while len(done) >= COPY_STEPS_IN_FLIGHT:
                 done.popleft().synchronize()  # workload pacing (see COPY_STEPS_IN_FLIGHT), not telemetry
+            # The step's copies start when the main stream reaches this step (not earlier:
+            # the host runs ahead of the GPU), so they overlap this step's collectives.
+            self.side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.side):
                 for _ in range(n):
                     token = timer.begin(meta)
@@ -212,6 +215,15 @@ class Workload:
                 token = timer.begin(meta)
                 dst.copy_(src)
                 timer.end(token)
+
+    def join_copies(self) -> None:
+        """End of an overlap step: the next step waits for this step's copies, on the GPU
+        (a stream wait, no host sync) or for the CPU copier thread. Without it the host
+        would queue copies ahead of the collectives they are meant to overlap."""
+        if self.side is not None:
+            torch.cuda.current_stream().wait_stream(self.side)
+        elif self.copier is not None:
+            self.copier.wait_idle()
 
     def synchronize(self) -> None:
         """What the sync modes wait for: the whole device (CUDA), or the copier (CPU)."""
@@ -273,6 +285,8 @@ def run_steps(
             it += 1
             status.iteration = it
             instr.after_collective()
+        if mode == "overlap" and settings.copies:
+            work.join_copies()
         instr.step_end()
         step += 1
     return it
