@@ -225,10 +225,11 @@ def test_an_internal_failure_is_logged_once_and_disables_timing(run, source, cap
     mon = monitor.start(run.path, wait_s=2.0, sampler=False)
     monitor.patch_distributed()
 
-    def fake_broken_begin(meta: Any) -> Any:
-        raise MemoryError("frozen failure for the test")
+    class FakeBrokenRows(list):
+        def append(self, row: Any) -> None:
+            raise MemoryError("frozen failure for the test")
 
-    mon.cpu_coll.begin = fake_broken_begin  # type: ignore[method-assign]
+    mon.batcher.coll_rows = FakeBrokenRows()
     t = torch.ones(N)
     with caplog.at_level(logging.WARNING, logger="commtop.monitor"):
         for step in range(20):

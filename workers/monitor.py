@@ -302,10 +302,9 @@ class Monitor:
     # ------------------------------------------------------------------ hooks (never raise)
 
     def coll_begin(self, spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
-        """Before a collective: its metadata and the start of its timing."""
+        """Before a collective: its metadata and the start of its timing (the token)."""
         try:
-            tensor, nbytes = spec.describe(args, kwargs)
-            group = spec.group(args, kwargs)
+            tensor, nbytes, group, is_async = spec.parse(args, kwargs)
             ranks = self._groups.get(group)
             if ranks is None:
                 ranks = self._group_size(group)
@@ -314,34 +313,51 @@ class Monitor:
             meta = (it, self._step, self._epoch, self._mode, spec.code, nbytes, ranks, time.time_ns())
             if tensor is not None and tensor.is_cuda:
                 timer = (self._cuda or self._init_cuda()).coll
-                return timer, timer.begin(meta)
-            return self.cpu_coll, self.cpu_coll.begin(meta)
+                return timer, timer.begin(meta), is_async
+            return None, meta, is_async, time.perf_counter_ns()
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
             return None
 
-    def coll_end(self, spec: OpSpec, token: Any, result: Any, args: Args, kwargs: Kwargs) -> None:
-        """After the call returned: end now (blocking call), or when the Work completes."""
+    def coll_end(self, token: Any, result: Any) -> None:
+        """After the call returned: end now (blocking call), or when the Work completes.
+
+        CPU, blocking: the row is appended right here (start_ns = host_ns, as the schema
+        says for CPU). CPU, async: a CpuTimer token ended by the Work future's done-callback
+        on gloo's thread (or by a waiter thread for Works without a future). CUDA, blocking:
+        the end event on the issuing stream, which the call made wait for the NCCL stream.
+        CUDA, async: the end event on a private stream made to wait on the Work's future,
+        i.e. on the NCCL stream's completion event; the job's own wait() comes later and
+        does not move it. (Calling Work.wait() there instead would unstash the tensors the
+        Work keeps alive for the caching allocator: unsafe.)
+        """
         if token is None:
             return
         try:
-            timer, tok = token
-            if result is None or not spec.is_async(args, kwargs):
-                timer.end(tok)
-            elif timer is self.cpu_coll:
-                try:
-                    future = result.get_future()
-                except RuntimeError:  # a Work without a future (gloo's reduce_scatter_tensor)
-                    (self._waiter or self._start_waiter()).put((result, _Ender(timer, tok)))
+            timer = token[0]
+            if timer is None:
+                _, meta, is_async, pc = token
+                if not is_async or result is None:
+                    self.batcher.coll_rows.append((*meta, meta[7], (time.perf_counter_ns() - pc) / 1000.0))
                 else:
-                    future.add_done_callback(_Ender(timer, tok))
-            elif tok >= 0:
-                cuda = self._cuda
-                assert cuda is not None
-                future = result.get_future()
-                with cuda.torch.cuda.stream(cuda.stream):
-                    future.wait()  # this private stream waits for the NCCL stream's end event
-                    timer.end(tok)  # ... so this end event marks the collective's completion
+                    ender = _Ender(self.cpu_coll, (meta, meta[7], pc))
+                    try:
+                        future = result.get_future()
+                    except RuntimeError:  # a Work without a future (gloo's reduce_scatter_tensor)
+                        (self._waiter or self._start_waiter()).put((result, ender))
+                    else:
+                        future.add_done_callback(ender)
+            else:
+                _, slot, is_async = token
+                if not is_async or result is None:
+                    timer.end(slot)
+                elif slot >= 0:
+                    cuda = self._cuda
+                    assert cuda is not None
+                    future = result.get_future()
+                    with cuda.torch.cuda.stream(cuda.stream):
+                        future.wait()  # this private stream waits for the NCCL stream's end event
+                        timer.end(slot)  # ... so this end event marks the collective's completion
             self._since_harvest += 1
             if self._since_harvest >= HARVEST_EVERY:
                 self.harvest()

@@ -35,7 +35,7 @@ class Hooks(Protocol):
 
     def coll_begin(self, spec: OpSpec, args: Args, kwargs: Kwargs) -> Any: ...
 
-    def coll_end(self, spec: OpSpec, token: Any, result: Any, args: Args, kwargs: Kwargs) -> None: ...
+    def coll_end(self, token: Any, result: Any) -> None: ...
 
 
 def _arg(args: Args, kwargs: Kwargs, i: int, name: str) -> Any:
@@ -103,11 +103,13 @@ class OpSpec:
     async_pos: int
     group_pos: int
 
-    def is_async(self, args: Args, kwargs: Kwargs) -> bool:
-        return bool(args[self.async_pos] if len(args) > self.async_pos else kwargs.get("async_op", False))
-
-    def group(self, args: Args, kwargs: Kwargs) -> Any:
-        return args[self.group_pos] if len(args) > self.group_pos else kwargs.get("group")
+    def parse(self, args: Args, kwargs: Kwargs) -> tuple[Any, int, Any, bool]:
+        """(main tensor or None, bytes, group, async_op) of one call: one pass, no binding."""
+        tensor, nbytes = self.describe(args, kwargs)
+        n = len(args)
+        group = args[self.group_pos] if n > self.group_pos else kwargs.get("group")
+        is_async = args[self.async_pos] if n > self.async_pos else kwargs.get("async_op", False)
+        return tensor, nbytes, group, bool(is_async)
 
 
 _target: Hooks | None = None
@@ -138,7 +140,7 @@ def _wrap(original: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
             result = original(*args, **kwargs)  # the job's own errors propagate untouched
         finally:
             hooks.busy = False
-        hooks.coll_end(spec, token, result, args, kwargs)
+        hooks.coll_end(token, result)
         return result
 
     wrapper.__commtop_original__ = original  # type: ignore[attr-defined]
