@@ -216,7 +216,11 @@ class CommtopApp(App[None]):
                 if update is not None:
                     window = (grid.window_start_ns or snap.now_ns - 30 * 10**9, snap.now_ns)
                     try:
-                        update(snap.telemetry, window)
+                        update(
+                            snap.telemetry,
+                            window,
+                            order=[(f"r{r.rank}", r.host, r.gpu_uuid) for r in snap.ranks if r.gpu_uuid],
+                        )
                     except Exception as exc:  # the panel must not take the app down
                         self._note_error(f"links panel: {type(exc).__name__}: {exc}")
         self.applied += 1

@@ -60,6 +60,7 @@ class RankView:
     rank: int
     host: str = ""
     gpu: str = ""  # "0" or "cpu"; the device index on its host
+    gpu_uuid: str = ""  # NVML's UUID of the rank's GPU (matches telemetry rows)
     pid: int = 0
     state: str = "waiting"  # "live" | "stale" | "exited" | "waiting" (hello but no records yet)
     exit_code: int | None = None
@@ -416,6 +417,7 @@ class RunModel:
             rank=s.rank,
             host=h.host if h else "",
             gpu=("cpu" if h.device in ("", "cpu") or h.device_index < 0 else str(h.device_index)) if h else "",
+            gpu_uuid=h.gpu_uuid if h else "",
             pid=h.pid if h else 0,
             exit_code=s.bye.exit_code if s.bye else None,
             exit_reason=s.bye.reason if s.bye else "",
