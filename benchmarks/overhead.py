@@ -44,12 +44,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(ap)
     add_loop_arguments(ap)
-    ap.add_argument("--pairs", type=int, default=0, help="A/B pairs per phase (default 8; tiny 2)")
-    ap.add_argument("--block-s", type=float, default=0.0, help="seconds per block (default 1.5; tiny 0.3)")
+    ap.add_argument("--pairs", type=int, default=0, help="A/B pairs per phase (default 10; tiny 2)")
+    ap.add_argument("--block-s", type=float, default=0.0, help="seconds per block (default 1.0; tiny 0.3)")
     ap.add_argument("--records", type=int, default=0, help="records of the per-record loop (default 1e6)")
     ns = ap.parse_args(argv)
-    ns.pairs = ns.pairs or (2 if ns.tiny else 8)
-    ns.block_s = ns.block_s or (0.3 if ns.tiny else 1.5)
+    ns.pairs = ns.pairs or (2 if ns.tiny else 10)
+    ns.block_s = ns.block_s or (0.3 if ns.tiny else 1.0)
     ns.records = ns.records or (20_000 if ns.tiny else 1_000_000)
     if ns.tiny and not ns.shape:
         ns.shape = "256x256"
@@ -310,9 +310,8 @@ class Bench:
 
     def calibrate(self, settings: Any, seconds: float) -> int:
         """Steps per block so a bare block takes about ``seconds`` (agreed by every rank)."""
-        probe = self.block("A", settings, 3)
-        step_s = max(1e-5, probe.wall_s / 3)
-        steps = [max(3, int(seconds / step_s))]
+        step_s = min(self.block("A", settings, 5).wall_s / 5 for _ in range(2))  # the first may warm up
+        steps = [max(3, int(seconds / max(1e-5, step_s)))]
         if self.rt.world_size > 1:
             self.dist.broadcast_object_list(steps, src=0)
         return steps[0]
