@@ -320,8 +320,11 @@ def run_info(config: LoopConfig, rt: Runtime) -> RunInfo:
 
 def gpu_uuid(index: int) -> str:
     """The GPU's UUID in NVML's spelling ("GPU-xxxxxxxx-..."), so samplers can match it."""
-    text = str(torch.cuda.get_device_properties(index).uuid)
-    return text if text.startswith("GPU-") else f"GPU-{text}"
+    try:
+        text = str(torch.cuda.get_device_properties(index).uuid)
+    except (AttributeError, RuntimeError):  # torch without .uuid: the sampler then matches by index
+        return ""
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
 
 
 def nccl_version() -> str:
