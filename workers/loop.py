@@ -322,7 +322,7 @@ def gpu_uuid(index: int) -> str:
     """The GPU's UUID in NVML's spelling ("GPU-xxxxxxxx-..."), so samplers can match it."""
     try:
         text = str(torch.cuda.get_device_properties(index).uuid)
-    except (AttributeError, RuntimeError):  # torch without .uuid: the sampler then matches by index
+    except (AttributeError, RuntimeError):  # torch without .uuid: the sampler then watches every GPU
         return ""
     return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
 
