@@ -151,31 +151,30 @@ def open_collector(conn: connections.Connection, record: str | None, collective:
         os.close(lock_fd)
         raise CollectorError(str(exc)) from None
     collector = Collector(connection=conn, source=source, model=RunModel(), lock_fd=lock_fd)
+    from tui.control_server import ControlServer
+
     try:
-        from tui.control_server import ControlServer
-    except ImportError:
-        ControlServer = None  # noqa: N806 - optional part
-    if ControlServer is not None:
-        try:
-            collector.controller = ControlServer(conn)
-        except Exception as exc:
-            collector.close()
-            raise CollectorError(str(exc)) from None
-        collector.sinks.append(collector.controller)
+        collector.controller = ControlServer(conn)
+    except Exception as exc:
+        collector.close()
+        raise CollectorError(str(exc)) from None
+    collector.sinks.append(collector.controller)
     collector.recorder = make_recorder(collective)
     if collector.recorder is not None:
         collector.sinks.append(collector.recorder)
         if record is not None:
             path = collector.recorder.start(record or None)
+            error = collector.recorder.status().error
+            if error:
+                collector.close()
+                raise CollectorError(error)
             print(f"commtop: recording to {path}", file=sys.stderr)
     return collector
 
 
 def make_recorder(collective: str) -> Any:
-    try:
-        from tui.recording import Recorder
-    except ImportError:
-        return None
+    from tui.recording import Recorder
+
     return Recorder(collective=collective or "run")
 
 
@@ -317,10 +316,10 @@ def _job_finished(job: Any) -> Callable[[], bool]:
     return finished
 
 
-def run_tui(collector: Collector, *, job: Any = None, replay: Any = None, title: str = "commtop") -> int:
+def run_tui(collector: Collector, *, job: Any = None, title: str = "commtop", hint: str = "") -> int:
     from tui.app import build_app
 
-    app = build_app(collector=collector, job=job, title=title)
+    app = build_app(collector=collector, job=job, title=title, hint=hint)
     app.run()
     if job is not None and job.exit_code() not in (None, 0):
         print(f"commtop: the job exited with code {job.exit_code()}; its last lines:", file=sys.stderr)
@@ -391,9 +390,12 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"commtop: error: {exc}", file=sys.stderr)
         return 1
+    warning = getattr(source, "warning", "")
+    if warning:
+        print(f"commtop: warning: {warning}", file=sys.stderr)
     collector = Collector(connection=None, source=source, model=RunModel())  # type: ignore[arg-type]
     try:
-        return run_tui(collector, title=f"commtop replay · {Path(ns.file).name}")
+        return run_tui(collector, title=f"commtop replay · {Path(ns.file).name}", hint=warning)
     finally:
         collector.close()
 

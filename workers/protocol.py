@@ -339,10 +339,10 @@ def hello_body(session: str, hello: Hello) -> dict[str, Any]:
 
 
 def decode_hello(body: Mapping[str, Any]) -> Hello:
-    ints = {name: get_int(body, name, -1) for name in _HELLO_INTS}
-    strs = {name: get_str(body, name)[:256] for name in _HELLO_STRS}
+    values: dict[str, Any] = {name: get_int(body, name, -1) for name in _HELLO_INTS}
+    values.update({name: get_str(body, name)[:256] for name in _HELLO_STRS})
     rejected = {str(k): int(v) for k, v in get_map(body, "rejected").items() if isinstance(v, int)}
-    return Hello(config=get_map(body, "config"), settings=get_map(body, "settings"), rejected=rejected, **ints, **strs)
+    return Hello(config=get_map(body, "config"), settings=get_map(body, "settings"), rejected=rejected, **values)
 
 
 # --------------------------------------------------------------------------- bye
