@@ -78,6 +78,8 @@ class FakeLoops:
 
     def join(self, timeout: float) -> None:
         self.stop.set()
+        with self.cond:
+            self.cond.notify_all()
         deadline = time.monotonic() + timeout
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))

@@ -56,6 +56,10 @@ FAST_POLL_S = 0.005
 #: Initial lead of apply_at over rank 0's iteration, in seconds of loop progress.
 LEAD_S = 0.3
 MAX_LEAD_S = 8.0
+#: The least lead, in steps (also the lead before the loop's rate is known).
+MIN_AHEAD_STEPS = 4
+#: Rank 0's iteration rate is re-measured over windows of this length.
+RATE_WINDOW_S = 0.25
 #: Rank 0 aborts a proposal whose acks have not all come in after this long.
 ACK_TIMEOUT_S = 5.0
 #: A loop waiting at a switch checks that the control thread is still alive this often.
@@ -377,7 +381,7 @@ class _Coordinator:
             self._sample = (now, it)
             return
         t0, i0 = self._sample
-        if now - t0 >= 0.5:
+        if now - t0 >= RATE_WINDOW_S:
             rate = (it - i0) / (now - t0)
             self._rate = rate if self._rate == 0.0 else 0.5 * self._rate + 0.5 * rate
             self._sample = (now, it)
@@ -385,7 +389,8 @@ class _Coordinator:
     def _propose(self, epoch: int, settings: Settings) -> None:
         step = self.c.step
         here = max(self.c.loop_iteration(), self.late_iteration, 0)
-        ahead = max(2 * step, int(math.ceil(self._rate * self.lead_s)))
+        # the lead in loop progress; before the rate is known, in steps (doubling on re-issues too)
+        ahead = max(int(MIN_AHEAD_STEPS * step * self.lead_s / self.base_lead_s), math.ceil(self._rate * self.lead_s))
         apply_at = max(here + ahead, self.last_apply_at + step)
         apply_at = int(math.ceil(apply_at / step)) * step
         proposal = Proposal(self.next_pid, epoch, settings, apply_at)
