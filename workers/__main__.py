@@ -67,7 +67,7 @@ def connection_from_args(ns: argparse.Namespace) -> Connection | None:
 def make_control(config: LoopConfig, conn: Connection | None, rank: int) -> Control:
     """The settings source of the loop: live (changed by the TUI / `commtop ctl`, switched on
     every rank at the same iteration via torchrun's store) when a collector is named, else fixed."""
-    if conn is None:
+    if conn is None or os.environ.get("COMMTOP_LIVE_CONTROL") == "0":  # 0: fixed settings (A/B of its cost)
         return StaticControl(config.initial_settings())
     from workers.live_control import make_live_control
 
