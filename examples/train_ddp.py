@@ -34,6 +34,7 @@ from workers import monitor  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--seconds", type=float, default=None, help="stop after this long instead (all ranks agree)")
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
     p.add_argument("--hidden", type=int, default=None, help="MLP width (default 4096 on GPU, 256 on CPU)")
     p.add_argument("--layers", type=int, default=4)
@@ -43,6 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--offload", choices=("none", "overlap", "sync"), default="overlap", help="initial knob value")
     p.add_argument("--until-knob", default=None, metavar="VALUE", help="stop 10 steps after offload becomes VALUE")
     return p.parse_args(argv)
+
+
+def time_is_up(started: float, seconds: float, device: torch.device) -> bool:
+    """Whether any rank's clock ran out: every rank stops at the same step."""
+    flag = torch.tensor([float(time.perf_counter() - started > seconds)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
     stop_at = -1
     started = time.perf_counter()
-    for step in range(args.steps):
+    steps = args.steps if args.seconds is None else sys.maxsize
+    for step in range(steps):
         with mon.step(step):
             mode = mon.setting("offload")
             if mode != "none":
@@ -104,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.until_knob is not None and stop_at < 0 and mode == args.until_knob:
             stop_at = step + 10  # every rank switched at the same step, so they stop together
         if step == stop_at:
+            break
+        if args.seconds is not None and step % 10 == 9 and time_is_up(started, args.seconds, device):
             break
     if cuda:
         torch.cuda.synchronize()

@@ -310,3 +310,42 @@ def test_run_script_argv_puts_the_script_under_torchrun() -> None:
     ]
     with pytest.raises(Exception, match="nothing to run"):
         script_argv(["python"], 2)
+
+
+def test_the_tuis_mode_key_through_the_real_control_server_moves_the_mode_knob(run, source) -> None:
+    """ControlServer only knows built-in settings today; its mode change must reach the
+    job's mode knob (the first knob whose choices are offload modes)."""
+    from tui.control_server import ControlServer
+
+    server = ControlServer(run, publish_s=0.1)
+    try:
+        mon = monitor.start(run.path, wait_s=2.0, sampler=False)
+        monitor.patch_distributed()
+        mon.knob("offload", ["none", "overlap", "sync"], default="overlap")
+        t = torch.ones(N)
+        seen: list[str] = []
+        requested = ""
+        deadline = time.monotonic() + 20
+        step = 0
+        while time.monotonic() < deadline and (not seen or seen[-1] != "sync" or seen.count("sync") < 3):
+            with mon.step(step):
+                dist.all_reduce(t)
+                seen.append(mon.setting("offload"))
+            for message in source.poll(0.0):
+                server.write(message)
+            if not requested and server.desired is not None:  # the collector heard the job's settings
+                requested = server.request({"mode": "sync"}) or "accepted"
+            time.sleep(0.003)
+            step += 1
+        assert requested == "accepted"
+        first = seen.index("sync")
+        assert set(seen[:first]) == {"overlap"} and set(seen[first:]) == {"sync"}
+        until = time.monotonic() + 5  # the next Hello (1 s) tells the collector what is in force
+        while time.monotonic() < until and server.view().in_force.get("knobs") != {"offload": "sync"}:
+            for message in source.poll(0.05):
+                server.write(message)
+        view = server.view()
+        assert view.in_force["knobs"] == {"offload": "sync"} and view.in_force["mode"] == "sync"
+        assert view.epoch_in_force == 1
+    finally:
+        server.close()

@@ -230,7 +230,6 @@ class Monitor:
         )
         self.sampler: Any = None
         if conn is not None:
-            self.heartbeat.start()
             if sampler and self.local_rank == 0:
                 self.sampler = _start_sampler(conn, self.local_world_size)
             _hook_excepthook(self)
@@ -420,6 +419,10 @@ class Monitor:
             except Exception as exc:  # noqa: BLE001
                 self._warn_once("control", f"live knobs off on rank {self.rank} ({exc})")
         self.control = control
+        if self.conn is not None:
+            # Hellos start now: the collector adopts the first settings it hears as the
+            # state in force, so they must already hold the declared knobs.
+            self.heartbeat.start()
         return control
 
     def _live_control(self, initial: Settings) -> Control:
@@ -453,16 +456,13 @@ class Monitor:
         ``mode`` (the TUI's mode key) moves the mode knob when that knob itself did not change."""
         prev, self._raw, self._epoch = self._raw, settings, epoch
         values = dict(self._values)
+        changed = set()
         for name, value in settings.knobs.items():
             if name in self.knobs and value in self.knobs[name] and value != prev.knobs.get(name):
                 values[name] = value
+                changed.add(name)
         mk = self.mode_knob
-        if (
-            mk
-            and settings.mode != prev.mode
-            and settings.knobs.get(mk) == prev.knobs.get(mk)
-            and settings.mode in self.knobs[mk]
-        ):
+        if mk and mk not in changed and settings.mode != prev.mode and settings.mode in self.knobs[mk]:
             values[mk] = settings.mode
         self._values = values
         if mk and values[mk] in MODES:
