@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -231,3 +232,40 @@ def test_tui_frozen_for_10_s_workers_keep_speed_memory_bounded_drops_counted_onc
         assert int(s["missing"]) == w["dropped"]
         assert int(s["drops"]) == w["dropped"]  # max(dropped, missing), never their sum
     assert (collector_rss_after - collector_rss_before) / 2**20 < 100
+
+
+def test_worker_exits_within_2_s_with_no_tui_at_all_and_with_its_send_queue_full(run, tmp_path: Path) -> None:
+    """LINGER 0 / bounded linger: neither an absent collector nor a full queue holds a worker."""
+    conn_path, env, procs = run
+    frozen_conn = create_run(label="full")  # a second run whose collector we freeze
+    watch = start_watch(frozen_conn.path, env, record=str(tmp_path / "full.cmtrec"))
+    procs.append(watch)
+    wait_bound(watch, record=True)
+    worker = [sys.executable, "-m", "workers", *SMALL_JOB, "--batch-ms", "5"]
+    lonely = Proc([*worker, "--connection-file", conn_path], env)  # nobody ever binds its endpoints
+    full = Proc([*worker, "--connection-file", frozen_conn.path], env)
+    procs += [lonely, full]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and Path(tmp_path / "full.cmtrec").stat().st_size < 4096:
+        time.sleep(0.1)
+    watch.signal(signal.SIGSTOP)  # from here on its queue (and then the worker's) fills up
+    time.sleep(3.0)
+    exit_s = {}
+    for name, proc in (("no collector", lonely), ("queue full", full)):
+        t0 = time.monotonic()
+        proc.signal(signal.SIGTERM)
+        code = proc.proc.wait(10)
+        exit_s[name] = time.monotonic() - t0
+        proc.wait(5)
+        assert code == 0, proc.text()[-2000:]
+    watch.signal(signal.SIGCONT)
+    lonely_sum = worker_summaries(lonely)[0]
+    full_sum = worker_summaries(full)[0]
+    print(
+        f"\n[exit] SIGTERM to exit: no collector {exit_s['no collector']:.2f} s "
+        f"({lonely_sum['iterations']} iterations, {lonely_sum['sent']} records sent); queue full "
+        f"{exit_s['queue full']:.2f} s ({full_sum['iterations']} iterations, {full_sum['dropped']} records dropped)"
+    )
+    assert lonely_sum["iterations"] > 0 and lonely_sum["sent"] == 0
+    assert full_sum["iterations"] > 0 and full_sum["dropped"] > 0  # the queue really was full
+    assert max(exit_s.values()) < 2.0
