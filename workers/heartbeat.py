@@ -111,11 +111,9 @@ def hello_body(session: str, info: RunInfo, status: WorkerStatus, counters: Coun
         seq_coll=seq_coll,
         seq_copy=seq_copy,
         dropped=dropped,
+        untimed=status.untimed,
     )
-    body = protocol.hello_body(session, hello)
-    # Not (yet) a Hello field: receivers that know it read it, decode_hello ignores it.
-    body["untimed"] = status.untimed
-    return body
+    return protocol.hello_body(session, hello)
 
 
 class Heartbeat(threading.Thread):

@@ -306,6 +306,7 @@ class Hello:
     seq_coll: int = 0  # batches sent so far (lets a receiver detect loss of trailing batches)
     seq_copy: int = 0
     dropped: int = 0
+    untimed: int = 0  # records whose GPU timing was dropped (event ring full)
     rejected: dict[str, int] = field(default_factory=dict)  # control messages rejected, by reason
 
 
@@ -324,6 +325,7 @@ _HELLO_INTS = (
     "seq_coll",
     "seq_copy",
     "dropped",
+    "untimed",
 )
 _HELLO_STRS = ("host", "backend", "device", "gpu_uuid", "torch_version", "nccl_version")
 
