@@ -7,7 +7,6 @@ before torch is imported, so a bad option fails in milliseconds with one line an
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import signal
@@ -43,13 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
 def connection_from_args(ns: argparse.Namespace) -> Connection | None:
     """--connection-file, else $COMMTOP_CONNECTION_FILE, else the file of this user whose
     data endpoint is --connect; None when nothing names a collector."""
+    if ns.connect:
+        check_endpoint(ns.connect)
     path = ns.connection_file or os.environ.get(CONNECTION_FILE_ENV)
     if path:
         try:
             conn = load(path)
         except ConnectionError_ as exc:
             raise UsageError(str(exc)) from None
-        return dataclasses.replace(conn, data=ns.connect) if ns.connect else conn
+        # control/request move to the --connect host too (a file written for --listen 0.0.0.0 names 0.0.0.0)
+        return conn.for_connect(ns.connect) if ns.connect else conn
     if ns.connect:
         try:
             found = find_by_endpoint(ns.connect)
@@ -62,6 +64,21 @@ def connection_from_args(ns: argparse.Namespace) -> Connection | None:
             )
         return found
     return None
+
+
+def check_endpoint(endpoint: str) -> None:
+    """A one-line error before torch is imported for an endpoint ZeroMQ cannot use (it would
+    raise deep in the loop), or a host name that does not resolve (it would fail silently)."""
+    if endpoint.startswith("ipc://") and len(endpoint) > len("ipc://"):
+        return
+    host, _, port = endpoint[len("tcp://") :].rpartition(":") if endpoint.startswith("tcp://") else ("", "", "")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--connect must look like tcp://HOST:PORT (or ipc://PATH); got {endpoint!r}")
+    try:
+        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise UsageError(f"--connect {endpoint}: cannot resolve host {host!r} ({exc.strerror or exc})") from None
 
 
 def make_control(config: LoopConfig, conn: Connection | None, rank: int) -> Control:
