@@ -418,8 +418,13 @@ def run_worker(
     try:
         work = Workload(config, rt)
         status.pinned_bytes = work.pinned_bytes
-        if conn is not None and not bare:
-            publisher.wait_connected(CONNECT_WAIT_S)
+        if conn is not None and not bare and not publisher.wait_connected(CONNECT_WAIT_S) and rt.local_rank == 0:
+            print(
+                f"commtop worker rank {rt.rank}: no collector at {conn.data} yet; running anyway "
+                "(records are dropped until one listens)",
+                file=sys.stderr,
+                flush=True,
+            )
         warm_up(work, config.warmup, status.settings)
         instr = _make_instrumentation(config, work, publisher, control, status, bare)
         iterations = run_steps(work, instr, control, stop, status, config.iters)
