@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -347,6 +348,13 @@ def cmd_watch(ns: argparse.Namespace) -> int:
         conn = connections.load(ns.connection_file)
     else:
         conn = connections.create_run(label="watch")
+    try:
+        collector = open_collector(conn, ns.record)
+    except CollectorError:
+        if not ns.connection_file:  # a run that never listened must not become the "newest run"
+            shutil.rmtree(conn.run_dir, ignore_errors=True)
+        raise
+    # Printed once listening, so a failed start says one line only.
     print(f"commtop: connection file {conn.path}", file=sys.stderr)
     print(
         f"commtop: start workers with: torchrun --nproc-per-node N -m workers --connection-file {conn.path}"
@@ -358,7 +366,6 @@ def cmd_watch(ns: argparse.Namespace) -> int:
         ),
         file=sys.stderr,
     )
-    collector = open_collector(conn, ns.record)
     try:
         if ns.headless:
             from tui.headless import format_summary
