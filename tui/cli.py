@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from workers import connection as connections
 from workers.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args
@@ -57,8 +57,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad value is one line: the usage block printed before it buried it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="commtop", description=ABOUT)
+    parser = _Parser(prog="commtop", description=ABOUT)
     sub = parser.add_subparsers(dest="command", metavar="{run,watch,replay,report,ctl}")
 
     run = sub.add_parser("run", help="start torchrun workers on this node and watch them live")
