@@ -1,0 +1,204 @@
+"""Bad command lines and unusable addresses: one clear line on stderr, a non-zero exit, and
+nothing started (no rank, no connection file left behind to be mistaken for a run)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import zmq
+from synthetic_ranks import PY, REPO, child_env, short_runtime_dir
+
+from workers.connection import create_run
+
+pytestmark = pytest.mark.timeout(120)
+COMMTOP = [PY, "-m", "tui.cli"]
+WORKER = [PY, "-m", "workers"]
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: list[str]
+    code: int
+    err: list[str]  # non-empty stderr lines
+    out: str
+    seconds: float
+
+
+def call(argv: list[str], env: dict[str, str], timeout_s: float = 60) -> Result:
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    return Result(argv, proc.returncode, lines, proc.stdout, time.monotonic() - t0)
+
+
+def one_line_error(res: Result, *words: str) -> None:
+    shown = "\n".join(res.err)
+    assert res.code != 0, f"{res.argv}: exit 0\n{shown}"
+    assert len(res.err) == 1, f"{res.argv}: expected one line, got:\n{shown}"
+    line = res.err[0]
+    assert line.startswith(("commtop", "commtop worker")) and "Traceback" not in line
+    for word in words:
+        assert word.lower() in line.lower(), f"{word!r} not in {line!r}"
+
+
+@pytest.fixture
+def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, dict[str, str]]]:
+    root = short_runtime_dir()
+    monkeypatch.setenv("COMMTOP_RUNTIME_DIR", root)
+    yield Path(root), child_env(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+BAD_RUN = {
+    "zero dimension": (["--shape", "0x5"], "positive"),
+    "not a shape": (["--shape", "abc"], "8192x8192"),
+    "too many elements": (["--shape", "8192x8192x8192"], "elements"),
+    "unknown dtype": (["--dtype", "float8"], "dtype"),
+    "unknown collective": (["--collective", "all_everything"], "collective"),
+    "too large for memory": (["--shape", "100000x100000"], "memory"),
+    "too many copies": (["--copies", "99999"], "copies"),
+    "no ranks": (["--nproc", "0"], "nproc"),
+    "negative iterations": (["--iters", "-1"], "negative"),
+}
+
+
+def test_invalid_run_values_fail_in_one_line_before_any_rank_starts(rt) -> None:
+    root, env = rt
+    with ThreadPoolExecutor(3) as pool:
+        results = dict(
+            zip(
+                BAD_RUN,
+                pool.map(lambda a: call([*COMMTOP, "run", "--headless", *a[0]], env), BAD_RUN.values()),
+                strict=True,
+            )
+        )
+    for name, res in results.items():
+        one_line_error(res, BAD_RUN[name][1])
+        assert res.code == 2
+        print(f"\n[cli] {name}: {res.err[0]} ({res.seconds:.2f} s)", end="")
+    # Nothing was started: no run directory (torchrun gets one before it starts), no job log.
+    assert list(root.iterdir()) == []
+    assert not list(root.rglob("job.log"))
+
+
+def test_missing_connection_file_is_one_line_everywhere(rt) -> None:
+    _root, env = rt
+    missing = "/nonexistent/commtop/connection.json"
+    cases = {
+        "watch": [*COMMTOP, "watch", "--headless", "--connection-file", missing],
+        "ctl": [*COMMTOP, "ctl", "--run", missing, "status"],
+        "worker": [*WORKER, "--connection-file", missing, "--iters", "1"],
+    }
+    with ThreadPoolExecutor(3) as pool:
+        results = dict(zip(cases, pool.map(lambda a: call(a, env), cases.values()), strict=True))
+    for name, res in results.items():
+        one_line_error(res, "connection file", missing)
+        assert res.code == 2, name
+        assert res.seconds < 15, f"{name} took {res.seconds:.1f} s: it got further than checking its arguments"
+
+
+def test_port_in_use_is_one_line_and_leaves_no_run_behind(rt) -> None:
+    root, env = rt
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        # PORT itself taken, and PORT+1 (the control endpoint) taken.
+        for listen in (f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port - 1}"):
+            res = call([*COMMTOP, "watch", "--headless", "--listen", listen], env)
+            one_line_error(res, "cannot listen", str(port), "in use")
+    finally:
+        holder.close()
+    assert list(root.iterdir()) == []  # no stale connection file that `ctl` would pick as the newest run
+
+
+def test_ipc_path_in_use_and_run_already_watched(rt) -> None:
+    _root, env = rt
+    conn = create_run(label="busy")
+    ctx = zmq.Context()
+    squatter = ctx.socket(zmq.PULL)  # somebody else listens on the run's data socket
+    squatter.bind(conn.data)
+    try:
+        res = call([*COMMTOP, "watch", "--headless", "--connection-file", conn.path], env)
+        one_line_error(res, "cannot listen", conn.data, "in use")
+    finally:
+        squatter.close(0)
+        ctx.term()
+    first = subprocess.Popen(
+        [*COMMTOP, "watch", "--headless", "--connection-file", conn.path],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stderr is not None
+        first.stderr.readline()  # it is listening once it prints
+        res = call([*COMMTOP, "watch", "--headless", "--connection-file", conn.path], env)
+        one_line_error(res, "already being watched", str(first.pid))
+        assert first.poll() is None, "the first collector must not be disturbed"
+    finally:
+        first.kill()
+        first.wait(5)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "words"),
+    [
+        ("not-an-endpoint", ("tcp://HOST:PORT",)),
+        ("tcp://127.0.0.1:99999", ("tcp://HOST:PORT",)),
+        ("tcp://no-such-host.invalid:5555", ("cannot resolve", "no-such-host.invalid")),
+    ],
+)
+def test_unusable_connect_address_is_one_line_before_torch(rt, endpoint: str, words: tuple[str, ...]) -> None:
+    _root, env = rt
+    conn = create_run(label="connect")
+    res = call([*WORKER, "--connection-file", conn.path, "--connect", endpoint, "--iters", "1"], env)
+    one_line_error(res, *words)
+    assert res.code == 2
+    # Checked before `import torch` (seconds): this fails in well under one.
+    assert res.seconds < 5, f"{res.seconds:.1f} s"
+
+
+def test_unreachable_connect_address_warns_once_and_the_job_runs(rt) -> None:
+    """Nobody listens at a well-formed address: the profiler must not take the job down.
+    The worker says so in one line and runs to the end (its records are dropped, counted)."""
+    _root, env = rt
+    conn = create_run(label="unreachable")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    res = call(
+        [*WORKER, "--connection-file", conn.path, "--connect", f"tcp://127.0.0.1:{port}", "--iters", "20"],
+        env,
+    )
+    assert res.code == 0, "\n".join(res.err)
+    assert res.err == [
+        f"commtop worker rank 0: no collector at tcp://127.0.0.1:{port} yet; running anyway "
+        "(records are dropped until one listens)"
+    ]
+    assert '"iterations": 20' in res.out and '"sent": 0' in res.out
+
+
+def test_commtop_without_a_collector_for_ctl_is_one_line(rt) -> None:
+    """`commtop ctl` against a run whose collector is gone: no answer, one line, exit 1."""
+    _root, env = rt
+    conn = create_run(label="gone")
+    res = call([*COMMTOP, "ctl", "--run", conn.path, "--timeout", "0.5", "status"], env)
+    one_line_error(res)
+    assert res.code == 1
+
+
+if __name__ == "__main__":  # pragma: no cover - manual runs
+    sys.exit(pytest.main([__file__, "-q", "-s"]))
