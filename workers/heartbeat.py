@@ -53,6 +53,8 @@ class WorkerStatus:
     epoch: int = 0
     pinned_bytes: int = 0
     untimed: int = 0
+    #: Control messages refused so far, by reason (workers.live_control: LiveControl.rejected).
+    rejected: Callable[[], dict[str, int]] | None = None
     finished: bool = False
 
 
@@ -112,6 +114,7 @@ def hello_body(session: str, info: RunInfo, status: WorkerStatus, counters: Coun
         seq_copy=seq_copy,
         dropped=dropped,
         untimed=status.untimed,
+        rejected=status.rejected() if status.rejected is not None else {},
     )
     return protocol.hello_body(session, hello)
 

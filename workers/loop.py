@@ -390,7 +390,7 @@ def run_worker(
     process if the launcher vanishes or a stop does not complete in time.
     """
     stop = stop or StopFlag()
-    status = WorkerStatus(settings=config.initial_settings())
+    status = WorkerStatus(settings=config.initial_settings(), rejected=getattr(control, "rejected", None))
     info = run_info(config, rt)
     ctx = zmq.Context()
     publisher: RecordPublisher | NullPublisher = NullPublisher()

@@ -61,7 +61,7 @@ def header_text(
         t.append("waiting for ranks to connect…", style=style(MUTED))
         t.append("\n\n")
         if snap is not None:
-            _health(t, snap, recording)
+            _health(t, snap, recording, control)
         return t
     backend = snap.backend or "?"
     if backend.startswith("gloo") and "cpu" not in backend:
@@ -97,21 +97,24 @@ def header_text(
     if control and control.note:
         t.append(f"  {control.note}", style=style(MUTED))
     t.append("\n")
-    _health(t, snap, recording)
+    _health(t, snap, recording, control)
     return t
 
 
-def _health(t: Text, snap: Snapshot, recording: RecordingStatus | None) -> None:
+def _health(t: Text, snap: Snapshot, recording: RecordingStatus | None, control: ControlView | None = None) -> None:
     rate = f"{snap.iter_rate:,.0f}" if math.isfinite(snap.iter_rate) else "-"
     _kv(t, "it/s", rate, bold=True)
     live = snap.live_ranks
     total = max(snap.world_size, len(snap.ranks))
     _kv(t, "ranks", f"{live}/{total}", LIVE if live == total and total else WARN, bold=True)
     _kv(t, "drops", f"{snap.drops:,}", WARN if snap.drops else TEXT)
-    rejected = snap.rejected_total + snap.worker_rejected
+    by_collector = control.rejected if control is not None else 0
+    rejected = snap.rejected_total + snap.worker_rejected + by_collector
     why = dict(snap.rejected)
     if snap.worker_rejected:
         why["by workers"] = snap.worker_rejected
+    if by_collector:
+        why["control requests"] = by_collector
     detail = " (" + ", ".join(f"{k} {v}" for k, v in sorted(why.items())) + ")" if rejected else ""
     _kv(t, "rejected", f"{rejected:,}{detail}", EXITED if rejected else TEXT)
     if recording is not None:
