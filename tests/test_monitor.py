@@ -352,3 +352,37 @@ def test_the_tuis_mode_key_through_the_real_control_server_moves_the_mode_knob(r
         assert view.epoch_in_force == 1
     finally:
         server.close()
+
+
+def test_ctl_sets_a_knob_by_name_through_the_real_control_server(run, source) -> None:
+    """The collector learns the job's knobs from its Hello and validates changes against them."""
+    from tui.control_server import ControlServer
+
+    server = ControlServer(run, publish_s=0.1)
+    try:
+        mon = monitor.start(run.path, wait_s=2.0, sampler=False)
+        monitor.patch_distributed()
+        mon.knob("offload", ["none", "overlap", "sync"])
+        mon.knob("prefetch", ["off", "on"])
+        t = torch.ones(N)
+        seen: list[tuple[str, str]] = []
+        answers: list[str] = []
+        deadline = time.monotonic() + 20
+        step = 0
+        while time.monotonic() < deadline and (not seen or seen[-1][1] != "on" or len(answers) < 3):
+            with mon.step(step):
+                dist.all_reduce(t)
+                seen.append((mon.setting("offload"), mon.setting("prefetch")))
+            for message in source.poll(0.0):
+                server.write(message)
+            if not answers and server.desired is not None:
+                answers.append(server.request({"prefetch": "sideways"}))  # not a declared choice
+                answers.append(server.request({"knob.nope": "on"}))  # not a declared knob
+                answers.append(server.request({"knob.prefetch": "on"}))
+            time.sleep(0.003)
+            step += 1
+        assert "sideways" in answers[0] and "nope" in answers[1] and answers[2] == ""
+        first = seen.index(("none", "on"))
+        assert set(seen[:first]) == {("none", "off")} and set(seen[first:]) == {("none", "on")}
+    finally:
+        server.close()

@@ -419,6 +419,7 @@ class Monitor:
             except Exception as exc:  # noqa: BLE001
                 self._warn_once("control", f"live knobs off on rank {self.rank} ({exc})")
         self.control = control
+        self.status.rejected = getattr(control, "rejected", None)  # refused control messages, in Hello
         if self.conn is not None:
             # Hellos start now: the collector adopts the first settings it hears as the
             # state in force, so they must already hold the declared knobs.
