@@ -312,6 +312,14 @@ def test_run_script_argv_puts_the_script_under_torchrun() -> None:
         script_argv(["python"], 2)
 
 
+def test_run_with_nothing_after_the_dashes_is_one_line_and_exit_2(capsys) -> None:
+    from tui.cli import main
+
+    assert main(["run", "--headless", "--"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nothing to run after `--`" in err
+
+
 def test_the_tuis_mode_key_through_the_real_control_server_moves_the_mode_knob(run, source) -> None:
     """ControlServer only knows built-in settings today; its mode change must reach the
     job's mode knob (the first knob whose choices are offload modes)."""

@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "run" and "--" in argv:  # `commtop run [options] -- python train.py ...`
         cut = argv.index("--")
         argv, script = argv[:cut], argv[cut + 1 :]
+        if not script:
+            print("commtop: error: nothing to run after `--` (e.g. commtop run -- python train.py)", file=sys.stderr)
+            return 2
     parser = build_parser()
     ns = parser.parse_args(argv)
     ns.script = script
