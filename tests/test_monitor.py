@@ -394,3 +394,17 @@ def test_ctl_sets_a_knob_by_name_through_the_real_control_server(run, source) ->
         assert set(seen[:first]) == {("none", "off")} and set(seen[first:]) == {("none", "on")}
     finally:
         server.close()
+
+
+def test_a_job_without_steps_still_sends_records_and_hellos(run, source) -> None:
+    monitor.start(run.path, wait_s=2.0, sampler=False)
+    monitor.patch_distributed()
+    t = torch.ones(N)
+    for _ in range(100):
+        dist.all_reduce(t)
+    time.sleep(1.3)  # the heartbeat's first Hello and the one a second later
+    monitor.stop()
+    messages = drain(source)
+    coll = columns(messages, protocol.COLL)
+    assert sorted(coll["iteration"].tolist()) == list(range(100)) and set(coll["step"].tolist()) == {-1}
+    assert len([m for m in messages if isinstance(m, protocol.Hello)]) >= 3  # 2 heartbeats + the last word

@@ -366,6 +366,8 @@ class Monitor:
     def harvest(self) -> None:
         """Move finished records into the batcher; send a batch if one is due. Never waits."""
         self._since_harvest = 0
+        if self.control is None and not self._closed:  # a job that never calls step(): Hellos anyway
+            self._make_control()
         b = self.batcher
         self.cpu_coll.harvest(b.coll_rows)
         self.cpu_copy.harvest(b.copy_rows)
