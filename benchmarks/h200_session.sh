@@ -19,19 +19,24 @@ exec > >(tee -a "$log") 2>&1
 echo "== $(date -u +%FT%TZ) $(hostname)"; nvidia-smi -L || true
 $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 
-echo "== 1. recording: none -> overlap -> sync -> sync-barrier -> none (pageable) through ctl"
-rec="$OUT/h200-all_gather-modes.commtop"
-$PY -m tui.cli run --headless --offload none --record "$rec" > "$OUT/rec_run.txt" 2>&1 &
-run_pid=$!
-for _ in $(seq 120); do ct ctl status 2>/dev/null | grep -q " [1-9][0-9]* rank(s) reporting" && break; sleep 0.5; done
-ct ctl status
-for m in overlap sync sync-barrier none; do sleep 5; ct ctl mode "$m"; done
-sleep 5; ct ctl set mode=overlap pinned=false; sleep 5; ct ctl set mode=overlap pinned=true copy_scale=2; sleep 5
-ct ctl status
-kill -TERM "$run_pid"; wait "$run_pid"; echo "run exit $? (130: stopped by us, as intended)"
-cat "$OUT/rec_run.txt"
-ct report "$rec" > "$OUT/report.txt" 2>&1; cat "$OUT/report.txt"
-ls -la "$rec"
+# MODE_S: seconds per mode (5 on one H200; >= 20 on 8 GPUs for >= 200 steps of 32 all_gathers).
+# COLLECTIVES: which collectives to record (the multi-GPU run of issue 8 wants "all_gather all_reduce").
+for coll in ${COLLECTIVES:-all_gather}; do
+  echo "== 1. recording $coll: none -> overlap -> sync -> sync-barrier -> none, then pageable and 2x copies, via ctl"
+  rec="$OUT/$(hostname)-${coll}-modes.commtop"
+  $PY -m tui.cli run --headless --collective "$coll" --offload none --record "$rec" > "$OUT/rec_run_$coll.txt" 2>&1 &
+  run_pid=$!
+  for _ in $(seq 120); do ct ctl status 2>/dev/null | grep -q " [1-9][0-9]* rank(s) reporting" && break; sleep 0.5; done
+  ct ctl status
+  for m in overlap sync sync-barrier none; do sleep "${MODE_S:-5}"; ct ctl mode "$m"; done
+  sleep "${MODE_S:-5}"; ct ctl set mode=overlap pinned=false; sleep "${MODE_S:-5}"
+  ct ctl set mode=overlap pinned=true copy_scale=2; sleep "${MODE_S:-5}"
+  ct ctl status
+  kill -TERM "$run_pid"; wait "$run_pid"; echo "run exit $? (130: stopped by us, as intended)"
+  cat "$OUT/rec_run_$coll.txt"
+  ct report "$rec" > "$OUT/report_$coll.txt" 2>&1; cat "$OUT/report_$coll.txt"
+  ls -la "$rec"
+done
 
 echo "== 2. live control cost: same loop with and without it (mode none, 64000 collectives)"
 for lc in 1 0 1 0; do
