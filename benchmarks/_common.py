@@ -34,6 +34,7 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="", help="also write the report to this file")
     parser.add_argument("--results", default=str(RESULTS), help="markdown file the report is appended to")
     parser.add_argument("--no-append", action="store_true", help="print only; do not append to --results")
+    parser.add_argument("--label", default="", help="a note in the report's heading (e.g. which code it measured)")
 
 
 # --------------------------------------------------------------------------- machine
@@ -189,7 +190,7 @@ class Report:
 
 def finish(report: Report, ns: argparse.Namespace) -> None:
     """Print the report; append it to --results (unless --no-append); write --out."""
-    label = "tiny (smoke) run" if getattr(ns, "tiny", False) else ""
+    label = ", ".join(x for x in ("tiny (smoke) run" if getattr(ns, "tiny", False) else "", ns.label) if x)
     text = report.markdown(label)
     print(text, flush=True)
     if ns.out:
