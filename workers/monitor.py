@@ -25,11 +25,20 @@ logged once and turns the monitor off (collectives then run unwrapped-fast). Kno
 changes use ``workers.live_control``'s agreement, so every rank switches at the same step.
 Without a collector the monitor is off and every knob keeps its default.
 
-Timing (see ``Monitor.coll_begin``): on CUDA, events on the issuing stream around a
+Timing (see ``Monitor.coll_end``): on CUDA, events on the issuing stream around a
 blocking collective; for ``async_op=True``, the end event is recorded on a private stream
 made to wait on the Work's future (the NCCL stream's completion), so it marks the
 collective's end, not the later ``wait()``. On CPU (gloo): ``perf_counter_ns`` around the
 call, or until the Work's future completes (a done-callback on gloo's thread).
+PyTorch's own NCCL timing (TORCH_NCCL_ENABLE_TIMING + ``Work.get_duration()``) is not
+used: it must be set before the process group exists, gives a duration without a start
+time (no timeline), needs each Work kept and polled until done, and has no gloo twin.
+
+Control units: ``apply_at`` in batch headers counts ``step()`` calls here (Hello.config
+``control_unit`` = "step"), not collectives: ranks may issue different numbers of
+collectives per step, but they all enter the same steps. Knobs must be declared on every
+rank, before the first step (the first Hello, which the collector adopts as the settings
+in force, is sent then).
 """
 
 from __future__ import annotations
@@ -154,10 +163,10 @@ def resolve_connection(connection_file: str | None, connect: str | None) -> Conn
         conn = load(path)
         return conn.for_connect(connect) if connect else conn
     if connect:
-        conn = find_by_endpoint(connect)
-        if conn is None:
+        found = find_by_endpoint(connect)
+        if found is None:
             raise ConnectionError_(f"no connection file of yours has data endpoint {connect}")
-        return conn
+        return found
     return None
 
 
