@@ -196,7 +196,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if getattr(ns, "script", None):
         return cmd_run_script(ns)
     from tui.gpus import visible_gpus
-    from tui.launcher import JobProcess, torchrun_argv
+    from tui.launcher import JobExitSource, JobProcess, torchrun_argv
 
     gpus = visible_gpus()
     cpu = gpus.count == 0 or ns.backend == "gloo"
@@ -215,6 +215,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     conn = connections.create_run(label=config.collective)
     collector = open_collector(conn, ns.record, config.collective)
     job = JobProcess(torchrun_argv(nproc, config.to_argv(), conn), conn)
+    collector.source = JobExitSource(collector.source, job)  # a SIGKILLed rank's exit code
     try:
         if ns.headless:
             return run_headless(collector, job, nproc)
@@ -229,7 +230,7 @@ def cmd_run_script(ns: argparse.Namespace) -> int:
     script (instrumented with ``workers.monitor``) under torchrun, its connection set up
     through $COMMTOP_CONNECTION_FILE."""
     from tui.gpus import visible_gpus
-    from tui.launcher import JobProcess
+    from tui.launcher import JobExitSource, JobProcess
 
     gpus = visible_gpus()
     nproc = ns.nproc if ns.nproc is not None else (gpus.count or CPU_RANKS)
@@ -239,6 +240,7 @@ def cmd_run_script(ns: argparse.Namespace) -> int:
     conn = connections.create_run(label=next((Path(a).stem for a in ns.script if a.endswith(".py")), "script"))
     collector = open_collector(conn, ns.record, "monitor")
     job = JobProcess(argv, conn)
+    collector.source = JobExitSource(collector.source, job)
     try:
         if ns.headless:
             return run_headless(collector, job, nproc)

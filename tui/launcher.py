@@ -10,14 +10,20 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from workers.connection import CONNECTION_FILE_ENV, Connection
+from workers.protocol import Bye, Hello
+
+#: torchrun's agent, the moment it sees a worker die: "failed (exitcode: -9) local_rank: 1 (pid: 123)".
+_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)")
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 5.0
@@ -55,6 +61,8 @@ class JobProcess:
     ) -> None:
         self.argv = argv
         self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+        #: pid -> exit code of workers torchrun saw die (a SIGKILLed rank cannot say Bye itself).
+        self.worker_exits: dict[int, int] = {}
         self._lock = threading.Lock()
         child_env = dict(os.environ if env is None else env)
         child_env[CONNECTION_FILE_ENV] = connection.path
@@ -82,8 +90,11 @@ class JobProcess:
                 self._log.write(raw)
                 line = raw.decode(errors="replace").rstrip()
                 if line:
+                    failed = _FAILED.search(line)
                     with self._lock:
                         self._tail.append(line)
+                        if failed:
+                            self.worker_exits[int(failed.group(2))] = int(failed.group(1))
         finally:
             self._log.close()
 
@@ -133,3 +144,40 @@ class JobProcess:
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+class JobExitSource:
+    """The live source, plus a Bye for each rank that torchrun saw die without saying Bye
+    itself (SIGKILL, OOM killer, segfault): only the launcher knows such a rank's exit code."""
+
+    def __init__(self, source: Any, job: JobProcess) -> None:
+        self.source = source
+        self.job = job
+        self._rank_of_pid: dict[int, int] = {}
+        self._said_bye: set[int] = set()
+        self._reported: set[int] = set()
+
+    @property
+    def rejected(self) -> Any:
+        return self.source.rejected
+
+    def poll(self, timeout_s: float) -> list[Any]:
+        out = self.source.poll(timeout_s)
+        for m in out:
+            if isinstance(m, Hello):
+                self._rank_of_pid[m.pid] = m.rank
+            elif isinstance(m, Bye):
+                self._said_bye.add(m.rank)
+        with self.job._lock:
+            exits = list(self.job.worker_exits.items())
+        for pid, code in exits:
+            rank = self._rank_of_pid.get(pid)
+            if pid in self._reported or rank is None or rank in self._said_bye:
+                continue
+            self._reported.add(pid)
+            why = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else ""
+            out.append(Bye(rank, code, f"{why or f'exit code {code}'} (reported by torchrun)", time.time_ns()))
+        return out
+
+    def close(self) -> None:
+        self.source.close()
