@@ -10,7 +10,8 @@ Bytes follow nccl-tests (S = total gathered/reduced size for all_gather/reduce_s
 so busbw compares with nccl-tests and with the synthetic loop. Code that bound a function
 before patching (``from torch.distributed import all_reduce``) keeps the original, and
 collectives issued from C++ (DDP's built-in allreduce) are not seen: register DDP's
-``allreduce_hook`` (it calls ``dist.all_reduce``), as examples/train_ddp.py does.
+``allreduce_hook`` (it calls ``dist.all_reduce``), as examples/train_ddp.py does. While
+torch.compile traces, a wrapper calls the original (compiled collectives are not timed).
 """
 
 from __future__ import annotations
@@ -128,11 +129,11 @@ def _spec(func: str, original: Callable[..., Any]) -> OpSpec:
     return OpSpec(func, op, OP_INDEX[op], describe, names.index("async_op"), names.index("group"))
 
 
-def _wrap(original: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
+def _wrap(original: Callable[..., Any], spec: OpSpec, compiling: Callable[[], bool]) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         hooks = _target
-        if hooks is None or not hooks.on or hooks.busy:
+        if hooks is None or not hooks.on or hooks.busy or compiling():  # torch.compile traces the original
             return original(*args, **kwargs)
         token = hooks.coll_begin(spec, args, kwargs)
         hooks.busy = True
@@ -149,9 +150,12 @@ def _wrap(original: Callable[..., Any], spec: OpSpec) -> Callable[..., Any]:
 
 def patch() -> list[str]:
     """Install the wrappers (idempotent); returns the functions patched."""
+    import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
+    compiler = getattr(torch, "compiler", None)
+    compiling: Callable[[], bool] = getattr(compiler, "is_compiling", None) or (lambda: False)
     done = []
     for func in FUNCTIONS:
         current = getattr(c10d, func, None)
@@ -160,7 +164,7 @@ def patch() -> list[str]:
         original = getattr(current, "__commtop_original__", current)
         if func not in _originals:
             _originals[func] = original
-            wrapper = _wrap(original, _spec(func, original))
+            wrapper = _wrap(original, _spec(func, original), compiling)
             for module in (c10d, dist):
                 if getattr(module, func, None) in (original, current):
                     setattr(module, func, wrapper)
