@@ -9,6 +9,7 @@ frozen collector (a blocking send stalls for the whole outage: seconds).
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import sys
@@ -34,7 +35,7 @@ from synthetic_ranks import (
 
 from tui.recording import open_recording
 from workers.connection import create_run
-from workers.protocol import COLL, Batch, Hello
+from workers.protocol import COLL, Batch, Bye, Hello
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -269,3 +270,50 @@ def test_worker_exits_within_2_s_with_no_tui_at_all_and_with_its_send_queue_full
     assert lonely_sum["iterations"] > 0 and lonely_sum["sent"] == 0
     assert full_sum["iterations"] > 0 and full_sum["dropped"] > 0  # the queue really was full
     assert max(exit_s.values()) < 2.0
+
+
+def test_rank_sigkilled_is_marked_with_its_exit_code_run_fails_and_the_recording_is_whole(run, tmp_path: Path) -> None:
+    _conn_path, env, procs = run
+    rec = str(tmp_path / "killed.cmtrec")
+    job = Proc([sys.executable, "-m", "tui.cli", "run", "--headless", "--nproc", "2", *SMALL_JOB, "--record", rec], env)
+    procs.append(job)
+    pids = worker_pids(job, 2)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not Path(rec).exists() or Path(rec).stat().st_size < 8192):
+        time.sleep(0.1)
+    time.sleep(1.0)
+    killed_ns = time.time_ns()
+    os.kill(pids[1], signal.SIGKILL)
+    code = job.wait(60)
+    ended_s = (time.time_ns() - killed_ns) / 1e9
+    err = job.text("err")
+    rows = summary_table(job.text("out"))
+
+    byes = {}
+    counts = {0: 0, 1: 0}
+    last_it = {0: -1, 1: -1}
+    with open_recording(rec) as recording:
+        complete = recording.complete
+        for recv_ns, m in recording.messages():
+            if isinstance(m, Bye):
+                byes[m.rank] = (recv_ns, m)
+            elif isinstance(m, Batch) and m.kind == COLL:
+                counts[m.rank] += len(m)
+                last_it[m.rank] = max(last_it[m.rank], int(m.columns["iteration"].max()))
+    marked_s = (byes[1][0] - killed_ns) / 1e9 if 1 in byes else float("inf")
+    print(
+        f"\n[rank killed] rank 1 SIGKILLed: marked '{byes[1][1].reason}' exit {byes[1][1].exit_code} after "
+        f"{marked_s:.2f} s; rank 0 {rows[0]['state']} ({byes[0][1].reason[:60]}...); commtop run exit {code} after "
+        f"{ended_s:.1f} s; history kept: counts {[rows[r]['count'] for r in (0, 1)]}, recording "
+        f"{counts} records, last iterations {last_it}, complete={complete}"
+    )
+    assert code != 0
+    assert "the job exited with code" in err and "-9" in err
+    assert byes[1][1].exit_code == -9 and "SIGKILL" in byes[1][1].reason
+    assert marked_s < 3.0
+    assert rows[1]["state"] == "exited (-9)" and rows[0]["state"].startswith("exited")
+    # The others' history is kept, and the recording holds everything the collector got.
+    for r in (0, 1):
+        assert int(rows[r]["count"]) == counts[r] > 100 and rows[r]["missing"] == "0"
+        assert last_it[r] == counts[r] - 1  # every iteration from 0 to the last one
+    assert complete
