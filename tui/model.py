@@ -62,10 +62,14 @@ class RankView:
     gpu: str = ""  # "0" or "cpu"; the device index on its host
     gpu_uuid: str = ""  # NVML's UUID of the rank's GPU (matches telemetry rows)
     pid: int = 0
-    state: str = "waiting"  # "live" | "stale" | "exited" | "waiting" (hello but no records yet)
+    #: "live" | "stalled" (heartbeat alive, no collective for STALE_AFTER_S: blocked, e.g. on a
+    #: stopped peer) | "stale" (nothing at all: stopped or hung process) | "exited" | "waiting"
+    #: (hello but no records yet)
+    state: str = "waiting"
     exit_code: int | None = None
     exit_reason: str = ""
     silent_s: float = 0.0  # seconds since the last message of this rank
+    idle_s: float = 0.0  # seconds since the last collective record of this rank
     count: int = 0  # collective records received
     missing: int = 0
     dropped: int = 0
@@ -152,6 +156,7 @@ class _RankState:
         self.hello: Hello | None = None
         self.bye: Bye | None = None
         self.last_seen_ns = 0
+        self.last_record_ns = 0  # arrival of the newest collective batch (the loop is moving)
         self.coll = Ring(_COLL_RING, RING_SIZE)
         self.copy = Ring(_COPY_RING, COPY_RING_SIZE)
         self.run_by_mode: dict[int, RunAggregate] = {}
@@ -266,6 +271,7 @@ class RunModel:
         self.records += n
         cols = batch.columns
         if kind == COLL:
+            state.last_record_ns = now
             state.coll.append(cols)
             it = cols["iteration"]
             lo, hi = int(it.min()), int(it.max())
@@ -376,15 +382,18 @@ class RunModel:
             state = "stale"
         elif s.received == 0:
             state = "waiting"
+        elif now - s.last_record_ns > self.stale_after_ns:
+            state = "stalled"  # its heartbeat thread talks, its loop does not
         else:
             state = "live"
         silent = max(0.0, (now - s.last_seen_ns) / 1e9)
+        idle = max(0.0, (now - s.last_record_ns) / 1e9) if s.received else 0.0
         cached = s.view_cache
         if cached is not None and cached[0] == s.version and not fresh:
-            return replace(cached[1], state=state, silent_s=silent, straggler_share=share)
+            return replace(cached[1], state=state, silent_s=silent, idle_s=idle, straggler_share=share)
         view = self._compute_rank_view(s, now, fresh)
         s.view_cache = (s.version, view)
-        return replace(view, state=state, silent_s=silent, straggler_share=share)
+        return replace(view, state=state, silent_s=silent, idle_s=idle, straggler_share=share)
 
     def _run_stats(self, s: _RankState, now: int, fresh: bool) -> tuple[RunStats, dict[str, RunStats], RunStats]:
         cached = s.run_cache

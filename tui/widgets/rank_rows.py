@@ -160,6 +160,7 @@ def _state_glyph(r: RankView) -> tuple[str, str]:
     return {
         "live": ("●", LIVE),
         "stale": ("◌", WARN),
+        "stalled": ("◑", WARN),
         "exited": ("✗", EXITED),
         "waiting": ("○", MUTED),
     }.get(r.state, ("?", MUTED))
@@ -179,6 +180,8 @@ def state_note(r: RankView, proc: str | None) -> str:
     if r.state == "stale":
         what = {"stopped": "stopped (SIGSTOP?)", "gone": "process gone"}.get(proc or "", "silent")
         return f" {what} {r.silent_s:.0f}s "
+    if r.state == "stalled":
+        return f" stalled: no collective for {r.idle_s:.0f}s, heartbeat alive "
     if r.state == "waiting":
         return " waiting for data "
     return ""
@@ -371,7 +374,9 @@ class HeatView:
         marked = snap.straggler in (top_rank.rank, low_rank.rank if low_rank else None)
         states = {x.state for x in (top_rank, low_rank) if x is not None}
         bad = any(x is not None and failed(x) for x in (top_rank, low_rank))
-        label_color = STRAGGLER if marked else EXITED if bad else WARN if states & {"stale", "exited"} else TEXT
+        label_color = (
+            STRAGGLER if marked else EXITED if bad else WARN if states & {"stale", "stalled", "exited"} else TEXT
+        )
         segs = [Segment(f"{label:>{HEAT_LABEL_W - 2}}{'◀' if marked else ' '} ", style(label_color, bold=marked))]
         heat = self.heat
         cells_out: list[tuple[str, object]] = []
