@@ -317,3 +317,82 @@ def test_rank_sigkilled_is_marked_with_its_exit_code_run_fails_and_the_recording
         assert int(rows[r]["count"]) == counts[r] > 100 and rows[r]["missing"] == "0"
         assert last_it[r] == counts[r] - 1  # every iteration from 0 to the last one
     assert complete
+
+
+def test_rank_sigstopped_is_shown_stalled_by_the_sampler_not_lost(run) -> None:
+    """The real app (Pilot) on a real job: rank 1 SIGSTOPped -> its row says "stopped" (the node
+    sampler reads the process state), distinct from an exit; SIGCONT -> live again."""
+    import asyncio
+
+    from tui.app import build_app
+    from tui.cli import open_collector
+    from tui.widgets.rank_grid import RankGrid
+    from workers.connection import load
+
+    conn_path, env, procs = run
+    collector = open_collector(load(conn_path), None)
+    job = start_job(conn_path, env, *SMALL_JOB)
+    procs.append(job)
+    pids = worker_pids(job, 2)
+    found: dict[str, float | str] = {}
+
+    async def body() -> None:
+        app = build_app(collector=collector, title="faults")
+        async with app.run_test(size=(160, 24)) as pilot:
+
+            async def until(cond, timeout_s: float) -> float:  # noqa: ANN001
+                t0 = time.monotonic()
+                while not cond():
+                    assert time.monotonic() - t0 < timeout_s, f"timed out: {app.snapshot}"
+                    await pilot.pause(0.05)
+                return time.monotonic() - t0
+
+            def ranks() -> dict:  # noqa: ANN202
+                snap = app.snapshot
+                return {r.rank: r for r in snap.ranks} if snap is not None else {}
+
+            def row(rank: int) -> str:
+                grid = app.query_one(RankGrid)
+                lines = grid.line_texts()
+                return lines[rank * grid.row_h] if len(lines) > rank * grid.row_h else ""
+
+            await until(
+                lambda: len(ranks()) == 2 and all(r.state == "live" and r.count > 100 for r in ranks().values()), 60
+            )
+            await until(
+                lambda: (
+                    app.snapshot.telemetry is not None
+                    and app.snapshot.telemetry.proc_status(ranks()[1].host, pids[1]) == "running"
+                    or app.snapshot.telemetry.proc_status(ranks()[1].host, pids[1]) == "sleeping"
+                ),
+                10,
+            )
+            os.kill(pids[1], signal.SIGSTOP)
+            try:
+                found["stopped_after_s"] = await until(lambda: "stopped" in row(1) and "stalled" in row(0), 10)
+                found["row1"] = row(1)
+                found["row0"] = row(0)
+                found["state1"] = ranks()[1].state
+                found["state0"] = ranks()[0].state
+                found["proc1"] = str(app.snapshot.telemetry.proc_status(ranks()[1].host, pids[1]))
+            finally:
+                os.kill(pids[1], signal.SIGCONT)
+            count = ranks()[1].count
+            found["resumed_after_s"] = await until(lambda: ranks()[1].state == "live" and ranks()[1].count > count, 10)
+
+    try:
+        asyncio.run(body())
+    finally:
+        job.signal(signal.SIGTERM)
+        job.wait(30)
+        collector.close()
+    print(
+        f"\n[rank stopped] rank 1 SIGSTOPped: row says stopped after {found['stopped_after_s']:.2f} s "
+        f"(state {found['state1']}, sampler {found['proc1']}); rank 0 state {found['state0']}; live again "
+        f"{found['resumed_after_s']:.2f} s after SIGCONT\n  {str(found['row1']).rstrip()}\n  {str(found['row0']).rstrip()}"
+    )
+    assert found["proc1"] == "stopped" and found["state1"] == "stale"
+    # Its peer waits in the collective: heartbeat alive, loop blocked -> "stalled", not "live".
+    assert found["state0"] == "stalled" and "stalled" in str(found["row0"])
+    assert "exited" not in str(found["row1"]) and "gone" not in str(found["row1"])
+    assert float(found["stopped_after_s"]) < 4.0
