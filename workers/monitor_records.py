@@ -14,12 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from workers import protocol
 from workers.busbw import algbw_gbps
 from workers.protocol import COLL_COLUMNS, COLLECTIVES
 from workers.publisher import NullPublisher, RecordBatcher, RecordPublisher
 
-#: Every op the monitor names: protocol.COLLECTIVES first (same codes), then the others.
-OPS: tuple[str, ...] = (*COLLECTIVES, "reduce", "barrier", "gather", "scatter")
+#: Every op the monitor names: protocol.COLLECTIVES first (same codes), then the others
+#: (protocol.OP_NAMES once the schema names them, so reports and traces can too).
+OPS: tuple[str, ...] = getattr(protocol, "OP_NAMES", (*COLLECTIVES, "reduce", "barrier", "gather", "scatter"))
 OP_INDEX: dict[str, int] = {name: i for i, name in enumerate(OPS)}
 
 #: What a timer hands over per collective of a user's job.
