@@ -14,6 +14,7 @@ so no orphan keeps a GPU busy.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import time
@@ -26,6 +27,15 @@ import zmq
 from workers import protocol
 from workers.protocol import COLL, COPY, Bye, Hello
 from workers.settings import Settings
+
+#: Overrides the host name a rank and its node sampler report (several "nodes" on one
+#: machine in tests; a container whose hostname is not the node's name).
+HOSTNAME_ENV = "COMMTOP_HOSTNAME"
+
+
+def reported_hostname() -> str:
+    """The host name this node reports: $COMMTOP_HOSTNAME, else the machine's."""
+    return os.environ.get(HOSTNAME_ENV) or socket.gethostname()
 
 
 @dataclass

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import os
 import queue
-import socket
 import sys
 import threading
 import time
@@ -30,7 +29,7 @@ from workers.busbw import bus_factor, collective_bytes
 from workers.config import LoopConfig
 from workers.connection import Connection
 from workers.control import Control
-from workers.heartbeat import Counters, Heartbeat, RunInfo, StopFlag, WorkerStatus, hello_body
+from workers.heartbeat import Counters, Heartbeat, RunInfo, StopFlag, WorkerStatus, hello_body, reported_hostname
 from workers.protocol import COLLECTIVES, DIRECTIONS, MODES, Bye
 from workers.publisher import NullPublisher, RecordBatcher, RecordPublisher
 from workers.settings import COPY_SCALES, Settings
@@ -306,7 +305,7 @@ def run_info(config: LoopConfig, rt: Runtime) -> RunInfo:
         world_size=rt.world_size,
         local_rank=rt.local_rank,
         local_world_size=rt.local_world_size,
-        host=socket.gethostname(),
+        host=reported_hostname(),
         pid=os.getpid(),
         backend=rt.backend,
         device=device,

@@ -47,7 +47,6 @@ import atexit
 import logging
 import os
 import queue
-import socket
 import sys
 import threading
 import time
@@ -60,7 +59,7 @@ import zmq
 from workers import monitor_patch
 from workers.connection import CONNECTION_FILE_ENV, Connection, ConnectionError_, find_by_endpoint, load
 from workers.control import Control, StaticControl
-from workers.heartbeat import Counters, Heartbeat, RunInfo, WorkerStatus, hello_body
+from workers.heartbeat import Counters, Heartbeat, RunInfo, WorkerStatus, hello_body, reported_hostname
 from workers.monitor_patch import Args, Kwargs, OpSpec
 from workers.monitor_records import OPS, MonitorBatcher
 from workers.protocol import DIRECTIONS, MODES, Bye
@@ -550,7 +549,7 @@ class Monitor:
             world_size=self.world_size,
             local_rank=self.local_rank,
             local_world_size=self.local_world_size,
-            host=socket.gethostname(),
+            host=reported_hostname(),
             pid=os.getpid(),
             backend=backend if backend != "gloo" else "gloo/cpu",
             device=device,

@@ -26,7 +26,9 @@ def start_node_sampler(connection_path: str, gpu_uuids: list[str]) -> subprocess
     argv = [sys.executable, "-m", "workers.telemetry", "--gpus", ",".join(u for u in gpu_uuids if u)]
     root = Path(__file__).resolve().parent.parent.parent
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
-    log_path = Path(connection_path).parent / LOG_NAME.format(host=socket.gethostname())
+    log_path = Path(connection_path).parent / LOG_NAME.format(
+        host=os.environ.get("COMMTOP_HOSTNAME") or socket.gethostname()
+    )
     try:
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
     except OSError:

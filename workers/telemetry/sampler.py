@@ -61,7 +61,7 @@ class NodeSampler:
     ) -> None:
         """``use_gpm=False`` forces the fallback sources (the H200 capture exercises them)."""
         self.interval_s = interval_s
-        self.host = socket.gethostname()
+        self.host = os.environ.get("COMMTOP_HOSTNAME") or socket.gethostname()  # heartbeat.HOSTNAME_ENV
         self.seq = 0
         self.dropped = 0
         self.host_probe = HostProbe(parent_pid)
