@@ -111,6 +111,15 @@ def format_summary(snapshot: Snapshot) -> str:
         extra.append("rejected frames: " + ", ".join(f"{k} {v}" for k, v in sorted(s.rejected.items())))
     if s.lost_batches:
         extra.append(f"batches lost in transit: {s.lost_batches}")
+    e = s.worst_skew
+    if e is not None and e.headline:  # the others waited several typical collectives for one rank
+        extra.append(
+            f"worst arrival skew: rank {e.rank} arrived {e.skew_ms:.3f} ms late at iteration {e.iteration} "
+            f"(the others waited {e.wait_ms:.3f} ms; typical {e.typical_ms:.3f} ms)"
+        )
+    if s.clock_offsets_ms:
+        offsets = ", ".join(f"{h} {v:+.3f} ms" for h, v in sorted(s.clock_offsets_ms.items()) if h != s.clock_ref)
+        extra.append(f"clock offsets vs {s.clock_ref} (from collective end times): {offsets}")
     lines += extra
     return "\n".join(lines)
 

@@ -41,6 +41,10 @@ HISTORY_ITERS = 1024
 #: Complete iterations (all ranks reported) used to name the straggler.
 STRAGGLER_ITERS = 256
 COPY_RING_SIZE = 1024
+#: Recent iterations (per host pair) used to estimate clock offsets between hosts.
+CLOCK_ITERS = 256
+#: A skew event is worth a headline when the others waited this many typical collectives.
+SKEW_HEADLINE_FACTOR = 2.0
 #: Whole-run statistics (histogram percentiles) of a snapshot are at most this old,
 #: unless the snapshot is asked for ``fresh_run_stats`` (the headless summary is).
 RUN_STATS_EVERY_S = 1.0
@@ -107,6 +111,26 @@ class History:
 
 
 @dataclass(frozen=True)
+class SkewEvent:
+    """One collective whose ranks arrived far apart. All ranks leave a collective together, so
+    the rank that arrived last waited least: the others' latency minus its latency is the skew
+    (the forum's 110 ms first all_gather after an unsynchronised offload is one of these)."""
+
+    iteration: int
+    rank: int  # arrived last (this iteration's straggler)
+    skew_ms: float  # longest latency of the iteration minus the straggler's
+    wait_ms: float  # longest latency of the iteration: what the earliest rank waited
+    own_ms: float  # the straggler's own latency
+    typical_ms: float  # median over recent iterations of their longest latency
+    t_ns: int = 0  # start of the iteration (host clock of the lowest rank that has it)
+
+    @property
+    def headline(self) -> bool:
+        """Worth showing: the others waited several typical collectives for this rank."""
+        return self.skew_ms > SKEW_HEADLINE_FACTOR * max(self.typical_ms, 1e-3)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything the UI draws, frozen at ``now_ns`` (host wall clock, ns)."""
 
@@ -135,6 +159,11 @@ class Snapshot:
     records: int = 0
     modes_seen: tuple[str, ...] = ()
     straggler: int | None = None  # rank most often last in recent iterations, if clearly so
+    worst_skew: SkewEvent | None = None  # the largest arrival skew of the run so far
+    #: Per host, its clock minus ``clock_ref``'s (ms), estimated from collective end times,
+    #: which coincide across the ranks of one collective. Empty with one host.
+    clock_offsets_ms: dict[str, float] = field(default_factory=dict)
+    clock_ref: str = ""
     telemetry: Any = None  # tui.telemetry_model.TelemetrySnapshot when available
     version: int = 0  # model changes applied so far
 
@@ -215,6 +244,7 @@ class RunModel:
         self.ignored = 0
         self.version = 0
         self.modes_seen: set[int] = set()
+        self.worst_skew: SkewEvent | None = None
         self.telemetry = self._telemetry_cls() if self._telemetry_cls is not None else None
 
     def set_rejected(self, counts: Counter[str] | dict[str, int]) -> None:
@@ -322,6 +352,10 @@ class RunModel:
         order = sorted(self.ranks)
         history = _history(order, self.ranks)
         shares = _straggler_shares(history)
+        skew = _worst_skew(history, order)
+        if skew is not None and (self.worst_skew is None or skew.skew_ms > self.worst_skew.skew_ms):
+            self.worst_skew = skew
+        clock_ref, offsets = _clock_offsets(order, self.ranks)
         ranks = tuple(
             self._rank_view(self.ranks[r], now, shares[i] if shares is not None else math.nan, fresh_run_stats)
             for i, r in enumerate(order)
@@ -366,6 +400,9 @@ class RunModel:
             records=self.records,
             modes_seen=tuple(MODES[m] if m < len(MODES) else str(m) for m in sorted(self.modes_seen)),
             straggler=straggler,
+            worst_skew=self.worst_skew,
+            clock_offsets_ms=offsets,
+            clock_ref=clock_ref,
             telemetry=self.telemetry.snapshot(now) if self.telemetry is not None else None,
             version=self.version,
         )
@@ -512,6 +549,60 @@ def _straggler_shares(history: History) -> np.ndarray | None:
         return None
     last_in = np.argmin(ms[:, cols], axis=0)
     return np.bincount(last_in, minlength=ms.shape[0]) / len(cols)
+
+
+def _worst_skew(history: History, order: list[int]) -> SkewEvent | None:
+    """The complete iteration of the history window whose ranks arrived furthest apart."""
+    ms = history.ms
+    if ms.shape[0] < 2 or ms.shape[1] == 0:
+        return None
+    cols = np.flatnonzero(~np.isnan(ms).any(axis=0))
+    if len(cols) == 0:
+        return None
+    sub = ms[:, cols]
+    longest = sub.max(axis=0)
+    skew = longest - sub.min(axis=0)
+    j = int(np.argmax(skew))
+    last = int(np.argmin(sub[:, j]))
+    col = int(cols[j])
+    return SkewEvent(
+        iteration=history.first_iteration + col,
+        rank=order[last],
+        skew_ms=float(skew[j]),
+        wait_ms=float(longest[j]),
+        own_ms=float(sub[last, j]),
+        typical_ms=float(np.median(longest)),
+        t_ns=int(history.start_ns[col]) if len(history.start_ns) > col else 0,
+    )
+
+
+def _clock_offsets(order: list[int], ranks: dict[int, _RankState]) -> tuple[str, dict[str, float]]:
+    """(reference host, {host: its clock minus the reference's, ms}).
+
+    Every rank of one collective leaves it at (nearly) the same instant, so ``start + dur``
+    of one iteration must coincide across ranks: the median difference between a host's
+    end times and the reference host's, over the recent iterations both have, is the offset
+    of its clock. The reference is the host of the lowest rank."""
+    first: dict[str, int] = {}
+    for r in order:
+        h = ranks[r].hello
+        if h is not None and h.host not in first:
+            first[h.host] = r
+    if len(first) < 2:
+        return "", {}
+    ends: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for host, r in first.items():
+        v = ranks[r].coll.view(CLOCK_ITERS, copy=False)
+        end = v["start_ns"] + (v["dur_us"].astype(np.float64) * 1e3).astype(np.int64)
+        ends[host] = (v["iteration"], end)
+    ref = ranks[order[0]].hello.host if ranks[order[0]].hello is not None else next(iter(first))  # type: ignore[union-attr]
+    ref_it, ref_end = ends[ref]
+    offsets: dict[str, float] = {}
+    for host, (it, end) in ends.items():
+        _, i, j = np.intersect1d(it, ref_it, return_indices=True)  # a restarted rank repeats iterations
+        if len(i) >= 8:
+            offsets[host] = float(np.median(end[i] - ref_end[j])) / 1e6
+    return ref, offsets
 
 
 def _load_telemetry_model() -> Any:

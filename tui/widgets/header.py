@@ -48,6 +48,29 @@ def _fmt_value(value: Any) -> str:
     return str(value)
 
 
+def skew_text(snap: Snapshot) -> str:
+    """The run's worst arrival skew, when the others waited several typical collectives."""
+    e = snap.worst_skew
+    if e is None or not e.headline:
+        return ""
+    return (
+        f"⚠ straggler: rank {e.rank} arrived {e.skew_ms:.1f} ms late at iteration {e.iteration} "
+        f"(the others waited {e.wait_ms:.1f} ms; typical {e.typical_ms:.2f} ms)"
+    )
+
+
+def clock_text(snap: Snapshot, most: int = 3) -> str:
+    """Estimated clock offsets of the other hosts (from collective end times), largest first."""
+    others = sorted(
+        ((h, v) for h, v in snap.clock_offsets_ms.items() if h != snap.clock_ref), key=lambda hv: -abs(hv[1])
+    )
+    if not others:
+        return ""
+    shown = ", ".join(f"{h} {v:+.2f} ms" for h, v in others[:most])
+    more = f" (+{len(others) - most} hosts)" if len(others) > most else ""
+    return f"clocks vs {snap.clock_ref}: {shown}{more}"
+
+
 def header_text(
     snap: Snapshot | None,
     control: ControlView | None = None,
@@ -75,6 +98,9 @@ def header_text(
         _kv(t, "tensor", fmt_bytes(snap.tensor_bytes))
     if snap.started_ns:
         _kv(t, "up", fmt_duration((snap.now_ns - snap.started_ns) / 1e9))
+    clocks = clock_text(snap)
+    if clocks:
+        t.append(clocks, style=style(MUTED))
     t.append("\n")
 
     in_force = dict(control.in_force) if control and control.in_force else dict(snap.settings)
@@ -96,6 +122,9 @@ def header_text(
         t.append(f"  ⇢ switching{' to ' + want if want else ''}{at}", style=style(WARN, bold=True))
     if control and control.note:
         t.append(f"  {control.note}", style=style(MUTED))
+    skew = skew_text(snap)
+    if skew:
+        t.append(f"  {skew}", style=style(WARN, bold=True))
     t.append("\n")
     _health(t, snap, recording, control)
     return t
