@@ -361,7 +361,11 @@ class Monitor:
                 elif slot >= 0:
                     cuda = self._cuda
                     assert cuda is not None
-                    future = result.get_future()
+                    try:
+                        future = result.get_future()
+                    except RuntimeError:  # a Work without a future: this record goes untimed
+                        timer.untimed += 1
+                        return
                     with cuda.torch.cuda.stream(cuda.stream):
                         future.wait()  # this private stream waits for the NCCL stream's end event
                         timer.end(slot)  # ... so this end event marks the collective's completion
