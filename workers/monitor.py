@@ -364,6 +364,8 @@ class Monitor:
                     try:
                         future = result.get_future()
                     except RuntimeError:  # a Work without a future: this record goes untimed
+                        future = None
+                    if future is None or not future.done():  # NCCL marks it done at launch; never block
                         timer.untimed += 1
                         return
                     with cuda.torch.cuda.stream(cuda.stream):
