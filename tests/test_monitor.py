@@ -15,6 +15,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ dist = pytest.importorskip("torch.distributed")
 from tui.cli import script_argv  # noqa: E402
 from tui.sources import LiveSource  # noqa: E402
 from workers import connection as connections  # noqa: E402
-from workers import monitor, protocol  # noqa: E402
+from workers import monitor, monitor_patch, protocol  # noqa: E402
 from workers.live_control import ctl_state_body  # noqa: E402
 from workers.monitor_records import OP_INDEX, OPS, MonitorBatcher, bus_factors  # noqa: E402
 from workers.publisher import NullPublisher  # noqa: E402
@@ -409,3 +410,102 @@ def test_a_job_without_steps_still_sends_records_and_hellos(run, source) -> None
     coll = columns(messages, protocol.COLL)
     assert sorted(coll["iteration"].tolist()) == list(range(100)) and set(coll["step"].tolist()) == {-1}
     assert [m for m in messages if isinstance(m, protocol.Hello) and m.t_ns < stopped_ns]  # from the heartbeat
+
+
+# --------------------------------------------------------------------------- CUDA branch, without a GPU
+
+
+class FakeCudaTensor:
+    """What the hooks read of a CUDA tensor (CI has no GPU; the H200 run covers the real one)."""
+
+    is_cuda = True
+    nbytes = 4096
+
+
+class FakeCudaTimer:
+    """Records which stream each begin/end ran on, like CudaTimer records events there."""
+
+    def __init__(self, torch_: Any) -> None:
+        self.torch = torch_
+        self.calls: list[tuple[str, str, Any]] = []
+        self.untimed = 0
+        self.count = 0
+
+    def begin(self, meta: Any) -> int:
+        self.calls.append(("begin", self.torch.current, meta))
+        return len(self.calls)
+
+    def end(self, slot: int) -> None:
+        self.calls.append(("end", self.torch.current, slot))
+
+    def harvest(self, out: list) -> None:
+        pass
+
+
+class FakeTorchCuda:
+    """torch.cuda.stream(s) as a context that sets the current stream name."""
+
+    def __init__(self) -> None:
+        self.current = "issuing"
+        self.cuda = self
+
+    def stream(self, name: str) -> Any:
+        fake = self
+
+        class Ctx:
+            def __enter__(self) -> None:
+                self.prev, fake.current = fake.current, name
+
+            def __exit__(self, *exc: object) -> None:
+                fake.current = self.prev
+
+        return Ctx()
+
+
+class FakeFuture:
+    def __init__(self, torch_: FakeTorchCuda, done: bool) -> None:
+        self.torch, self._done, self.waited_on = torch_, done, ""
+
+    def done(self) -> bool:
+        return self._done
+
+    def wait(self) -> None:
+        self.waited_on = self.torch.current
+
+
+class FakeWork:
+    def __init__(self, future: FakeFuture | None) -> None:
+        self.future = future
+
+    def get_future(self) -> FakeFuture:
+        if self.future is None:
+            raise RuntimeError("Work::getFuture not implemented.")
+        return self.future
+
+
+def test_cuda_branch_ends_async_collectives_on_the_private_stream_and_never_waits(run) -> None:
+    mon = monitor.start(run.path, sampler=False)
+    monitor.patch_distributed()
+    fake_torch = FakeTorchCuda()
+    timer = FakeCudaTimer(fake_torch)
+    mon._cuda = SimpleNamespace(torch=fake_torch, coll=timer, copy=FakeCudaTimer(fake_torch), stream="private")
+    spec = monitor_patch._spec("all_reduce", monitor_patch._originals["all_reduce"])
+    t = FakeCudaTensor()
+
+    mon.coll_end(mon.coll_begin(spec, (t,), {}), None)  # blocking: both ends on the issuing stream
+    done = FakeFuture(fake_torch, done=True)
+    mon.coll_end(mon.coll_begin(spec, (t,), {"async_op": True}), FakeWork(done))
+    mon.coll_end(mon.coll_begin(spec, (t,), {"async_op": True}), FakeWork(FakeFuture(fake_torch, done=False)))
+    mon.coll_end(mon.coll_begin(spec, (t, None, None, True), {}), FakeWork(None))
+
+    assert [(c[0], c[1]) for c in timer.calls] == [
+        ("begin", "issuing"),
+        ("end", "issuing"),
+        ("begin", "issuing"),
+        ("end", "private"),  # after the private stream waited on the Work's future
+        ("begin", "issuing"),
+        ("begin", "issuing"),
+    ]
+    assert done.waited_on == "private" and timer.untimed == 2 and mon.on
+    metas = [c[2] for c in timer.calls if c[0] == "begin"]
+    assert [m[0] for m in metas] == [0, 1, 2, 3] and {m[4:7] for m in metas} == {(OP_INDEX["all_reduce"], 4096, 1)}
