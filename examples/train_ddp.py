@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     gathered = torch.empty(shard.numel() * world, device=device)
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     side = torch.cuda.Stream() if cuda else None
+    copied = torch.cuda.Event() if cuda else None  # the previous offload copy (one in flight at most)
 
     stop_at = -1
     started = time.perf_counter()
@@ -97,12 +98,15 @@ def main(argv: list[str] | None = None) -> int:
         with mon.step(step):
             mode = mon.setting("offload")
             if mode != "none":
-                if side is not None:
+                if side is not None and copied is not None:
+                    copied.synchronize()  # the host buffer is free again (as a real offloader must wait)
                     side.wait_stream(torch.cuda.current_stream())
                 with mon.copy("offload", stream=side, nbytes=state.nbytes):
                     host.copy_(state, non_blocking=cuda)
-                if mode == "sync" and side is not None:
-                    side.synchronize()
+                if side is not None and copied is not None:
+                    copied.record(side)
+                    if mode == "sync":
+                        copied.synchronize()  # finished before this step's collectives start
             loss = nn.functional.mse_loss(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
