@@ -371,8 +371,8 @@ class RunModel:
         straggler = None
         if shares is not None and len(ranks) > 1:
             best = int(np.argmax(shares))
-            # "clearly": last in at least twice its fair share of iterations.
-            if shares[best] >= min(0.9, 2.0 / len(ranks)):
+            total = min(STRAGGLER_ITERS, int((~np.isnan(history.ms).any(axis=0)).sum()))
+            if _clearly_last(round(float(shares[best]) * total), total, len(ranks)):
                 straggler = ranks[best].rank
         return Snapshot(
             now_ns=now,
@@ -549,6 +549,24 @@ def _straggler_shares(history: History) -> np.ndarray | None:
         return None
     last_in = np.argmin(ms[:, cols], axis=0)
     return np.bincount(last_in, minlength=ms.shape[0]) / len(cols)
+
+
+def _clearly_last(count: int, total: int, n: int) -> bool:
+    """Was the most-often-last of ``n`` ranks last in ``count`` of ``total`` iterations far more
+    often than chance? With many ranks someone is always last a few times: twice the fair
+    share is noise at 64 ranks. Here the binomial upper tail (p = 1/n) must be below
+    1e-4 / n (Bonferroni over the ranks), and the share at least twice the fair one (90 %
+    for two ranks)."""
+    if n < 2 or total == 0 or count < min(0.9, 2 / n) * total:
+        return False
+    p = 1.0 / n
+    log_p, log_q = math.log(p), math.log1p(-p)
+    head = math.lgamma(total + 1)
+    tail = sum(
+        math.exp(head - math.lgamma(k + 1) - math.lgamma(total - k + 1) + k * log_p + (total - k) * log_q)
+        for k in range(count, total + 1)
+    )
+    return tail < 1e-4 / n
 
 
 def _worst_skew(history: History, order: list[int]) -> SkewEvent | None:
