@@ -145,7 +145,9 @@ class RankGrid(ScrollView):
             self.row_h = max(1, min(MAX_ROW_H, self.size.height // n))
             self._view = RowsView(snap, cells, self.top, width, procs, self.row_h)
         if self.header is not None:
-            self.header.set_lines(column_header(width, self.top, k, view, len(snap.ranks)))
+            heat = self._view if isinstance(self._view, HeatView) else None
+            per_host, prefix = (heat.per_host, heat.host_prefix) if heat is not None else (0, "")
+            self.header.set_lines(column_header(width, self.top, k, view, len(snap.ranks), per_host, prefix))
         self._strips.clear()
         self.virtual_size = Size(width, self._view.n_lines)
         self.refresh()

@@ -9,6 +9,7 @@ does not shimmer as new iterations arrive) and share one y-axis across ranks.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -110,14 +111,18 @@ class _Line:
         return self
 
 
-def column_header(width: int, top: float, k: int, view: str, n_ranks: int) -> list[list[Segment]]:
+def column_header(
+    width: int, top: float, k: int, view: str, n_ranks: int, per_host: int = 0, host_prefix: str = ""
+) -> list[list[Segment]]:
     """Two header lines: column names, then units and the colour legend."""
     head = style(MUTED, bold=True)
     unit = style(MUTED)
     first, second = _Line(), _Line()
     if view == "heat":
         first.append(f"{'ranks':<{HEAT_LABEL_W}}", head)
-        first.append(f"latency heat map · {n_ranks} ranks × iterations · {k} it/cell", head)
+        hosts = f"; hosts {host_prefix}…" if host_prefix else ""
+        what = f" (max of ≤{per_host} ranks per host{hosts})" if per_host else ""
+        first.append(f"latency heat map · {n_ranks} ranks × iterations{what} · {k} it/cell", head)
         second.append(" " * HEAT_LABEL_W).append("0 ms ", unit)
         for color in HEAT_RAMP:
             second.append("█", style(color))
@@ -350,15 +355,35 @@ def _spark(
 
 class HeatView:
     """Lines of the heat map (ranks x time, colour = latency), built on demand. Two ranks
-    share a line (upper/lower half block) when one per line would not fit in
-    ``max_lines``; line 0 shows the mode in force per column."""
+    share a line (upper/lower half block) when one per line would not fit in ``max_lines``;
+    when even that does not fit and ranks span several hosts, one line per host shows the
+    worst (max) latency of its ranks. Line 0 shows the mode in force per column."""
 
     def __init__(self, snap: Snapshot, cells: Cells, top: float, width: int, max_lines: int) -> None:
         self.snap, self.cells, self.width = snap, cells, width
         n = len(snap.ranks)
-        self.heat = _heat_index(cells.ms, top)
-        self.step = 2 if n > max(1, max_lines - 1) else 1
-        self.n_lines = 1 + (n + self.step - 1) // self.step
+        room = max(1, max_lines - 1)
+        groups = _host_groups(snap.ranks) if (n + 1) // 2 > room else []
+        #: Ranks per line when aggregated per host (0: one or two ranks per line).
+        self.per_host = max(len(g) for _, g in groups) if 1 < len(groups) < n else 0
+        #: Common prefix cut from host labels so that two fit one line ("node07-node08" -> "07-08").
+        self.host_prefix = ""
+        if self.per_host:
+            self.step = 2 if len(groups) > room else 1
+            names = [_short_host(host) for host, _ in groups]
+            if self.step == 2:
+                self.host_prefix = os.path.commonprefix([host.split(".", 1)[0] for host, _ in groups])
+                names = [host.split(".", 1)[0][len(self.host_prefix) :] or "?" for host, _ in groups]
+            self.rows = [(name, [snap.ranks[i] for i in idx]) for name, (_host, idx) in zip(names, groups, strict=True)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", category=RuntimeWarning)
+                ms = np.stack([np.nanmax(cells.ms[idx], axis=0) for _, idx in groups]) if cells.ms.size else cells.ms
+            self.heat = _heat_index(ms, top)
+        else:
+            self.rows = [(str(r.rank), [r]) for r in snap.ranks]
+            self.heat = _heat_index(cells.ms, top)
+            self.step = 2 if n > room else 1
+        self.n_lines = 1 + (len(self.rows) + self.step - 1) // self.step
 
     def line(self, index: int) -> list[Segment]:
         snap = self.snap
@@ -368,27 +393,57 @@ class HeatView:
             segs += _rle([("▀", style(mode_color(int(m)))) if m >= 0 else (" ", style(None)) for m in mode_row])
             return _fit(segs, self.width)
         i = (index - 1) * self.step
-        top_rank = snap.ranks[i]
-        low_rank = snap.ranks[i + 1] if self.step == 2 and i + 1 < len(snap.ranks) else None
-        label = f"{top_rank.rank}" if low_rank is None else f"{top_rank.rank}-{low_rank.rank}"
-        marked = snap.straggler in (top_rank.rank, low_rank.rank if low_rank else None)
-        states = {x.state for x in (top_rank, low_rank) if x is not None}
-        bad = any(x is not None and failed(x) for x in (top_rank, low_rank))
+        top_label, top_ranks = self.rows[i]
+        low = self.rows[i + 1] if self.step == 2 and i + 1 < len(self.rows) else None
+        label = top_label if low is None else f"{top_label}-{low[0]}"
+        members = top_ranks + (low[1] if low is not None else [])
+        marked = snap.straggler is not None and any(x.rank == snap.straggler for x in members)
+        states = {x.state for x in members}
+        bad = any(failed(x) for x in members)
         label_color = (
             STRAGGLER if marked else EXITED if bad else WARN if states & {"stale", "stalled", "exited"} else TEXT
         )
-        segs = [Segment(f"{label:>{HEAT_LABEL_W - 2}}{'◀' if marked else ' '} ", style(label_color, bold=marked))]
+        segs = [
+            Segment(
+                f"{label[-(HEAT_LABEL_W - 2) :]:>{HEAT_LABEL_W - 2}}{'◀' if marked else ' '} ",
+                style(label_color, bold=marked),
+            )
+        ]
         heat = self.heat
+        up_rank = _worst(top_ranks)
         cells_out: list[tuple[str, object]] = []
         for j in range(heat.shape[1]):
-            up = _heat_color(int(heat[i, j]), top_rank)
-            if low_rank is None:
+            up = _heat_color(int(heat[i, j]), up_rank)
+            if low is None:
                 cells_out.append(("█" if up else " ", style(up)))
             else:
-                down = _heat_color(int(heat[i + 1, j]), low_rank)
+                down = _heat_color(int(heat[i + 1, j]), _worst(low[1]))
                 cells_out.append(("▀", style(up or "#000000", down)))
         segs += _rle(cells_out)
         return _fit(segs, self.width)
+
+
+def _host_groups(ranks: tuple[RankView, ...]) -> list[tuple[str, list[int]]]:
+    """Row indices of the ranks of each host, hosts in order of their first rank."""
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(ranks):
+        groups.setdefault(r.host or "?", []).append(i)
+    return list(groups.items())
+
+
+def _short_host(host: str) -> str:
+    """A host's name as it fits a heat-map label: no domain, its distinguishing tail."""
+    name = host.split(".", 1)[0] or "?"
+    return name[-(HEAT_LABEL_W - 2) :]
+
+
+def _worst(ranks: list[RankView]) -> RankView:
+    """The rank whose state colours a host's line: failed, then silent, else the first."""
+    for pred in (failed, lambda r: r.state in ("stale", "stalled", "exited")):
+        for r in ranks:
+            if pred(r):
+                return r
+    return ranks[0]
 
 
 def render_heatmap(snap: Snapshot, cells: Cells, top: float, width: int, max_lines: int) -> list[list[Segment]]:
