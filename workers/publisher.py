@@ -69,6 +69,7 @@ class RecordPublisher:
         self.seq = {COLL: 0, COPY: 0}
         self.dropped = 0  # records that could not be queued (cumulative)
         self.sent = 0  # records queued for sending
+        self.stuck = False  # the last send found the queue full (or no collector at all)
         self._ctx = ctx or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PUSH)
         self._sock.setsockopt(zmq.SNDHWM, hwm)
@@ -94,8 +95,10 @@ class RecordPublisher:
             self._sock.send_multipart(protocol.seal(self.key, body), flags=zmq.NOBLOCK, copy=False)
         except Exception:  # zmq.Again, a closed context, anything: telemetry never breaks the loop
             self.dropped += n
+            self.stuck = True
             return False
         self.sent += n
+        self.stuck = False
         return True
 
     def send_bye(self, bye: Bye) -> bool:
@@ -105,13 +108,16 @@ class RecordPublisher:
         try:
             self._sock.send_multipart(protocol.seal(self.key, body), flags=zmq.NOBLOCK)
         except Exception:
+            self.stuck = True
             return False
+        self.stuck = False
         return True
 
     def close(self, linger_ms: int = 0) -> None:
-        """``linger_ms`` > 0 at a clean exit lets the queued tail go out, bounded in time."""
+        """``linger_ms`` > 0 at a clean exit lets the queued tail go out, bounded in time;
+        not when the last send found the queue full: a frozen collector takes nothing more."""
         try:
-            self._sock.close(linger=linger_ms)
+            self._sock.close(linger=0 if self.stuck else linger_ms)
         except zmq.ZMQError:
             pass
 
