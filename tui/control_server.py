@@ -119,6 +119,7 @@ class ControlServer:
         self._headers: dict[int, tuple[int, int, int]] = {}  # rank -> (epoch in force, pending, apply_at)
         self._apply_at_seen: dict[int, int] = {}  # pending epoch -> latest apply_at seen
         self._knob_choices: dict[str, tuple[str, ...]] | None = None  # a monitored job's knobs (Hello.config)
+        self._mode_knob = ""  # the knob a monitored job colours its records by (Hello.config["mode_knob"])
         self.rejected: Counter[str] = Counter()
         self.reissues = 0
         self._note = ""
@@ -161,6 +162,18 @@ class ControlServer:
         with self._lock:
             return self._apply(changes, expect=None)[1]
 
+    def _with_mode_knob(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """A monitored job's mode knob and ``mode`` move together, so requested == in force."""
+        mk, choices = self._mode_knob, (self._knob_choices or {}).get(self._mode_knob, ())
+        if not mk:
+            return changes
+        knob = changes.get(f"knob.{mk}", changes.get(mk))
+        if "mode" in changes and knob is None and changes["mode"] in choices:
+            changes[f"knob.{mk}"] = changes["mode"]
+        elif knob is not None and "mode" not in changes and knob in protocol.MODES:
+            changes["mode"] = knob
+        return changes
+
     def view(self) -> ControlView:
         with self._lock:
             epoch_in_force, pending, apply_at = self._in_force_state()
@@ -197,9 +210,12 @@ class ControlServer:
             settings = settings_from_hello(message.settings)
             rejected = sum(v for v in message.rejected.values() if isinstance(v, int) and v > 0)
             knobs = knob_choices_from_config(message.config)
+            mode_knob = message.config.get("mode_knob") if isinstance(message.config, dict) else None
             with self._lock:
                 if knobs is not None:
                     self._knob_choices = knobs
+                    if isinstance(mode_knob, str) and mode_knob in knobs:
+                        self._mode_knob = mode_knob
                 self._hellos[message.rank] = (message.epoch, settings, rejected)
                 if settings is not None:
                     self._remember(message.epoch, settings)
@@ -279,7 +295,9 @@ class ControlServer:
         if not isinstance(changes, dict) or not changes or len(changes) > MAX_CHANGES:
             return -1, f"expected 1..{MAX_CHANGES} settings to change"
         try:
-            settings = current.updated({str(k): v for k, v in changes.items()}, self._knob_choices)
+            settings = current.updated(
+                self._with_mode_knob({str(k): v for k, v in changes.items()}), self._knob_choices
+            )
         except SettingsError as exc:
             return -1, str(exc)
         self._desired = (epoch + 1, settings)

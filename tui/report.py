@@ -274,7 +274,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                     copy_bytes=copy_bytes,
                     pinned=pinned,
                     direction=direction,
-                    op=p.COLLECTIVES[op] if op < len(p.COLLECTIVES) else f"op{op}",
+                    op=p.OP_NAMES[op] if op < len(p.OP_NAMES) else f"op{op}",
                     nbytes=nbytes,
                     start_s=(t0 - t_base) / 1e9,
                     end_s=(t1 - t_base) / 1e9,
@@ -484,7 +484,7 @@ def write_records_csv(tables: Tables, out: IO[str], block: int = 100_000) -> int
     coll = tables.coll
     out.write(",".join(RECORD_FIELDS) + "\n")
     names = np.array(list(p.MODES) + ["?"] * (256 - len(p.MODES)), dtype=object)
-    ops = np.array(list(p.COLLECTIVES) + [f"op{i}" for i in range(len(p.COLLECTIVES), 256)], dtype=object)
+    ops = np.array(list(p.OP_NAMES) + [f"op{i}" for i in range(len(p.OP_NAMES), 256)], dtype=object)
     fmt = "%d,%d,%d,%d,%s,%s,%d,%d,%d,%.9g,%.9g,%.9g,%d\n"
     n = len(coll["dur_us"])
     for a in range(0, n, block):

@@ -105,7 +105,7 @@ def _settings_marks(out: _Out, coll: dict[str, np.ndarray], tables: Tables, base
 
 
 def _collectives(out: _Out, coll: dict[str, np.ndarray], base: int) -> None:
-    ops = list(p.COLLECTIVES) + [f"op{i}" for i in range(len(p.COLLECTIVES), 256)]
+    ops = list(p.OP_NAMES) + [f"op{i}" for i in range(len(p.OP_NAMES), 256)]
     modes = list(p.MODES) + ["?"] * (256 - len(p.MODES))
     fmt = (
         '{"name":"%s","cat":"collective","ph":"X","ts":%.3f,"dur":%.3f,"pid":%d,"tid":1,'

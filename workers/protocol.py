@@ -41,6 +41,8 @@ MAX_CONTAINER = 4096
 COLLECTIVES: tuple[str, ...] = ("all_gather", "all_reduce", "reduce_scatter", "broadcast", "all_to_all")
 MODES: tuple[str, ...] = ("none", "overlap", "sync", "sync-barrier")
 DIRECTIONS: tuple[str, ...] = ("d2h", "h2d")
+#: Names of the ``op`` column: COLLECTIVES, then ops only a monitored job reports (workers.monitor).
+OP_NAMES: tuple[str, ...] = (*COLLECTIVES, "reduce", "barrier", "gather", "scatter")
 
 # Kinds of message.
 HELLO = "hello"  # run metadata + liveness, every second, from a worker's heartbeat thread

@@ -37,7 +37,10 @@ def _settings_text(settings: dict[str, Any]) -> str:
     copies = settings.get("copies", "?")
     scale = float(settings.get("copy_scale", 1.0))
     host = "pinned" if settings.get("pinned", True) else "pageable"
-    return f"{copies} copies ×{scale:g} {settings.get('direction', '?')} {host}"
+    knobs = " ".join(f"{k}={v}" for k, v in sorted(dict(settings.get("knobs") or {}).items()))
+    if not copies and knobs:  # a monitored job: its own knobs are what matters
+        return knobs
+    return f"{copies} copies ×{scale:g} {settings.get('direction', '?')} {host}" + (f"  {knobs}" if knobs else "")
 
 
 def _fmt_value(value: Any) -> str:
