@@ -378,6 +378,10 @@ def cmd_watch(ns: argparse.Namespace) -> int:
         ),
         file=sys.stderr,
     )
+    print(
+        f"commtop: or your own script (workers.monitor): COMMTOP_CONNECTION_FILE={conn.path} torchrun ... train.py",
+        file=sys.stderr,
+    )
     try:
         if ns.headless:
             from tui.headless import format_summary

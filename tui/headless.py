@@ -55,10 +55,10 @@ def header_line(s: Snapshot) -> str:
     backend = s.backend or "?"
     if s.device and s.device != "cpu":
         backend = f"{backend} on {s.device}"
-    return (
-        f"commtop summary: backend {backend} · world size {s.world_size} · {s.collective or '?'} "
-        f"{shape} {s.dtype or '?'} ({s.tensor_bytes / 2**20:.1f} MiB/rank) · mode(s) {modes}"
-    )
+    workload = f"{s.collective or '?'} {shape} {s.dtype or '?'} ({s.tensor_bytes / 2**20:.1f} MiB/rank)"
+    if s.config.get("source") == "monitor":  # a user's job: no synthetic tensor to describe
+        workload = s.collective or "monitored job"
+    return f"commtop summary: backend {backend} · world size {s.world_size} · {workload} · mode(s) {modes}"
 
 
 def format_summary(snapshot: Snapshot) -> str:
