@@ -54,19 +54,23 @@ class Ring:
         self.head = (start + n_keep) % self.size
         self.filled = min(self.size, self.filled + n)
 
-    def view(self, last: int | None = None, *, copy: bool = True) -> dict[str, np.ndarray]:
-        """The newest ``last`` rows (all held rows by default), oldest first.
+    def view(
+        self, last: int | None = None, *, copy: bool = True, columns: tuple[str, ...] | None = None
+    ) -> dict[str, np.ndarray]:
+        """The newest ``last`` rows (all held rows by default), oldest first; only ``columns``
+        when given (a wrapped ring copies what it returns: copy no more than is needed).
 
         ``copy=False`` returns views into the ring where the rows are contiguous: only for
         a caller that is done with them before the next ``append``.
         """
         n = self.filled if last is None else max(0, min(last, self.filled))
         start = (self.head - n) % self.size
+        cols = self.cols if columns is None else {name: self.cols[name] for name in columns}
         if start + n <= self.size:
             if copy:
-                return {name: col[start : start + n].copy() for name, col in self.cols.items()}
-            return {name: col[start : start + n] for name, col in self.cols.items()}
-        return {name: np.concatenate((col[start:], col[: self.head])) for name, col in self.cols.items()}
+                return {name: col[start : start + n].copy() for name, col in cols.items()}
+            return {name: col[start : start + n] for name, col in cols.items()}
+        return {name: np.concatenate((col[start:], col[: self.head])) for name, col in cols.items()}
 
     def clear(self) -> None:
         self.head = self.filled = self.total = 0
@@ -136,30 +140,60 @@ class RunAggregate:
 
     ``bw_weighted`` accumulates busbw x duration so ``busbw = bw_weighted / sum`` is the
     bandwidth at the average duration (nccl-tests reports busbw of the average time).
+
+    Batches are folded in lazily, ``FOLD_RECORDS`` (or ``FOLD_BATCHES``) at a time: a live
+    run delivers many small batches (64 ranks x 20 batches/s of ~20 records), and numpy's
+    cost per *call* dominated; pending values are copies, so memory stays bounded.
     """
 
+    FOLD_RECORDS = 2048
+    FOLD_BATCHES = 32
+
     def __init__(self) -> None:
-        self.count = 0
+        self._count = 0
         self.sum_us = 0.0
         self.min_us = math.inf
         self.max_us = -math.inf
         self.bw_weighted = 0.0
         self.hist = LogHistogram()
+        self._pending: list[tuple[np.ndarray, np.ndarray | None]] = []
+        self._pending_n = 0
+
+    @property
+    def count(self) -> int:
+        return self._count + self._pending_n
 
     def add(self, dur_us: np.ndarray, bw: np.ndarray | None = None) -> None:
-        if len(dur_us) == 0:
+        n = len(dur_us)
+        if n == 0:
             return
-        d = np.asarray(dur_us, dtype=np.float64)
-        self.count += len(d)
+        self._pending.append((np.array(dur_us, dtype=np.float64), None if bw is None else np.array(bw, np.float64)))
+        self._pending_n += n
+        if self._pending_n >= self.FOLD_RECORDS or len(self._pending) >= self.FOLD_BATCHES:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Apply the pending batches with one pass of numpy calls."""
+        pending = self._pending
+        if not pending:
+            return
+        self._pending, self._pending_n = [], 0
+        d = pending[0][0] if len(pending) == 1 else np.concatenate([p[0] for p in pending])
+        self._count += len(d)
         self.sum_us += float(d.sum())
         self.min_us = min(self.min_us, float(d.min()))
         self.max_us = max(self.max_us, float(d.max()))
-        if bw is not None:
-            self.bw_weighted += float(np.dot(np.asarray(bw, dtype=np.float64), d))
+        with_bw = [p for p in pending if p[1] is not None]
+        if with_bw:
+            bw = np.concatenate([p[1] for p in with_bw])  # type: ignore[misc]
+            dd = d if len(with_bw) == len(pending) else np.concatenate([p[0] for p in with_bw])
+            self.bw_weighted += float(np.dot(bw, dd))
         self.hist.add(d)
 
     def merge(self, other: RunAggregate) -> None:
-        self.count += other.count
+        self._fold()
+        other._fold()
+        self._count += other._count
         self.sum_us += other.sum_us
         self.min_us = min(self.min_us, other.min_us)
         self.max_us = max(self.max_us, other.max_us)
@@ -167,11 +201,12 @@ class RunAggregate:
         self.hist.merge(other.hist)
 
     def stats(self) -> RunStats:
-        if self.count == 0:
+        self._fold()
+        if self._count == 0:
             return RunStats()
         return RunStats(
-            count=self.count,
-            mean_ms=self.sum_us / self.count / 1e3,
+            count=self._count,
+            mean_ms=self.sum_us / self._count / 1e3,
             min_ms=self.min_us / 1e3,
             max_ms=self.max_us / 1e3,
             p50_ms=self.hist.quantile(0.50) / 1e3,
