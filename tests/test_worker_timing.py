@@ -31,7 +31,8 @@ class FakeCudaEvent:
         self.seq = 0
         self.t_ms = 0.0
 
-    def record(self) -> None:
+    def record(self, stream: object = None) -> None:
+        self.stream = stream
         self.gpu.recorded += 1
         self.seq = self.gpu.recorded
         self.gpu.now_ms += 0.25
@@ -192,3 +193,13 @@ def test_rolling_anchor_keeps_start_times_exact_over_hours(gpu):
     exact = 10**12 + round((late.t_ms - t0) * 1e6)
     assert abs(rolling.ns(late) - exact) < 5_000  # within 5 us after 7200 hops
     assert abs(fixed.ns(late) - exact) > 50_000  # a fixed float32 anchor is off by tens of us or more
+
+
+def test_pairs_are_recorded_on_the_timers_stream() -> None:
+    """Passing the stream spares torch a Stream object per record (its main host cost on GPU)."""
+    gpu = FakeGpu()
+    anchor_event = FakeCudaEvent(gpu)
+    anchor_event.record()
+    timer = CudaTimer(FakeTorch(gpu), 4, Anchor(anchor_event, 0), stream="side-stream")
+    timer.end(timer.begin((0,)))
+    assert timer.starts[0].stream == "side-stream" and timer.ends[0].stream == "side-stream"

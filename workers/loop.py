@@ -350,13 +350,15 @@ def _make_instrumentation(
         event.synchronize()  # done within microseconds (the GPU is idle); harvests may use it at once
         anchor: Anchor | None = cuda_anchor
 
-        def timer(capacity: int) -> Timer:
-            return CudaTimer(torch, capacity, cuda_anchor)
+        main_stream = torch.cuda.current_stream()
+
+        def timer(capacity: int, stream: Any = None) -> Timer:
+            return CudaTimer(torch, capacity, cuda_anchor, stream if stream is not None else main_stream)
 
     else:
         anchor = None
 
-        def timer(capacity: int) -> Timer:
+        def timer(capacity: int, stream: Any = None) -> Timer:
             return CpuTimer()
 
     if bare:
@@ -369,7 +371,8 @@ def _make_instrumentation(
         bus_factor=work.bus_factor,
         batch_ms=config.batch_ms,
     )
-    return Instrumentation(timer(COLL_RING), timer(COPY_RING), timer(STEP_RING), batcher, status, anchor)
+    copy_timer = timer(COPY_RING, work.side)  # copies are recorded on the side stream
+    return Instrumentation(timer(COLL_RING), copy_timer, timer(STEP_RING), batcher, status, anchor)
 
 
 def run_worker(
