@@ -48,9 +48,15 @@ SKEW_HEADLINE_FACTOR = 2.0
 #: Whole-run statistics (histogram percentiles) of a snapshot are at most this old,
 #: unless the snapshot is asked for ``fresh_run_stats`` (the headless summary is).
 RUN_STATS_EVERY_S = 1.0
+#: Above LARGE_WORLD ranks, a rank's numbers (last/p50/p99/busbw/rate; not its history, which
+#: feeds the heat map) are recomputed at most every RANK_VIEW_REFRESH_S: nobody reads 512 rows
+#: of numbers at 15 Hz, and recomputing all of them was most of the snapshot's cost.
+LARGE_WORLD = 64
+RANK_VIEW_REFRESH_S = 0.5
 NO_MODE = 255
 
 _COLL_RING = {"iteration": "<i8", "epoch": "<i4", "mode": "u1", "start_ns": "<i8", "dur_us": "<f4", "busbw": "<f4"}
+_HISTORY_COLUMNS = ("iteration", "mode", "start_ns", "dur_us")
 _COPY_RING = {"epoch": "<i4", "start_ns": "<i8", "dur_us": "<f4", "nbytes": "<i8", "gbps": "<f4"}
 
 
@@ -200,7 +206,7 @@ class _RankState:
         self.ctl = (0, -1, -1)  # epoch_in_force, pending_epoch, apply_at of the newest batch
         self.ctl_t_ns = -1
         self.version = 0  # bumped by every message of this rank (snapshot caching)
-        self.view_cache: tuple[int, RankView] | None = None
+        self.view_cache: tuple[int, int, RankView] | None = None  # (version, computed at ns, view)
         self.run_cache: tuple[int, tuple[RunStats, dict[str, RunStats], RunStats]] | None = None
 
     @property
@@ -356,8 +362,9 @@ class RunModel:
         if skew is not None and (self.worst_skew is None or skew.skew_ms > self.worst_skew.skew_ms):
             self.worst_skew = skew
         clock_ref, offsets = _clock_offsets(order, self.ranks)
+        aged = len(order) > LARGE_WORLD and not fresh_run_stats
         ranks = tuple(
-            self._rank_view(self.ranks[r], now, shares[i] if shares is not None else math.nan, fresh_run_stats)
+            self._rank_view(self.ranks[r], now, shares[i] if shares is not None else math.nan, fresh_run_stats, aged)
             for i, r in enumerate(order)
         )
         lead = self._lead_hello()
@@ -412,7 +419,9 @@ class RunModel:
             return self.ranks[0].hello
         return next((s.hello for _, s in sorted(self.ranks.items()) if s.hello is not None), None)
 
-    def _rank_view(self, s: _RankState, now: int, share: float, fresh: bool) -> RankView:
+    def _rank_view(self, s: _RankState, now: int, share: float, fresh: bool, aged: bool = False) -> RankView:
+        """The rank's view, recomputed when the rank changed (with ``aged``: only when the cached
+        one is older than RANK_VIEW_REFRESH_S); state, silence and straggler share are always new."""
         if s.bye is not None:
             state = "exited"
         elif now - s.last_seen_ns > self.stale_after_ns:
@@ -426,10 +435,15 @@ class RunModel:
         silent = max(0.0, (now - s.last_seen_ns) / 1e9)
         idle = max(0.0, (now - s.last_record_ns) / 1e9) if s.received else 0.0
         cached = s.view_cache
-        if cached is not None and cached[0] == s.version and not fresh:
-            return replace(cached[1], state=state, silent_s=silent, idle_s=idle, straggler_share=share)
-        view = self._compute_rank_view(s, now, fresh)
-        s.view_cache = (s.version, view)
+        if (
+            cached is not None
+            and not fresh
+            and (cached[0] == s.version or (aged and 0 <= now - cached[1] < RANK_VIEW_REFRESH_S * 1e9))
+        ):
+            view = cached[2]
+        else:
+            view = self._compute_rank_view(s, now, fresh)
+            s.view_cache = (s.version, now, view)
         return replace(view, state=state, silent_s=silent, idle_s=idle, straggler_share=share)
 
     def _run_stats(self, s: _RankState, now: int, fresh: bool) -> tuple[RunStats, dict[str, RunStats], RunStats]:
@@ -505,6 +519,9 @@ def _window(view: dict[str, np.ndarray], time_col: str) -> dict[str, np.ndarray]
     if len(t) == 0:
         return view
     keep = t >= t.max() - int(WINDOW_S * 1e9)
+    first = int(np.argmax(keep))
+    if keep[first:].all():  # records in time order (the usual case): the window is a suffix, no copies
+        return {k: v[first:] for k, v in view.items()}
     return {k: v[keep] for k, v in view.items()}
 
 
@@ -522,15 +539,32 @@ def _history(order: list[int], ranks: dict[int, _RankState]) -> History:
     ms = np.full((len(order), width), np.nan, dtype=np.float32)
     mode = np.full((len(order), width), NO_MODE, dtype=np.uint8)
     start = np.zeros(width, dtype=np.int64)
+    need_start = True
     for row, r in enumerate(order):
-        v = ranks[r].coll.view(HISTORY_ITERS, copy=False)
+        v = ranks[r].coll.view(HISTORY_ITERS, copy=False, columns=_HISTORY_COLUMNS)
         it = v["iteration"]
+        n = len(it)
+        if n and int(it[-1]) - int(it[0]) == n - 1 and bool((np.diff(it) == 1).all()):
+            # Consecutive iterations (no loss, no restart: the usual case): slices, not masks.
+            lo = max(first, int(it[0]))
+            src = slice(lo - int(it[0]), n)
+            dst = slice(lo - first, int(it[-1]) - first + 1)
+            ms[row, dst] = v["dur_us"][src] / 1e3
+            mode[row, dst] = v["mode"][src]
+            if need_start:  # usually the lowest rank fills every column
+                part = start[dst]
+                empty = part == 0
+                part[empty] = v["start_ns"][src][empty]
+                need_start = bool((start == 0).any())
+            continue
         sel = (it >= first) & (it <= last)
         idx = (it[sel] - first).astype(np.intp)
         ms[row, idx] = v["dur_us"][sel] / 1e3
         mode[row, idx] = v["mode"][sel]
-        empty = start[idx] == 0
-        start[idx[empty]] = v["start_ns"][sel][empty]
+        if need_start:
+            empty = start[idx] == 0
+            start[idx[empty]] = v["start_ns"][sel][empty]
+            need_start = bool((start == 0).any())
     return History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
 
 
