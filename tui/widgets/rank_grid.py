@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from rich.segment import Segment
+from rich.style import Style
 from textual.geometry import Size
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -79,6 +80,7 @@ class RankGrid(ScrollView):
         self.top = math.nan
         self.row_h = 1
         self._built_width = 0
+        self._line_style: Style | None = None  # the widget's rich_style, read once per rebuild
         #: Host time of the first visible iteration (the links panel shows the same window).
         self.window_start_ns = 0
 
@@ -149,6 +151,8 @@ class RankGrid(ScrollView):
             per_host, prefix = (heat.per_host, heat.host_prefix) if heat is not None else (0, "")
             self.header.set_lines(column_header(width, self.top, k, view, len(snap.ranks), per_host, prefix))
         self._strips.clear()
+        # Once per rebuild, not once per line: Textual computes rich_style afresh on every read.
+        self._line_style = self.rich_style
         self.virtual_size = Size(width, self._view.n_lines)
         self.refresh()
 
@@ -172,14 +176,18 @@ class RankGrid(ScrollView):
 
     def render_line(self, y: int) -> Strip:
         index = y + int(self.scroll_offset.y)
-        width = self.size.width
         strip = self._strips.get(index)
         if strip is None:
+            width = self.size.width
+            line_style = self._line_style if self._line_style is not None else self.rich_style
             view = self._view
             if view is not None and 0 <= index < view.n_lines:
-                strip = Strip(view.line(index)).crop_extend(0, width, None).apply_style(self.rich_style)
+                if view.width == width:  # the view's lines are already fitted to this width
+                    strip = Strip(view.line(index), width).apply_style(line_style)
+                else:
+                    strip = Strip(view.line(index)).crop_extend(0, width, None).apply_style(line_style)
             else:
-                strip = Strip.blank(width, self.rich_style)
+                strip = Strip.blank(width, line_style)
             if len(self._strips) < 4096:
                 self._strips[index] = strip
         return strip
