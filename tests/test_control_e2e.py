@@ -118,7 +118,7 @@ def random_change(rng: random.Random) -> dict[str, str]:
     return {name: choices[name]() for name in names}
 
 
-def assert_exact(records: Records, ranks: int, wanted: dict[int, Settings]) -> dict[int, int]:
+def assert_exact(records: Records, ranks: int, wanted: dict[int, Settings], min_common: int = 1000) -> dict[int, int]:
     """Every iteration index has one epoch on every rank; each epoch ran its settings' mode.
     Returns the first iteration of each epoch (on rank 0)."""
     iters = {r: records.column("coll", r, "iteration") for r in range(ranks)}
@@ -133,7 +133,7 @@ def assert_exact(records: Records, ranks: int, wanted: dict[int, Settings]) -> d
             assert np.all(modes[r][epochs[r] == epoch] == expected), f"rank {r} epoch {epoch}: wrong mode"
     for r in range(1, ranks):
         common, i0, ir = np.intersect1d(iters[0], iters[r], return_indices=True)
-        assert len(common) > 1000, f"rank {r}: too few common iterations ({len(common)})"
+        assert len(common) > min_common, f"rank {r}: too few common iterations ({len(common)})"
         bad = np.nonzero(epochs[0][i0] != epochs[r][ir])[0]
         assert len(bad) == 0, (
             f"rank {r} disagrees with rank 0 at iterations {common[bad][:5].tolist()}: "
@@ -254,8 +254,9 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         job.stop()
         collector.close()
     wanted = {0: Settings(copies=2), 1: in_force, 2: Settings(mode="none", copies=3)}
-    assert sorted(assert_exact(records, ranks, wanted)) == [0, 1]
-    assert sorted(assert_exact(records2, ranks, wanted)) == [1, 2], "the rogue changed nothing"
+    # A loaded 2-core CI machine may run only a few hundred iterations per collector here.
+    assert sorted(assert_exact(records, ranks, wanted, min_common=100)) == [0, 1]
+    assert sorted(assert_exact(records2, ranks, wanted, min_common=100)) == [1, 2], "the rogue changed nothing"
 
 
 def _state(conn: connections.Connection, epoch: int, settings: Settings) -> dict:
