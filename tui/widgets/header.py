@@ -168,7 +168,7 @@ def _health(t: Text, snap: Snapshot, recording: RecordingStatus | None, control:
 class RunHeader(Widget):
     """Three lines at the top; updated by the app from the latest snapshot."""
 
-    DEFAULT_CSS = "RunHeader { height: 3; }"
+    DEFAULT_CSS = "RunHeader { height: 3; text-wrap: nowrap; text-overflow: ellipsis; }"
 
     def __init__(self, title: str = "commtop", *, id: str | None = None) -> None:
         super().__init__(id=id)
