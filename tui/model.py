@@ -410,9 +410,17 @@ class RunModel:
             worst_skew=self.worst_skew,
             clock_offsets_ms=offsets,
             clock_ref=clock_ref,
-            telemetry=self.telemetry.snapshot(now) if self.telemetry is not None else None,
+            telemetry=self._telemetry_snapshot(now, offsets),
             version=self.version,
         )
+
+    def _telemetry_snapshot(self, now: int, offsets_ms: dict[str, float]) -> Any:
+        """Node telemetry on the reference host's clock (the offsets estimated from collectives)."""
+        if self.telemetry is None:
+            return None
+        if not offsets_ms:
+            return self.telemetry.snapshot(now)
+        return self.telemetry.snapshot(now, {h: round(v * 1e6) for h, v in offsets_ms.items()})
 
     def _lead_hello(self) -> Hello | None:
         if 0 in self.ranks and self.ranks[0].hello is not None:

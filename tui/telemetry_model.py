@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -289,19 +289,24 @@ class TelemetryModel:
         elif kind == "throttle" and buf.highlight.startswith("clocks"):
             buf.highlight = ""
 
-    def snapshot(self, now_ns: int) -> TelemetrySnapshot:
+    def snapshot(self, now_ns: int, clock_offsets_ns: Mapping[str, int] | None = None) -> TelemetrySnapshot:
+        """``clock_offsets_ns``: per host, its clock minus the reference host's (the run
+        model estimates them); every time of that host is shifted onto the reference clock,
+        so one host's PCIe samples line up with another's collectives."""
+        offsets = clock_offsets_ns or {}
         gpus: list[GpuRow] = []
         hosts: list[HostRow] = []
         for host, state in sorted(self._hosts.items()):
             tick, caps = state.tick, state.caps
             if tick is None:
                 continue
-            stale = (now_ns - tick.t_ns) / 1e9 > STALE_S
+            off = int(offsets.get(host, 0))
+            stale = (now_ns - (tick.t_ns - off)) / 1e9 > STALE_S
             notes = caps.notes if caps is not None else ()
             hosts.append(
                 HostRow(
                     host=host,
-                    t_ns=tick.t_ns,
+                    t_ns=tick.t_ns - off,
                     cpu_pct=tick.cpu_pct,
                     mem_used_bytes=tick.mem_used_bytes,
                     mem_total_bytes=tick.mem_total_bytes,
@@ -318,7 +323,7 @@ class TelemetryModel:
                 buf = self._gpus.get((host, uuid))
                 if buf is None:
                     continue
-                gpus.append(self._row(buf, gcaps.get(uuid), now_ns, stale))
+                gpus.append(self._row(buf, gcaps.get(uuid), now_ns, stale, off))
         if not hosts:
             note = NO_TELEMETRY
         elif gpus:
@@ -326,12 +331,14 @@ class TelemetryModel:
         else:
             reasons = sorted({h.nvml for h in hosts if h.nvml})
             note = (NO_NVML if NO_NVML in reasons else reasons[0]) if reasons else "no GPUs"
-        return TelemetrySnapshot(
-            t_ns=now_ns, gpus=tuple(gpus), hosts=tuple(hosts), events=tuple(self._events), nvml_note=note
+        events = tuple(
+            replace(e, t_ns=e.t_ns - int(offsets[e.host])) if offsets.get(e.host) else e for e in self._events
         )
+        return TelemetrySnapshot(t_ns=now_ns, gpus=tuple(gpus), hosts=tuple(hosts), events=events, nvml_note=note)
 
-    def _row(self, buf: _GpuBuffer, caps: Any, now_ns: int, stale: bool) -> GpuRow:
+    def _row(self, buf: _GpuBuffer, caps: Any, now_ns: int, stale: bool, offset_ns: int = 0) -> GpuRow:
         times, series = buf.ordered()
+        times = times - offset_ns if offset_ns else times
         reasons = {}
         for name, value in buf.values.items():
             if math.isnan(value):
@@ -344,7 +351,7 @@ class TelemetryModel:
             uuid=buf.uuid,
             index=caps.index if caps is not None else -1,
             name=caps.name if caps is not None else "",
-            t_ns=buf.t_ns,
+            t_ns=buf.t_ns - offset_ns,
             values=dict(buf.values),
             reasons=reasons,
             pcie_peak_gbps=buf.pcie_peak,
