@@ -21,6 +21,7 @@ from tui.model import RunModel
 from tui.widgets.header import header_text
 from tui.widgets.rank_grid import GridHeader, RankGrid
 from workers.connection import Connection
+from workers.telemetry.wire import tick_body
 
 pytestmark = pytest.mark.timeout(120)
 KEY = bytes(range(32))
@@ -136,4 +137,41 @@ def test_clock_offsets_between_hosts_are_estimated_and_shown() -> None:
     assert "clocks vs node00: node01 +250.00 ms, node02 -3.50 ms" in header_text(snap).plain
     assert "clock offsets vs node00 (from collective end times): node01 +250.000 ms, node02 -3.500 ms" in (
         format_summary(snap)
+    )
+    # Node telemetry lines up too: each host's samples are put on node00's clock.
+    true_ns = time.time_ns()
+    for host, off in (("node00", 0), ("node01", 250_000_000), ("node02", -3_500_000)):
+        for k in range(3):
+            model.apply(tick_body(SESSION, synthetic_tick(host, true_ns + k * 100_000_000 + off, k)))
+    tel = model.snapshot().telemetry
+    hosts = {h.host: h.t_ns - true_ns for h in tel.hosts}
+    gpus = {g.host: (g.times_ns - true_ns).tolist() for g in tel.gpus}
+    print(f"  telemetry times after the shift (ns from true): hosts {hosts}, GPU samples {gpus}")
+    assert sorted(hosts) == sorted(gpus) == ["node00", "node01", "node02"]
+    assert all(abs(v - 200_000_000) <= 1000 for v in hosts.values())
+    assert all(max(abs(t - 100_000_000 * k) for k, t in enumerate(ts)) <= 1000 for ts in gpus.values())
+
+
+def synthetic_tick(host: str, t_ns: int, seq: int) -> Any:
+    """A node sampler tick of one synthetic GPU, stamped with its host's (skewed) clock."""
+    import numpy as np
+
+    from workers.protocol import TELEM_GPU_METRICS
+    from workers.telemetry.wire import Tick
+
+    one = np.ones(1)
+    return Tick(
+        host=host,
+        pid=1,
+        seq=seq,
+        t_ns=t_ns,
+        cost_us=100.0,
+        uuids=(f"GPU-synthetic-{host}-0",),
+        metrics={m: one * 10.0 for m in TELEM_GPU_METRICS},
+        gpu_cost_us=one * 50.0,
+        pcie_peak_gbps=one * 63.0,
+        nvlink_peak_gbps=one * np.nan,
+        cpu_pct=10.0,
+        mem_used_bytes=2**30,
+        mem_total_bytes=2**34,
     )
