@@ -1,0 +1,87 @@
+"""What one collective record costs the worker's loop thread on a GPU, call by call (why the
+per-record CPU target is missed there), and the whole CudaTimer cycle.
+
+    python3 benchmarks/cuda_timer_costs.py --out $OUT/cuda_timer_costs.md --no-append
+
+Needs CUDA; on a CPU-only machine it reports the CpuTimer cycle only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+from _common import Report, add_common_args, finish  # benchmarks/ is sys.path[0]
+
+
+def per_call_us(fn: Callable[[], object], n: int) -> float:
+    c = time.thread_time()
+    for _ in range(n):
+        fn()
+    return (time.thread_time() - c) / n * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(ap)
+    ap.add_argument("--n", type=int, default=0, help="calls per measure (default 100,000; tiny 2,000)")
+    ns = ap.parse_args(argv)
+    n = ns.n or (2_000 if ns.tiny else 100_000)
+    import torch
+
+    from workers.timing import Anchor, CpuTimer, CudaTimer
+
+    report = Report("per-record cost of the timers (loop thread CPU)")
+    table = report.table(f"µs of loop-thread CPU per call ({n:,} calls each)", ("call", "µs"))
+    table.add("time.time_ns()", per_call_us(time.time_ns, n))
+    cpu = CpuTimer()
+    meta = (0, 0, 0, 0, 0)
+    out: list[tuple[object, ...]] = []
+
+    def cpu_cycle() -> None:
+        cpu.end(cpu.begin(meta))
+        cpu.harvest(out)
+        out.clear()
+
+    table.add("CpuTimer begin + end + harvest (one record)", per_call_us(cpu_cycle, n))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        b.record()
+        torch.cuda.synchronize()
+        table.add("torch.cuda.Event.record()", per_call_us(a.record, n))
+        torch.cuda.synchronize()
+        table.add("Event.query() (done)", per_call_us(b.query, n))
+        table.add("Event.elapsed_time(other)", per_call_us(lambda: a.elapsed_time(b), n))
+        anchor_event = torch.cuda.Event(enable_timing=True)
+        anchor_event.record()
+        torch.cuda.synchronize()
+        timer = CudaTimer(torch, 4096, Anchor(anchor_event, time.time_ns()))
+
+        def cuda_cycle() -> None:
+            timer.end(timer.begin(meta))
+            timer.harvest(out)
+            out.clear()
+
+        table.add("CudaTimer begin + end + harvest (one record, GPU idle)", per_call_us(cuda_cycle, n))
+        buf = torch.empty(1, device="cuda")
+
+        def cuda_cycle_kernel() -> None:
+            timer.end(timer.begin(meta))
+            buf.add_(1)
+            timer.harvest(out)
+            out.clear()
+
+        table.add("  same + a tiny kernel in between", per_call_us(cuda_cycle_kernel, n))
+        table.add("  a tiny kernel alone (buf.add_(1))", per_call_us(lambda: buf.add_(1), n))
+        torch.cuda.synchronize()
+    else:
+        report.notes.append("no CUDA here: only the CPU timer was measured")
+    finish(report, ns)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
