@@ -77,6 +77,32 @@ def main(argv: list[str] | None = None) -> int:
         table.add("  same + a tiny kernel in between", per_call_us(cuda_cycle_kernel, n))
         table.add("  a tiny kernel alone (buf.add_(1))", per_call_us(lambda: buf.add_(1), n))
         torch.cuda.synchronize()
+        gpu = report.table(
+            "GPU time per op of back-to-back device copies (~the H200's ws=1 all_gather), measured by one "
+            "event pair around 500 ops: bare, and with the per-collective event pair of CudaTimer around each",
+            ("ops", "bare µs/op", "with 2 events/op µs/op", "ratio"),
+        )
+        for mib in (128, 8):
+            src = torch.ones(mib << 19, dtype=torch.bfloat16, device="cuda")
+            dst = torch.empty_like(src)
+            results = []
+            for with_events in (False, True, False, True):
+                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                t0.record()
+                for _ in range(500):
+                    if with_events:
+                        timer.end(timer.begin(meta))  # same events as a timed collective, empty
+                        dst.copy_(src)
+                        timer.harvest(out)
+                        out.clear()
+                    else:
+                        dst.copy_(src)
+                t1.record()
+                torch.cuda.synchronize()
+                results.append(t0.elapsed_time(t1) * 1000 / 500)
+            bare, timed = min(results[0], results[2]), min(results[1], results[3])
+            gpu.add(f"copy {mib} MiB", bare, timed, f"{timed / bare:.4f}")
     else:
         report.notes.append("no CUDA here: only the CPU timer was measured")
     finish(report, ns)
