@@ -209,6 +209,7 @@ def test_tui_frozen_for_10_s_workers_keep_speed_memory_bounded_drops_counted_onc
         in_freeze.append(d[np.diff(it[sel]) == 1])
     it_frozen = np.concatenate(in_freeze)
     summary = summary_table(watch.text("out"))
+    lost_line = next((ln for ln in watch.text("out").splitlines() if ln.startswith("batches lost")), "")
     workers = worker_summaries(job)
     growth = {r: (rss_frozen[r] - rss_before[r]) / 2**20 for r in pids}
     print(
@@ -220,8 +221,10 @@ def test_tui_frozen_for_10_s_workers_keep_speed_memory_bounded_drops_counted_onc
         f"{[round(rss_frozen[r] / 2**20, 1) for r in sorted(pids)]} MiB; collector RSS "
         f"{collector_rss_before / 2**20:.1f} -> {collector_rss_after / 2**20:.1f} MiB; "
         f"worker dropped {[workers[r]['dropped'] for r in (0, 1)]}, collector "
-        f"count/missing/drops {[(summary[r]['count'], summary[r]['missing'], summary[r]['drops']) for r in (0, 1)]}"
+        f"count/missing/drops {[(summary[r]['count'], summary[r]['missing'], summary[r]['drops']) for r in (0, 1)]}; "
+        f"by sequence number: {lost_line!r}"
     )
+    assert lost_line and int(lost_line.rsplit(" ", 1)[1]) > 0  # batches missing from the seq numbers
     assert len(it_frozen) > 100 and it_frozen.max() < 1000.0  # waiting on the frozen peer would take 10 s
     for r in (0, 1):
         assert rate_frozen[r] > 0.6 * rate_before[r], "the workers slowed down while the collector was frozen"
