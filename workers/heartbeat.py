@@ -129,6 +129,10 @@ def hello_body(session: str, info: RunInfo, status: WorkerStatus, counters: Coun
     return protocol.hello_body(session, hello)
 
 
+#: A collector is ready to take our messages (ZMQ_IMMEDIATE queues only after the handshake).
+CONNECTED_EVENTS = getattr(zmq, "EVENT_HANDSHAKE_SUCCEEDED", zmq.EVENT_CONNECTED)
+
+
 class Heartbeat(threading.Thread):
     """Sends a Hello every ``interval_s`` on its own socket; optionally watches the parent
     process and a pending stop, ending the process hard (after a Bye) if either goes wrong."""
@@ -174,6 +178,11 @@ class Heartbeat(threading.Thread):
             self._sock.setsockopt(zmq.IMMEDIATE, 1)
             self._sock.setsockopt(zmq.LINGER, 0)
             self._sock.connect(self.endpoint)
+            # A (re)started collector learns who this rank is at once, not up to a second
+            # later: until then its rows have no host, GPU or settings.
+            monitor = self._sock.get_monitor_socket(CONNECTED_EVENTS)
+        else:
+            monitor = None
         next_hello = time.monotonic()
         try:
             while not self._done.is_set():
@@ -182,9 +191,18 @@ class Heartbeat(threading.Thread):
                     self._send(hello_body(self.session, self.info, self.status, self.counters))
                     next_hello = now + self.interval_s
                 self._check_dead_man()
-                self._done.wait(min(0.2, max(0.0, next_hello - time.monotonic())))
+                wait_s = min(0.2, max(0.0, next_hello - time.monotonic()))
+                if monitor is None:
+                    self._done.wait(wait_s)
+                elif monitor.poll(int(wait_s * 1000)):
+                    while monitor.poll(0):
+                        monitor.recv_multipart()
+                    next_hello = time.monotonic()
         finally:
             if self._sock is not None:
+                if monitor is not None:
+                    self._sock.disable_monitor()
+                    monitor.close(linger=0)
                 self._sock.close(linger=0)
 
     def _send(self, body: dict[str, Any]) -> bool:
