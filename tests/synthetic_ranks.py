@@ -159,6 +159,89 @@ class Proc:
             pass
 
 
+class PtyProc:
+    """A child on a pseudo-terminal (the real Textual TUI), in its own session; every chunk
+    it draws is time-stamped, so "the TUI shows data" is measured on its screen output."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str], rows: int = 40, cols: int = 160) -> None:
+        import fcntl
+        import pty
+        import struct
+        import termios
+
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        self.started_ns = time.time_ns()
+        self.proc = subprocess.Popen(
+            list(argv),
+            env={**env, "TERM": "xterm-256color", "COLUMNS": str(cols), "LINES": str(rows)},
+            cwd=REPO,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+        )
+        os.close(slave)
+        self.pid = self.proc.pid
+        self._master = master
+        self._chunks: list[tuple[int, bytes]] = []
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self._master, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            with self._lock:
+                self._chunks.append((time.time_ns(), data))
+        os.close(self._master)
+
+    def first_seen(self, text: str, timeout_s: float) -> int:
+        """time.time_ns() of the chunk that completed the first occurrence of ``text``."""
+        needle = text.encode()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                chunks = list(self._chunks)
+            seen = b""
+            for t_ns, data in chunks:
+                seen += data
+                if needle in seen:
+                    return t_ns
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(f"{text!r} never appeared on the TUI's screen (exit {self.proc.poll()})")
+            time.sleep(0.01)
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout_s: float) -> int:
+        return self.proc.wait(timeout_s)
+
+    def kill_all(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def start_tui(conn_path: str, env: dict[str, str], record: str) -> PtyProc:
+    """The real TUI, ``commtop watch --connection-file F --record P``, on a pseudo-terminal."""
+    return PtyProc([PY, "-m", "tui.cli", "watch", "--connection-file", conn_path, "--record", record], env)
+
+
 def start_job(conn_path: str, env: dict[str, str], *args: str, nproc: int = 2, node: str = "") -> Proc:
     """torchrun as the issue starts it: ``--standalone`` (or ``node`` = extra torchrun flags)."""
     launch = ["--standalone"] if not node else node.split()
