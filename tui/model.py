@@ -554,9 +554,12 @@ def _history(order: list[int], ranks: dict[int, _RankState]) -> History:
         n = len(it)
         if n and int(it[-1]) - int(it[0]) == n - 1 and bool((np.diff(it) == 1).all()):
             # Consecutive iterations (no loss, no restart: the usual case): slices, not masks.
-            lo = max(first, int(it[0]))
-            src = slice(lo - int(it[0]), n)
-            dst = slice(lo - first, int(it[-1]) - first + 1)
+            it0, hi = int(it[0]), int(it[-1])
+            lo = max(first, it0)
+            if hi < lo:  # this rank is more than HISTORY_ITERS behind the newest: nothing to show
+                continue
+            src = slice(lo - it0, hi - it0 + 1)
+            dst = slice(lo - first, hi - first + 1)
             ms[row, dst] = v["dur_us"][src] / 1e3
             mode[row, dst] = v["mode"][src]
             if need_start:  # usually the lowest rank fills every column
