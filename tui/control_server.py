@@ -19,8 +19,6 @@ message is counted by reason and shown (``ControlView.rejected``).
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
 import threading
 import time
@@ -30,6 +28,7 @@ from typing import Any
 import zmq
 
 from tui.interfaces import ControlView
+from tui.sources import ipc_endpoint_in_use
 from workers import protocol
 from workers.connection import Connection
 from workers.live_control import ctl_state_body
@@ -46,24 +45,6 @@ HISTORY = 256
 
 class ControlServerError(RuntimeError):
     """The control endpoints cannot be bound; one line meant for the user."""
-
-
-def _refuse_live_ipc(endpoint: str) -> None:
-    """libzmq silently takes over an ipc socket file another process still listens on."""
-    if not endpoint.startswith("ipc://"):
-        return
-    path = endpoint[len("ipc://") :]
-    if not os.path.exists(path):
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.settimeout(0.2)
-        probe.connect(path)
-    except OSError:
-        return  # a stale file left by a crash
-    finally:
-        probe.close()
-    raise ControlServerError(f"cannot listen on {endpoint}: address already in use (is another commtop using it?)")
 
 
 def settings_from_hello(data: Any) -> Settings | None:
@@ -140,7 +121,10 @@ class ControlServer:
         self._router.setsockopt(zmq.SNDHWM, 256)
         try:
             for sock, endpoint in ((self._pub, connection.control), (self._router, connection.request)):
-                _refuse_live_ipc(endpoint)
+                if ipc_endpoint_in_use(endpoint):
+                    raise ControlServerError(
+                        f"cannot listen on {endpoint}: address already in use (is another commtop using it?)"
+                    )
                 try:
                     sock.bind(endpoint)
                 except zmq.ZMQError as exc:

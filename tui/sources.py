@@ -29,23 +29,23 @@ class SourceError(RuntimeError):
     """The source cannot start; the message is one line meant for the user."""
 
 
-def _refuse_live_ipc(endpoint: str) -> None:
-    """libzmq silently replaces an ipc socket file that another process still listens on;
-    refuse instead (a stale file left by a crash is fine: nobody accepts on it)."""
+def ipc_endpoint_in_use(endpoint: str) -> bool:
+    """libzmq silently replaces an ipc socket file that another process still listens on, so
+    binders ask first (a stale file left by a crash is fine: nobody accepts on it)."""
     if not endpoint.startswith("ipc://"):
-        return
+        return False
     path = endpoint[len("ipc://") :]
     if not os.path.exists(path):
-        return
+        return False
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.settimeout(0.2)
         probe.connect(path)
     except OSError:
-        return  # stale
+        return False
     finally:
         probe.close()
-    raise SourceError("address already in use")
+    return True
 
 
 class LiveSource:
@@ -73,7 +73,8 @@ class LiveSource:
         sock.setsockopt(zmq.RCVHWM, rcvhwm)
         sock.setsockopt(zmq.LINGER, 0)
         try:
-            _refuse_live_ipc(self.endpoint)
+            if ipc_endpoint_in_use(self.endpoint):
+                raise SourceError("address already in use")
             sock.bind(self.endpoint)
         except (zmq.ZMQError, SourceError) as exc:
             sock.close(0)
