@@ -135,6 +135,15 @@ def thread_cpu(native_id: int | None) -> float:
     return 0.0
 
 
+async def quiesce(app: Any, pilot: Any) -> None:
+    """Stop the app's ingest thread and let the queued snapshot be applied while the widgets
+    still exist (a SnapshotReady handled during unmount raises NoMatches in this Textual)."""
+    if app.ingest is not None:
+        app.ingest.stop()
+        await asyncio.to_thread(app.ingest.join, 2.0)
+    await pilot.pause()
+
+
 def main_thread_id() -> int | None:
     return threading.main_thread().native_id
 
@@ -285,7 +294,7 @@ async def drive(
     model.snapshot = timed_snapshot  # type: ignore[method-assign]
     app = CommtopApp(LiveSource(conn), model, owns_source=True, title="commtop benchmark", interval_s=interval_s)
     meter = FrameMeter(app)
-    async with app.run_test(size=size):
+    async with app.run_test(size=size) as pilot:
         start_at = time.time() + 1.5  # publishers import numpy/zmq and connect first
         pubs = spawn_publishers(str(conn.path), ranks, rate, seconds, processes, start_at, dur_us=dur_us)
         await asyncio.sleep(max(0.0, start_at - time.time()))
@@ -326,6 +335,7 @@ async def drive(
         level.drain_s = max(0.0, last_change - ended) if last >= expected else time.perf_counter() - ended
         level.received = last
         level.rejected = sum(app.source.rejected.values()) if app.source is not None else 0
+        await quiesce(app, pilot)
     level.in_window = int((r1 - r0) / wall)
     level.sent, level.dropped = int(totals["sent"]), int(totals["dropped"])
     level.late_ticks = int(totals["late_ticks"])

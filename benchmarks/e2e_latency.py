@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from _common import Report, add_common_args, finish, percentile  # benchmarks/ is sys.path[0]
-from _tui_probe import FrameMeter
+from _tui_probe import FrameMeter, quiesce
 
 from tui.app import CommtopApp
 from tui.gpus import visible_gpus
@@ -69,7 +69,7 @@ async def measure(ns: argparse.Namespace, nproc: int, cpu: bool) -> tuple[list[f
     meter = FrameMeter(app, on_frame=lat.on_frame)
     job = JobProcess(torchrun_argv(nproc, config.to_argv(), conn), conn)
     try:
-        async with app.run_test(size=(160, 50)):
+        async with app.run_test(size=(160, 50)) as pilot:
             t0 = time.monotonic()
             while time.monotonic() - t0 < 120:  # torchrun, torch import, process group
                 await asyncio.sleep(0.1)
@@ -92,6 +92,7 @@ async def measure(ns: argparse.Namespace, nproc: int, cpu: bool) -> tuple[list[f
             lat.active = False
             frames = len(meter.frame_ms)
             frame_p99 = percentile(meter.frame_ms, 99)
+            await quiesce(app, pilot)
     finally:
         job.stop()
     return lat.samples_ms, app.snapshot, frames, frame_p99
