@@ -99,8 +99,8 @@ class FrameMeter:
             if app.is_headless and not app._batch_count and isinstance(renderable, CompositorUpdate):
                 renderable.render_segments(app.console)  # the escape codes a terminal would get
 
-        textual_screen.Screen._on_timer_update = timed_update  # type: ignore[method-assign]
-        textual_app.App._display = display_as_terminal  # type: ignore[method-assign]
+        textual_screen.Screen._on_timer_update = timed_update  # type: ignore[method-assign, assignment]
+        textual_app.App._display = display_as_terminal  # type: ignore[method-assign, assignment]
 
 
 class LagProbe:
@@ -291,7 +291,7 @@ async def drive(
         level.snapshot_ms.append((time.perf_counter() - t0) * 1e3)
         return snap
 
-    model.snapshot = timed_snapshot  # type: ignore[method-assign]
+    model.snapshot = timed_snapshot  # type: ignore[method-assign, assignment]
     app = CommtopApp(LiveSource(conn), model, owns_source=True, title="commtop benchmark", interval_s=interval_s)
     meter = FrameMeter(app)
     async with app.run_test(size=size) as pilot:

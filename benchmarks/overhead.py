@@ -410,15 +410,15 @@ def run(ns: argparse.Namespace) -> Report:
         by = {v: [b for b in phase.blocks if b.variant == v] for v in "AB"}
         for v in "AB":
             blocks = by[v]
-            steps = [s for b in blocks for s in b.steps_ms]
-            mean = sum(steps) / len(steps) if steps else float("nan")
+            step_ms = [s for b in blocks for s in b.steps_ms]
+            mean = sum(step_ms) / len(step_ms) if step_ms else float("nan")
             wall = max(1e-9, sum(b.wall_s for b in blocks))
             cpu = sum(b.cpu_s for b in blocks) / wall * 100
             ab.add(
                 phase.name,
                 "A bare" if v == "A" else "B commtop",
                 len(blocks),
-                len(steps),
+                len(step_ms),
                 mean,
                 mean / per_step,
                 cpu,
