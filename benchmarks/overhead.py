@@ -192,6 +192,14 @@ class Bench:
         )
         self.config = config_from_args(ns, cpu=not cuda)
         self.helpers = Helpers()
+        try:
+            self._start()
+        except BaseException:
+            self.helpers.close()  # never leave the collector or sampler process behind
+            raise
+
+    def _start(self) -> None:
+        loop = self.loop
         self.conn = self._connection()
         self.info = loop.run_info(self.config, self.rt)
         self.work = loop.Workload(self.config, self.rt)
@@ -202,7 +210,7 @@ class Bench:
         from workers.publisher import RecordPublisher
 
         self.ctx = zmq.Context()
-        self.publisher = RecordPublisher(self.conn.data, self.conn.key, self.conn.session, rank, ctx=self.ctx)
+        self.publisher = RecordPublisher(self.conn.data, self.conn.key, self.conn.session, self.rt.rank, ctx=self.ctx)
         if not self.publisher.wait_connected(30.0):
             raise RuntimeError(f"the collector did not accept a connection on {self.conn.data} within 30 s")
 
