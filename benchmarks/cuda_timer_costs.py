@@ -51,14 +51,17 @@ def main(argv: list[str] | None = None) -> int:
         a.record()
         b.record()
         torch.cuda.synchronize()
-        table.add("torch.cuda.Event.record()", per_call_us(a.record, n))
+        stream = torch.cuda.current_stream()
+        table.add("torch.cuda.Event.record() (no stream given)", per_call_us(a.record, n))
+        table.add("Event.record(stream)", per_call_us(lambda: a.record(stream), n))
         torch.cuda.synchronize()
         table.add("Event.query() (done)", per_call_us(b.query, n))
         table.add("Event.elapsed_time(other)", per_call_us(lambda: a.elapsed_time(b), n))
         anchor_event = torch.cuda.Event(enable_timing=True)
         anchor_event.record()
         torch.cuda.synchronize()
-        timer = CudaTimer(torch, 4096, Anchor(anchor_event, time.time_ns()))
+        # As the loop builds it: every pair recorded on a stream object given once.
+        timer = CudaTimer(torch, 4096, Anchor(anchor_event, time.time_ns()), torch.cuda.current_stream())
 
         def cuda_cycle() -> None:
             timer.end(timer.begin(meta))
