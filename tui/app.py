@@ -17,6 +17,7 @@ from typing import Any
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.widget import Widget
 from textual.widgets import Footer
 
@@ -197,7 +198,10 @@ class CommtopApp(App[None]):
 
     def on_snapshot_ready(self, message: SnapshotReady) -> None:
         self._posted.clear()
-        self.show_snapshot(self._latest or message.snapshot)
+        try:
+            self.show_snapshot(self._latest or message.snapshot)
+        except NoMatches:  # delivered while the app shuts down, after its widgets were removed
+            pass
 
     def on_ingest_error(self, message: IngestError) -> None:
         self._errors = (self._errors + [message.text])[-10:]
@@ -231,6 +235,12 @@ class CommtopApp(App[None]):
 
     def _side_poll(self) -> None:
         """Controller / recorder / job / replay state: cheap reads on the UI thread."""
+        try:
+            self._poll_side_state()
+        except NoMatches:  # a tick while the app shuts down, after its widgets were removed
+            pass
+
+    def _poll_side_state(self) -> None:
         changed = False
         if self.controller is not None:
             try:
