@@ -157,6 +157,18 @@ def test_history_keeps_the_last_iterations_only() -> None:
     assert h.ms[0, 0] == pytest.approx(1.1)
 
 
+def test_a_rank_far_behind_has_an_empty_history_row_and_no_crash() -> None:
+    """Regression: a rank more than the history window behind once killed the ingest thread."""
+    n = HISTORY_ITERS + 2500
+    model, _ = model_with(
+        frozen_coll(0, 0, range(n), np.full(n, 1000.0)),
+        frozen_coll(1, 0, range(10), np.full(10, 1500.0)),
+    )
+    h = model.snapshot().history
+    assert h.ms.shape == (2, HISTORY_ITERS)
+    assert np.isnan(h.ms[1]).all() and not np.isnan(h.ms[0]).any()
+
+
 def test_run_stats_per_mode_and_modes_seen() -> None:
     model, _ = model_with(frozen_coll(0, 0, range(4), [1000, 1000, 9000, 9000], mode=[0, 0, 1, 1]))
     s = model.snapshot()

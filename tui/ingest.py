@@ -81,7 +81,11 @@ class IngestLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.step(self.poll_s)
-            self.maybe_emit()
+            try:
+                self.maybe_emit()
+            except Exception as exc:  # a snapshot bug must not end ingest: report it, keep going
+                self._report(f"snapshot: {type(exc).__name__}: {exc}")
+                self._last_emit = time.monotonic()
 
     # ----------------------------------------------------------------------- work
 
