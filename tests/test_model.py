@@ -217,3 +217,13 @@ def test_frozen_run_has_two_modes_and_rank_one_straggles() -> None:
     assert s.straggler == 1
     assert all(r.count == 400 and r.missing == 0 for r in s.ranks)
     assert not math.isnan(s.iter_rate)
+
+
+def test_ranks_past_the_announced_world_size_are_refused_and_counted() -> None:
+    """A key holder must not exhaust memory by inventing ranks."""
+    model, _ = model_with(frozen_hello(0), frozen_hello(1), frozen_coll(0, 0, [0], [1000.0]))
+    model.apply(frozen_coll(7, 0, [0], [1000.0]))
+    model.apply(frozen_coll(5000, 0, [0], [1000.0]))
+    snap = model.snapshot()
+    assert sorted(r.rank for r in snap.ranks) == [0, 1]
+    assert snap.rejected.get("rank") == 2

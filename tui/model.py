@@ -58,6 +58,8 @@ NO_MODE = 255
 _COLL_RING = {"iteration": "<i8", "epoch": "<i4", "mode": "u1", "start_ns": "<i8", "dur_us": "<f4", "busbw": "<f4"}
 _HISTORY_COLUMNS = ("iteration", "mode", "start_ns", "dur_us")
 _COPY_RING = {"epoch": "<i4", "start_ns": "<i8", "dur_us": "<f4", "nbytes": "<i8", "gbps": "<f4"}
+#: Most ranks the model keeps before any hello announces the world size.
+MAX_RANKS = 16384
 
 
 # --------------------------------------------------------------------------- snapshots
@@ -248,6 +250,8 @@ class RunModel:
         self.messages = 0
         self.records = 0
         self.ignored = 0
+        self.refused_ranks = 0  # messages naming a rank past the announced world size
+        self._rank_limit = MAX_RANKS
         self.version = 0
         self.modes_seen: set[int] = set()
         self.worst_skew: SkewEvent | None = None
@@ -269,6 +273,8 @@ class RunModel:
     def apply(self, message: Any, now_ns: int | None = None) -> None:
         """Apply one decoded message (Batch, Hello, Bye, or a TELEM/TELEM_CAPS dict)."""
         now = self.clock() if now_ns is None else now_ns
+        if isinstance(message, (Batch, Hello, Bye)) and self._refuse_rank(message):
+            return
         if isinstance(message, Batch):
             self._apply_batch(message, now)
         elif isinstance(message, Hello):
@@ -288,6 +294,20 @@ class RunModel:
             return
         self.messages += 1
         self.version += 1
+
+    def _refuse_rank(self, message: Batch | Hello | Bye) -> bool:
+        """Every rank costs ~150 KB of rings, so a signed message naming a rank past the world
+        size the hellos announce (or MAX_RANKS before any hello) is refused and counted."""
+        if isinstance(message, Hello) and message.rank < message.world_size <= MAX_RANKS:
+            if not any(s.hello for s in self.ranks.values()):
+                self._rank_limit = message.world_size
+            else:
+                self._rank_limit = max(self._rank_limit, message.world_size)
+        if message.rank < self._rank_limit:
+            return False
+        self.refused_ranks += 1
+        self.version += 1
+        return True
 
     def _apply_batch(self, batch: Batch, now: int) -> None:
         state = self._rank(batch.rank)
@@ -401,7 +421,7 @@ class RunModel:
             iter_rate=float(np.median(rates)) if rates else math.nan,
             drops=sum(v.drops for v in ranks),
             lost_batches=sum(v.lost_batches for v in ranks),
-            rejected=dict(self.rejected),
+            rejected=dict(self.rejected, **({"rank": self.refused_ranks} if self.refused_ranks else {})),
             worker_rejected=sum(sum(s.hello.rejected.values()) for s in self.ranks.values() if s.hello),
             messages=self.messages,
             records=self.records,
