@@ -12,9 +12,8 @@ import time
 from datetime import timedelta
 
 import pytest
+import torch.distributed as torch_dist  # noqa: E402
 import zmq
-
-torch_dist = pytest.importorskip("torch.distributed")
 
 from workers import protocol  # noqa: E402
 from workers.live_control import (  # noqa: E402

@@ -8,10 +8,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("torch")
-
 from tui import cli  # noqa: E402
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py")

@@ -20,10 +20,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 import zmq
-
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
 
 from tui.cli import script_argv  # noqa: E402
 from tui.sources import LiveSource  # noqa: E402

@@ -18,10 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 import zmq
-
-pytest.importorskip("torch")
 
 from tui.sources import LiveSource  # noqa: E402
 from workers import connection as connections  # noqa: E402
