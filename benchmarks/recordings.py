@@ -3,7 +3,7 @@
 
     /work/venv/bin/python benchmarks/recordings.py [--records 10000000] [--ranks 8]
 
-The synthetic GPU-like run comes from ``recording_speed.py`` (its ``batches`` generator: an
+The synthetic GPU-like run comes from ``_synth_recording.py`` (its ``batches`` generator: an
 all_gather every ~2.7 ms per rank in 50 ms batches, a new mode every minute); it is written
 with the real ``RecordingWriter`` in chunks of the live Recorder's flush interval, then read
 back with the columnar reader and with ``commtop report --format json``.
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from _common import Report, add_common_args, finish  # benchmarks/ is sys.path[0]
-from recording_speed import batches
+from _synth_recording import batches
 
 from tui import report as commtop_report
 from tui.recording import Recorder, RecordingWriter, open_recording
