@@ -301,3 +301,40 @@ def test_an_empty_recording_reports_replays_and_plots(capsys, tmp_path: Path) ->
     src = open_replay(path)
     assert src.poll(0) == [] and src.position().finished
     src.close()
+
+
+def test_trace_puts_every_host_on_the_reference_clock(capsys, tmp_path: Path) -> None:
+    """Ranks 2-3 on a second host: shifting that host's clock by 250 ms changes the stated
+    offset by 250 ms and leaves the trace's timeline unchanged."""
+    import dataclasses
+
+    def trace(skew_ns: int) -> tuple[dict, dict[tuple[int, int], float]]:
+        items = []
+        for t, m in synth_run(duration_s=2.0, world=4, seed=3):
+            if isinstance(m, p.Hello) and m.rank >= 2:
+                m = dataclasses.replace(m, host="node1")
+            elif isinstance(m, p.Batch) and m.rank >= 2:
+                m = dataclasses.replace(m, columns=dict(m.columns, start_ns=m.columns["start_ns"] + skew_ns))
+            items.append((t, m))
+        path = tmp_path / f"skew{skew_ns}.commtop"
+        write_recording(path, items)
+        out = tmp_path / f"skew{skew_ns}.json"
+        rc, _, _ = call(capsys, str(path), "--trace", str(out))
+        assert rc == 0
+        doc = json.loads(out.read_text())
+        ends = {
+            (e["pid"], e["args"]["iteration"]): e["ts"] + e["dur"]
+            for e in doc["traceEvents"]
+            if e["ph"] == "X" and e["cat"] == "collective"
+        }
+        return doc["otherData"]["host_clock_offsets_ms"], ends
+
+    offsets0, ends0 = trace(0)
+    offsets1, ends1 = trace(250_000_000)
+    assert offsets1["node1"] - offsets0["node1"] == pytest.approx(250.0, abs=0.001)
+    common = [i for (r, i) in ends0 if r == 0 and (2, i) in ends0]
+    assert len(common) > 50
+    for i in common:
+        gap0 = ends0[(2, i)] - ends0[(0, i)]
+        gap1 = ends1[(2, i)] - ends1[(0, i)]
+        assert gap1 == pytest.approx(gap0, abs=0.01), f"iteration {i}: host clocks not aligned"

@@ -60,16 +60,64 @@ def _meta(pid: int, name: str, sort: int, threads: dict[int, str]) -> list[str]:
     return out
 
 
+def host_offsets_ns(coll: dict[str, np.ndarray], host_of: dict[int, str], min_common: int = 8) -> dict[str, int]:
+    """{host: its clock minus the reference host's, ns}, as the live view estimates it.
+
+    Every rank leaves one collective at (nearly) the same instant, so the end times
+    (start + dur) of one iteration coincide across ranks: the median difference between a
+    host's lowest rank and the reference (the lowest rank's host) is that host's offset."""
+    first: dict[str, int] = {}
+    for rank in sorted(host_of):
+        first.setdefault(host_of[rank], rank)
+    if len(first) < 2 or not len(coll["rank"]):
+        return {}
+    end = coll["start_ns"] + (coll["dur_us"].astype(np.float64) * 1e3).astype(np.int64)
+
+    def ends(rank: int) -> tuple[np.ndarray, np.ndarray]:
+        mine = coll["rank"] == rank
+        return coll["iteration"][mine], end[mine]
+
+    ref_it, ref_end = ends(min(first.values()))
+    offsets: dict[str, int] = {}
+    for host, rank in first.items():
+        it, e = ends(rank)
+        _, i, j = np.intersect1d(it, ref_it, return_indices=True)
+        if len(i) >= min_common:
+            offsets[host] = int(np.median(e[i] - ref_end[j]))
+    return offsets
+
+
+def _aligned(columns: dict[str, np.ndarray], host_of: dict[int, str], offsets: dict[str, int]) -> dict[str, np.ndarray]:
+    """The columns with each rank's start times moved onto the reference host's clock."""
+    shift = {rank: offsets.get(host, 0) for rank, host in host_of.items()}
+    if not any(shift.values()) or not len(columns["rank"]):
+        return columns
+    lut = np.zeros(int(columns["rank"].max()) + 1, dtype=np.int64)
+    for rank, ns in shift.items():
+        if rank < len(lut):
+            lut[rank] = ns
+    return dict(columns, start_ns=columns["start_ns"] - lut[columns["rank"]])
+
+
 def write_trace(rec: Recording, tables: Tables, path: str) -> int:
-    """Write the trace; returns the number of events."""
-    coll, copy = tables.coll, tables.copy
+    """Write the trace, every host's times on the reference host's clock; returns the number
+    of events."""
+    hellos = {h.rank: h for _, h in tables.hellos}
+    host_of = {r: h.host for r, h in hellos.items()}
+    offsets = host_offsets_ns(tables.coll, host_of)
+    coll, copy = _aligned(tables.coll, host_of, offsets), _aligned(tables.copy, host_of, offsets)
     starts = [a.min() for a in (coll["start_ns"], copy["start_ns"]) if len(a)]
     base = int(min(starts)) if starts else rec.first_ns
-    hellos = {h.rank: h for _, h in tables.hellos}
     ranks = sorted(set(np.unique(coll["rank"]).tolist()) | set(np.unique(copy["rank"]).tolist()) | set(hellos))
     gpu_pid = {(h.host, h.gpu_uuid): r for r, h in hellos.items()}
     with open(path, "w") as f:
-        other = {"base_time_ns": base, "recording": rec.path, "complete": rec.complete, "problems": rec.summary()}
+        other = {
+            "base_time_ns": base,
+            "recording": rec.path,
+            "complete": rec.complete,
+            "problems": rec.summary(),
+            "host_clock_offsets_ms": {h: ns / 1e6 for h, ns in offsets.items()},
+        }
         other.update({k: rec.meta.get(k) for k in ("tool_version", "schema_version", "clock", "hosts", "world_size")})
         f.write('{"displayTimeUnit":"ms","otherData":' + json.dumps(other, default=str) + ',"traceEvents":[')
         out = _Out(f)
@@ -80,7 +128,7 @@ def write_trace(rec: Recording, tables: Tables, path: str) -> int:
         _settings_marks(out, coll, tables, base)
         _collectives(out, coll, base)
         _copies(out, copy, base)
-        _counters(out, tables.other, gpu_pid, base)
+        _counters(out, tables.other, gpu_pid, base, offsets)
         f.write("\n]}\n")
     return out.count
 
@@ -163,7 +211,11 @@ def _copies(out: _Out, copy: dict[str, np.ndarray], base: int) -> None:
 
 
 def _counters(
-    out: _Out, other: list[tuple[int, dict[str, Any]]], gpu_pid: dict[tuple[str, str], int], base: int
+    out: _Out,
+    other: list[tuple[int, dict[str, Any]]],
+    gpu_pid: dict[tuple[str, str], int],
+    base: int,
+    offsets: dict[str, int],
 ) -> None:
     node_pids: dict[str, int] = {}
     for _, body in other:
@@ -176,7 +228,7 @@ def _counters(
         for name, raw in body["m"].items():
             if isinstance(raw, bytes) and len(raw) == 8 * n:
                 metrics[name] = np.frombuffer(raw, dtype="<f8").tolist()
-        ts = (body["t"] - base) / 1e3
+        ts = (body["t"] - offsets.get(host, 0) - base) / 1e3
         events = []
         for i, uuid in enumerate(uuids):
             pid = gpu_pid.get((host, uuid))
