@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+from rich.cells import cell_len
 from rich.segment import Segment
 
 from tui.model import NO_MODE, History, RankView, Snapshot
@@ -152,6 +153,15 @@ def _axis(top: float) -> str:
 def _fit(segments: list[Segment], width: int) -> list[Segment]:
     """Crop or pad a line to exactly ``width`` cells."""
     return Segment.adjust_line_length(segments, width)
+
+
+def _fit_known(segments: list[Segment], length: int, width: int) -> list[Segment]:
+    """:func:`_fit` for a line whose cell length is known: pads as it does without
+    measuring every segment (only cropping needs that)."""
+    if length < width:
+        segments.append(Segment(" " * (width - length)))
+        return segments
+    return segments if length == width else _fit(segments, width)
 
 
 def failed(r: RankView) -> bool:
@@ -390,7 +400,7 @@ class HeatView:
         if index == 0:
             mode_row = self.cells.mode.max(axis=0) if snap.ranks else np.zeros(0, dtype=np.int16)
             segs = [Segment(f"{'mode':<{HEAT_LABEL_W}}", style(MUTED))]
-            segs += _rle([("▀", style(mode_color(int(m)))) if m >= 0 else (" ", style(None)) for m in mode_row])
+            segs += _mode_segments(mode_row)
             return _fit(segs, self.width)
         i = (index - 1) * self.step
         top_label, top_ranks = self.rows[i]
@@ -410,16 +420,13 @@ class HeatView:
             )
         ]
         heat = self.heat
-        up_rank = _worst(top_ranks)
-        cells_out: list[tuple[str, object]] = []
-        for j in range(heat.shape[1]):
-            up = _heat_color(int(heat[i, j]), up_rank)
-            if low is None:
-                cells_out.append(("█" if up else " ", style(up)))
-            else:
-                down = _heat_color(int(heat[i + 1, j]), _worst(low[1]))
-                cells_out.append(("▀", style(up or "#000000", down)))
-        segs += _rle(cells_out)
+        up_dim = _dims(_worst(top_ranks))
+        if low is None:
+            segs += _heat_segments(heat[i], up_dim)
+        else:
+            segs += _heat_segments(heat[i], up_dim, heat[i + 1], _dims(_worst(low[1])))
+        if _HEAT_NARROW:  # every heat cell is one terminal cell: no need to measure them
+            return _fit_known(segs, segs[0].cell_length + heat.shape[1], self.width)
         return _fit(segs, self.width)
 
 
@@ -464,26 +471,95 @@ def _heat_index(ms: np.ndarray, top: float) -> np.ndarray:
     return idx.astype(np.int16)
 
 
-def _heat_color(idx: int, r: RankView) -> str | None:
-    if idx < 0:
-        return None
-    color = CLIPPED if idx >= len(HEAT_RAMP) else HEAT_RAMP[idx]
-    if r.state in ("stale", "exited"):
-        color = blend(color)
-    return color
+def _dims(r: RankView) -> bool:
+    """Whether a rank's heat cells are drawn dimmed (blended toward the background)."""
+    return r.state in ("stale", "exited")
 
 
-def _rle(cells: list[tuple[str, object]]) -> list[Segment]:
+#: Heat colours by code: 0 = no data, 1..len(HEAT_RAMP) = ramp, len(HEAT_RAMP) + 1 = clipped.
+_HEAT_CODES = len(HEAT_RAMP) + 2
+_HEAT_COLORS: tuple[str | None, ...] = (None, *HEAT_RAMP, CLIPPED)
+_HEAT_COLORS_DIM: tuple[str | None, ...] = (None, *(blend(c) for c in (*HEAT_RAMP, CLIPPED)))
+#: Text and style per colour code, per (up dimmed, down dimmed, halves); styles filled on first use.
+_HEAT_TABLES: dict[tuple[bool, bool, bool], tuple[list[str], list[object]]] = {}
+
+
+def _heat_table(up_dim: bool, down_dim: bool, halves: bool, codes: list[int]) -> tuple[list[str], list[object]]:
+    """The character and style of each heat cell code (as HeatView.line drew them per cell),
+    with the styles of ``codes`` filled in."""
+    key = (up_dim, down_dim, halves)
+    table = _HEAT_TABLES.get(key)
+    if table is None:
+        ups = _HEAT_COLORS_DIM if up_dim else _HEAT_COLORS
+        chars = [("▀" if halves else "█" if ups[c % _HEAT_CODES] else " ") for c in range(_HEAT_CODES * _HEAT_CODES)]
+        table = _HEAT_TABLES[key] = (chars, [None] * (_HEAT_CODES * _HEAT_CODES))
+    styles = table[1]
+    for code in codes:
+        if styles[code] is None:
+            if halves:
+                up = (_HEAT_COLORS_DIM if up_dim else _HEAT_COLORS)[code // _HEAT_CODES]
+                down = (_HEAT_COLORS_DIM if down_dim else _HEAT_COLORS)[code % _HEAT_CODES]
+                styles[code] = style(up or "#000000", down)
+            else:
+                styles[code] = style((_HEAT_COLORS_DIM if up_dim else _HEAT_COLORS)[code])
+    return table
+
+
+def _runs(codes: np.ndarray) -> tuple[list[int], list[int]]:
+    """Length and value of each run of equal values in ``codes`` (1-D, non-empty)."""
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(codes)) + 1))
+    lengths = np.diff(np.append(starts, len(codes)))
+    return lengths.tolist(), codes[starts].tolist()
+
+
+#: Whether the heat map's characters are one terminal cell wide each.
+_HEAT_NARROW = all(cell_len(ch) == 1 for ch in "█▀ ")
+#: Whether distinct heat codes always get distinct styles (then runs of equal code are
+#: already the longest runs of equal style, and need no merging).
+_HEAT_DISTINCT = len(set(_HEAT_COLORS)) == len(set(_HEAT_COLORS_DIM)) == _HEAT_CODES and "#000000" not in (
+    _HEAT_COLORS + _HEAT_COLORS_DIM
+)
+
+
+def _heat_segments(
+    up: np.ndarray, up_dim: bool, down: np.ndarray | None = None, down_dim: bool = False
+) -> list[Segment]:
+    """One heat-map line's cells, one Segment per run of equal colour: full blocks for one
+    rank per line, upper half blocks (upper rank fg, lower rank bg) for two."""
+    if len(up) == 0:
+        return []
+    codes = np.clip(up.astype(np.int32) + 1, 0, _HEAT_CODES - 1)
+    if down is not None:
+        codes = codes * _HEAT_CODES + np.clip(down.astype(np.int32) + 1, 0, _HEAT_CODES - 1)
+    lengths, values = _runs(codes)
+    chars, styles = _heat_table(up_dim, down_dim, down is not None, values)
+    if _HEAT_DISTINCT:
+        return [Segment(chars[c] * n, styles[c]) for n, c in zip(lengths, values, strict=True)]  # type: ignore[arg-type]
+    return _merge([(chars[c] * n, styles[c]) for n, c in zip(lengths, values, strict=True)])
+
+
+def _mode_segments(mode_row: np.ndarray) -> list[Segment]:
+    """The mode line of the heat map: an upper half block per column in the mode's colour."""
+    if len(mode_row) == 0:
+        return []
+    lengths, values = _runs(mode_row.astype(np.int32))
+    return _merge(
+        [
+            ("▀" * n, style(mode_color(m))) if m >= 0 else (" " * n, style(None))
+            for n, m in zip(lengths, values, strict=True)
+        ]
+    )
+
+
+def _merge(runs: list[tuple[str, object]]) -> list[Segment]:
+    """Segments of (text, style) runs, neighbours of the same style (identical object) joined."""
     out: list[Segment] = []
-    text: list[str] = []
-    current = None
-    for ch, st in cells:
-        if st is current:
-            text.append(ch)
+    text, current = "", None
+    for t, st in runs:
+        if st is current and out:
+            text += t
+            out[-1] = Segment(text, current)  # type: ignore[arg-type]
         else:
-            if text:
-                out.append(Segment("".join(text), current))  # type: ignore[arg-type]
-            text, current = [ch], st
-    if text:
-        out.append(Segment("".join(text), current))  # type: ignore[arg-type]
+            text, current = t, st
+            out.append(Segment(t, st))  # type: ignore[arg-type]
     return out
