@@ -142,6 +142,41 @@ def _mode_of(values: np.ndarray) -> int:
     return int(uniq[np.argmax(counts)]) if len(uniq) else 0
 
 
+def _percentiles(d32: np.ndarray, qs: Sequence[float]) -> list[float]:
+    """Exactly ``np.percentile(d32.astype(np.float64), qs).tolist()`` (method 'linear'), from one
+    partition of the float32 values (half the memory traffic of partitioning float64): the order
+    statistics are the same values, and the interpolation below is numpy's, operation for
+    operation. NaN, or a zero at an interpolation point (±0 sort as equals), falls back to numpy."""
+    n = len(d32)
+    plan = []
+    for q in qs:
+        v = (n - 1) * (q / 100)
+        prev = -1 if v >= n - 1 else math.floor(v)
+        plan.append((v, prev, n - 1 if prev < 0 else prev, n - 1 if prev < 0 else prev + 1))
+    kth = sorted({n - 1} | {i for _, _, a, b in plan for i in (a, b)})
+    part = np.partition(d32, kth)
+    vals = dict(zip(kth, part[kth].astype(np.float64).tolist(), strict=True))
+    if vals[n - 1] != vals[n - 1] or any(vals[a] == 0 or vals[b] == 0 for _, _, a, b in plan):
+        return np.percentile(d32.astype(np.float64), qs).tolist()
+    out = []
+    for v, prev, a, b in plan:
+        lo, hi, t = vals[a], vals[b], v - prev
+        diff = hi - lo
+        out.append(hi - diff * (1 - t) if t >= 0.5 else lo + diff * t)
+    return out
+
+
+def _median(d32: np.ndarray) -> float:
+    """Exactly ``float(np.median(d32.astype(np.float64)))``, from a float32 partition."""
+    n = len(d32)
+    kth = sorted({(n - 1) // 2, n // 2, n - 1})
+    part = np.partition(d32, kth)
+    lo, hi, last = part[[(n - 1) // 2, n // 2, n - 1]].astype(np.float64).tolist()
+    if last != last or lo == 0 or hi == 0:
+        return float(np.median(d32.astype(np.float64)))
+    return lo if n % 2 else (lo + hi) / 2
+
+
 def _runs(sorted_keys: np.ndarray) -> list[tuple[int, int, int]]:
     """(key, start, end) of each run of equal keys in a sorted array."""
     if len(sorted_keys) == 0:
@@ -151,11 +186,41 @@ def _runs(sorted_keys: np.ndarray) -> list[tuple[int, int, int]]:
     return list(zip(sorted_keys[starts].tolist(), starts.tolist(), ends.tolist(), strict=True))
 
 
-def _by_epoch_rank(table: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(order, sorted keys) grouping records by (epoch, rank); key = epoch << 20 | rank."""
-    keys = (table["epoch"].astype(np.int64) << 20) | table["rank"].astype(np.int64)
+def _by_epoch_rank(table: dict[str, np.ndarray]) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """(order, runs) grouping records by (epoch, rank): a stable sort by key = epoch << 20 | rank
+    and the (key, start, end) of each group in that order. Few (epoch, rank) pairs (the usual
+    case) get a dense 16-bit key: numpy sorts those with a radix sort (the same permutation,
+    several times faster), and the groups come from counts instead of a scan of the keys."""
+    epoch, rank = table["epoch"], table["rank"]
+    if len(epoch):
+        e0, e1, r0, r1 = int(epoch.min()), int(epoch.max()), int(rank.min()), int(rank.max())
+        nr = r1 - r0 + 1
+        if r0 >= 0 and r1 < 1 << 20 and -(1 << 31) <= e0 and e1 < 1 << 31 and (e1 - e0 + 1) * nr <= 1 << 16:
+            dense = (epoch.astype(np.int32, copy=False) - e0) * nr + (rank.astype(np.int32, copy=False) - r0)
+            order = np.argsort(dense.astype(np.uint16), kind="stable")
+            counts = np.bincount(dense, minlength=(e1 - e0 + 1) * nr)
+            ends = np.cumsum(counts).tolist()
+            runs = [
+                (((e0 + i // nr) << 20) | (r0 + i % nr), end - n, end)
+                for i, (n, end) in enumerate(zip(counts.tolist(), ends, strict=True))
+                if n
+            ]
+            return order, runs
+    keys = (epoch.astype(np.int64) << 20) | rank.astype(np.int64)
     order = np.argsort(keys, kind="stable")
-    return order, keys[order]
+    return order, _runs(keys[order])
+
+
+def _epochs(runs: list[tuple[int, int, int]]) -> list[tuple[int, int, int, list[tuple[int, int, int]]]]:
+    """(epoch, start, end, its runs) of each epoch from the (key, start, end) runs of _by_epoch_rank."""
+    out: list[tuple[int, int, int, list[tuple[int, int, int]]]] = []
+    for key, a, b in runs:
+        if out and out[-1][0] == key >> 20:
+            out[-1] = (out[-1][0], out[-1][1], b, out[-1][3])
+        else:
+            out.append((key >> 20, a, b, []))
+        out[-1][3].append((key, a, b))
+    return out
 
 
 class _Telemetry:
@@ -215,8 +280,9 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     telemetry = _Telemetry(tables.other)
 
     # everything sorted once by (epoch, rank): each row below is a contiguous slice
-    order, keys = _by_epoch_rank(coll)
-    dur = coll["dur_us"][order].astype(np.float64)
+    order, runs = _by_epoch_rank(coll)
+    dur32 = coll["dur_us"][order]  # percentiles partition these (see _percentiles)
+    dur = dur32.astype(np.float64)
     start = coll["start_ns"][order]
     end = start + (dur * 1e3).astype(np.int64)
     mode = coll["mode"][order]
@@ -224,9 +290,9 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     algbw = coll["algbw"][order].astype(np.float64)
     busbw = coll["busbw"][order].astype(np.float64)
     ranks = coll["rank"][order]
-    corder, ckeys = _by_epoch_rank(copy)
-    cspan = {k: (a, b) for k, a, b in _runs(ckeys)}
-    cepoch = {e: (a, b) for e, a, b in _runs(ckeys >> 20)}
+    corder, cruns = _by_epoch_rank(copy)
+    cspan = {k: (a, b) for k, a, b in cruns}
+    cepoch = {e: (a, b) for e, a, b, _ in _epochs(cruns)}
     c = {name: copy[name][corder] for name in ("rank", "step", "nbytes", "direction", "pinned")}
     gbps = copy["gbps"][corder].astype(np.float64)
 
@@ -236,13 +302,13 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     base_all: dict[int, float] = {}
     for k in _counts(combo[none])[0].tolist():
         sel = none[combo[none] == k]
-        base_all[k] = float(np.median(dur[sel]))
+        base_all[k] = _median(dur32[sel])
         rsel = np.argsort(ranks[sel], kind="stable")
         for r, a, b in _runs(ranks[sel][rsel]):
-            base_rank[(r, k)] = float(np.median(dur[sel[rsel[a:b]]]))
+            base_rank[(r, k)] = _median(dur32[sel[rsel[a:b]]])
 
     rows: list[Row] = []
-    for e, a_e, b_e in _runs(keys >> 20):
+    for e, a_e, b_e, eruns in _epochs(runs):
         s = settings.get(e, {})
         ca, cb = cepoch.get(e, (0, 0))
         if "copies" in s:
@@ -258,11 +324,11 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
         m = _mode_of(mode[a_e:b_e])
         t0, t1 = int(start[a_e:b_e].min()), int(end[a_e:b_e].max())
         groups: list[tuple[int | None, int, int, tuple[int, int]]] = [(None, a_e, b_e, (ca, cb))]
-        for key, a, b in _runs(keys[a_e:b_e]):  # key = epoch << 20 | rank
-            groups.append((key & 0xFFFFF, a_e + a, a_e + b, cspan.get(key, (0, 0))))
+        for key, a, b in eruns:  # key = epoch << 20 | rank
+            groups.append((key & 0xFFFFF, a, b, cspan.get(key, (0, 0))))
         for rank, a, b, (ga, gb) in groups:
             d = dur[a:b]
-            p50, p90, p99 = np.percentile(d, [50, 90, 99]).tolist()
+            p50, p90, p99 = _percentiles(dur32[a:b], [50, 90, 99])
             base = base_all.get(k) if rank is None else base_rank.get((rank, k))
             gpu = None if rank is None else gpu_of.get(rank, ("", ""))
             rows.append(
@@ -294,19 +360,23 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
             )
 
     modes = []
-    for m in _counts(mode)[0].tolist():
-        sel = mode == m
-        p50, p99 = np.percentile(dur[sel], [50, 99]).tolist()
+    morder = np.argsort(mode, kind="stable")  # records by mode (a radix sort for uint8)
+    mcounts = np.bincount(mode) if len(mode) else np.zeros(0, dtype=np.int64)
+    mends = np.cumsum(mcounts).tolist()
+    for m, (count, b) in enumerate(zip(mcounts.tolist(), mends, strict=True)):
+        if not count:
+            continue
+        sel = morder[b - count : b]
+        dm, cm = dur32[sel], combo[sel]
+        p50, p99 = _percentiles(dm, [50, 99])
         ratios, weights = [], []  # slowdown per (op, size) with a baseline, weighted by records
         for k, base in base_all.items():
-            both = sel & (combo == k)
+            both = cm == k
             if both.any():
-                ratios.append(float(np.median(dur[both])) / base)
+                ratios.append(_median(dm[both]) / base)
                 weights.append(int(np.count_nonzero(both)))
         slow = float(np.average(ratios, weights=weights)) if ratios else math.nan
-        modes.append(
-            ModeRow(p.MODES[m] if m < len(p.MODES) else f"mode{m}", int(np.count_nonzero(sel)), p50, p99, slow)
-        )
+        modes.append(ModeRow(p.MODES[m] if m < len(p.MODES) else f"mode{m}", count, p50, p99, slow))
     return Report(
         path=rec.path,
         complete=rec.complete,
