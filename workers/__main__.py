@@ -233,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         pass
     guard.cancel()
-    print("commtop-summary " + json.dumps(result.summary), flush=True)
+    # One write of the whole line: ranks share torchrun's stdout, and print() writes the text and
+    # the newline separately, so two ranks' summaries could interleave on one line.
+    sys.stdout.write("commtop-summary " + json.dumps(result.summary) + "\n")
+    sys.stdout.flush()
     if result.exit_code:
         print(f"{PROG} rank {rank}: {result.reason}", file=sys.stderr)
     return result.exit_code
