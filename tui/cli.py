@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -118,8 +118,12 @@ class Collector:
     model: Any
     controller: Any = None
     recorder: Any = None
-    sinks: list[Any] = field(default_factory=list)
     lock_fd: int = -1
+
+    @property
+    def sinks(self) -> list[Any]:
+        """Who gets every accepted message after the model: the control server, the recorder."""
+        return [part for part in (self.controller, self.recorder) if part is not None]
 
     def close(self) -> None:
         for part in (self.recorder, self.controller, self.source):
@@ -169,17 +173,14 @@ def open_collector(conn: connections.Connection, record: str | None, collective:
     except Exception as exc:
         collector.close()
         raise CollectorError(str(exc)) from None
-    collector.sinks.append(collector.controller)
     collector.recorder = make_recorder(collective)
-    if collector.recorder is not None:
-        collector.sinks.append(collector.recorder)
-        if record is not None:
-            path = collector.recorder.start(record or None)
-            error = collector.recorder.status().error
-            if error:
-                collector.close()
-                raise CollectorError(error)
-            print(f"commtop: recording to {path}", file=sys.stderr)
+    if record is not None:
+        path = collector.recorder.start(record or None)
+        error = collector.recorder.status().error
+        if error:
+            collector.close()
+            raise CollectorError(error)
+        print(f"commtop: recording to {path}", file=sys.stderr)
     return collector
 
 
