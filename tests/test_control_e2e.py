@@ -22,7 +22,7 @@ from tui.control_server import ControlServer
 from tui.launcher import JobProcess, torchrun_argv
 from tui.sources import LiveSource
 from workers import connection as connections
-from workers import protocol
+from workers import live_control, protocol
 from workers.config import LoopConfig
 from workers.settings import COPY_SCALES, MAX_COPIES, Settings
 
@@ -241,12 +241,23 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         assert view.requested == in_force.as_dict() == view.in_force
         assert view.epoch_in_force == 1
         wait_for(lambda: records2.last_iteration() > before_restart + 50 * STEP, 20, "workers going on", job)
-        # rank 0 counted the rogue's messages by reason (logged; Hello.rejected once the heartbeat reports it)
-        refusals = [ln for ln in job.lines() if "rank 0 refused control messages" in ln]
-        assert refusals, "\n".join(job.lines()[-20:])
-        counts = dict(kv.split("=") for kv in refusals[-1].rsplit("so far: ", 1)[1].split())
-        assert int(counts["signature"]) >= 3 and int(counts["replay"]) >= 1, counts
+        # rank 0 counted the rogue's messages by reason: in Hello.rejected (every heartbeat) and in the
+        # job's log (a burst is logged when it starts and again at most LOG_S later, when it has grown)
+        def hello_rejected() -> dict[str, int]:
+            with records2.lock:
+                hello = records2.hellos.get(0)
+            return hello.rejected if hello is not None else {}
+
+        wait_for(lambda: hello_rejected().get("signature", 0) >= 3, 5, "Hello.rejected", job)
+        counts = hello_rejected()
+        assert counts["signature"] >= 3 and counts["replay"] >= 1, counts
         assert set(counts) <= {"signature", "replay"}, counts
+
+        def logged() -> dict[str, int]:
+            lines = [ln for ln in job.lines() if "rank 0 refused control messages" in ln]
+            return {k: int(v) for k, v in (kv.split("=") for kv in lines[-1].rsplit("so far: ", 1)[1].split())} if lines else {}
+
+        wait_for(lambda: logged() == counts, live_control.LOG_S + 5, f"the log to say {counts}", job)
         # still controllable through the new collector
         assert ctl.main(["--run", conn.path, "mode", "none"]) == 0, capsys.readouterr()
         assert collector.server.view().in_force["mode"] == "none"

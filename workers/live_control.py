@@ -474,6 +474,7 @@ class DesiredListener:
         """Wait up to ``timeout_s`` for messages, then handle every one queued."""
         zmq = self._zmq
         if not self.sock.poll(int(timeout_s * 1000), zmq.POLLIN):
+            self._log_rejections()  # a burst that ended inside LOG_S is still logged, LOG_S later
             return
         while True:
             try:
