@@ -241,6 +241,7 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         assert view.requested == in_force.as_dict() == view.in_force
         assert view.epoch_in_force == 1
         wait_for(lambda: records2.last_iteration() > before_restart + 50 * STEP, 20, "workers going on", job)
+
         # rank 0 counted the rogue's messages by reason: in Hello.rejected (every heartbeat) and in the
         # job's log (a burst is logged when it starts and again at most LOG_S later, when it has grown)
         def hello_rejected() -> dict[str, int]:
@@ -255,7 +256,11 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
 
         def logged() -> dict[str, int]:
             lines = [ln for ln in job.lines() if "rank 0 refused control messages" in ln]
-            return {k: int(v) for k, v in (kv.split("=") for kv in lines[-1].rsplit("so far: ", 1)[1].split())} if lines else {}
+            return (
+                {k: int(v) for k, v in (kv.split("=") for kv in lines[-1].rsplit("so far: ", 1)[1].split())}
+                if lines
+                else {}
+            )
 
         wait_for(lambda: logged() == counts, live_control.LOG_S + 5, f"the log to say {counts}", job)
         # still controllable through the new collector
