@@ -148,3 +148,18 @@ def test_signed_wellformed_but_wrong_bodies_never_crash_decode(junk: object, kin
         p.decode(p.open_frames(KEY, _signed(body), SESSION))
     except p.ProtocolError:
         pass
+
+
+def test_bye_reason_drops_cpp_source_locations_and_keeps_the_message():
+    gloo = RuntimeError(
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+        "Connection closed by peer [127.0.0.1]:28412\nException raised from ..."
+    )
+    assert p.bye_reason(gloo) == "RuntimeError: Connection closed by peer [127.0.0.1]:28412"
+    nested = RuntimeError("[c10/util/Exception.cpp:42] [/src/nccl.cc:7]  NCCL error: unhandled system error")
+    assert p.bye_reason(nested) == "RuntimeError: NCCL error: unhandled system error"
+    # bracketed text that is not a source location stays; empty messages give the type alone
+    assert p.bye_reason(ValueError("[rank 3] bad shape")) == "ValueError: [rank 3] bad shape"
+    assert p.bye_reason(KeyError()) == "KeyError"
+    assert p.bye_reason(OSError("\n\n  disk full  \n")) == "OSError: disk full"
+    assert len(p.bye_reason(RuntimeError("x" * 2000))) == 512

@@ -30,7 +30,7 @@ from workers.config import LoopConfig
 from workers.connection import Connection
 from workers.control import Control
 from workers.heartbeat import Counters, Heartbeat, RunInfo, StopFlag, WorkerStatus, hello_body, reported_hostname
-from workers.protocol import COLLECTIVES, DIRECTIONS, MODES, Bye
+from workers.protocol import COLLECTIVES, DIRECTIONS, MODES, Bye, bye_reason
 from workers.publisher import NullPublisher, RecordBatcher, RecordPublisher
 from workers.settings import COPY_SCALES, Settings
 from workers.timing import (
@@ -441,7 +441,7 @@ def run_worker(
             reason = f"{stop.reason or 'stopped'} (a peer left during a collective: {type(exc).__name__})"
         else:
             traceback.print_exc(file=sys.stderr)
-            code, reason = 1, f"{type(exc).__name__}: {exc}"[:512]
+            code, reason = 1, bye_reason(exc)
         if instr is not None:
             try:
                 instr.finish(None)  # flush what was timed; no device sync on a failing path

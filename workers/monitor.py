@@ -62,7 +62,7 @@ from workers.control import Control, StaticControl
 from workers.heartbeat import Counters, Heartbeat, RunInfo, WorkerStatus, hello_body, reported_hostname
 from workers.monitor_patch import Args, Kwargs, OpSpec
 from workers.monitor_records import OPS, MonitorBatcher
-from workers.protocol import DIRECTIONS, MODES, Bye
+from workers.protocol import DIRECTIONS, MODES, Bye, bye_reason
 from workers.publisher import NullPublisher, RecordPublisher
 from workers.settings import MAX_KNOBS, Settings
 from workers.timing import Anchor, CpuTimer, CudaTimer
@@ -745,7 +745,7 @@ def _hook_excepthook(mon: Monitor) -> None:
     previous = sys.excepthook
 
     def hook(et: type[BaseException], ev: BaseException, tb: TracebackType | None) -> None:
-        mon._exit = (1, f"{et.__name__}: {ev}"[:512])
+        mon._exit = (1, bye_reason(ev))
         previous(et, ev, tb)
 
     sys.excepthook = hook

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -358,6 +359,19 @@ class Bye:
     exit_code: int
     reason: str
     t_ns: int
+
+
+#: A C++ source location that torch/gloo/NCCL errors start with: "[/src/gloo/.../pair.cc:534] ".
+_SOURCE_PREFIX = re.compile(r"^(?:\[[^\]\s]*[/\\][^\]\s]*:\d+\]\s*)+")
+
+
+def bye_reason(exc: BaseException, limit: int = 512) -> str:
+    """``"RuntimeError: Connection closed by peer [10.0.0.2]:4411"`` for a Bye: the message's
+    first non-empty line without leading C++ source locations, which would otherwise fill
+    the TUI's one-line note with a build path (the full traceback goes to stderr)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = _SOURCE_PREFIX.sub("", lines[0]) if lines else ""
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:limit]
 
 
 def bye_body(session: str, bye: Bye) -> dict[str, Any]:
