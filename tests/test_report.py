@@ -338,3 +338,24 @@ def test_trace_puts_every_host_on_the_reference_clock(capsys, tmp_path: Path) ->
         gap0 = ends0[(2, i)] - ends0[(0, i)]
         gap1 = ends1[(2, i)] - ends1[(0, i)]
         assert gap1 == pytest.approx(gap0, abs=0.01), f"iteration {i}: host clocks not aligned"
+
+
+def test_a_cut_recording_started_before_any_hello_names_its_ranks_from_the_data(capsys, run, tmp_path: Path) -> None:
+    """`commtop run --record` opens the file before the first Hello (an empty header); a cut
+    file has no trailer to fill it in: the report takes the ranks and hosts from the Hellos."""
+    from tui.recording import RecordingWriter
+
+    _, items = run
+    path = tmp_path / "early.commtop"
+    writer = RecordingWriter(open(path, "wb"), {"schema_version": p.SCHEMA_VERSION})
+    writer.write_chunk(items[: len(items) // 2])
+    writer.flush()  # no trailer: the writer was killed
+    hellos = {m.rank: m for _, m in items[: len(items) // 2] if isinstance(m, p.Hello)}
+    assert len(hellos) == 4
+    rc, out, err = call(capsys, str(path))
+    assert rc == 0 and "incomplete" in err
+    hosts = ", ".join(sorted({h.host for h in hellos.values()}))
+    assert f"; ranks 4 on {hosts};" in out.splitlines()[1]
+    rc, out, _ = call(capsys, str(path), "--format", "json")
+    meta = json.loads(out)["meta"]
+    assert meta["ranks"] == [0, 1, 2, 3] and meta["world_size"] == 4 and meta["backend"] == hellos[0].backend

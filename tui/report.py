@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from tui.recording import Recording, RecordingError, Tables, open_recording
+from tui.recording import Recording, RecordingError, Tables, open_recording, run_metadata
 from workers import protocol as p
 
 TRACE_WARN_BYTES = 500_000_000
@@ -270,6 +270,19 @@ def _settings_by_epoch(hellos: Sequence[tuple[int, p.Hello]]) -> dict[int, dict[
     return out
 
 
+#: Run facts a recording's header may lack (recording started before any Hello) and a cut
+#: file's missing trailer would have supplied; the Hellos in the data know them.
+_FROM_HELLOS = ("ranks", "world_size", "hosts", "gpus", "backend", "config", "settings", "torch_version", "nccl_version")
+
+
+def _meta_with_hellos(meta: dict[str, Any], hellos: Sequence[tuple[int, p.Hello]]) -> dict[str, Any]:
+    """The recording's metadata, its empty run facts filled from the Hellos recorded."""
+    if not hellos or all(meta.get(k) for k in _FROM_HELLOS):
+        return meta
+    seen = run_metadata({h.rank: h for _, h in hellos})
+    return {**meta, **{k: seen[k] for k in _FROM_HELLOS if not meta.get(k) and seen.get(k)}}
+
+
 def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     """Every number of the report, from a recording (``tables`` when already loaded)."""
     tables = tables or rec.tables(coll_columns=REPORT_COLUMNS)
@@ -381,7 +394,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
         path=rec.path,
         complete=rec.complete,
         problems=rec.summary(),
-        meta=rec.meta,
+        meta=_meta_with_hellos(rec.meta, tables.hellos),
         duration_s=(rec.last_ns - rec.first_ns) / 1e9,
         records=len(dur),
         rows=tuple(rows),
