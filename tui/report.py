@@ -272,7 +272,17 @@ def _settings_by_epoch(hellos: Sequence[tuple[int, p.Hello]]) -> dict[int, dict[
 
 #: Run facts a recording's header may lack (recording started before any Hello) and a cut
 #: file's missing trailer would have supplied; the Hellos in the data know them.
-_FROM_HELLOS = ("ranks", "world_size", "hosts", "gpus", "backend", "config", "settings", "torch_version", "nccl_version")
+_FROM_HELLOS = (
+    "ranks",
+    "world_size",
+    "hosts",
+    "gpus",
+    "backend",
+    "config",
+    "settings",
+    "torch_version",
+    "nccl_version",
+)
 
 
 def _meta_with_hellos(meta: dict[str, Any], hellos: Sequence[tuple[int, p.Hello]]) -> dict[str, Any]:
