@@ -23,7 +23,11 @@ from workers.connection import CONNECTION_FILE_ENV, Connection
 from workers.protocol import Bye, Hello
 
 #: torchrun's agent, the moment it sees a worker die: "failed (exitcode: -9) local_rank: 1 (pid: 123)".
+#: It names only the *first* failure of that poll (ties on a whole-second timestamp go to the lowest
+#: local rank), so a peer that died of the SIGKILLed rank's broken collective can be named instead.
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)")
+#: torchrun's ChildFailedError summary at exit lists every failed worker: "  exitcode  : -9 (pid: 123)".
+_FAILURE_ROW = re.compile(r"^\s*exitcode\s*: (-?\d+) \(pid: (\d+)\)")
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 5.0
@@ -90,7 +94,7 @@ class JobProcess:
                 self._log.write(raw)
                 line = raw.decode(errors="replace").rstrip()
                 if line:
-                    failed = _FAILED.search(line)
+                    failed = _FAILED.search(line) or _FAILURE_ROW.match(line)
                     with self._lock:
                         self._tail.append(line)
                         if failed:
