@@ -283,3 +283,30 @@ def test_headless_stops_on_the_event() -> None:
     stop.set()
     snap = run_headless(FrozenSource([]), RunModel(), stop)
     assert snap.ranks == () and "no rank reported" in format_summary(snap)
+
+
+class EndlessSource:
+    """Test fake: a publisher that never pauses (one new batch on every poll, however short)."""
+
+    rejected: dict[str, int] = {}
+
+    def __init__(self) -> None:
+        self.seq = 0
+
+    def poll(self, timeout_s: float) -> list[object]:
+        self.seq += 1
+        its = range(self.seq * 10, self.seq * 10 + 10)
+        return [frozen_coll(0, self.seq, its, [2700.0] * 10, world=1)]
+
+
+def test_headless_end_drain_takes_late_frames_but_a_flood_cannot_hold_the_exit() -> None:
+    from tui import headless
+
+    stop = threading.Event()
+    stop.set()
+    source = EndlessSource()
+    started = time.monotonic()
+    snap = run_headless(source, RunModel(), stop)
+    took = time.monotonic() - started
+    assert snap.ranks[0].count == 10 * source.seq > 10  # it drained beyond the first poll
+    assert took < headless.DRAIN_MAX_S + 1.0, f"the drain took {took:.1f} s"

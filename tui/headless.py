@@ -12,6 +12,10 @@ from tui.ingest import IngestLoop
 from tui.interfaces import Sink, Source
 from tui.model import RankView, RunModel, Snapshot
 
+#: At the end, drain until one poll this long brings nothing, for at most DRAIN_MAX_S.
+DRAIN_QUIET_S = 0.1
+DRAIN_MAX_S = 2.0
+
 
 def run_headless(
     source: Source,
@@ -33,7 +37,11 @@ def run_headless(
             next_check = now + check_s
             if until():
                 break
-    while loop.step(0.0):  # what arrived before the end still counts
+    # What arrived before the end still counts: frames can still be in ZeroMQ's I/O thread or
+    # the ipc pipe when the stop comes, so drain until the source is quiet, within a bound (a
+    # publisher that never stops must not hold the exit).
+    deadline = time.monotonic() + DRAIN_MAX_S
+    while loop.step(DRAIN_QUIET_S) and time.monotonic() < deadline:
         pass
     for line in loop.errors:
         print(f"commtop: {line}")
