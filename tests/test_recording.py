@@ -389,7 +389,14 @@ def test_sigkill_of_a_writing_process_leaves_a_readable_recording(tmp_path: Path
     with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as proc:
         try:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-            time.sleep(0.3)
+            # 0.3 s (6 flush intervals) and the file grown 3 times after "ready": a starved writer
+            # still gets to write messages past 400 before the kill
+            size, grown, deadline = path.stat().st_size, 0, time.monotonic() + 10
+            min_end = time.monotonic() + 0.3
+            while (grown < 3 or time.monotonic() < min_end) and time.monotonic() < deadline:
+                time.sleep(0.01)
+                if path.stat().st_size > size:
+                    size, grown = path.stat().st_size, grown + 1
             os.kill(proc.pid, signal.SIGKILL)
         finally:
             proc.wait(timeout=30)
