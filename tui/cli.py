@@ -325,7 +325,11 @@ def _job_finished(job: Any) -> Callable[[], bool]:
             return False
         if not ended_at:
             ended_at.append(time.monotonic())
-        return time.monotonic() - ended_at[0] > 0.5  # drain what is still in flight
+        waited = time.monotonic() - ended_at[0]
+        # drain what is still in flight, and read torchrun's last lines (which rank died of what),
+        # unless a surviving grandchild holds the output pipe open
+        output_done = getattr(job, "output_done", lambda: True)()
+        return waited > 0.5 and (output_done or waited > 3.0)
 
     return finished
 

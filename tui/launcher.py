@@ -124,6 +124,10 @@ class JobProcess:
     def exit_code(self) -> int | None:
         return self.proc.poll()
 
+    def output_done(self) -> bool:
+        """Whether the job's output was read to its end (torchrun's failure summary comes last)."""
+        return not self._pump_thread.is_alive()
+
     def wait(self, timeout: float | None = None) -> int:
         code = self.proc.wait(timeout)
         self._pump_thread.join(timeout=2)
