@@ -415,7 +415,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
 # --------------------------------------------------------------------------- output
 
 
-def _num(x: float | None, fmt: str = "{:.1f}") -> str:
+def fmt_num(x: float | None, fmt: str = "{:.1f}") -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "n/a"
     return fmt.format(x)
@@ -424,10 +424,10 @@ def _num(x: float | None, fmt: str = "{:.1f}") -> str:
 def _pair(a: float, b: float) -> str:
     if not (math.isfinite(a) or math.isfinite(b)):
         return "n/a"
-    return f"{_num(a)}/{_num(b)}"
+    return f"{fmt_num(a)}/{fmt_num(b)}"
 
 
-def _bytes(n: int | None) -> str:
+def fmt_bytes(n: int | None) -> str:
     if n is None:
         return "-"
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -474,24 +474,24 @@ def format_table(report: Report) -> str:
             (
                 str(r.epoch),
                 r.mode,
-                _num(r.copies, "{:g}"),
-                _bytes(r.copy_bytes),
+                fmt_num(r.copies, "{:g}"),
+                fmt_bytes(r.copy_bytes),
                 "-" if r.pinned is None else ("yes" if r.pinned else "no"),
                 r.direction or "-",
                 "all" if r.rank is None else str(r.rank),
                 str(r.count),
-                _num(r.p50_us / 1e3, "{:.3f}"),
-                _num(r.p90_us / 1e3, "{:.3f}"),
-                _num(r.p99_us / 1e3, "{:.3f}"),
-                _num(r.max_us / 1e3, "{:.3f}"),
-                _num(r.algbw_gbps),
-                _num(r.busbw_gbps),
-                _num(r.copy_gbps),
+                fmt_num(r.p50_us / 1e3, "{:.3f}"),
+                fmt_num(r.p90_us / 1e3, "{:.3f}"),
+                fmt_num(r.p99_us / 1e3, "{:.3f}"),
+                fmt_num(r.max_us / 1e3, "{:.3f}"),
+                fmt_num(r.algbw_gbps),
+                fmt_num(r.busbw_gbps),
+                fmt_num(r.copy_gbps),
                 _pair(r.pcie_tx_gbps, r.pcie_rx_gbps),
                 _pair(r.nvlink_tx_gbps, r.nvlink_rx_gbps),
-                _num(r.sm_clock_mhz, "{:.0f}"),
-                _num(r.power_w, "{:.0f}"),
-                _num(r.slowdown, "{:.2f}x"),
+                fmt_num(r.sm_clock_mhz, "{:.0f}"),
+                fmt_num(r.power_w, "{:.0f}"),
+                fmt_num(r.slowdown, "{:.2f}x"),
             )
         )
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)]
@@ -515,8 +515,8 @@ def format_table(report: Report) -> str:
         lines += ["", "per mode (all ranks)   n        p50 ms    p99 ms   slowdown vs none"]
         for m in report.modes:
             lines.append(
-                f"  {m.mode:18} {m.count:>9}  {_num(m.p50_us / 1e3, '{:.3f}'):>8}  {_num(m.p99_us / 1e3, '{:.3f}'):>8}"
-                f"   {_num(m.slowdown, '{:.2f}x')}"
+                f"  {m.mode:18} {m.count:>9}  {fmt_num(m.p50_us / 1e3, '{:.3f}'):>8}  {fmt_num(m.p99_us / 1e3, '{:.3f}'):>8}"
+                f"   {fmt_num(m.slowdown, '{:.2f}x')}"
             )
     lines.append("")
     lines.append("latency = collective duration per rank (CUDA events on GPU); algbw/busbw GB/s as nccl-tests;")
@@ -524,17 +524,17 @@ def format_table(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _clean(value: Any) -> Any:
+def json_clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_clean(v) for v in value]
     if isinstance(value, bytes):
         return None
     if isinstance(value, np.generic):
-        return _clean(value.item())
+        return json_clean(value.item())
     return value
 
 
@@ -550,7 +550,7 @@ def format_json(report: Report) -> str:
         "rows": [asdict(r) for r in report.rows],
         "modes": [asdict(m) for m in report.modes],
     }
-    return json.dumps(_clean(doc), indent=1) + "\n"
+    return json.dumps(json_clean(doc), indent=1) + "\n"
 
 
 def format_csv(report: Report) -> str:
@@ -609,7 +609,11 @@ def build_parser(prog: str = "commtop report") -> argparse.ArgumentParser:
         prog=prog,
         description="Summarise a commtop recording per settings epoch and rank; export CSV, a Perfetto trace or a plot.",
     )
-    ap.add_argument("file", help="a .commtop recording")
+    ap.add_argument(
+        "file",
+        nargs="+",
+        help="a .commtop recording; two or more: compare them per offload mode, each against the first",
+    )
     ap.add_argument("--format", choices=("table", "json", "csv"), default=None, help="report format (default table)")
     ap.add_argument("--records", action="store_true", help="with --format csv: one row per collective record")
     ap.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace (open in ui.perfetto.dev)")
@@ -670,6 +674,9 @@ def window_tables(tables: Tables, window: tuple[float, float]) -> Tables:
 def run(ns: argparse.Namespace) -> int:
     if ns.records and ns.format not in (None, "csv"):
         return _err("--records needs --format csv")
+    if len(ns.file) > 1:
+        return run_compare(ns)
+    ns.file = ns.file[0]
     fmt = ns.format or ("csv" if ns.records else None)
     if fmt is None and not (ns.trace or ns.plot):
         fmt = "table"
@@ -728,6 +735,41 @@ def run(ns: argparse.Namespace) -> int:
             return 0
         except OSError as exc:
             return _err(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+    return 0
+
+
+def run_compare(ns: argparse.Namespace) -> int:
+    """`commtop report A B ...`: one summary per recording, lined up per mode (tui.compare)."""
+    from tui import compare
+
+    if ns.records or ns.trace or ns.plot:
+        return _err("--records, --trace and --plot take one recording; compare with `commtop report A B` alone")
+    reports = []
+    for path in ns.file:
+        try:
+            rec = open_recording(path)
+        except RecordingError as exc:
+            return _err(str(exc))
+        with rec:
+            if rec.summary():
+                print(f"commtop: warning: {path}: {rec.summary()}", file=sys.stderr)
+            tables = rec.tables(coll_columns=REPORT_COLUMNS)
+            if ns.window:
+                tables = window_tables(tables, ns.window)
+            reports.append(build_report(rec, tables))
+    text = {"table": compare.format_table, "json": compare.format_json, "csv": compare.format_csv}[
+        ns.format or "table"
+    ](compare.compare(reports))
+    try:
+        if ns.output:
+            with open(ns.output, "w", newline="") as out:
+                out.write(text)
+        else:
+            sys.stdout.write(text)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as exc:
+        return _err(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
     return 0
 
 
