@@ -607,7 +607,8 @@ def write_records_csv(tables: Tables, out: IO[str], block: int = 100_000) -> int
 def build_parser(prog: str = "commtop report") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog=prog,
-        description="Summarise a commtop recording per settings epoch and rank; export CSV, a Perfetto trace or a plot.",
+        description="Summarise a commtop recording per settings epoch and rank; export CSV, a Perfetto trace or a plot; "
+        "or compare recordings per offload mode (commtop report A B).",
     )
     ap.add_argument(
         "file",
