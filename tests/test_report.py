@@ -359,3 +359,38 @@ def test_a_cut_recording_started_before_any_hello_names_its_ranks_from_the_data(
     rc, out, _ = call(capsys, str(path), "--format", "json")
     meta = json.loads(out)["meta"]
     assert meta["ranks"] == [0, 1, 2, 3] and meta["world_size"] == 4 and meta["backend"] == hellos[0].backend
+
+
+@pytest.mark.parametrize(
+    "ranks, epochs",
+    [
+        (np.arange(8), np.arange(-1, 5)),  # dense ids (radix-sorted uint16), a "no epoch" -1 among them
+        (np.array([0, 3, 70_000]), np.arange(3)),  # a rank span too wide for 16-bit ids: np.unique
+    ],
+)
+def test_grouping_is_the_stable_sort_by_epoch_then_rank(ranks, epochs) -> None:
+    rng = np.random.default_rng(7)
+    n = 50_000
+    epoch = rng.choice(epochs, n).astype(np.int32)
+    rank = rng.choice(ranks, n).astype(np.int32)
+    g = report._group(epoch, rank)
+    keys = (epoch.astype(np.int64) << 20) | rank
+    want = np.argsort(keys, kind="stable")
+    assert np.array_equal(g.order, want)
+    assert g.runs == report._runs(keys[want])
+    for (_, a, b), gid in zip(g.runs, g.ids, strict=True):  # ids name the same records
+        assert np.array_equal(np.flatnonzero(g.gid == gid), np.sort(want[a:b]))
+    sums = report._group_sums(g.gid, np.ones(n, dtype=np.float32), g.span)
+    assert [sums[i] for i in g.ids] == [b - a for _, a, b in g.runs]
+
+
+def test_combo_codes_cover_rare_and_many_sizes() -> None:
+    rng = np.random.default_rng(3)
+    n = 200_000
+    for distinct in (1, 3, 200):
+        op = rng.integers(0, 3, n).astype(np.uint8) if distinct > 1 else np.zeros(n, dtype=np.uint8)
+        nbytes = rng.choice(np.arange(1, distinct + 1) << 10, n).astype(np.int64)
+        nbytes[12_345] = 7  # one record of a size the sample cannot see
+        codes, combos = report._combo_codes(op, nbytes)
+        assert np.array_equal(np.array(combos, dtype=np.int64)[codes], (op.astype(np.int64) << 48) | nbytes)
+        assert combos == sorted(set(combos))  # codes ascend with the combo
