@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tui.report import Report, fmt_bytes, fmt_num, json_clean
+from tui.report import Report, aligned_table, fmt_bytes, fmt_num, json_clean
 
 #: Run facts printed per recording and checked for differences, in this order.
 FACTS = ("backend", "world", "collective", "size", "dtype", "gpu", "hosts", "torch", "nccl")
@@ -139,22 +139,7 @@ def format_table(cmp: Comparison) -> str:
         )
         for row in cmp.rows
     ]
-    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(head)]
-
-    def fmt(cells: Sequence[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        )
-
-    lines += ["", fmt(head)]
-    last = None
-    for row, cells in zip(cmp.rows, body, strict=True):
-        if last is not None and row.mode != last:
-            lines.append("")
-        last = row.mode
-        lines.append(fmt(cells))
-    if not body:
-        lines.append("  (no collective records)")
+    lines += ["", *aligned_table(head, body, [row.mode for row in cmp.rows], left={0, 1})]
     sizes = sorted({r.copy_bytes for rep in cmp.reports for r in rep.rows if r.copy_bytes})
     lines += [
         "",

@@ -258,7 +258,7 @@ def _group(epoch: np.ndarray, rank: np.ndarray) -> _Groups:
     if r0 >= 0 and r1 < 1 << 20 and (e1 - e0 + 1) * nr <= 1 << 16:
         span = (e1 - e0 + 1) * nr
         gid: np.ndarray = np.empty(n, dtype=np.uint16)
-        wide = np.int64 if max(abs(e0), abs(e1)) >= 1 << 30 else np.int32  # no overflow below
+        wide = np.dtype(np.int64 if max(abs(e0), abs(e1)) >= 1 << 30 else np.int32)  # no overflow below
         for a in range(0, n, BLOCK):
             e = epoch[a : a + BLOCK].astype(wide, copy=False)
             gid[a : a + BLOCK] = (e - e0) * nr + (rank[a : a + BLOCK].astype(wide, copy=False) - r0)
@@ -543,6 +543,28 @@ def fmt_bytes(n: int | None) -> str:
     return f"{n}B"
 
 
+def aligned_table(
+    head: Sequence[str], body: Sequence[Sequence[str]], groups: Sequence[Any], left: set[int]
+) -> list[str]:
+    """Columns padded to their widest cell (``left`` ones left-aligned, the rest right), a
+    blank line where ``groups`` (one value per body row) changes."""
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)]
+
+    def fmt(row: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+
+    lines = [fmt(head)]
+    for i, row in enumerate(body):
+        if i and groups[i] != groups[i - 1]:
+            lines.append("")
+        lines.append(fmt(row))
+    if not body:
+        lines.append("  (no collective records)")
+    return lines
+
+
 def format_table(report: Report) -> str:
     meta = report.meta
     lines = [
@@ -601,23 +623,7 @@ def format_table(report: Report) -> str:
                 fmt_num(r.slowdown, "{:.2f}x"),
             )
         )
-    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)]
-    left = {1, 5}
-
-    def fmt(row: Sequence[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        )
-
-    lines += ["", fmt(head)]
-    last_epoch = None
-    for r, row in zip(report.rows, body, strict=True):
-        if last_epoch is not None and r.epoch != last_epoch:
-            lines.append("")
-        last_epoch = r.epoch
-        lines.append(fmt(row))
-    if not body:
-        lines.append("  (no collective records)")
+    lines += ["", *aligned_table(head, body, [r.epoch for r in report.rows], left={1, 5})]
     if report.modes:
         lines += ["", "per mode (all ranks)   n        p50 ms    p99 ms   slowdown vs none"]
         for m in report.modes:
