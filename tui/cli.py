@@ -197,7 +197,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if getattr(ns, "script", None):
         return cmd_run_script(ns)
     from tui.gpus import visible_gpus
-    from tui.launcher import JobExitSource, JobProcess, torchrun_argv
+    from tui.launcher import torchrun_argv
 
     gpus = visible_gpus()
     cpu = gpus.count == 0 or ns.backend == "gloo"
@@ -215,12 +215,21 @@ def cmd_run(ns: argparse.Namespace) -> int:
         print(f"commtop: no GPU ({why}): running {nproc} gloo ranks on the CPU (backend gloo/cpu)", file=sys.stderr)
     conn = connections.create_run(label=config.collective)
     collector = open_collector(conn, ns.record, config.collective)
-    job = JobProcess(torchrun_argv(nproc, config.to_argv(), conn), conn)
+    title = f"commtop run · {nproc} ranks · {'gloo/cpu' if cpu else 'nccl'}"
+    return supervise(collector, torchrun_argv(nproc, config.to_argv(), conn), nproc, ns.headless, title)
+
+
+def supervise(collector: Collector, argv: list[str], nproc: int, headless: bool, title: str) -> int:
+    """Start the job (the collector's sockets are already bound), show it headless or in the
+    TUI, and stop the whole job and the collector however that ends."""
+    from tui.launcher import JobExitSource, JobProcess
+
+    job = JobProcess(argv, collector.connection)
     collector.source = JobExitSource(collector.source, job)  # a SIGKILLed rank's exit code
     try:
-        if ns.headless:
+        if headless:
             return run_headless(collector, job, nproc)
-        return run_tui(collector, job=job, title=f"commtop run · {nproc} ranks · {'gloo/cpu' if cpu else 'nccl'}")
+        return run_tui(collector, job=job, title=title)
     finally:
         job.stop()
         collector.close()
@@ -231,7 +240,6 @@ def cmd_run_script(ns: argparse.Namespace) -> int:
     script (instrumented with ``workers.monitor``) under torchrun, its connection set up
     through $COMMTOP_CONNECTION_FILE."""
     from tui.gpus import visible_gpus
-    from tui.launcher import JobExitSource, JobProcess
 
     gpus = visible_gpus()
     nproc = ns.nproc if ns.nproc is not None else (gpus.count or CPU_RANKS)
@@ -240,15 +248,7 @@ def cmd_run_script(ns: argparse.Namespace) -> int:
     argv = script_argv(ns.script, nproc)
     conn = connections.create_run(label=next((Path(a).stem for a in ns.script if a.endswith(".py")), "script"))
     collector = open_collector(conn, ns.record, "monitor")
-    job = JobProcess(argv, conn)
-    collector.source = JobExitSource(collector.source, job)
-    try:
-        if ns.headless:
-            return run_headless(collector, job, nproc)
-        return run_tui(collector, job=job, title=f"commtop run · {' '.join(ns.script)[:60]}")
-    finally:
-        job.stop()
-        collector.close()
+    return supervise(collector, argv, nproc, ns.headless, f"commtop run · {' '.join(ns.script)[:60]}")
 
 
 def script_argv(script: list[str], nproc: int) -> list[str]:
@@ -263,15 +263,9 @@ def script_argv(script: list[str], nproc: int) -> list[str]:
             rest = rest[1:]
     if not rest or (rest[0] == "-m" and len(rest) < 2):
         raise ConfigError(f"nothing to run in {' '.join(script)!r}; expected e.g. `-- python train.py`")
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "--monitor-interval=0.2",
-        *rest,
-    ]
+    from tui.launcher import torchrun_prefix
+
+    return [*torchrun_prefix(nproc), *rest]
 
 
 def check_memory(config: LoopConfig, nproc: int, cpu: bool, gpu_memory: tuple[int, ...]) -> None:

@@ -40,8 +40,9 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
-def torchrun_argv(nproc: int, worker_args: list[str], connection: Connection) -> list[str]:
-    """torchrun (as `python -m torch.distributed.run`, so no PATH lookup) on this node."""
+def torchrun_prefix(nproc: int) -> list[str]:
+    """torchrun (as `python -m torch.distributed.run`, so no PATH lookup) on this node, polling
+    its workers every 0.2 s (a dead rank is reported that soon); the program follows."""
     return [
         sys.executable,
         "-m",
@@ -49,12 +50,12 @@ def torchrun_argv(nproc: int, worker_args: list[str], connection: Connection) ->
         "--standalone",
         f"--nproc-per-node={nproc}",
         "--monitor-interval=0.2",
-        "-m",
-        "workers",
-        "--connection-file",
-        connection.path,
-        *worker_args,
     ]
+
+
+def torchrun_argv(nproc: int, worker_args: list[str], connection: Connection) -> list[str]:
+    """torchrun running commtop's workers on this node."""
+    return [*torchrun_prefix(nproc), "-m", "workers", "--connection-file", connection.path, *worker_args]
 
 
 class JobProcess:
