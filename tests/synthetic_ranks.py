@@ -77,7 +77,35 @@ class Line:
     text: str
 
 
-class Proc:
+class _Session:
+    """Signals for a child started in its own session (process group): ``pid`` and ``proc``."""
+
+    pid: int
+    proc: subprocess.Popen[Any]
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill_all(self) -> None:
+        """SIGKILL the whole group (test cleanup; the group holds only what we started)."""
+        self.signal_group(signal.SIGCONT)
+        self.signal_group(signal.SIGKILL)
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class Proc(_Session):
     """A child in its own session (process group); its output lines are time-stamped."""
 
     def __init__(self, argv: Sequence[str], env: dict[str, str], cwd: Path = REPO) -> None:
@@ -131,35 +159,14 @@ class Proc:
                 raise AssertionError(f"exited ({self.proc.returncode}) before {contains!r}:\n{self.text()[-3000:]}")
             time.sleep(0.01)
 
-    def signal(self, sig: int) -> None:
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
     def wait(self, timeout_s: float) -> int:
         code = self.proc.wait(timeout_s)
         for t in self._readers:
             t.join(2.0)
         return code
 
-    def kill_all(self) -> None:
-        """SIGKILL the whole group (test cleanup; the group holds only what we started)."""
-        self.signal_group(signal.SIGCONT)
-        self.signal_group(signal.SIGKILL)
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
 
-
-class PtyProc:
+class PtyProc(_Session):
     """A child on a pseudo-terminal (the real Textual TUI), in its own session; every chunk
     it draws is time-stamped, so "the TUI shows data" is measured on its screen output."""
 
@@ -217,24 +224,8 @@ class PtyProc:
                 raise AssertionError(f"{text!r} never appeared on the TUI's screen (exit {self.proc.poll()})")
             time.sleep(0.01)
 
-    def signal(self, sig: int) -> None:
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
-
     def wait(self, timeout_s: float) -> int:
         return self.proc.wait(timeout_s)
-
-    def kill_all(self) -> None:
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def start_tui(conn_path: str, env: dict[str, str], record: str) -> PtyProc:
