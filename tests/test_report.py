@@ -377,7 +377,10 @@ def test_grouping_is_the_stable_sort_by_epoch_then_rank(ranks, epochs) -> None:
     keys = (epoch.astype(np.int64) << 20) | rank
     want = np.argsort(keys, kind="stable")
     assert np.array_equal(g.order, want)
-    assert g.runs == report._runs(keys[want])
+    sorted_keys = keys[want]
+    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    ends = np.r_[starts[1:], n]
+    assert g.runs == list(zip(sorted_keys[starts].tolist(), starts.tolist(), ends.tolist(), strict=True))
     for (_, a, b), gid in zip(g.runs, g.ids, strict=True):  # ids name the same records
         assert np.array_equal(np.flatnonzero(g.gid == gid), np.sort(want[a:b]))
     sums = report._group_sums(g.gid, np.ones(n, dtype=np.float32), g.span)

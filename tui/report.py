@@ -182,42 +182,8 @@ def _median(d32: np.ndarray) -> float:
     return lo if n % 2 else (lo + hi) / 2
 
 
-def _runs(sorted_keys: np.ndarray) -> list[tuple[int, int, int]]:
-    """(key, start, end) of each run of equal keys in a sorted array."""
-    if len(sorted_keys) == 0:
-        return []
-    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
-    ends = np.r_[starts[1:], len(sorted_keys)]
-    return list(zip(sorted_keys[starts].tolist(), starts.tolist(), ends.tolist(), strict=True))
-
-
-def _by_epoch_rank(table: dict[str, np.ndarray]) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
-    """(order, runs) grouping records by (epoch, rank): a stable sort by key = epoch << 20 | rank
-    and the (key, start, end) of each group in that order. Few (epoch, rank) pairs (the usual
-    case) get a dense 16-bit key: numpy sorts those with a radix sort (the same permutation,
-    several times faster), and the groups come from counts instead of a scan of the keys."""
-    epoch, rank = table["epoch"], table["rank"]
-    if len(epoch):
-        e0, e1, r0, r1 = int(epoch.min()), int(epoch.max()), int(rank.min()), int(rank.max())
-        nr = r1 - r0 + 1
-        if r0 >= 0 and r1 < 1 << 20 and -(1 << 31) <= e0 and e1 < 1 << 31 and (e1 - e0 + 1) * nr <= 1 << 16:
-            dense = (epoch.astype(np.int32, copy=False) - e0) * nr + (rank.astype(np.int32, copy=False) - r0)
-            order = np.argsort(dense.astype(np.uint16), kind="stable")
-            counts = np.bincount(dense, minlength=(e1 - e0 + 1) * nr)
-            ends = np.cumsum(counts).tolist()
-            runs = [
-                (((e0 + i // nr) << 20) | (r0 + i % nr), end - n, end)
-                for i, (n, end) in enumerate(zip(counts.tolist(), ends, strict=True))
-                if n
-            ]
-            return order, runs
-    keys = (epoch.astype(np.int64) << 20) | rank.astype(np.int64)
-    order = np.argsort(keys, kind="stable")
-    return order, _runs(keys[order])
-
-
 def _epochs(runs: list[tuple[int, int, int]]) -> list[tuple[int, int, int, list[tuple[int, int, int]]]]:
-    """(epoch, start, end, its runs) of each epoch from the (key, start, end) runs of _by_epoch_rank."""
+    """(epoch, start, end, its runs) of each epoch from the (key, start, end) runs of _group."""
     out: list[tuple[int, int, int, list[tuple[int, int, int]]]] = []
     for key, a, b in runs:
         if out and out[-1][0] == key >> 20:
@@ -249,7 +215,7 @@ class _Groups:
 def _group(epoch: np.ndarray, rank: np.ndarray) -> _Groups:
     """Few (epoch, rank) pairs (the usual case) get a dense 16-bit id, which numpy sorts with a
     radix sort; otherwise ids come from np.unique. Either way the permutation is the stable
-    sort by (epoch, rank), as ``_by_epoch_rank`` gives."""
+    sort by (epoch, rank)."""
     n = len(epoch)
     if n == 0:
         return _Groups(np.zeros(0, dtype=np.uint16), 0, np.zeros(0, dtype=np.intp), [], [])
@@ -412,7 +378,8 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     dur_sum, alg_sum, bus_sum = (_group_sums(g.gid, coll[name], g.span) for name in ("dur_us", "algbw", "busbw"))
     windows = _epoch_windows(coll["epoch"], coll["start_ns"], coll["dur_us"])
     gid_of = dict(zip((key for key, _, _ in g.runs), g.ids, strict=True))
-    corder, cruns = _by_epoch_rank(copy)
+    copies_by = _group(copy["epoch"], copy["rank"])
+    corder, cruns = copies_by.order, copies_by.runs
     cspan = {k: (a, b) for k, a, b in cruns}
     cepoch = {e: (a, b) for e, a, b, _ in _epochs(cruns)}
     c = {name: copy[name][corder] for name in ("rank", "step", "nbytes", "direction", "pinned")}
