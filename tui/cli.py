@@ -322,8 +322,7 @@ def _job_finished(job: Any) -> Callable[[], bool]:
         waited = time.monotonic() - ended_at[0]
         # drain what is still in flight, and read torchrun's last lines (which rank died of what),
         # unless a surviving grandchild holds the output pipe open
-        output_done = getattr(job, "output_done", lambda: True)()
-        return waited > 0.5 and (output_done or waited > 3.0)
+        return waited > 0.5 and (job.output_done() or waited > 3.0)
 
     return finished
 
