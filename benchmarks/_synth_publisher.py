@@ -22,9 +22,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from workers import protocol as p  # noqa: E402
-from workers.connection import load  # noqa: E402
-from workers.publisher import RecordPublisher  # noqa: E402
+from workers.rank.publisher import RecordPublisher  # noqa: E402
+from workers.wire import protocol as p  # noqa: E402
+from workers.wire.connection import load  # noqa: E402
 
 ALL_REDUCE = p.COLLECTIVES.index("all_reduce")
 SETTINGS = {"mode": "none", "copies": 0, "copy_scale": 1.0, "pinned": True, "direction": "d2h", "knobs": {}}

@@ -10,8 +10,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from workers import protocol as p  # noqa: E402
-from workers.busbw import algbw_gbps  # noqa: E402
+from workers.wire import protocol as p  # noqa: E402
+from workers.wire.busbw import algbw_gbps  # noqa: E402
 
 T0 = 1_764_600_000_000_000_000
 

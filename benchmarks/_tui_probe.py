@@ -274,11 +274,11 @@ async def drive(
 ) -> Level:
     """The real app (LiveSource + RunModel + IngestLoop, headless) fed by ``ranks`` synthetic
     ranks at ``rate`` records/s for ``seconds``; measured over the steady part."""
-    from tui.app import CommtopApp
-    from tui.model import RunModel
-    from tui.sources import LiveSource
-    from tui.widgets.rank_grid import RankGrid
-    from workers.connection import create_run
+    from tui.model.run_model import RunModel
+    from tui.model.sources import LiveSource
+    from tui.view.app import CommtopApp
+    from tui.view.widgets.rank_grid import RankGrid
+    from workers.wire.connection import create_run
 
     conn = create_run(label="tui-bench")
     model = RunModel()

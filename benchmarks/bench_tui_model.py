@@ -15,7 +15,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from frozen_run import frozen_coll  # noqa: E402  (test-only message builder)
 
-from tui.model import RunModel  # noqa: E402
+from tui.model.run_model import RunModel  # noqa: E402
 
 
 def apply_rate(world: int, batch: int, total: int = 400_000) -> tuple[float, float]:

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     n = ns.n or (2_000 if ns.tiny else 100_000)
     import torch
 
-    from workers.timing import Anchor, CpuTimer, CudaTimer
+    from workers.rank.timing import Anchor, CpuTimer, CudaTimer
 
     report = Report("per-record cost of the timers (loop thread CPU)")
     table = report.table(f"µs of loop-thread CPU per call ({n:,} calls each)", ("call", "µs"))

@@ -22,13 +22,13 @@ from typing import Any
 from _common import Report, add_common_args, finish, percentile  # benchmarks/ is sys.path[0]
 from _tui_probe import FrameMeter, quiesce
 
-from tui.app import CommtopApp
-from tui.gpus import visible_gpus
-from tui.launcher import JobProcess, torchrun_argv
-from tui.model import RunModel
-from tui.sources import LiveSource
-from workers.config import add_loop_arguments, config_from_args
-from workers.connection import create_run
+from tui.model.run_model import RunModel
+from tui.model.sources import LiveSource
+from tui.run.gpus import visible_gpus
+from tui.run.launcher import JobProcess, torchrun_argv
+from tui.view.app import CommtopApp
+from workers.wire.config import add_loop_arguments, config_from_args
+from workers.wire.connection import create_run
 
 TARGET_P99_MS = 200.0
 

@@ -4,7 +4,7 @@
     /work/venv/bin/python benchmarks/overhead.py                 # CPU (gloo) on this machine
     torchrun --nproc-per-node 8 benchmarks/overhead.py           # several GPUs of one node
 
-One process (or one torchrun job) runs the forum loop of ``workers.loop.run_steps`` on one
+One process (or one torchrun job) runs the forum loop of ``workers.synthetic.loop.run_steps`` on one
 ``Workload``, alternating blocks A/B/B/A/A/B... so drift (clocks, thermals, other tenants)
 cancels:
 
@@ -14,7 +14,7 @@ cancels:
 * B = everything on: per-collective and per-copy timers, batches published to a live
   headless collector (``commtop watch --headless``, a separate process, with its control
   server), the node telemetry sampler process, the heartbeat thread and the live control
-  (``workers.live_control``: control thread, store polls, a lock at every step boundary).
+  (``workers.rank.live_control``: control thread, store polls, a lock at every step boundary).
 
 Two phases: collectives only (mode ``none``: mean collective latency = step / collectives per
 step, timed the same way in A and B) and the forum loop (``overlap`` with copies: step wall
@@ -37,7 +37,7 @@ from typing import Any
 
 from _common import ROOT, Report, add_common_args, finish, mean_ci  # benchmarks/ is sys.path[0]
 
-from workers.config import add_loop_arguments, config_from_args
+from workers.wire.config import add_loop_arguments, config_from_args
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -165,7 +165,7 @@ class Bench:
         import torch
         import torch.distributed as dist
 
-        from workers import loop
+        from workers.synthetic import loop
 
         self.torch, self.dist, self.loop = torch, dist, loop
         if "RANK" not in os.environ:  # in-process world of one
@@ -207,7 +207,7 @@ class Bench:
         self.sync()
         import zmq
 
-        from workers.publisher import RecordPublisher
+        from workers.rank.publisher import RecordPublisher
 
         self.ctx = zmq.Context()
         self.publisher = RecordPublisher(self.conn.data, self.conn.key, self.conn.session, self.rt.rank, ctx=self.ctx)
@@ -215,7 +215,7 @@ class Bench:
             raise RuntimeError(f"the collector did not accept a connection on {self.conn.data} within 30 s")
 
     def _connection(self) -> Any:
-        from workers import connection
+        from workers.wire import connection
 
         path = [""]
         if self.rt.rank == 0:
@@ -234,8 +234,8 @@ class Bench:
             self.dist.broadcast_object_list(path, src=0)
         conn = connection.load(path[0])
         if self.rt.local_rank == 0:
-            from workers.__main__ import start_sampler
-            from workers.loop import gpu_uuid
+            from workers.synthetic.loop import gpu_uuid
+            from workers.synthetic.main import start_sampler
 
             uuids = [gpu_uuid(i) for i in range(self.torch.cuda.device_count())] if self.rt.cuda else []
             self.helpers.sampler = start_sampler(conn, uuids)
@@ -247,11 +247,11 @@ class Bench:
         self.dist.barrier()
 
     def control(self, settings: Any, bare: bool) -> Any:
-        from workers.control import StaticControl
+        from workers.rank.control import StaticControl
 
         if bare:
             return StaticControl(settings)
-        from workers.live_control import make_live_control
+        from workers.rank.live_control import make_live_control
 
         return make_live_control(
             self.conn,
@@ -263,7 +263,7 @@ class Bench:
 
     def block(self, variant: str, settings: Any, steps: int) -> Block:
         """One timed block of ``steps`` steps; set-up and tear-down are outside the timing."""
-        from workers.heartbeat import Counters, Heartbeat, StopFlag, WorkerStatus
+        from workers.rank.heartbeat import Counters, Heartbeat, StopFlag, WorkerStatus
 
         bare = variant == "A"
         if bare:
@@ -329,8 +329,8 @@ class Bench:
         loop-thread CPU s, RSS at 11 checkpoints, records dropped)."""
         import psutil
 
-        from workers.control import StaticControl
-        from workers.heartbeat import WorkerStatus
+        from workers.rank.control import StaticControl
+        from workers.rank.heartbeat import WorkerStatus
 
         self.helpers.resume()
         settings = self.config.initial_settings()

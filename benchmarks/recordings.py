@@ -21,9 +21,9 @@ from pathlib import Path
 from _common import Report, add_common_args, finish  # benchmarks/ is sys.path[0]
 from _synth_recording import batches
 
-from tui import report as commtop_report
-from tui.recording import Recorder, RecordingWriter, open_recording
-from workers import protocol as p
+from tui.recordings.format import Recorder, RecordingWriter, open_recording
+from tui.report import compute as commtop_report
+from workers.wire import protocol as p
 
 BYTES_TARGET = 16.0
 READ_TARGET = 5e6

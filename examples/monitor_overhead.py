@@ -28,8 +28,10 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from workers import connection as connections  # noqa: E402
-from workers import monitor, monitor_patch, protocol  # noqa: E402
+from workers import monitor  # noqa: E402
+from workers.monitor import patch as monitor_patch
+from workers.wire import connection as connections  # noqa: E402
+from workers.wire import protocol
 
 
 def free_port() -> int:

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import zmq
 
-from workers import protocol as p
-from workers.busbw import bus_factor, collective_bytes
+from workers.wire import protocol as p
+from workers.wire.busbw import bus_factor, collective_bytes
 
 T0 = 1_800_000_000_000_000_000  # a fixed wall clock (ns) for frozen runs
 TENSOR_BYTES = 1024 * 1024 * 4
@@ -175,7 +175,7 @@ def frozen_snapshot(world: int = 8, iterations: int = 600, *, stale: int | None 
 
     ``stale``: this rank stops reporting at 80 % of the run; ``exited``: this rank says Bye.
     """
-    from tui.model import RunModel
+    from tui.model.run_model import RunModel
 
     clock_t = [T0]
     model = RunModel(clock=lambda: clock_t[0])

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from workers import protocol as p
-from workers.busbw import algbw_gbps, bus_factor
+from workers.wire import protocol as p
+from workers.wire.busbw import algbw_gbps, bus_factor
 
 T0 = 1_764_600_000_000_000_000  # 2025-12-01, in ns
 TENSOR = 128 * 1024 * 1024
@@ -60,7 +60,7 @@ def hello(rank: int, world: int, epoch: int, ep: Epoch, t_ns: int, iteration: in
 
 
 def telem(world: int, t_ns: int, seq: int, pcie: float, sm_mhz: float) -> dict[str, Any]:
-    """A TELEM body as the node sampler sends it (workers.telemetry.wire.tick_body layout)."""
+    """A TELEM body as the node sampler sends it (workers.wire.telemetry.tick_body layout)."""
     n = world
 
     def arr(v: float) -> bytes:
@@ -195,7 +195,7 @@ def synth_run(
 
 def write_recording(path: Any, items: Sequence[tuple[int, Any]], chunk_s: float = 0.5, close: bool = True) -> None:
     """Write ``items`` with the real writer, one chunk per ``chunk_s`` of receive time."""
-    from tui.recording import RecordingWriter, run_metadata
+    from tui.recordings.format import RecordingWriter, run_metadata
 
     hellos = {m.rank: m for _, m in items if isinstance(m, p.Hello)}
     writer = RecordingWriter(open(path, "wb"), {"schema_version": p.SCHEMA_VERSION, **run_metadata(hellos)})

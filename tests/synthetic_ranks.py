@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import zmq
 
-from workers import protocol as p
-from workers.busbw import bus_factor, collective_bytes
+from workers.wire import protocol as p
+from workers.wire.busbw import bus_factor, collective_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from frozen_run import FakePublisher, frozen_coll, frozen_hello, frozen_run, frozen_snapshot
 
-from tui.app import CommtopApp, build_app
-from tui.interfaces import ControlView, RecordingStatus, ReplayPosition
-from tui.widgets.header import header_text
-from tui.widgets.rank_grid import RankGrid
-from tui.widgets.status import StatusLine
-from workers.connection import Connection
+from tui.model.interfaces import ControlView, RecordingStatus, ReplayPosition
+from tui.view.app import CommtopApp, build_app
+from tui.view.widgets.header import header_text
+from tui.view.widgets.rank_grid import RankGrid
+from tui.view.widgets.status import StatusLine
+from workers.wire.connection import Connection
 
 KEY = bytes(range(32))
 SESSION = "app-sess"
@@ -332,7 +332,7 @@ def test_header_text_without_data_and_with_pending_switch() -> None:
 
 
 def test_header_text_shows_hello_only_runs() -> None:
-    from tui.model import RunModel
+    from tui.model.run_model import RunModel
 
     model = RunModel()
     model.apply(frozen_hello(0, world=4, backend="nccl"))
@@ -370,10 +370,10 @@ def test_header_shows_only_the_requested_changes_not_yet_in_force() -> None:
 
 
 def test_rows_mark_failed_exits_red_and_clean_exits_dim() -> None:
-    from tui.model import RunModel
-    from tui.widgets.palette import EXITED
-    from tui.widgets.rank_rows import bucket, render_rows, style
-    from workers.protocol import Bye
+    from tui.model.run_model import RunModel
+    from tui.view.widgets.palette import EXITED
+    from tui.view.widgets.rank_rows import bucket, render_rows, style
+    from workers.wire.protocol import Bye
 
     model = RunModel()
     for m in frozen_run(world=2, iterations=100):

@@ -11,8 +11,8 @@ from typing import Any
 
 from frozen_run import frozen_snapshot
 
-from tui.app import CommtopApp
-from tui.interfaces import ControlView
+from tui.model.interfaces import ControlView
+from tui.view.app import CommtopApp
 
 SETTINGS = {"copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.busbw import algbw_gbps, bus_factor, collective_bytes
+from workers.wire.busbw import algbw_gbps, bus_factor, collective_bytes
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import pytest
 import zmq
 from synthetic_ranks import PY, REPO, child_env, short_runtime_dir
 
-from workers.connection import create_run
+from workers.wire.connection import create_run
 
 pytestmark = pytest.mark.timeout(120)
 COMMTOP = [PY, "-m", "tui.cli"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from recording_synth import Epoch, synth_run, write_recording
 
-from tui import report
+from tui.report import compute as report
 
 EPOCHS = (Epoch(0.0, "none", copies=0), Epoch(2.0, "overlap"), Epoch(4.0, "sync"))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workers import connection as c
+from workers.wire import connection as c
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +63,7 @@ def test_tcp_endpoints_and_connect_override() -> None:
 
 def test_key_is_not_on_the_command_line_of_a_run(runtime_dir: Path) -> None:
     """`commtop run` hands workers the file path, never the key: check real `ps` output."""
-    from tui.launcher import torchrun_argv
+    from tui.run.launcher import torchrun_argv
 
     conn = c.create_run()
     argv = torchrun_argv(2, ["--iters", "1"], conn)

@@ -1,7 +1,7 @@
 """The live-control agreement on its own: real TCPStore on localhost, real threads, fake loops.
 
 Fake loops stand in for the worker loop (named Fake...): each calls ``begin_step`` at every
-step boundary like workers.loop does and records the epoch each iteration ran with.
+step boundary like workers.synthetic.loop does and records the epoch each iteration ran with.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import pytest
 import torch.distributed as torch_dist  # noqa: E402
 import zmq
 
-from workers import protocol  # noqa: E402
-from workers.live_control import (  # noqa: E402
+from workers.rank.live_control import (  # noqa: E402
     DesiredListener,
     LiveControl,
     ctl_state_body,
     settings_from_wire,
 )
-from workers.settings import Settings  # noqa: E402
+from workers.wire import protocol  # noqa: E402
+from workers.wire.settings import Settings  # noqa: E402
 
 STEP = 4
 KEY = bytes(range(32))

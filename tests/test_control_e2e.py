@@ -1,6 +1,6 @@
 """Live control end to end: real torchrun gloo ranks, real sockets, `commtop ctl` in-process.
 
-The test collector is the real one minus the TUI: tui.sources.LiveSource (PULL) feeding the
+The test collector is the real one minus the TUI: tui.model.sources.LiveSource (PULL) feeding the
 real ControlServer (its Sink side), plus a record keeper that checks exactness from the
 records themselves: for every iteration index, every rank reports the same epoch.
 """
@@ -17,14 +17,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from tui import ctl
-from tui.control_server import ControlServer
-from tui.launcher import JobProcess, torchrun_argv
-from tui.sources import LiveSource
-from workers import connection as connections
-from workers import live_control, protocol
-from workers.config import LoopConfig
-from workers.settings import COPY_SCALES, MAX_COPIES, Settings
+from tui.model.sources import LiveSource
+from tui.run import ctl
+from tui.run.control_server import ControlServer
+from tui.run.launcher import JobProcess, torchrun_argv
+from workers.rank import live_control
+from workers.wire import connection as connections
+from workers.wire import protocol
+from workers.wire.config import LoopConfig
+from workers.wire.settings import COPY_SCALES, MAX_COPIES, Settings
 
 STEP = 8
 
@@ -211,7 +212,7 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         # a rogue takes the control endpoint: no key, wrong key, bit flipped, replay of an old state
         import zmq
 
-        from workers.live_control import ctl_state_body
+        from workers.rank.live_control import ctl_state_body
 
         ctx = zmq.Context()
         rogue = ctx.socket(zmq.PUB)
@@ -276,6 +277,6 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
 
 
 def _state(conn: connections.Connection, epoch: int, settings: Settings) -> dict:
-    from workers.live_control import ctl_state_body
+    from workers.rank.live_control import ctl_state_body
 
     return ctl_state_body(conn.session, epoch, settings)

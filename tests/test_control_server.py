@@ -13,12 +13,12 @@ import time
 import pytest
 import zmq
 
-from tui import ctl
-from tui.control_server import ControlServer
-from workers import connection as connections
-from workers import protocol
-from workers.live_control import DesiredListener
-from workers.settings import Settings
+from tui.run import ctl
+from tui.run.control_server import ControlServer
+from workers.rank.live_control import DesiredListener
+from workers.wire import connection as connections
+from workers.wire import protocol
+from workers.wire.settings import Settings
 
 
 @pytest.fixture()
@@ -261,7 +261,7 @@ def test_a_restarted_server_learns_the_mode_in_force_without_resetting_it(conn):
 
 
 def test_a_second_server_on_a_live_run_is_refused(conn, server):
-    from tui.control_server import ControlServerError
+    from tui.run.control_server import ControlServerError
 
     with pytest.raises(ControlServerError, match="address already in use"):
         ControlServer(conn)

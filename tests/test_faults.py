@@ -35,9 +35,9 @@ from synthetic_ranks import (
     worker_summaries,
 )
 
-from tui.recording import open_recording
-from workers.connection import create_run
-from workers.protocol import COLL, Batch, Bye, Hello
+from tui.recordings.format import open_recording
+from workers.wire.connection import create_run
+from workers.wire.protocol import COLL, Batch, Bye, Hello
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -353,10 +353,10 @@ def test_rank_sigstopped_is_shown_stalled_by_the_sampler_not_lost(run) -> None:
     sampler reads the process state), distinct from an exit; SIGCONT -> live again."""
     import asyncio
 
-    from tui.app import build_app
     from tui.cli import open_collector
-    from tui.widgets.rank_grid import RankGrid
-    from workers.connection import load
+    from tui.view.app import build_app
+    from tui.view.widgets.rank_grid import RankGrid
+    from workers.wire.connection import load
 
     conn_path, env, procs = run
     collector = open_collector(load(conn_path), None)

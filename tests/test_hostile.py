@@ -36,11 +36,11 @@ from synthetic_ranks import (
     wait_bound,
 )
 
-from tui.ingest import IngestLoop
-from tui.model import RunModel
-from tui.sources import LiveSource
-from workers import protocol as p
-from workers.connection import Connection, create_run
+from tui.model.ingest import IngestLoop
+from tui.model.run_model import RunModel
+from tui.model.sources import LiveSource
+from workers.wire import protocol as p
+from workers.wire.connection import Connection, create_run
 
 pytestmark = pytest.mark.timeout(180)
 KEY = bytes(range(32))

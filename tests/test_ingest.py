@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 from frozen_run import T0, FakePublisher, frozen_coll, frozen_hello, frozen_run, seal_message
 
-from tui.headless import format_summary, run_headless
-from tui.ingest import IngestLoop
-from tui.interfaces import ResetModel
-from tui.model import RunModel
-from tui.sources import LiveSource, SourceError
-from workers import protocol as p
-from workers.connection import Connection
+from tui.model.ingest import IngestLoop
+from tui.model.interfaces import ResetModel
+from tui.model.run_model import RunModel
+from tui.model.sources import LiveSource, SourceError
+from tui.run.headless import format_summary, run_headless
+from workers.wire import protocol as p
+from workers.wire.connection import Connection
 
 KEY = bytes(range(32))
 SESSION = "sess-1"
@@ -300,7 +300,7 @@ class EndlessSource:
 
 
 def test_headless_end_drain_takes_late_frames_but_a_flood_cannot_hold_the_exit() -> None:
-    from tui import headless
+    from tui.run import headless
 
     stop = threading.Event()
     stop.set()

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from frozen_run import frozen_hello
 
-from tui.launcher import JobExitSource, JobProcess
-from workers import connection as connections
-from workers.protocol import Bye
+from tui.run.launcher import JobExitSource, JobProcess
+from workers.wire import connection as connections
+from workers.wire.protocol import Bye
 
 TORCHRUN_OUTPUT = """\
 E1202 11:25:36.521000 29167 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 1000) of binary: /work/venv/bin/python

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from frozen_run import T0, TENSOR_BYTES, frozen_coll, frozen_copy, frozen_hello, frozen_run
 
-from tui.model import HISTORY_ITERS, RunModel
-from tui.stats import RING_SIZE
-from workers.protocol import Bye
+from tui.model.run_model import HISTORY_ITERS, RunModel
+from tui.model.stats import RING_SIZE
+from workers.wire.protocol import Bye
 
 S = 1_000_000_000
 

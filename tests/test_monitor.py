@@ -25,13 +25,15 @@ import torch.distributed as dist  # noqa: E402
 import zmq
 
 from tui.cli import script_argv  # noqa: E402
-from tui.sources import LiveSource  # noqa: E402
-from workers import connection as connections  # noqa: E402
-from workers import monitor, monitor_patch, protocol  # noqa: E402
-from workers.live_control import ctl_state_body  # noqa: E402
-from workers.monitor_records import OP_INDEX, OPS, MonitorBatcher, bus_factors  # noqa: E402
-from workers.publisher import NullPublisher  # noqa: E402
-from workers.settings import Settings  # noqa: E402
+from tui.model.sources import LiveSource  # noqa: E402
+from workers import monitor  # noqa: E402
+from workers.monitor import patch as monitor_patch
+from workers.monitor.records import OP_INDEX, OPS, MonitorBatcher, bus_factors  # noqa: E402
+from workers.rank.live_control import ctl_state_body  # noqa: E402
+from workers.rank.publisher import NullPublisher  # noqa: E402
+from workers.wire import connection as connections  # noqa: E402
+from workers.wire import protocol
+from workers.wire.settings import Settings  # noqa: E402
 
 N = 256  # float32 elements per tensor
 
@@ -323,7 +325,7 @@ def test_run_with_nothing_after_the_dashes_is_one_line_and_exit_2(capsys) -> Non
 def test_the_tuis_mode_key_through_the_real_control_server_moves_the_mode_knob(run, source) -> None:
     """ControlServer only knows built-in settings today; its mode change must reach the
     job's mode knob (the first knob whose choices are offload modes)."""
-    from tui.control_server import ControlServer
+    from tui.run.control_server import ControlServer
 
     server = ControlServer(run, publish_s=0.1)
     try:
@@ -364,7 +366,7 @@ def test_the_tuis_mode_key_through_the_real_control_server_moves_the_mode_knob(r
 
 def test_ctl_sets_a_knob_by_name_through_the_real_control_server(run, source) -> None:
     """The collector learns the job's knobs from its Hello and validates changes against them."""
-    from tui.control_server import ControlServer
+    from tui.run.control_server import ControlServer
 
     server = ControlServer(run, publish_s=0.1)
     try:

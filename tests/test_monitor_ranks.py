@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import zmq
 
-from tui.sources import LiveSource  # noqa: E402
-from workers import connection as connections  # noqa: E402
-from workers import protocol  # noqa: E402
-from workers.live_control import ctl_state_body  # noqa: E402
-from workers.monitor_records import OPS  # noqa: E402
-from workers.settings import Settings  # noqa: E402
+from tui.model.sources import LiveSource  # noqa: E402
+from workers.monitor.records import OPS  # noqa: E402
+from workers.rank.live_control import ctl_state_body  # noqa: E402
+from workers.wire import connection as connections  # noqa: E402
+from workers.wire import protocol  # noqa: E402
+from workers.wire.settings import Settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 N = 512

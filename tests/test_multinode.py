@@ -13,8 +13,8 @@ import pytest
 from synthetic_ranks import SMALL_JOB, child_env, free_port, short_runtime_dir, start_job
 
 from tui.cli import open_collector
-from tui.ingest import IngestLoop
-from workers import connection as connections
+from tui.model.ingest import IngestLoop
+from workers.wire import connection as connections
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers import protocol as p
+from workers.wire import protocol as p
 
 KEY = b"k" * 32
 SESSION = "s1"

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recording_synth import T0, assert_same_message, hello, synth_run, telem, write_recording
 
-from tui.interfaces import RecordingStatus
-from tui.recording import (
+from tui.model.interfaces import RecordingStatus
+from tui.recordings.format import (
     CLOCK_SOURCE,
     FORMAT_VERSION,
     Recorder,
@@ -27,7 +27,7 @@ from tui.recording import (
     default_path,
     open_recording,
 )
-from workers import protocol as p
+from workers.wire import protocol as p
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -372,7 +372,7 @@ WRITER = """
 import sys, time
 sys.path[:0] = [{tests!r}, {root!r}]
 from recording_synth import synth_run
-from tui.recording import Recorder
+from tui.recordings.format import Recorder
 rec = Recorder(flush_s=0.05)
 rec.start({path!r})
 for i, (_, msg) in enumerate(synth_run(duration_s=120.0, world=4, seed=9)):
@@ -411,7 +411,7 @@ def test_sigkill_of_a_writing_process_leaves_a_readable_recording(tmp_path: Path
 
 def test_a_chunk_whose_counts_cannot_be_true_is_skipped_not_allocated(tmp_path: Path, small) -> None:
     """A checksummed chunk claiming 4 billion records (only a bug can write one) costs no memory."""
-    from tui.recording import CHUNK, CHUNK_PREFIX, _frame
+    from tui.recordings.format import CHUNK, CHUNK_PREFIX, _frame
 
     items, data, chunks = small
     bogus = _frame(CHUNK, CHUNK_PREFIX.pack(T0, T0, 1, 2**32 - 1, 0) + b"\0" * 16)

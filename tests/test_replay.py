@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from recording_synth import assert_same_message, synth_run, write_recording
 
-from tui.interfaces import ReplayControls, ReplayPosition, ResetModel, Source
-from tui.recording import RecordingError, open_recording
-from tui.replay import MAX_SPEED, MIN_SPEED, ReplaySource, open_replay
-from workers import protocol as p
+from tui.model.interfaces import ReplayControls, ReplayPosition, ResetModel, Source
+from tui.recordings.format import RecordingError, open_recording
+from tui.recordings.replay import MAX_SPEED, MIN_SPEED, ReplaySource, open_replay
+from workers.wire import protocol as p
 
 
 class FrozenClock:

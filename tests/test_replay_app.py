@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from recording_synth import assert_same_message, synth_run, write_recording
 
-from tui.app import CommtopApp
-from tui.model import RunModel
-from tui.recording import Recorder, open_recording
-from tui.replay import ReplaySource
-from workers import protocol as p
+from tui.model.run_model import RunModel
+from tui.recordings.format import Recorder, open_recording
+from tui.recordings.replay import ReplaySource
+from tui.view.app import CommtopApp
+from workers.wire import protocol as p
 
 SIZE = (120, 36)
 

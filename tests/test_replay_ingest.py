@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from recording_synth import synth_run, write_recording
 
-from tui.ingest import IngestLoop
-from tui.model import RunModel
-from tui.recording import open_recording
-from tui.replay import ReplaySource
-from workers import protocol as p
+from tui.model.ingest import IngestLoop
+from tui.model.run_model import RunModel
+from tui.recordings.format import open_recording
+from tui.recordings.replay import ReplaySource
+from workers.wire import protocol as p
 
 
 class FrozenClock:

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from recording_synth import DEFAULT_EPOCHS, TENSOR, Epoch, synth_run, write_recording
 
-from tui import report
-from workers import protocol as p
+from tui.report import compute as report
+from workers.wire import protocol as p
 
 ROOT = Path(__file__).parent.parent
 
@@ -177,7 +177,9 @@ def test_not_a_recording_is_one_line_and_exit_1(capsys, tmp_path: Path, content:
 def test_the_command_line_exit_code(tmp_path: Path) -> None:
     bad = tmp_path / "x.txt"
     bad.write_text("not a recording\n")
-    proc = subprocess.run([sys.executable, "-m", "tui.report", str(bad)], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tui.report.compute", str(bad)], capture_output=True, text=True, cwd=ROOT
+    )
     assert proc.returncode == 1 and proc.stderr == f"commtop: error: {bad} is not a commtop recording\n"
 
 
@@ -277,7 +279,7 @@ def test_plot_without_matplotlib_is_one_line(run, tmp_path: Path) -> None:
     path, _ = run
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"
-        "from tui import report\n"
+        "from tui.report import compute as report\n"
         f"raise SystemExit(report.main([{str(path)!r}, '--plot', {str(tmp_path / 'p.png')!r}]))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
@@ -290,8 +292,8 @@ def test_plot_without_matplotlib_is_one_line(run, tmp_path: Path) -> None:
 
 
 def test_an_empty_recording_reports_replays_and_plots(capsys, tmp_path: Path) -> None:
-    from tui.recording import Recorder
-    from tui.replay import open_replay
+    from tui.recordings.format import Recorder
+    from tui.recordings.replay import open_replay
 
     recorder = Recorder(directory=tmp_path)
     path = recorder.start()
@@ -343,7 +345,7 @@ def test_trace_puts_every_host_on_the_reference_clock(capsys, tmp_path: Path) ->
 def test_a_cut_recording_started_before_any_hello_names_its_ranks_from_the_data(capsys, run, tmp_path: Path) -> None:
     """`commtop run --record` opens the file before the first Hello (an empty header); a cut
     file has no trailer to fill it in: the report takes the ranks and hosts from the Hellos."""
-    from tui.recording import RecordingWriter
+    from tui.recordings.format import RecordingWriter
 
     _, items = run
     path = tmp_path / "early.commtop"

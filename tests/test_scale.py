@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from synthetic_ranks import Lateness, SyntheticCluster, short_runtime_dir
 
-from tui.app import build_app
-from tui.headless import format_summary
-from tui.model import RunModel
-from tui.widgets.header import header_text
-from tui.widgets.rank_grid import GridHeader, RankGrid
-from workers.connection import Connection
-from workers.telemetry.wire import tick_body
+from tui.model.run_model import RunModel
+from tui.run.headless import format_summary
+from tui.view.app import build_app
+from tui.view.widgets.header import header_text
+from tui.view.widgets.rank_grid import GridHeader, RankGrid
+from workers.wire.connection import Connection
+from workers.wire.telemetry import tick_body
 
 pytestmark = pytest.mark.timeout(120)
 KEY = bytes(range(32))
@@ -156,8 +156,8 @@ def synthetic_tick(host: str, t_ns: int, seq: int) -> Any:
     """A node sampler tick of one synthetic GPU, stamped with its host's (skewed) clock."""
     import numpy as np
 
-    from workers.protocol import TELEM_GPU_METRICS
-    from workers.telemetry.wire import Tick
+    from workers.wire.protocol import TELEM_GPU_METRICS
+    from workers.wire.telemetry import Tick
 
     one = np.ones(1)
     return Tick(

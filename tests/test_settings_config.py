@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from workers.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args, config_from_dict
-from workers.settings import Settings, SettingsError, parse_assignment
+from workers.wire.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args, config_from_dict
+from workers.wire.settings import Settings, SettingsError, parse_assignment
 
 
 def test_settings_accept_valid_changes() -> None:

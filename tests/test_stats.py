@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from tui.stats import AxisScale, LogHistogram, Ring, RunAggregate, nice_ceiling, percentile, weighted_rate
+from tui.model.stats import AxisScale, LogHistogram, Ring, RunAggregate, nice_ceiling, percentile, weighted_rate
 
 
 def test_ring_keeps_the_newest_rows_in_order_across_the_wrap() -> None:

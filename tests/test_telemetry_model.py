@@ -12,12 +12,12 @@ import numpy as np
 import pynvml
 from textual.app import App, ComposeResult
 
-from tui.telemetry_model import TelemetryModel, TelemetrySnapshot
-from tui.widgets.links import LinksPanel
-from workers import protocol
+from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
+from tui.view.widgets.links import LinksPanel
 from workers.telemetry import nvml
 from workers.telemetry.sampler import NodeSampler
-from workers.telemetry.wire import Caps, GpuCaps, ProcInfo, Tick, caps_body, tick_body
+from workers.wire import protocol
+from workers.wire.telemetry import Caps, GpuCaps, ProcInfo, Tick, caps_body, tick_body
 
 FIXTURE = Path(__file__).parent / "fixtures" / "nvml" / "h200_nvml.json"
 HOST = "h200"
@@ -85,7 +85,7 @@ def test_snapshot_from_h200_ticks() -> None:
 
 
 def test_ring_buffer_is_bounded_and_stale_detected() -> None:
-    from tui import telemetry_model
+    from tui.model import telemetry as telemetry_model
 
     ticks, caps = fixture_messages("d2h")
     model = TelemetryModel()

@@ -12,7 +12,7 @@ import pytest
 from workers.telemetry import nvml
 from workers.telemetry.nvml import NA
 from workers.telemetry.sampler import NodeSampler
-from workers.telemetry.wire import caps_body, decode_caps, decode_tick, tick_body
+from workers.wire.telemetry import caps_body, decode_caps, decode_tick, tick_body
 
 
 @pytest.fixture(autouse=True)

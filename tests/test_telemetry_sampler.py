@@ -17,9 +17,9 @@ import psutil
 import pytest
 import zmq
 
-from workers import connection, protocol
 from workers.telemetry import start_node_sampler
-from workers.telemetry.wire import Caps, Tick, decode_caps, decode_tick
+from workers.wire import connection, protocol
+from workers.wire.telemetry import Caps, Tick, decode_caps, decode_tick
 
 WORKER = """
 import sys, time

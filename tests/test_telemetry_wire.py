@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from workers import protocol
-from workers.protocol import ProtocolError
-from workers.telemetry.wire import Caps, GpuCaps, ProcInfo, Tick, caps_body, decode_caps, decode_tick, tick_body
+from workers.wire import protocol
+from workers.wire.protocol import ProtocolError
+from workers.wire.telemetry import Caps, GpuCaps, ProcInfo, Tick, caps_body, decode_caps, decode_tick, tick_body
 
 KEY = protocol.new_key()
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import zmq
 
-from workers import protocol
-from workers.connection import create_run
-from workers.protocol import COLL, MODES, Batch, Bye, Hello
+from workers.wire import protocol
+from workers.wire.connection import create_run
+from workers.wire.protocol import COLL, MODES, Batch, Bye, Hello
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = ["--shape", "16x64", "--collectives-per-step", "8", "--copies", "2", "--warmup", "2", "--batch-ms", "20"]
@@ -217,7 +217,17 @@ def _alive(pid: int) -> bool:
 
 def test_selfcheck_runs_every_mode_and_sees_every_iteration():
     res = subprocess.run(
-        [sys.executable, "-m", "workers.selfcheck", "--iters", "24", "--shape", "32x32", "--collectives-per-step", "8"],
+        [
+            sys.executable,
+            "-m",
+            "workers.synthetic.selfcheck",
+            "--iters",
+            "24",
+            "--shape",
+            "32x32",
+            "--collectives-per-step",
+            "8",
+        ],
         env=env(),
         capture_output=True,
         text=True,

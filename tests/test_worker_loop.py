@@ -10,15 +10,15 @@ import pytest
 import torch.distributed as dist
 import zmq
 
-from workers import protocol
-from workers.busbw import bus_factor, collective_bytes
-from workers.config import LoopConfig
-from workers.connection import create_run
-from workers.control import StaticControl
-from workers.heartbeat import StopFlag
-from workers.loop import CONNECT_WAIT_S, Runtime, run_worker
-from workers.protocol import COLL, COLLECTIVES, COPY, DIRECTIONS, MODES, Batch, Bye, Hello
-from workers.settings import Settings
+from workers.rank.control import StaticControl
+from workers.rank.heartbeat import StopFlag
+from workers.synthetic.loop import CONNECT_WAIT_S, Runtime, run_worker
+from workers.wire import protocol
+from workers.wire.busbw import bus_factor, collective_bytes
+from workers.wire.config import LoopConfig
+from workers.wire.connection import create_run
+from workers.wire.protocol import COLL, COLLECTIVES, COPY, DIRECTIONS, MODES, Batch, Bye, Hello
+from workers.wire.settings import Settings
 
 SHAPE = (32, 64)
 TENSOR_BYTES = 32 * 64 * 4

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import zmq
 
-from workers import protocol
-from workers.busbw import bus_factor
-from workers.protocol import COLL, COPY, COPY_COLUMNS, Batch
-from workers.publisher import COLL_ROW, RecordBatcher, RecordPublisher
+from workers.rank.publisher import COLL_ROW, RecordBatcher, RecordPublisher
+from workers.wire import protocol
+from workers.wire.busbw import bus_factor
+from workers.wire.protocol import COLL, COPY, COPY_COLUMNS, Batch
 
 KEY = b"k" * 32
 SESSION = "s1"

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from workers.timing import Anchor, CpuTimer, CudaTimer, StepTimes
+from workers.rank.timing import Anchor, CpuTimer, CudaTimer, StepTimes
 
 
 class FakeGpu:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from workers import connection as connections
-from workers.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args
+from workers.wire import connection as connections
+from workers.wire.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args
 
 CPU_RANKS = 2
 ABOUT = "commtop: live profiler for GPU communication (NCCL collectives vs. offload copies)"
@@ -31,11 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # ctl and report own their whole command line.
     if argv and argv[0] == "ctl":
-        from tui import ctl
+        from tui.run import ctl
 
         return ctl.main(argv[1:])
     if argv and argv[0] == "report":
-        from tui import report
+        from tui.report import compute as report
 
         return report.main(argv[1:])
     script: list[str] = []
@@ -156,8 +156,8 @@ def _lock_run(conn: connections.Connection) -> int:
 
 
 def open_collector(conn: connections.Connection, record: str | None, collective: str = "") -> Collector:
-    from tui.model import RunModel
-    from tui.sources import LiveSource
+    from tui.model.run_model import RunModel
+    from tui.model.sources import LiveSource
 
     lock_fd = _lock_run(conn)
     try:
@@ -166,7 +166,7 @@ def open_collector(conn: connections.Connection, record: str | None, collective:
         os.close(lock_fd)
         raise CollectorError(str(exc)) from None
     collector = Collector(connection=conn, source=source, model=RunModel(), lock_fd=lock_fd)
-    from tui.control_server import ControlServer
+    from tui.run.control_server import ControlServer
 
     try:
         collector.controller = ControlServer(conn)
@@ -185,7 +185,7 @@ def open_collector(conn: connections.Connection, record: str | None, collective:
 
 
 def make_recorder(collective: str) -> Any:
-    from tui.recording import Recorder
+    from tui.recordings.format import Recorder
 
     return Recorder(collective=collective or "run")
 
@@ -196,8 +196,8 @@ def make_recorder(collective: str) -> Any:
 def cmd_run(ns: argparse.Namespace) -> int:
     if getattr(ns, "script", None):
         return cmd_run_script(ns)
-    from tui.gpus import visible_gpus
-    from tui.launcher import torchrun_argv
+    from tui.run.gpus import visible_gpus
+    from tui.run.launcher import torchrun_argv
 
     gpus = visible_gpus()
     cpu = gpus.count == 0 or ns.backend == "gloo"
@@ -222,7 +222,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
 def supervise(collector: Collector, argv: list[str], nproc: int, headless: bool, title: str) -> int:
     """Start the job (the collector's sockets are already bound), show it headless or in the
     TUI, and stop the whole job and the collector however that ends."""
-    from tui.launcher import JobExitSource, JobProcess
+    from tui.run.launcher import JobExitSource, JobProcess
 
     job = JobProcess(argv, collector.connection)
     collector.source = JobExitSource(collector.source, job)  # a SIGKILLed rank's exit code
@@ -239,7 +239,7 @@ def cmd_run_script(ns: argparse.Namespace) -> int:
     """`commtop run [--nproc N] [--headless] [--record] -- python train.py ...`: the user's own
     script (instrumented with ``workers.monitor``) under torchrun, its connection set up
     through $COMMTOP_CONNECTION_FILE."""
-    from tui.gpus import visible_gpus
+    from tui.run.gpus import visible_gpus
 
     gpus = visible_gpus()
     nproc = ns.nproc if ns.nproc is not None else (gpus.count or CPU_RANKS)
@@ -263,7 +263,7 @@ def script_argv(script: list[str], nproc: int) -> list[str]:
             rest = rest[1:]
     if not rest or (rest[0] == "-m" and len(rest) < 2):
         raise ConfigError(f"nothing to run in {' '.join(script)!r}; expected e.g. `-- python train.py`")
-    from tui.launcher import torchrun_prefix
+    from tui.run.launcher import torchrun_prefix
 
     return [*torchrun_prefix(nproc), *rest]
 
@@ -291,8 +291,8 @@ def check_memory(config: LoopConfig, nproc: int, cpu: bool, gpu_memory: tuple[in
 
 def run_headless(collector: Collector, job: Any, nproc: int) -> int:
     """Collect until the job ends (or Ctrl-C), then print the per-rank summary table."""
-    from tui.headless import format_summary
-    from tui.headless import run_headless as collect
+    from tui.run.headless import format_summary
+    from tui.run.headless import run_headless as collect
 
     stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -328,7 +328,7 @@ def _job_finished(job: Any) -> Callable[[], bool]:
 
 
 def run_tui(collector: Collector, *, job: Any = None, title: str = "commtop", hint: str = "") -> int:
-    from tui.app import build_app
+    from tui.view.app import build_app
 
     app = build_app(collector=collector, job=job, title=title, hint=hint)
     app.run()
@@ -382,8 +382,8 @@ def cmd_watch(ns: argparse.Namespace) -> int:
     )
     try:
         if ns.headless:
-            from tui.headless import format_summary
-            from tui.headless import run_headless as collect
+            from tui.run.headless import format_summary
+            from tui.run.headless import run_headless as collect
 
             stop = threading.Event()
             signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -403,8 +403,8 @@ def cmd_watch(ns: argparse.Namespace) -> int:
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:
-    from tui.model import RunModel
-    from tui.replay import open_replay
+    from tui.model.run_model import RunModel
+    from tui.recordings.replay import open_replay
 
     try:
         source = open_replay(ns.file, speed=ns.speed)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CONNECTION_FILE_ENV = "COMMTOP_CONNECTION_FILE"  # same name as workers.connection (kept import-free)
+CONNECTION_FILE_ENV = "COMMTOP_CONNECTION_FILE"  # same name as workers.wire.connection (kept import-free)
 LOG_NAME = "telemetry-{host}.log"
 
 

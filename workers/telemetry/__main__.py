@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 
-from workers.connection import CONNECTION_FILE_ENV, ConnectionError_, load
+from workers.wire.connection import CONNECTION_FILE_ENV, ConnectionError_, load
 
 
 def main(argv: list[str] | None = None) -> int:

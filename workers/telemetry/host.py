@@ -12,7 +12,7 @@ import time
 
 import psutil
 
-from workers.telemetry.wire import ProcInfo
+from workers.wire.telemetry import ProcInfo
 
 _STATUS = {
     psutil.STATUS_RUNNING: "running",

@@ -1,6 +1,6 @@
 """The node sampler: one per node, a separate process, never on a hot path.
 
-:class:`NodeSampler` produces :class:`~workers.telemetry.wire.Tick` records in-process
+:class:`NodeSampler` produces :class:`~workers.wire.telemetry.Tick` records in-process
 (the H200 capture script runs it that way); :func:`run` drives it at 10 Hz and pushes
 signed TELEM ticks and once-a-second TELEM_CAPS to the collector, dropping (and counting)
 whatever the collector cannot take right now.
@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from workers import protocol
 from workers.telemetry import nvml
 from workers.telemetry.gpu import GpuProbe, ThroughputThread
 from workers.telemetry.host import HostProbe
 from workers.telemetry.nvml import NA
-from workers.telemetry.wire import Caps, GpuCaps, Tick, caps_body, tick_body
+from workers.wire import protocol
+from workers.wire.telemetry import Caps, GpuCaps, Tick, caps_body, tick_body
 
 log = logging.getLogger("commtop.telemetry")
 INTERVAL_S = 0.1

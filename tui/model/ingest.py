@@ -1,0 +1,165 @@
+"""The ingest thread: source -> model (+ sinks), and one frozen Snapshot per tick for the UI.
+
+Ingest is not rendering: this thread never touches a widget. It drains the source, applies
+every message into the model under a lock, hands each message to the sinks (the recorder,
+the control server), and every ``interval_s`` builds a Snapshot if anything changed and
+passes it to ``on_snapshot`` (the app posts ONE Textual message from there; Textual's
+``post_message`` is thread-safe). A sink or callback that raises is reported, never fatal.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from tui.model.interfaces import ResetModel, Sink, Source
+from tui.model.run_model import RunModel, Snapshot
+
+#: Even with no new messages a snapshot is rebuilt this often (liveness ages with time).
+IDLE_SNAPSHOT_S = 0.5
+MAX_ERRORS = 20
+
+
+class IngestLoop:
+    """Runs ``source -> model`` on a daemon thread; ``start()`` / ``stop()`` / ``join()``.
+
+    ``clock`` (ns) stamps arrivals and snapshots; by default the source's own ``now_ns``
+    when it has one (a replay's virtual clock, so a paused replay does not turn every
+    rank stale), else the model's clock.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        model: RunModel,
+        sinks: Iterable[Sink] = (),
+        on_snapshot: Callable[[Snapshot], None] | None = None,
+        interval_s: float = 0.08,
+        *,
+        poll_s: float = 0.02,
+        clock: Callable[[], int] | None = None,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        self.source = source
+        self.model = model
+        self.sinks = list(sinks)
+        self.on_snapshot = on_snapshot
+        self.interval_s = interval_s
+        self.poll_s = poll_s
+        self.clock: Callable[[], int] = clock or getattr(source, "now_ns", None) or model.clock
+        self.on_error = on_error
+        self.lock = threading.Lock()
+        #: Recent errors of sinks/callbacks/source ("Recorder: No space left on device").
+        self.errors: deque[str] = deque(maxlen=MAX_ERRORS)
+        self.applied = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_version = -1
+        self._last_emit = 0.0
+        self._latest: Snapshot | None = None
+
+    # ----------------------------------------------------------------------- thread
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="commtop-ingest", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.step(self.poll_s)
+            try:
+                self.maybe_emit()
+            except Exception as exc:  # a snapshot bug must not end ingest: report it, keep going
+                self._report(f"snapshot: {type(exc).__name__}: {exc}")
+                self._last_emit = time.monotonic()
+
+    # ----------------------------------------------------------------------- work
+
+    def step(self, timeout_s: float) -> int:
+        """One poll of the source; applies what came. Returns the number of messages."""
+        try:
+            messages = self.source.poll(timeout_s)
+        except Exception as exc:  # a source must not raise, but ingest must survive one that does
+            self._report(f"source: {type(exc).__name__}: {exc}")
+            time.sleep(timeout_s)
+            return 0
+        if not messages:
+            with self.lock:
+                self.model.set_rejected(self.source.rejected)
+            return 0
+        with self.lock:
+            now = self.clock()
+            for message in messages:
+                if isinstance(message, ResetModel):
+                    self.model.reset()
+                else:
+                    self.model.apply(message, now)
+            self.model.set_rejected(self.source.rejected)
+        self.applied += len(messages)
+        for sink in self.sinks:
+            for message in messages:
+                if isinstance(message, ResetModel):
+                    continue
+                try:
+                    sink.write(message)
+                except Exception as exc:
+                    self._report(f"{type(sink).__name__}: {exc}")
+                    break  # one report per sink per poll
+        return len(messages)
+
+    def snapshot(self, fresh_run_stats: bool = False) -> Snapshot:
+        """A fresh snapshot (thread-safe; also used by the headless collector at the end)."""
+        with self.lock:
+            snap = self.model.snapshot(self.clock(), fresh_run_stats=fresh_run_stats)
+        self._latest = snap
+        return snap
+
+    @property
+    def latest(self) -> Snapshot | None:
+        """The last snapshot built, if any."""
+        return self._latest
+
+    def maybe_emit(self, force: bool = False) -> Snapshot | None:
+        """Build and hand out a snapshot if the interval passed and something changed."""
+        mono = time.monotonic()
+        if not force and mono - self._last_emit < self.interval_s:
+            return None
+        changed = self.model.version != self._last_version
+        if not (force or changed or mono - self._last_emit >= IDLE_SNAPSHOT_S):
+            return None
+        snap = self.snapshot()
+        built_s = time.monotonic() - mono
+        self._last_version = snap.version
+        # Never spend more than ~1/4 of this thread on snapshots (hundreds of ranks).
+        self._last_emit = mono + max(0.0, 4 * built_s - self.interval_s)
+        if self.on_snapshot is not None:
+            try:
+                self.on_snapshot(snap)
+            except Exception as exc:
+                self._report(f"on_snapshot: {type(exc).__name__}: {exc}")
+        return snap
+
+    def _report(self, text: str) -> None:
+        line = text.splitlines()[0][:200] if text else "error"
+        if self.errors and self.errors[-1] == line:
+            return  # a sink failing on every poll reports once, not 12 times a second
+        self.errors.append(line)
+        if self.on_error is not None:
+            try:
+                self.on_error(line)
+            except Exception:
+                pass

@@ -1,0 +1,116 @@
+"""Live message source: the collector's ZeroMQ PULL socket, verified and decoded.
+
+Workers and node samplers connect PUSH to the run's ``data`` endpoint; the collector binds
+it here. ``poll`` drains everything queued (NOBLOCK until EAGAIN, capped per call so the
+ingest loop stays responsive under a flood) and never raises on bad input: refused frames
+are counted by ``ProtocolError.reason`` in ``rejected``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import Counter
+from typing import Any
+
+import zmq
+
+from workers.wire.connection import Connection
+from workers.wire.protocol import MAX_BODY_BYTES, ProtocolError, decode, open_frames
+
+#: Messages taken per ``poll`` at most; the rest stay queued for the next call.
+MAX_PER_POLL = 2000
+OVERSIZE_SLACK = 1024
+#: Messages queued in the collector's socket before senders see EAGAIN (and count drops).
+RCVHWM = 10000
+
+
+class SourceError(RuntimeError):
+    """The source cannot start; the message is one line meant for the user."""
+
+
+def ipc_endpoint_in_use(endpoint: str) -> bool:
+    """libzmq silently replaces an ipc socket file that another process still listens on, so
+    binders ask first (a stale file left by a crash is fine: nobody accepts on it)."""
+    if not endpoint.startswith("ipc://"):
+        return False
+    path = endpoint[len("ipc://") :]
+    if not os.path.exists(path):
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(0.2)
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+class LiveSource:
+    """Binds PULL at ``connection.data`` and yields decoded, verified messages."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        *,
+        context: zmq.Context[Any] | None = None,
+        max_per_poll: int = MAX_PER_POLL,
+        rcvhwm: int = RCVHWM,
+    ) -> None:
+        self.endpoint = connection.data
+        self.rejected: Counter[str] = Counter()
+        self.received = 0
+        self._key = connection.key
+        self._session = connection.session
+        self._max_per_poll = max_per_poll
+        self._ctx = context or zmq.Context.instance()
+        sock = self._ctx.socket(zmq.PULL)
+        # libzmq drops a peer that sends a larger frame before we see it; a little slack
+        # above the protocol's limit lets near-misses reach open_frames and count as "oversized".
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_BODY_BYTES + OVERSIZE_SLACK)
+        sock.setsockopt(zmq.RCVHWM, rcvhwm)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            if ipc_endpoint_in_use(self.endpoint):
+                raise SourceError("address already in use")
+            sock.bind(self.endpoint)
+        except (zmq.ZMQError, SourceError) as exc:
+            sock.close(0)
+            why = exc.strerror if isinstance(exc, zmq.ZMQError) else str(exc)
+            raise SourceError(f"cannot listen on {self.endpoint}: {why} (is another commtop using it?)") from None
+        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)  # tcp://host:* -> the real port
+        self._sock = sock
+        self._poller = zmq.Poller()
+        self._poller.register(sock, zmq.POLLIN)
+        self._closed = False
+
+    def poll(self, timeout_s: float) -> list[Any]:
+        """Messages ready now, waiting at most ``timeout_s`` for the first one."""
+        if self._closed:
+            return []
+        out: list[Any] = []
+        if not self._poller.poll(max(0, int(timeout_s * 1000))):
+            return out
+        for _ in range(self._max_per_poll):
+            try:
+                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                break
+            except zmq.ZMQError as exc:  # e.g. the context was terminated while closing
+                self.rejected[f"zmq:{exc.errno}"] += 1
+                break
+            self.received += 1
+            try:
+                out.append(decode(open_frames(self._key, frames, self._session)))
+            except ProtocolError as exc:
+                self.rejected[exc.reason] += 1
+            except Exception:  # a decoder bug must not kill ingest; count it
+                self.rejected["decode"] += 1
+        return out
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._sock.close(0)

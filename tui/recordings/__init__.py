@@ -1,0 +1,1 @@
+"""Recordings: the ``.commtop`` file format (writer and reader) and the replay source."""

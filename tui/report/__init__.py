@@ -1,0 +1,2 @@
+"""``commtop report``: per-mode and per-rank tables from a recording, comparisons of several
+recordings, Perfetto traces and plots."""

@@ -1,0 +1,858 @@
+"""`commtop report FILE`: what a recording says, per settings epoch and per rank.
+
+For every epoch (mode, copies, copy size, pinned, direction) and rank: collective latency
+p50/p90/p99/max, algbw/busbw, copy GB/s, PCIe/NVLink and clocks from the node telemetry in
+the epoch's time window, and the slowdown against mode ``none`` (same rank, same collective
+and size) in the same recording. Everything is columnar numpy over the whole file, so ten
+million records take seconds. ``--format csv --records`` exports one row per collective
+record (for pandas); ``--trace`` writes a Perfetto trace, ``--plot`` a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import IO, Any
+
+import numpy as np
+
+from tui.recordings.format import Recording, RecordingError, Tables, open_recording, run_metadata
+from workers.wire import protocol as p
+
+TRACE_WARN_BYTES = 500_000_000
+REPORT_COLUMNS = ("epoch", "mode", "op", "nbytes", "start_ns", "dur_us", "algbw", "busbw")
+LINK_METRICS = (
+    "pcie_tx_gbps",
+    "pcie_rx_gbps",
+    "nvlink_tx_gbps",
+    "nvlink_rx_gbps",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "power_w",
+)
+RECORD_FIELDS = (
+    "rank",
+    "iteration",
+    "step",
+    "epoch",
+    "mode",
+    "op",
+    "nbytes",
+    "host_ns",
+    "start_ns",
+    "dur_us",
+    "algbw",
+    "busbw",
+    "recv_ns",
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One epoch on one rank (``rank`` None = all ranks together)."""
+
+    epoch: int
+    rank: int | None
+    mode: str
+    copies: float | None  # per step (from the settings, else counted)
+    copy_bytes: int | None
+    pinned: bool | None
+    direction: str
+    op: str
+    nbytes: int
+    start_s: float  # from the start of the recording
+    end_s: float
+    count: int
+    p50_us: float
+    p90_us: float
+    p99_us: float
+    max_us: float
+    mean_us: float
+    algbw_gbps: float  # mean over records
+    busbw_gbps: float
+    copy_count: int
+    copy_gbps: float  # mean over copies
+    pcie_tx_gbps: float  # mean per GPU over the telemetry ticks of the epoch
+    pcie_rx_gbps: float
+    nvlink_tx_gbps: float
+    nvlink_rx_gbps: float
+    sm_clock_mhz: float
+    mem_clock_mhz: float
+    power_w: float
+    slowdown: float  # p50 / p50 of mode none (same rank, op, size); NaN without a baseline
+
+
+@dataclass(frozen=True)
+class ModeRow:
+    mode: str
+    count: int
+    p50_us: float
+    p99_us: float
+    slowdown: float
+
+
+@dataclass(frozen=True)
+class Report:
+    path: str
+    complete: bool
+    problems: str
+    meta: dict[str, Any]
+    duration_s: float
+    records: int
+    rows: tuple[Row, ...]
+    modes: tuple[ModeRow, ...]
+
+
+# --------------------------------------------------------------------------- computing
+
+
+def _nanmean(values: np.ndarray) -> float:
+    if values.size == 0:
+        return math.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(np.nanmean(values))
+
+
+def _counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values, counts) of an int array; fast when there are few distinct values
+    (the usual case: one collective, one size): candidates from a sample, then exact counts,
+    checked to cover every element, else a full np.unique."""
+    if len(values) == 0:
+        return values[:0], np.zeros(0, dtype=np.int64)
+    cands = np.unique(values[:: max(1, len(values) // 4096)])
+    if len(cands) <= 16:
+        counts = np.array([np.count_nonzero(values == c) for c in cands.tolist()], dtype=np.int64)
+        if counts.sum() == len(values):
+            return cands, counts
+    return np.unique(values, return_counts=True)
+
+
+def _mode_of(values: np.ndarray) -> int:
+    uniq, counts = _counts(values)
+    return int(uniq[np.argmax(counts)]) if len(uniq) else 0
+
+
+def _percentiles(d32: np.ndarray, qs: Sequence[float]) -> list[float]:
+    """Exactly ``np.percentile(d32.astype(np.float64), qs).tolist()``; see _percentiles_max."""
+    return _percentiles_max(d32, qs)[0]
+
+
+def _percentiles_max(d32: np.ndarray, qs: Sequence[float]) -> tuple[list[float], float]:
+    """(exactly ``np.percentile(d32.astype(np.float64), qs).tolist()`` (method 'linear'), the
+    maximum), from the float32 values sorted (half the memory traffic of float64): the
+    order statistics are the same values, and the interpolation
+    below is numpy's, operation for operation. NaN, or a zero at an interpolation point (±0
+    sort as equals), falls back to numpy."""
+    n = len(d32)
+    plan = []
+    for q in qs:
+        v = (n - 1) * (q / 100)
+        prev = -1 if v >= n - 1 else math.floor(v)
+        plan.append((v, prev, n - 1 if prev < 0 else prev, n - 1 if prev < 0 else prev + 1))
+    kth = sorted({n - 1} | {i for _, _, a, b in plan for i in (a, b)})
+    part = np.sort(d32)  # SIMD sorts beat a partition at 5-7 kth values (4x for 10 M float32 on AVX-512)
+    vals = dict(zip(kth, part[kth].astype(np.float64).tolist(), strict=True))
+    if vals[n - 1] != vals[n - 1] or any(vals[a] == 0 or vals[b] == 0 for _, _, a, b in plan):
+        return np.percentile(d32.astype(np.float64), qs).tolist(), float(d32.max())
+    out = []
+    for v, prev, a, b in plan:
+        lo, hi, t = vals[a], vals[b], v - prev
+        diff = hi - lo
+        out.append(hi - diff * (1 - t) if t >= 0.5 else lo + diff * t)
+    return out, vals[n - 1]
+
+
+def _median(d32: np.ndarray) -> float:
+    """Exactly ``float(np.median(d32.astype(np.float64)))``, from the sorted float32 values."""
+    n = len(d32)
+    part = np.sort(d32)  # see _percentiles_max
+    lo, hi, last = part[[(n - 1) // 2, n // 2, n - 1]].astype(np.float64).tolist()
+    if last != last or lo == 0 or hi == 0:
+        return float(np.median(d32.astype(np.float64)))
+    return lo if n % 2 else (lo + hi) / 2
+
+
+def _epochs(runs: list[tuple[int, int, int]]) -> list[tuple[int, int, int, list[tuple[int, int, int]]]]:
+    """(epoch, start, end, its runs) of each epoch from the (key, start, end) runs of _group."""
+    out: list[tuple[int, int, int, list[tuple[int, int, int]]]] = []
+    for key, a, b in runs:
+        if out and out[-1][0] == key >> 20:
+            out[-1] = (out[-1][0], out[-1][1], b, out[-1][3])
+        else:
+            out.append((key >> 20, a, b, []))
+        out[-1][3].append((key, a, b))
+    return out
+
+
+#: Records per block for passes that need temporaries: block-sized ones are reused by the
+#: allocator, where full-size ones (80 MB for 10 M int64) fault in fresh pages every time.
+BLOCK = 1 << 20
+
+
+@dataclass
+class _Groups:
+    """Records grouped by (epoch, rank): a group id per record (in file order), the stable
+    permutation that makes every group contiguous, and the groups present, ascending by
+    (epoch, rank), as (key = epoch << 20 | rank, start, end) in that order plus their ids."""
+
+    gid: np.ndarray
+    span: int  # group ids are < span
+    order: np.ndarray
+    runs: list[tuple[int, int, int]]
+    ids: list[int]
+
+
+def _group(epoch: np.ndarray, rank: np.ndarray) -> _Groups:
+    """Few (epoch, rank) pairs (the usual case) get a dense 16-bit id, which numpy sorts with a
+    radix sort; otherwise ids come from np.unique. Either way the permutation is the stable
+    sort by (epoch, rank)."""
+    n = len(epoch)
+    if n == 0:
+        return _Groups(np.zeros(0, dtype=np.uint16), 0, np.zeros(0, dtype=np.intp), [], [])
+    e0, e1, r0, r1 = int(epoch.min()), int(epoch.max()), int(rank.min()), int(rank.max())
+    nr = r1 - r0 + 1
+    if r0 >= 0 and r1 < 1 << 20 and (e1 - e0 + 1) * nr <= 1 << 16:
+        span = (e1 - e0 + 1) * nr
+        gid: np.ndarray = np.empty(n, dtype=np.uint16)
+        wide = np.dtype(np.int64 if max(abs(e0), abs(e1)) >= 1 << 30 else np.int32)  # no overflow below
+        for a in range(0, n, BLOCK):
+            e = epoch[a : a + BLOCK].astype(wide, copy=False)
+            gid[a : a + BLOCK] = (e - e0) * nr + (rank[a : a + BLOCK].astype(wide, copy=False) - r0)
+        counts = np.bincount(gid, minlength=span)
+        present = np.flatnonzero(counts)
+        keys = [((e0 + i // nr) << 20) | (r0 + i % nr) for i in present.tolist()]
+    else:
+        uniq, inverse = np.unique((epoch.astype(np.int64) << 20) | rank.astype(np.int64), return_inverse=True)
+        gid, span = inverse.astype(np.intp).ravel(), len(uniq)
+        present, keys = np.arange(span), uniq.tolist()
+        counts = np.bincount(gid, minlength=span)
+    ends = np.cumsum(counts)
+    ids = present.tolist()
+    runs = [(key, int(ends[i] - counts[i]), int(ends[i])) for key, i in zip(keys, ids, strict=True)]
+    return _Groups(gid, span, np.argsort(gid, kind="stable"), runs, ids)
+
+
+def _group_sums(gid: np.ndarray, values: np.ndarray, span: int) -> np.ndarray:
+    """Sum of ``values`` per group id (float64), a block at a time."""
+    out = np.zeros(span)
+    for a in range(0, len(gid), BLOCK):
+        out += np.bincount(gid[a : a + BLOCK], weights=values[a : a + BLOCK], minlength=span)
+    return out
+
+
+def _epoch_windows(epoch: np.ndarray, start: np.ndarray, dur32: np.ndarray) -> dict[int, tuple[int, int]]:
+    """Per epoch: (first start, last end) in ns, end = start + duration, a block at a time."""
+    out: dict[int, tuple[int, int]] = {}
+    for a in range(0, len(epoch), BLOCK):
+        e, s = epoch[a : a + BLOCK], start[a : a + BLOCK]
+        end = s + (dur32[a : a + BLOCK].astype(np.float64) * 1e3).astype(np.int64)
+        lo, hi = int(e.min()), int(e.max())
+        for ep in [lo] if lo == hi else np.unique(e).tolist():
+            sel = slice(None) if lo == hi else e == ep
+            t0, t1 = int(s[sel].min()), int(end[sel].max())
+            old = out.get(ep)
+            out[ep] = (t0, t1) if old is None else (min(old[0], t0), max(old[1], t1))
+    return out
+
+
+def _combo_codes(op: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """A small code per record for its (op, size), and the combo ``op << 48 | size`` of each
+    code; codes ascend with the combo (so ties resolve as they would on the combos)."""
+    n = len(op)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint8), []
+    step = max(1, n // 4096)
+    cands = sorted(set(zip(op[::step].tolist(), nbytes[::step].tolist(), strict=True)))
+    if len(cands) == 1 and bool((op == cands[0][0]).all()) and bool((nbytes == cands[0][1]).all()):
+        return np.zeros(n, dtype=np.uint8), [(cands[0][0] << 48) | cands[0][1]]
+    if len(cands) <= 64:
+        codes = np.full(n, 255, dtype=np.uint8)
+        for a in range(0, n, BLOCK):
+            o, b, c = op[a : a + BLOCK], nbytes[a : a + BLOCK], codes[a : a + BLOCK]
+            for i, (co, cb) in enumerate(cands):
+                c[(b == cb) & (o == co)] = i
+        if not bool((codes == 255).any()):
+            return codes, [(co << 48) | cb for co, cb in cands]
+    uniq, inverse = np.unique((op.astype(np.int64) << 48) | nbytes.astype(np.int64), return_inverse=True)
+    return inverse.astype(np.int32).ravel(), uniq.tolist()
+
+
+class _Telemetry:
+    """Node ticks as per-host arrays: times and metric[tick, gpu] matrices, GPUs by uuid."""
+
+    def __init__(self, other: Sequence[tuple[int, dict[str, Any]]]) -> None:
+        by_host: dict[str, list[tuple[int, tuple[str, ...], dict[str, Any]]]] = {}
+        for _, body in other:
+            if body.get("k") != p.TELEM or not isinstance(body.get("m"), dict):
+                continue
+            uuids = tuple(body.get("uuids") or ())
+            if isinstance(body.get("t"), int) and uuids:
+                by_host.setdefault(str(body.get("host", "")), []).append((body["t"], uuids, body["m"]))
+        self.hosts: dict[str, tuple[np.ndarray, tuple[str, ...], dict[str, np.ndarray]]] = {}
+        for host, ticks in by_host.items():
+            uuids = Counter(u for _, u, _ in ticks).most_common(1)[0][0]
+            ticks = sorted((t for t in ticks if t[1] == uuids), key=lambda t: t[0])
+            n = len(uuids)
+            mats = {}
+            for name in LINK_METRICS:
+                mat = np.full((len(ticks), n), np.nan)
+                for i, (_, _, m) in enumerate(ticks):
+                    raw = m.get(name)
+                    if isinstance(raw, bytes) and len(raw) == 8 * n:
+                        mat[i] = np.frombuffer(raw, dtype="<f8")
+                mats[name] = mat
+            self.hosts[host] = (np.array([t for t, _, _ in ticks], dtype=np.int64), uuids, mats)
+
+    def mean(self, name: str, t0: int, t1: int, gpu: tuple[str, str] | None) -> float:
+        """Mean of ``name`` over ticks in [t0, t1], for one (host, uuid) or every GPU."""
+        parts = []
+        for host, (times, uuids, mats) in self.hosts.items():
+            a, b = np.searchsorted(times, [t0, t1 + 1])
+            block = mats[name][a:b]
+            if gpu is not None:
+                if gpu[0] != host or gpu[1] not in uuids:
+                    continue
+                block = block[:, uuids.index(gpu[1])]
+            parts.append(block.ravel())
+        return _nanmean(np.concatenate(parts)) if parts else math.nan
+
+
+def _settings_by_epoch(hellos: Sequence[tuple[int, p.Hello]]) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    for _, h in hellos:
+        out.setdefault(h.epoch, dict(h.settings))
+    return out
+
+
+#: Run facts a recording's header may lack (recording started before any Hello) and a cut
+#: file's missing trailer would have supplied; the Hellos in the data know them.
+_FROM_HELLOS = (
+    "ranks",
+    "world_size",
+    "hosts",
+    "gpus",
+    "backend",
+    "config",
+    "settings",
+    "torch_version",
+    "nccl_version",
+)
+
+
+def _meta_with_hellos(meta: dict[str, Any], hellos: Sequence[tuple[int, p.Hello]]) -> dict[str, Any]:
+    """The recording's metadata, its empty run facts filled from the Hellos recorded."""
+    if not hellos or all(meta.get(k) for k in _FROM_HELLOS):
+        return meta
+    seen = run_metadata({h.rank: h for _, h in hellos})
+    return {**meta, **{k: seen[k] for k in _FROM_HELLOS if not meta.get(k) and seen.get(k)}}
+
+
+def build_report(rec: Recording, tables: Tables | None = None) -> Report:
+    """Every number of the report, from a recording (``tables`` when already loaded)."""
+    tables = tables or rec.tables(coll_columns=REPORT_COLUMNS)
+    coll, copy = tables.coll, tables.copy
+    t_base = int(coll["start_ns"].min()) if len(coll["start_ns"]) else rec.first_ns
+    settings = _settings_by_epoch(tables.hellos)
+    gpu_of = {h.rank: (h.host, h.gpu_uuid) for _, h in tables.hellos}
+    telemetry = _Telemetry(tables.other)
+
+    # Sorted once by (epoch, rank), only the columns that need a slice per row: durations (for
+    # exact percentiles), modes and (op, size) codes. Sums per row come from per-group sums over
+    # the columns in file order, time windows from a blocked pass: no full-size temporaries.
+    g = _group(coll["epoch"], coll["rank"])
+    order = g.order
+    dur32 = coll["dur_us"][order]  # percentiles partition these (see _percentiles_max)
+    mode = coll["mode"][order]
+    codes, combos = _combo_codes(coll["op"], coll["nbytes"])
+    code = codes[order]
+    dur_sum, alg_sum, bus_sum = (_group_sums(g.gid, coll[name], g.span) for name in ("dur_us", "algbw", "busbw"))
+    windows = _epoch_windows(coll["epoch"], coll["start_ns"], coll["dur_us"])
+    gid_of = dict(zip((key for key, _, _ in g.runs), g.ids, strict=True))
+    copies_by = _group(copy["epoch"], copy["rank"])
+    corder, cruns = copies_by.order, copies_by.runs
+    cspan = {k: (a, b) for k, a, b in cruns}
+    cepoch = {e: (a, b) for e, a, b, _ in _epochs(cruns)}
+    c = {name: copy[name][corder] for name in ("rank", "step", "nbytes", "direction", "pinned")}
+    gbps = copy["gbps"][corder].astype(np.float64)
+
+    # baseline: p50 of mode none, per (rank, op, size) and per (op, size) over all ranks
+    none_mode = p.MODES.index("none")
+    parts: dict[tuple[int, int], list[np.ndarray]] = {}  # (rank, code) -> durations in mode none
+    for key, a, b in g.runs:
+        is_none = mode[a:b] == none_mode
+        if not is_none.any():
+            continue
+        vals, their = dur32[a:b][is_none], code[a:b][is_none]
+        present = _counts(their)[0].tolist()
+        for k in present:
+            parts.setdefault((key & 0xFFFFF, k), []).append(vals if len(present) == 1 else vals[their == k])
+    base_rank: dict[tuple[int, int], float] = {}
+    base_code: dict[int, float] = {}  # by code, ascending (= by combo)
+    for k in sorted({k for _, k in parts}):
+        base_code[k] = _median(np.concatenate([v for (_, kk), vs in parts.items() if kk == k for v in vs]))
+        for (r, kk), vs in parts.items():
+            if kk == k:
+                base_rank[(r, combos[k])] = _median(np.concatenate(vs))
+    base_all = {combos[k]: v for k, v in base_code.items()}
+
+    rows: list[Row] = []
+    for e, a_e, b_e, eruns in _epochs(g.runs):
+        s = settings.get(e, {})
+        ca, cb = cepoch.get(e, (0, 0))
+        if "copies" in s:
+            copies: float | None = float(s["copies"])
+        else:  # count them: copy records per (rank, step)
+            steps = len(_counts((c["rank"][ca:cb].astype(np.int64) << 40) | c["step"][ca:cb])[0])
+            copies = (cb - ca) / steps if steps else 0.0
+        pinned = bool(s["pinned"]) if "pinned" in s else (bool(_mode_of(c["pinned"][ca:cb])) if cb > ca else None)
+        direction = str(s.get("direction", p.DIRECTIONS[_mode_of(c["direction"][ca:cb])] if cb > ca else ""))
+        copy_bytes = _mode_of(c["nbytes"][ca:cb]) if cb > ca else None
+        k = combos[_mode_of(code[a_e:b_e])]
+        op, nbytes = k >> 48, k & ((1 << 48) - 1)
+        m = _mode_of(mode[a_e:b_e])
+        t0, t1 = windows[e]
+        ids = [gid_of[key] for key, _, _ in eruns]
+        groups: list[tuple[int | None, int, int, list[int], tuple[int, int]]] = [(None, a_e, b_e, ids, (ca, cb))]
+        for key, a, b in eruns:  # key = epoch << 20 | rank
+            groups.append((key & 0xFFFFF, a, b, [gid_of[key]], cspan.get(key, (0, 0))))
+        for rank, a, b, gids, (ga, gb) in groups:
+            (p50, p90, p99), top = _percentiles_max(dur32[a:b], [50, 90, 99])
+            n = b - a
+            base = base_all.get(k) if rank is None else base_rank.get((rank, k))
+            gpu = None if rank is None else gpu_of.get(rank, ("", ""))
+            rows.append(
+                Row(
+                    epoch=e,
+                    rank=rank,
+                    mode=p.MODES[m] if m < len(p.MODES) else f"mode{m}",
+                    copies=copies,
+                    copy_bytes=copy_bytes,
+                    pinned=pinned,
+                    direction=direction,
+                    op=p.OP_NAMES[op] if op < len(p.OP_NAMES) else f"op{op}",
+                    nbytes=nbytes,
+                    start_s=(t0 - t_base) / 1e9,
+                    end_s=(t1 - t_base) / 1e9,
+                    count=n,
+                    p50_us=p50,
+                    p90_us=p90,
+                    p99_us=p99,
+                    max_us=top,
+                    mean_us=float(dur_sum[gids].sum()) / n,
+                    algbw_gbps=float(alg_sum[gids].sum()) / n,
+                    busbw_gbps=float(bus_sum[gids].sum()) / n,
+                    copy_count=gb - ga,
+                    copy_gbps=float(gbps[ga:gb].mean()) if gb > ga else math.nan,
+                    slowdown=p50 / base if base else math.nan,
+                    **{name: telemetry.mean(name, t0, t1, gpu) for name in LINK_METRICS},
+                )
+            )
+
+    modes = []
+    mcounts = np.bincount(mode) if len(mode) else np.zeros(0, dtype=np.int64)
+    for m, count in enumerate(mcounts.tolist()):
+        if not count:
+            continue
+        sel = slice(None) if count == len(mode) else mode == m
+        dm, cm = dur32[sel], code[sel]
+        p50, p99 = _percentiles(dm, [50, 99])
+        ratios, weights = [], []  # slowdown per (op, size) with a baseline, weighted by records
+        for k, base in base_code.items():
+            both = cm == k
+            if both.any():
+                ratios.append(_median(dm[both]) / base)
+                weights.append(int(np.count_nonzero(both)))
+        slow = float(np.average(ratios, weights=weights)) if ratios else math.nan
+        modes.append(ModeRow(p.MODES[m] if m < len(p.MODES) else f"mode{m}", count, p50, p99, slow))
+    return Report(
+        path=rec.path,
+        complete=rec.complete,
+        problems=rec.summary(),
+        meta=_meta_with_hellos(rec.meta, tables.hellos),
+        duration_s=(rec.last_ns - rec.first_ns) / 1e9,
+        records=len(dur32),
+        rows=tuple(rows),
+        modes=tuple(modes),
+    )
+
+
+# --------------------------------------------------------------------------- output
+
+
+def fmt_num(x: float | None, fmt: str = "{:.1f}") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    return fmt.format(x)
+
+
+def _pair(a: float, b: float) -> str:
+    if not (math.isfinite(a) or math.isfinite(b)):
+        return "n/a"
+    return f"{fmt_num(a)}/{fmt_num(b)}"
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:g}{unit}"
+    return f"{n}B"
+
+
+def aligned_table(
+    head: Sequence[str], body: Sequence[Sequence[str]], groups: Sequence[Any], left: set[int]
+) -> list[str]:
+    """Columns padded to their widest cell (``left`` ones left-aligned, the rest right), a
+    blank line where ``groups`` (one value per body row) changes."""
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)]
+
+    def fmt(row: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+
+    lines = [fmt(head)]
+    for i, row in enumerate(body):
+        if i and groups[i] != groups[i - 1]:
+            lines.append("")
+        lines.append(fmt(row))
+    if not body:
+        lines.append("  (no collective records)")
+    return lines
+
+
+def format_table(report: Report) -> str:
+    meta = report.meta
+    lines = [
+        f"commtop report: {report.path}",
+        f"  {report.records:,} collective records over {report.duration_s:.1f} s; "
+        f"ranks {len(meta.get('ranks') or [])} on {', '.join(meta.get('hosts') or ['?'])}; "
+        f"commtop {meta.get('tool_version', '?')}, schema {meta.get('schema_version', '?')}",
+    ]
+    if report.problems:
+        lines.append(f"  warning: {report.problems}")
+    head = (
+        "epoch",
+        "mode",
+        "copies",
+        "size",
+        "pin",
+        "dir",
+        "rank",
+        "n",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "algbw",
+        "busbw",
+        "copy GB/s",
+        "PCIe tx/rx",
+        "NVLink tx/rx",
+        "SM MHz",
+        "power W",
+        "slowdown",
+    )
+    body = []
+    for r in report.rows:
+        body.append(
+            (
+                str(r.epoch),
+                r.mode,
+                fmt_num(r.copies, "{:g}"),
+                fmt_bytes(r.copy_bytes),
+                "-" if r.pinned is None else ("yes" if r.pinned else "no"),
+                r.direction or "-",
+                "all" if r.rank is None else str(r.rank),
+                str(r.count),
+                fmt_num(r.p50_us / 1e3, "{:.3f}"),
+                fmt_num(r.p90_us / 1e3, "{:.3f}"),
+                fmt_num(r.p99_us / 1e3, "{:.3f}"),
+                fmt_num(r.max_us / 1e3, "{:.3f}"),
+                fmt_num(r.algbw_gbps),
+                fmt_num(r.busbw_gbps),
+                fmt_num(r.copy_gbps),
+                _pair(r.pcie_tx_gbps, r.pcie_rx_gbps),
+                _pair(r.nvlink_tx_gbps, r.nvlink_rx_gbps),
+                fmt_num(r.sm_clock_mhz, "{:.0f}"),
+                fmt_num(r.power_w, "{:.0f}"),
+                fmt_num(r.slowdown, "{:.2f}x"),
+            )
+        )
+    lines += ["", *aligned_table(head, body, [r.epoch for r in report.rows], left={1, 5})]
+    if report.modes:
+        lines += ["", "per mode (all ranks)   n        p50 ms    p99 ms   slowdown vs none"]
+        for m in report.modes:
+            lines.append(
+                f"  {m.mode:18} {m.count:>9}  {fmt_num(m.p50_us / 1e3, '{:.3f}'):>8}  {fmt_num(m.p99_us / 1e3, '{:.3f}'):>8}"
+                f"   {fmt_num(m.slowdown, '{:.2f}x')}"
+            )
+    lines.append("")
+    lines.append("latency = collective duration per rank (CUDA events on GPU); algbw/busbw GB/s as nccl-tests;")
+    lines.append("PCIe/NVLink GB/s, SM clock and power = mean per GPU of the node telemetry during the epoch")
+    return "\n".join(lines) + "\n"
+
+
+def json_clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): json_clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_clean(v) for v in value]
+    if isinstance(value, bytes):
+        return None
+    if isinstance(value, np.generic):
+        return json_clean(value.item())
+    return value
+
+
+def format_json(report: Report) -> str:
+    meta_keys = ("tool_version", "schema_version", "clock", "ranks", "world_size", "hosts", "gpus", "config", "backend")
+    doc = {
+        "path": report.path,
+        "complete": report.complete,
+        "problems": report.problems,
+        "duration_s": report.duration_s,
+        "records": report.records,
+        "meta": {k: report.meta.get(k) for k in meta_keys},
+        "rows": [asdict(r) for r in report.rows],
+        "modes": [asdict(m) for m in report.modes],
+    }
+    return json.dumps(json_clean(doc), indent=1) + "\n"
+
+
+def format_csv(report: Report) -> str:
+    out = io.StringIO()
+    names = list(Row.__dataclass_fields__)
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(names)
+    for r in report.rows:
+        values = asdict(r)
+        writer.writerow(["all" if n == "rank" and values[n] is None else _csv_value(values[n]) for n in names])
+    return out.getvalue()
+
+
+def _csv_value(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return ""
+    if isinstance(v, float):
+        return repr(v)
+    return v
+
+
+def write_records_csv(tables: Tables, out: IO[str], block: int = 100_000) -> int:
+    """One row per collective record; floats with 9 significant digits (exact for float32)."""
+    coll = tables.coll
+    out.write(",".join(RECORD_FIELDS) + "\n")
+    names = np.array(list(p.MODES) + ["?"] * (256 - len(p.MODES)), dtype=object)
+    ops = np.array(list(p.OP_NAMES) + [f"op{i}" for i in range(len(p.OP_NAMES), 256)], dtype=object)
+    fmt = "%d,%d,%d,%d,%s,%s,%d,%d,%d,%.9g,%.9g,%.9g,%d\n"
+    n = len(coll["dur_us"])
+    for a in range(0, n, block):
+        s = slice(a, a + block)
+        cols = (
+            coll["rank"][s].tolist(),
+            coll["iteration"][s].tolist(),
+            coll["step"][s].tolist(),
+            coll["epoch"][s].tolist(),
+            names[coll["mode"][s]].tolist(),
+            ops[coll["op"][s]].tolist(),
+            coll["nbytes"][s].tolist(),
+            coll["host_ns"][s].tolist(),
+            coll["start_ns"][s].tolist(),
+            coll["dur_us"][s].tolist(),
+            coll["algbw"][s].tolist(),
+            coll["busbw"][s].tolist(),
+            coll["recv_ns"][s].tolist(),
+        )
+        out.write("".join(fmt % row for row in zip(*cols, strict=True)))
+    return n
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def build_parser(prog: str = "commtop report") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=prog,
+        description="Summarise a commtop recording per settings epoch and rank; export CSV, a Perfetto trace or a plot; "
+        "or compare recordings per offload mode (commtop report A B).",
+    )
+    ap.add_argument(
+        "file",
+        nargs="+",
+        help="a .commtop recording; two or more: compare them per offload mode, each against the first",
+    )
+    ap.add_argument("--format", choices=("table", "json", "csv"), default=None, help="report format (default table)")
+    ap.add_argument("--records", action="store_true", help="with --format csv: one row per collective record")
+    ap.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace (open in ui.perfetto.dev)")
+    ap.add_argument("--plot", metavar="OUT.png", help="plot latency per rank by mode, and link throughput (matplotlib)")
+    ap.add_argument("-o", "--output", metavar="PATH", help="write the report here instead of stdout")
+    ap.add_argument(
+        "--window",
+        metavar="FROM:TO",
+        type=_window_arg,
+        help="only records that start FROM..TO seconds after the first one (either may be empty), e.g. 60:90 "
+        "(large recordings make traces too big for a browser)",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`commtop report ...`: 0 on success, 1 on a file that is not a recording or a failed write."""
+    ns = build_parser().parse_args(argv)
+    return run(ns)
+
+
+report_main = main
+
+
+def _err(message: str) -> int:
+    print(f"commtop: error: {message}", file=sys.stderr)
+    return 1
+
+
+def _window_arg(text: str) -> tuple[float, float]:
+    lo, sep, hi = text.partition(":")
+    try:
+        window = (float(lo) if lo.strip() else 0.0, float(hi) if hi.strip() else math.inf)
+    except ValueError:
+        window = (math.nan, math.nan)
+    if not sep or not window[0] <= window[1]:
+        raise argparse.ArgumentTypeError(f"expected FROM:TO in seconds (FROM <= TO), got {text!r}")
+    return window
+
+
+def window_tables(tables: Tables, window: tuple[float, float]) -> Tables:
+    """Only what starts ``window`` seconds after the first record (telemetry by its tick time)."""
+    starts = [t["start_ns"].min() for t in (tables.coll, tables.copy) if len(t["start_ns"])]
+    if not starts:
+        return tables
+    base = int(min(starts))
+    lo = base + window[0] * 1e9
+    hi = base + window[1] * 1e9 if math.isfinite(window[1]) else math.inf
+
+    def cut(table: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        keep = (table["start_ns"] >= lo) & (table["start_ns"] <= hi)
+        return {name: col[keep] for name, col in table.items()}
+
+    other = [(t, b) for t, b in tables.other if not isinstance(b.get("t"), int) or lo <= b["t"] <= hi]
+    return Tables(cut(tables.coll), cut(tables.copy), tables.hellos, tables.byes, other)
+
+
+def run(ns: argparse.Namespace) -> int:
+    if ns.records and ns.format not in (None, "csv"):
+        return _err("--records needs --format csv")
+    if len(ns.file) > 1:
+        return run_compare(ns)
+    ns.file = ns.file[0]
+    fmt = ns.format or ("csv" if ns.records else None)
+    if fmt is None and not (ns.trace or ns.plot):
+        fmt = "table"
+    if ns.plot:  # fail before reading a big file
+        from tui.report.plot import matplotlib_missing
+
+        missing = matplotlib_missing()
+        if missing:
+            return _err(missing)
+    try:
+        rec = open_recording(ns.file)
+    except RecordingError as exc:
+        return _err(str(exc))
+    with rec:
+        if rec.summary():
+            print(f"commtop: warning: {rec.summary()}", file=sys.stderr)
+        wanted = None if ns.records or ns.trace else REPORT_COLUMNS
+        tables = rec.tables(coll_columns=wanted)
+        if ns.window:
+            tables = window_tables(tables, ns.window)
+        try:
+            if ns.trace:
+                from tui.report.trace import write_trace
+
+                events = write_trace(rec, tables, ns.trace)
+                print(
+                    f"commtop: wrote {events:,} trace events to {ns.trace} (open in https://ui.perfetto.dev)",
+                    file=sys.stderr,
+                )
+                size = os.path.getsize(ns.trace)
+                if size > TRACE_WARN_BYTES:
+                    print(
+                        f"commtop: warning: the trace is {size / 1e9:.1f} GB; browsers give up near 1 GB: "
+                        "pick a part with --window FROM:TO (seconds)",
+                        file=sys.stderr,
+                    )
+            if ns.plot:
+                from tui.report.plot import plot_recording
+
+                plot_recording(rec, tables, ns.plot)
+                print(f"commtop: wrote {ns.plot}", file=sys.stderr)
+            if fmt is None:
+                return 0
+            out = open(ns.output, "w", newline="") if ns.output else sys.stdout  # noqa: SIM115
+            try:
+                if ns.records:
+                    write_records_csv(tables, out)
+                else:
+                    report = build_report(rec, tables)
+                    out.write({"table": format_table, "json": format_json, "csv": format_csv}[fmt](report))
+            finally:
+                if out is not sys.stdout:
+                    out.close()
+        except BrokenPipeError:  # `commtop report ... | head`: fine, and no noise at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        except OSError as exc:
+            return _err(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+    return 0
+
+
+def run_compare(ns: argparse.Namespace) -> int:
+    """`commtop report A B ...`: one summary per recording, lined up per mode (tui.report.compare)."""
+    from tui.report import compare
+
+    if ns.records or ns.trace or ns.plot:
+        return _err("--records, --trace and --plot take one recording; compare with `commtop report A B` alone")
+    reports = []
+    for path in ns.file:
+        try:
+            rec = open_recording(path)
+        except RecordingError as exc:
+            return _err(str(exc))
+        with rec:
+            if rec.summary():
+                print(f"commtop: warning: {path}: {rec.summary()}", file=sys.stderr)
+            tables = rec.tables(coll_columns=REPORT_COLUMNS)
+            if ns.window:
+                tables = window_tables(tables, ns.window)
+            reports.append(build_report(rec, tables))
+    text = {"table": compare.format_table, "json": compare.format_json, "csv": compare.format_csv}[
+        ns.format or "table"
+    ](compare.compare(reports))
+    try:
+        if ns.output:
+            with open(ns.output, "w", newline="") as out:
+                out.write(text)
+        else:
+            sys.stdout.write(text)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as exc:
+        return _err(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

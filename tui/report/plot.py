@@ -1,0 +1,110 @@
+"""`commtop report FILE --plot out.png`: latency over time per rank coloured by mode, and the
+links underneath. matplotlib is an optional extra (``pip install 'commtop[plot]'``); without
+it the command says so in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tui.recordings.format import Recording, Tables
+from workers.wire import protocol as p
+
+MODE_COLOURS = {"none": "#4c72b0", "overlap": "#dd8452", "sync": "#c44e52", "sync-barrier": "#8172b3"}
+MAX_POINTS = 300_000  # per plot; more only costs time and ink
+
+
+def matplotlib_missing() -> str:
+    """ "" when matplotlib can be imported, else the one-line error to show."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "--plot needs matplotlib: pip install 'commtop[plot]' (or pip install matplotlib)"
+    return ""
+
+
+def plot_recording(rec: Recording, tables: Tables, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    coll = tables.coll
+    starts = [a.min() for a in (coll["start_ns"], tables.copy["start_ns"]) if len(a)]
+    base = int(min(starts)) if starts else rec.first_ns
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(13, 7.5), sharex=True, height_ratios=(3, 2))
+    n = len(coll["dur_us"])
+    step = max(1, n // MAX_POINTS)
+    t = (coll["start_ns"][::step] - base) / 1e9
+    lat = coll["dur_us"][::step].astype(np.float64) / 1e3
+    modes = coll["mode"][::step]
+    ranks = coll["rank"][::step]
+    for m, name in enumerate(p.MODES):
+        sel = modes == m
+        if sel.any():
+            top.scatter(t[sel], lat[sel], s=2, c=MODE_COLOURS.get(name, "grey"), label=name, alpha=0.6, linewidths=0)
+    # a thin line per rank (median per time bin) so a straggler stands out from the cloud
+    if n:
+        width = max(0.05, float(t.max()) / 150)
+        bins = np.floor(t / width).astype(np.int64)
+        for r in np.unique(ranks).tolist()[:64]:
+            sel = ranks == r
+            b, inv = np.unique(bins[sel], return_inverse=True)
+            med = np.array([np.median(lat[sel][inv == i]) for i in range(len(b))])
+            top.plot((b + 0.5) * width, med, lw=0.6, color="black", alpha=0.3)
+    top.set_ylabel("collective latency (ms)")
+    top.set_yscale("log")
+    top.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    top.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    top.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    if n:
+        top.legend(title="mode", markerscale=4, loc="upper left")
+    else:
+        top.text(0.5, 0.5, "no collective records", ha="center", va="center", transform=top.transAxes)
+    title = f"{rec.path}: {n:,} collectives, ranks {len(np.unique(coll['rank'])) if n else 0}"
+    top.set_title(title + ("" if rec.complete else " (incomplete recording)"), fontsize=10)
+    _links(bottom, tables, base)
+    for ax in (top, bottom):
+        for x in _changes(coll, base):
+            ax.axvline(x, color="grey", ls="--", lw=0.8)
+        ax.grid(alpha=0.3)
+    bottom.set_xlabel("time (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _changes(coll: dict[str, np.ndarray], base: int) -> list[float]:
+    if not len(coll["epoch"]):
+        return []
+    order = np.argsort(coll["start_ns"], kind="stable")
+    top = np.maximum.accumulate(coll["epoch"][order])
+    rises = np.flatnonzero(top[1:] > top[:-1]) + 1
+    return ((coll["start_ns"][order][rises] - base) / 1e9).tolist()
+
+
+def _links(ax, tables: Tables, base: int) -> None:
+    """Mean per GPU of each link metric over time, from the TELEM ticks."""
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for _, body in tables.other:
+        m = body.get("m") if body.get("k") == p.TELEM else None
+        if not isinstance(m, dict) or not isinstance(body.get("t"), int):
+            continue
+        n = len(body.get("uuids") or [])
+        t = (body["t"] - base) / 1e9
+        for name in ("pcie_tx_gbps", "pcie_rx_gbps", "nvlink_tx_gbps", "nvlink_rx_gbps"):
+            raw = m.get(name)
+            if isinstance(raw, bytes) and n and len(raw) == 8 * n:
+                v = np.frombuffer(raw, dtype="<f8")
+                if np.isfinite(v).any():
+                    xs, ys = series.setdefault(name, ([], []))
+                    xs.append(t)
+                    ys.append(float(np.nanmean(v)))
+    for name, (xs, ys) in sorted(series.items()):
+        order = np.argsort(xs)
+        ax.plot(np.asarray(xs)[order], np.asarray(ys)[order], lw=1, label=name.replace("_gbps", "").replace("_", " "))
+    if series:
+        ax.legend(loc="upper left", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no link telemetry in this recording", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel("GB/s per GPU")

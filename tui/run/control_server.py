@@ -1,0 +1,396 @@
+"""The collector's half of live control: desired settings out, `ctl` requests in.
+
+``ControlServer(connection)`` binds the run's ``control`` PUB endpoint (rank 0's control
+thread subscribes) and its ``request`` ROUTER endpoint (`commtop ctl` connects). One thread
+owns both sockets. It publishes the desired state ``{epoch, settings}``, signed, every
+0.5 s and at once after a change: level-triggered, so a rank 0 that missed a message or a
+collector that restarted converges without any handshake.
+
+A restarted collector must not reset a running job: it publishes nothing until the workers
+told it the settings in force (Hello carries settings and epoch), then adopts them as the
+desired state (desired epoch = the highest seen). It also holds while the workers are
+still switching to an epoch newer than what it knows (a change of the previous collector).
+
+`ctl` requests are replay-proof: ``status`` is read-only; ``set`` must carry
+``expect`` = desired epoch + 1, learned from a fresh ``status``, so a replayed ``set``
+carries a stale epoch and is refused. Replies echo the request's nonce. Every refused
+message is counted by reason and shown (``ControlView.rejected``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import zmq
+
+from tui.model.interfaces import ControlView
+from tui.model.sources import ipc_endpoint_in_use
+from workers.rank.live_control import ctl_state_body
+from workers.wire import protocol
+from workers.wire.connection import Connection
+from workers.wire.settings import Settings, SettingsError
+
+PUBLISH_S = 0.5
+POLL_MS = 50
+MAX_CHANGES = 32
+MAX_NONCE = 64
+NOTE_S = 15.0
+#: Epochs whose settings are remembered (to name the settings of a batch header's epoch).
+HISTORY = 256
+
+
+class ControlServerError(RuntimeError):
+    """The control endpoints cannot be bound; one line meant for the user."""
+
+
+def settings_from_hello(data: Any) -> Settings | None:
+    """Settings a worker reports as in force; knobs are kept as reported (the collector
+    does not know their choices)."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        base = Settings().updated({k: v for k, v in data.items() if k in _FIELDS})
+    except SettingsError:
+        return None
+    knobs = data.get("knobs") or {}
+    if not isinstance(knobs, dict):
+        return None
+    return Settings(
+        base.mode,
+        base.copies,
+        base.copy_scale,
+        base.pinned,
+        base.direction,
+        {str(k)[:64]: str(v)[:64] for k, v in list(knobs.items())[:32]},
+    )
+
+
+_FIELDS = ("mode", "copies", "copy_scale", "pinned", "direction")
+
+
+def knob_choices_from_config(config: Any) -> dict[str, tuple[str, ...]] | None:
+    """The live knobs a monitored job declared (Hello.config["knobs"]: name -> choices)."""
+    knobs = config.get("knobs") if isinstance(config, dict) else None
+    if not isinstance(knobs, dict) or not knobs:
+        return None
+    out: dict[str, tuple[str, ...]] = {}
+    for name, choices in list(knobs.items())[:32]:
+        if isinstance(name, str) and isinstance(choices, list) and all(isinstance(c, str) for c in choices):
+            out[name[:64]] = tuple(c[:64] for c in choices[:64])
+    return out or None
+
+
+class ControlServer:
+    """interfaces.ControllerLike (TUI keys) and interfaces.Sink (fed by the ingest thread)."""
+
+    def __init__(
+        self, connection: Connection, *, context: zmq.Context[Any] | None = None, publish_s: float = PUBLISH_S
+    ) -> None:
+        self._key = connection.key
+        self._session = connection.session
+        self._publish_s = publish_s
+        self._lock = threading.Lock()
+        self._desired: tuple[int, Settings] | None = None
+        self._history: dict[int, Settings] = {}
+        self._hellos: dict[int, tuple[int, Settings | None, int]] = {}  # rank -> (epoch, settings, rejected)
+        self._headers: dict[int, tuple[int, int, int]] = {}  # rank -> (epoch in force, pending, apply_at)
+        self._apply_at_seen: dict[int, int] = {}  # pending epoch -> latest apply_at seen
+        self._knob_choices: dict[str, tuple[str, ...]] | None = None  # a monitored job's knobs (Hello.config)
+        self._mode_knob = ""  # the knob a monitored job colours its records by (Hello.config["mode_knob"])
+        self.rejected: Counter[str] = Counter()
+        self.reissues = 0
+        self._note = ""
+        self._note_until = 0.0
+        self._kick = False
+        self._published = 0
+        # Its own context by default: close() terminates it, so the endpoints are free again
+        # when close() returns (a restarted collector can bind them at once).
+        self._own_ctx = context is None
+        self._ctx = context or zmq.Context()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._router = self._ctx.socket(zmq.ROUTER)
+        for sock in (self._pub, self._router):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_BODY_BYTES + 1024)
+        self._pub.setsockopt(zmq.SNDHWM, 64)
+        self._router.setsockopt(zmq.RCVHWM, 256)
+        self._router.setsockopt(zmq.SNDHWM, 256)
+        try:
+            for sock, endpoint in ((self._pub, connection.control), (self._router, connection.request)):
+                if ipc_endpoint_in_use(endpoint):
+                    raise ControlServerError(
+                        f"cannot listen on {endpoint}: address already in use (is another commtop using it?)"
+                    )
+                try:
+                    sock.bind(endpoint)
+                except zmq.ZMQError as exc:
+                    raise ControlServerError(f"cannot listen on {endpoint}: {exc.strerror}") from None
+        except ControlServerError:
+            self._pub.close(0)
+            self._router.close(0)
+            if self._own_ctx:
+                self._ctx.term()
+            raise
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="commtop-control-server", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ ControllerLike
+
+    def request(self, changes: dict[str, Any]) -> str:
+        """Ask for a change (TUI keys); "" if accepted, else a one-line reason."""
+        with self._lock:
+            return self._apply(changes, expect=None)[1]
+
+    def _with_mode_knob(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """A monitored job's mode knob and ``mode`` move together, so requested == in force."""
+        mk, choices = self._mode_knob, (self._knob_choices or {}).get(self._mode_knob, ())
+        if not mk:
+            return changes
+        knob = changes.get(f"knob.{mk}", changes.get(mk))
+        if "mode" in changes and knob is None and changes["mode"] in choices:
+            changes[f"knob.{mk}"] = changes["mode"]
+        elif knob is not None and "mode" not in changes and knob in protocol.MODES:
+            changes["mode"] = knob
+        return changes
+
+    def view(self) -> ControlView:
+        with self._lock:
+            epoch_in_force, pending, apply_at = self._in_force_state()
+            in_force = self._settings_of(epoch_in_force)
+            requested = self._desired[1].as_dict() if self._desired else {}
+            note = self._note if time.monotonic() < self._note_until else ""
+            if self._desired is None:
+                note = note or "waiting for the workers to report the settings in force"
+            return ControlView(
+                requested=requested,
+                in_force=in_force.as_dict() if in_force is not None else {},
+                epoch_in_force=epoch_in_force,
+                pending_epoch=pending,
+                apply_at=apply_at,
+                rejected=sum(self.rejected.values()),  # workers' refusals come in their Hello
+                note=note,
+            )
+
+    def rejected_by_reason(self) -> dict[str, int]:
+        """Refused control messages: this collector's (ctl requests) by reason."""
+        with self._lock:
+            return dict(self.rejected)
+
+    @property
+    def desired(self) -> tuple[int, Settings] | None:
+        with self._lock:
+            return self._desired
+
+    # ------------------------------------------------------------------ Sink
+
+    def write(self, message: Any) -> None:
+        """Learn what is in force from Hello and batch headers (called on the ingest thread)."""
+        if isinstance(message, protocol.Hello):
+            settings = settings_from_hello(message.settings)
+            rejected = sum(v for v in message.rejected.values() if isinstance(v, int) and v > 0)
+            knobs = knob_choices_from_config(message.config)
+            mode_knob = message.config.get("mode_knob") if isinstance(message.config, dict) else None
+            with self._lock:
+                if knobs is not None:
+                    self._knob_choices = knobs
+                    if isinstance(mode_knob, str) and mode_knob in knobs:
+                        self._mode_knob = mode_knob
+                self._hellos[message.rank] = (message.epoch, settings, rejected)
+                if settings is not None:
+                    self._remember(message.epoch, settings)
+                    self._adopt(message.epoch, settings)
+        elif isinstance(message, protocol.Batch):
+            with self._lock:
+                self._headers[message.rank] = (message.epoch_in_force, message.pending_epoch, message.apply_at)
+                self._note_reissue(message.pending_epoch, message.apply_at)
+        elif isinstance(message, protocol.Bye):
+            with self._lock:
+                self._headers.pop(message.rank, None)
+
+    # ------------------------------------------------------------------ state (lock held)
+
+    def _remember(self, epoch: int, settings: Settings) -> None:
+        self._history[epoch] = settings
+        if len(self._history) > HISTORY:
+            del self._history[min(self._history)]
+
+    def _adopt(self, epoch: int, settings: Settings) -> None:
+        """Desired state = the newest state in force we heard of, unless ours is newer."""
+        if self._desired is None or epoch > self._desired[0]:
+            self._desired = (epoch, settings)
+            self._kick = True
+
+    def _note_reissue(self, pending: int, apply_at: int) -> None:
+        if pending < 0 or apply_at < 0:
+            return
+        seen = self._apply_at_seen.get(pending)
+        if seen is not None and apply_at > seen:
+            self.reissues += 1
+            self._set_note(
+                f"re-issued: a rank was past iteration {seen}; epoch {pending} now switches at iteration {apply_at}"
+            )
+        if seen is None or apply_at > seen:
+            self._apply_at_seen[pending] = apply_at
+            if len(self._apply_at_seen) > HISTORY:
+                del self._apply_at_seen[min(self._apply_at_seen)]
+
+    def _set_note(self, text: str) -> None:
+        self._note = text
+        self._note_until = time.monotonic() + NOTE_S
+
+    def _in_force_state(self) -> tuple[int, int, int]:
+        """(epoch in force, pending epoch, apply_at) as the workers report them."""
+        if self._headers:
+            epoch = max(h[0] for h in self._headers.values())
+            pendings = [(h[1], h[2]) for h in self._headers.values() if h[1] > epoch]
+        else:
+            epoch = max((h[0] for h in self._hellos.values()), default=-1)
+            pendings = []
+        if epoch < 0 and self._desired is not None:
+            epoch = self._desired[0]
+        if pendings:
+            pending, apply_at = max(pendings)
+            return epoch, pending, apply_at
+        return epoch, -1, -1
+
+    def _settings_of(self, epoch: int) -> Settings | None:
+        return self._history.get(epoch)
+
+    def _workers_ahead(self) -> int:
+        """The newest epoch the workers run or switch to (-1 if none heard)."""
+        heard = [h[0] for h in self._hellos.values()]
+        heard += [max(h[0], h[1]) for h in self._headers.values()]
+        return max(heard, default=-1)
+
+    def _apply(self, changes: Any, expect: int | None) -> tuple[int, str]:
+        """Validate and apply a change; returns (new epoch or -1, "" or a reason)."""
+        if self._desired is None:
+            return -1, "the workers have not reported their settings yet; try again in a moment"
+        epoch, current = self._desired
+        if self._workers_ahead() > epoch:
+            return -1, "the workers are still switching to an earlier change; try again in a moment"
+        if expect is not None and expect != epoch + 1:
+            return -1, f"stale request: settings epoch is {epoch}, request expected {expect - 1}; try again"
+        if not isinstance(changes, dict) or not changes or len(changes) > MAX_CHANGES:
+            return -1, f"expected 1..{MAX_CHANGES} settings to change"
+        try:
+            settings = current.updated(
+                self._with_mode_knob({str(k): v for k, v in changes.items()}), self._knob_choices
+            )
+        except SettingsError as exc:
+            return -1, str(exc)
+        self._desired = (epoch + 1, settings)
+        self._remember(epoch + 1, settings)
+        self._kick = True
+        return epoch + 1, ""
+
+    # ------------------------------------------------------------------ thread
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        next_publish = 0.0
+        try:
+            while not self._stop.is_set():
+                if poller.poll(POLL_MS):
+                    self._drain_requests()
+                now = time.monotonic()
+                with self._lock:
+                    kick, self._kick = self._kick, False
+                if kick or now >= next_publish:
+                    self._publish()
+                    next_publish = now + self._publish_s
+        except zmq.ZMQError as exc:
+            if not self._stop.is_set():
+                print(f"commtop: control server stopped: {exc.strerror}", file=sys.stderr)
+        finally:
+            self._pub.close(0)
+            self._router.close(0)
+
+    def _publish(self) -> None:
+        with self._lock:
+            desired = self._desired
+            if desired is None or self._workers_ahead() > desired[0]:
+                return  # never publish a state older than what the workers already have
+        frames = protocol.seal(self._key, ctl_state_body(self._session, desired[0], desired[1]))
+        try:
+            self._pub.send_multipart(frames, flags=zmq.NOBLOCK)
+            self._published += 1
+        except zmq.Again:
+            pass
+
+    def _drain_requests(self) -> None:
+        for _ in range(256):
+            try:
+                frames = self._router.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) < 2:
+                continue
+            identity, rest = frames[0], frames[1:]
+            reply = self._handle(rest)
+            if reply is not None:
+                try:
+                    self._router.send_multipart([identity, *protocol.seal(self._key, reply)], flags=zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+
+    def _handle(self, frames: list[bytes]) -> dict[str, Any] | None:
+        """One ctl request -> the reply body (None: refused silently, counted)."""
+        try:
+            body = protocol.open_frames(self._key, frames, self._session)
+            if body.get("k") != protocol.CTL_REQ:
+                raise protocol.ProtocolError("kind", f"{body.get('k')!r} on the request channel")
+            op = protocol.get_str(body, "op")
+            nonce = protocol.get_str(body, "nonce", "")[:MAX_NONCE]
+            expect = protocol.get_int(body, "expect", 0, 2**31 - 1) if op == "set" else None
+        except protocol.ProtocolError as exc:
+            with self._lock:
+                self.rejected[exc.reason] += 1
+            return None
+        reply: dict[str, Any] = {"v": protocol.SCHEMA_VERSION, "k": protocol.CTL_REP, "s": self._session}
+        reply["nonce"] = nonce
+        with self._lock:
+            if op == "set":
+                epoch, error = self._apply(body.get("changes"), expect)
+                if error.startswith("stale request"):
+                    self.rejected["replay"] += 1
+                reply.update(ok=not error, error=error, epoch=epoch)
+            elif op != "status":
+                self.rejected["op"] += 1
+                reply.update(ok=False, error=f"unknown request {op[:32]!r}")
+            else:
+                reply.update(ok=True, error="")
+            reply.update(self._status_fields())
+        return reply
+
+    def _status_fields(self) -> dict[str, Any]:
+        epoch_in_force, pending, apply_at = self._in_force_state()
+        in_force = self._settings_of(epoch_in_force)
+        note = self._note if time.monotonic() < self._note_until else ""
+        return {
+            "desired_epoch": self._desired[0] if self._desired else -1,
+            "requested": self._desired[1].as_dict() if self._desired else {},
+            "in_force": in_force.as_dict() if in_force is not None else {},
+            "epoch_in_force": epoch_in_force,
+            "pending_epoch": pending,
+            "apply_at": apply_at,
+            "in_force_since": self._apply_at_seen.get(epoch_in_force, -1),
+            "ranks": len(self._hellos),
+            "rejected": dict(self.rejected),
+            "worker_rejected": sum(r for _, _, r in self._hellos.values()),
+            "reissues": self.reissues,
+            "note": note,
+        }
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2.0)
+        if self._own_ctx and not self._thread.is_alive():
+            self._ctx.term()

@@ -1,0 +1,261 @@
+"""`commtop ctl`: change a running job's settings from another shell.
+
+    commtop ctl status
+    commtop ctl mode overlap
+    commtop ctl set copies=3 pinned=false
+
+It talks to the collector (`commtop run` / `commtop watch`) of the newest run of this user,
+or of ``--run`` (a run id or a connection file), over the run's ``request`` endpoint with
+signed messages. ``set`` is replay-proof: it first asks ``status`` (read-only) for the
+settings epoch, then sends the change with expected epoch = current + 1, so a replayed
+request carries a stale epoch and is refused. By default it waits until the change is in
+force on the workers and says at which iteration.
+
+Exit codes: 0 done; 1 no answer / not in force in time; 2 bad arguments, a refused value,
+or no such run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from workers.wire import connection as connections
+from workers.wire import protocol
+from workers.wire.protocol import MODES
+from workers.wire.settings import Settings, SettingsError, parse_assignment
+
+REPLY_TIMEOUT_S = 3.0
+WAIT_S = 20.0
+STALE_RETRIES = 5
+BUILTIN = frozenset({"mode", "copies", "copy_scale", "pinned", "direction"})
+
+
+class CtlError(RuntimeError):
+    """A failure with its exit code; the message is one line for the user."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="commtop ctl", description="change a running commtop job's settings")
+    parser.add_argument("--run", default=None, help="run id or connection file (default: your newest run)")
+    parser.add_argument(
+        "--timeout", type=float, default=REPLY_TIMEOUT_S, metavar="SECONDS", help="seconds to wait for a reply"
+    )
+    parser.add_argument("--no-wait", action="store_true", help="return once accepted, not once in force")
+    parser.add_argument(
+        "--wait", type=float, default=WAIT_S, dest="wait_s", metavar="SECONDS", help="seconds to wait until in force"
+    )
+    parser.add_argument("--json", action="store_true", help="print the collector's reply as JSON")
+    sub = parser.add_subparsers(dest="op", required=True, metavar="{status,mode,set}")
+    sub.add_parser("status", help="settings requested and in force, pending switch, refused messages")
+    mode = sub.add_parser("mode", help=f"switch the offload mode: {', '.join(MODES)}")
+    mode.add_argument("mode", metavar="MODE")
+    setp = sub.add_parser("set", help="set name=value ... (mode, copies, copy_scale, pinned, direction)")
+    setp.add_argument("assignments", nargs="+", metavar="NAME=VALUE")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        changes = _changes(ns)
+        conn = resolve_run(ns.run)
+        with CtlClient(conn, timeout_s=ns.timeout) as client:
+            if changes is None:
+                reply = client.status()
+                print(json.dumps(reply, indent=1, sort_keys=True) if ns.json else format_status(conn, reply))
+                return 0
+            reply = client.set(changes)
+            epoch = int(reply["epoch"])
+            shown = " ".join(f"{k}={_fmt(v)}" for k, v in changes.items())
+            if ns.no_wait:
+                print(reply if ns.json else f"requested {shown} (epoch {epoch})")
+                return 0
+            reply, apply_at = client.wait_in_force(epoch, ns.wait_s)
+            if ns.json:
+                print(json.dumps(reply, indent=1, sort_keys=True))
+            else:
+                where = f" from iteration {apply_at}" if apply_at >= 0 else ""
+                print(f"{shown}: in force{where} (epoch {epoch})")
+            return 0
+    except CtlError as exc:
+        print(f"commtop ctl: error: {exc}", file=sys.stderr)
+        return exc.code
+    except BrokenPipeError:  # `commtop ctl status | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _changes(ns: argparse.Namespace) -> dict[str, Any] | None:
+    """The requested changes, checked before anything is sent (out of range -> exit 2)."""
+    if ns.op == "status":
+        return None
+    if ns.op == "mode":
+        changes: dict[str, Any] = {"mode": ns.mode}
+    else:
+        changes = {}
+        for text in ns.assignments:
+            try:
+                name, value = parse_assignment(text)
+            except SettingsError as exc:
+                raise CtlError(str(exc), 2) from None
+            changes[name.replace("-", "_")] = value
+    plain = {k: v for k, v in changes.items() if k in BUILTIN}
+    try:
+        Settings().updated(plain)  # other names (a job's knobs) are checked by the collector, which knows them
+    except SettingsError as exc:
+        raise CtlError(f"{exc}; nothing changed", 2) from None
+    return changes
+
+
+def resolve_run(run: str | None) -> connections.Connection:
+    """A run id (or unique prefix) of this user, a connection file, or the newest run."""
+    try:
+        if run is None:
+            return connections.resolve(None)
+        path = Path(run)
+        if path.is_file() or "/" in run or run.endswith(".json"):
+            return connections.load(path)
+        root = connections.runtime_root()
+        exact = root / run / connections.FILE_NAME
+        if exact.is_file():
+            return connections.load(exact)
+        matches = [p for p in root.glob(f"{run}*/{connections.FILE_NAME}") if p.is_file()]
+        if len(matches) == 1:
+            return connections.load(matches[0])
+        if matches:
+            names = ", ".join(sorted(p.parent.name for p in matches)[:5])
+            raise CtlError(f"run {run!r} is ambiguous: {names}", 2)
+        raise CtlError(f"no run {run!r} in {root}", 2)
+    except connections.ConnectionError_ as exc:
+        raise CtlError(str(exc), 2) from None
+
+
+class CtlClient:
+    """Signed request/reply with one collector (a DEALER on its ``request`` endpoint)."""
+
+    def __init__(self, conn: connections.Connection, *, timeout_s: float = REPLY_TIMEOUT_S) -> None:
+        self.conn = conn
+        self.timeout_s = timeout_s
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_BODY_BYTES + 1024)
+        self._sock.connect(conn.request)
+
+    def __enter__(self) -> CtlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._sock.close(0)
+        self._ctx.term()
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        nonce = secrets.token_hex(16)
+        body = {"v": protocol.SCHEMA_VERSION, "k": protocol.CTL_REQ, "s": self.conn.session, "op": op}
+        body.update(fields, nonce=nonce, t=time.time_ns())
+        self._sock.send_multipart(protocol.seal(self.conn.key, body))
+        deadline = time.monotonic() + self.timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            if not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                break
+            frames = self._sock.recv_multipart()
+            try:
+                reply = protocol.open_frames(self.conn.key, frames, self.conn.session)
+            except protocol.ProtocolError:
+                continue  # not from our collector: ignore
+            if reply.get("k") == protocol.CTL_REP and reply.get("nonce") == nonce:
+                return reply
+        raise CtlError(
+            f"no reply from the collector of run {self.conn.run_id} within {self.timeout_s:g} s "
+            "(is its `commtop run`/`watch` still running?)",
+            1,
+        )
+
+    def status(self) -> dict[str, Any]:
+        return self.call("status")
+
+    def set(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Send a change against the current epoch; retried if another change came first."""
+        for _ in range(STALE_RETRIES):
+            status = self.status()
+            current = int(status.get("desired_epoch", -1))
+            if current < 0:
+                raise CtlError(str(status.get("note") or "the workers have not reported their settings yet"), 1)
+            reply = self.call("set", changes=changes, expect=current + 1)
+            if reply.get("ok"):
+                return reply
+            error = str(reply.get("error") or "refused")
+            if not error.startswith(("stale request", "the workers are still switching")):
+                raise CtlError(f"{error}; nothing changed", 2)
+            time.sleep(0.2)
+        raise CtlError("other changes kept coming first; nothing changed, try again", 1)
+
+    def wait_in_force(self, epoch: int, wait_s: float) -> tuple[dict[str, Any], int]:
+        """Poll status until the workers run ``epoch`` (or newer); returns (reply, apply_at)."""
+        deadline = time.monotonic() + wait_s
+        apply_at = -1
+        while True:
+            reply = self.status()
+            if int(reply.get("pending_epoch", -1)) == epoch:
+                apply_at = int(reply.get("apply_at", -1))
+            if int(reply.get("epoch_in_force", -1)) >= epoch:
+                if int(reply.get("epoch_in_force", -1)) == epoch and int(reply.get("in_force_since", -1)) >= 0:
+                    apply_at = int(reply["in_force_since"])
+                return reply, apply_at
+            if time.monotonic() > deadline:
+                raise CtlError(
+                    f"accepted as epoch {epoch}, but not in force after {wait_s:g} s "
+                    f"(in force: epoch {reply.get('epoch_in_force')}; {reply.get('note') or 'workers busy?'})",
+                    1,
+                )
+            time.sleep(0.1)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _settings_line(settings: dict[str, Any]) -> str:
+    if not settings:
+        return "unknown"
+    parts = [
+        f"{k}={_fmt(settings[k])}" for k in ("mode", "copies", "copy_scale", "pinned", "direction") if k in settings
+    ]
+    parts += [f"{k}={v}" for k, v in sorted(dict(settings.get("knobs") or {}).items())]
+    return " ".join(parts)
+
+
+def format_status(conn: connections.Connection, reply: dict[str, Any]) -> str:
+    """The human-readable `ctl status`."""
+    lines = [f"run {conn.run_id}: {reply.get('ranks', 0)} rank(s) reporting"]
+    in_force = reply.get("in_force") or {}
+    requested = reply.get("requested") or {}
+    lines.append(f"in force  (epoch {reply.get('epoch_in_force', -1)}): {_settings_line(in_force)}")
+    same = requested == in_force and reply.get("desired_epoch") == reply.get("epoch_in_force")
+    lines.append(f"requested (epoch {reply.get('desired_epoch', -1)}): {'same' if same else _settings_line(requested)}")
+    if int(reply.get("pending_epoch", -1)) >= 0:
+        lines.append(f"switching at iteration {reply.get('apply_at')} (epoch {reply.get('pending_epoch')})")
+    if reply.get("note"):
+        lines.append(str(reply["note"]))
+    rejected = dict(reply.get("rejected") or {})
+    by_reason = " ".join(f"{k}={v}" for k, v in sorted(rejected.items())) or "0"
+    lines.append(f"refused control messages: collector {by_reason}; workers {reply.get('worker_rejected', 0)}")
+    return "\n".join(lines)

@@ -1,0 +1,414 @@
+"""The commtop terminal app: header, one grid of rank rows, the links panel, status, footer.
+
+The app never ingests: an :class:`~tui.model.ingest.IngestLoop` thread drains the source into the
+model and hands a frozen Snapshot to :meth:`CommtopApp._from_ingest`, which posts ONE
+``SnapshotReady`` message (coalesced: never more than one in the queue), so a flood of
+records cannot starve the keyboard. Widgets are updated in one ``batch_update()``.
+
+Build it with :func:`build_app` (from the CLI's collector, or from a connection file for
+tests), or directly with ``CommtopApp(source, model, ...)``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.css.query import NoMatches
+from textual.widget import Widget
+from textual.widgets import Footer
+
+from tui.model.ingest import IngestLoop
+from tui.model.interfaces import (
+    ControllerLike,
+    ControlView,
+    ProcessWatch,
+    RecorderLike,
+    RecordingStatus,
+    ReplayControls,
+    Sink,
+    Source,
+)
+from tui.model.run_model import RunModel, Snapshot
+from tui.view.messages import IngestError, SnapshotReady
+from tui.view.widgets.header import RunHeader
+from tui.view.widgets.rank_grid import GridHeader, RankGrid
+from tui.view.widgets.status import ReplayBar, StatusLine
+from workers.wire.protocol import DIRECTIONS, MODES
+from workers.wire.settings import COPY_SCALES, MAX_COPIES
+
+#: How often the app reads the controller, recorder, job and replay position (UI thread).
+SIDE_POLL_S = 0.25
+REPLAY_SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+_CONTROL_ACTIONS = {"cycle_mode", "pick_mode", "copies", "cycle_scale", "toggle_pinned", "toggle_direction"}
+_REPLAY_ACTIONS = {"replay_pause", "replay_speed", "replay_seek", "replay_jump"}
+
+
+def _links_panel() -> Widget | None:
+    """The telemetry helper's links panel, if present (the app works without it)."""
+    try:
+        from tui.view.widgets.links import LinksPanel
+    except ImportError:
+        return None
+    return LinksPanel(id="links")
+
+
+class CommtopApp(App[None]):
+    """Live (or replayed) view of a commtop run.
+
+    Args:
+        source: where messages come from (``LiveSource``, ``ReplaySource``); None shows only
+            what is given to :meth:`show_snapshot` (snapshot tests).
+        model: the RunModel the ingest thread fills (a fresh one by default).
+        sinks: get every accepted message (recorder, control server).
+        controller: live settings (keys o, 1-4, c, C, s, h, d); optional.
+        recorder: key r starts/stops it; its status is in the header; optional.
+        process_watch: the torchrun job (exit code, error lines) for the status line.
+        title: first word of the header.
+        hint: status line text while nothing is wrong (default: where we listen).
+        clock: ns clock for the ingest thread (default: the source's ``now_ns`` or wall time).
+        interval_s: snapshot period (0.08 s = 12.5 Hz redraws at most).
+        owns_source: close the source when the app exits.
+        links: show the telemetry links panel (snapshot tests turn it off: another module).
+    """
+
+    CSS_PATH = "app.tcss"
+    TITLE = "commtop"
+    ENABLE_COMMAND_PALETTE = False
+
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("v", "toggle_view", "rows/heat"),
+        Binding("o", "cycle_mode", "mode"),
+        Binding("1", "pick_mode(0)", "none", show=False),
+        Binding("2", "pick_mode(1)", "overlap", show=False),
+        Binding("3", "pick_mode(2)", "sync", show=False),
+        Binding("4", "pick_mode(3)", "sync-barrier", show=False),
+        Binding("c", "copies(-1)", "copies-", show=False),
+        Binding("C,shift+c", "copies(1)", "copies±"),
+        Binding("s", "cycle_scale", "size"),
+        Binding("h", "toggle_pinned", "pinned"),
+        Binding("d", "toggle_direction", "dir"),
+        Binding("r", "toggle_record", "rec"),
+        Binding("space", "replay_pause", "pause"),
+        Binding("plus,equals_sign", "replay_speed(1)", "faster", show=False),
+        Binding("minus", "replay_speed(-1)", "speed±"),
+        Binding("left", "replay_seek(-5)", "-5s", show=False),
+        Binding("right", "replay_seek(5)", "seek±5s"),
+        Binding("n", "replay_jump(1)", "next change"),
+        Binding("p", "replay_jump(-1)", "prev", show=False),
+    ]
+
+    def __init__(
+        self,
+        source: Source | None = None,
+        model: RunModel | None = None,
+        *,
+        sinks: Iterable[Sink] = (),
+        controller: ControllerLike | None = None,
+        recorder: RecorderLike | None = None,
+        process_watch: ProcessWatch | None = None,
+        title: str = "commtop",
+        hint: str = "",
+        clock: Callable[[], int] | None = None,
+        interval_s: float = 0.08,
+        owns_source: bool = False,
+        links: bool = True,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.model = model if model is not None else RunModel()
+        self.sinks = list(sinks)
+        self.controller = controller
+        self.recorder = recorder
+        self.process_watch = process_watch
+        self.run_title = title
+        endpoint = getattr(source, "endpoint", "")
+        self.hint = hint or (f"listening on {endpoint}" if endpoint else "")
+        self.clock = clock
+        self.interval_s = interval_s
+        self.owns_source = owns_source
+        self.with_links = links
+        self.replay: ReplayControls | None = source if isinstance(source, ReplayControls) else None
+        self.ingest: IngestLoop | None = None
+        self.snapshot: Snapshot | None = None
+        #: Snapshots applied to the widgets so far (tests wait on it).
+        self.applied = 0
+        self._latest: Snapshot | None = None
+        self._posted = threading.Event()
+        self._errors: list[str] = []
+        self._control: ControlView | None = None
+        self._recording: RecordingStatus | None = None
+
+    # ----------------------------------------------------------------------- layout
+
+    def compose(self) -> ComposeResult:
+        header = GridHeader(id="grid-header")
+        yield RunHeader(self.run_title, id="header")
+        yield header
+        yield RankGrid(header, id="grid")
+        links = _links_panel() if self.with_links else None
+        if links is not None:
+            yield links
+        bar = ReplayBar(id="replay")
+        bar.display = self.replay is not None
+        yield bar
+        yield StatusLine(id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(StatusLine).show([], self.hint)
+        if self.source is not None:
+            self.ingest = IngestLoop(
+                self.source,
+                self.model,
+                sinks=self.sinks,
+                on_snapshot=self._from_ingest,
+                interval_s=self.interval_s,
+                clock=self.clock,
+                on_error=self._from_ingest_error,
+            )
+            self.ingest.start()
+        self.set_interval(SIDE_POLL_S, self._side_poll)
+        self._side_poll()
+
+    def on_unmount(self) -> None:
+        if self.ingest is not None:
+            self.ingest.stop()
+            self.ingest.join(2.0)
+        if self.owns_source and self.source is not None:
+            self.source.close()
+
+    # ----------------------------------------------------------------------- data in
+
+    def _from_ingest(self, snap: Snapshot) -> None:
+        """Ingest thread: keep the newest snapshot; post a message only if none is queued."""
+        self._latest = snap
+        if not self._posted.is_set():
+            self._posted.set()
+            self.post_message(SnapshotReady(snap))
+
+    def _from_ingest_error(self, line: str) -> None:
+        """Ingest thread: a sink/source/callback failed (already de-duplicated there)."""
+        self.post_message(IngestError(line))
+
+    def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        self._posted.clear()
+        try:
+            self.show_snapshot(self._latest or message.snapshot)
+        except NoMatches:  # delivered while the app shuts down, after its widgets were removed
+            pass
+
+    def on_ingest_error(self, message: IngestError) -> None:
+        self._errors = (self._errors + [message.text])[-10:]
+        self._update_status()
+
+    def show_snapshot(self, snap: Snapshot) -> None:
+        """Apply one snapshot to every widget (UI thread)."""
+        self.snapshot = snap
+        with self.batch_update():
+            grid = self.query_one(RankGrid)
+            grid.show(snap)
+            self.query_one(RunHeader).show(snap, self._control, self._recording)
+            links = self._links()
+            if links is not None and snap.telemetry is not None:
+                update = getattr(links, "update_snapshot", None)
+                if update is not None:
+                    window = (grid.window_start_ns or snap.now_ns - 30 * 10**9, snap.now_ns)
+                    try:
+                        update(
+                            snap.telemetry,
+                            window,
+                            order=[(f"r{r.rank}", r.host, r.gpu_uuid) for r in snap.ranks if r.gpu_uuid],
+                        )
+                    except Exception as exc:  # the panel must not take the app down
+                        self._note_error(f"links panel: {type(exc).__name__}: {exc}")
+        self.applied += 1
+
+    def _links(self) -> Widget | None:
+        found = self.query("#links")
+        return found.first() if found else None
+
+    def _side_poll(self) -> None:
+        """Controller / recorder / job / replay state: cheap reads on the UI thread."""
+        try:
+            self._poll_side_state()
+        except NoMatches:  # a tick while the app shuts down, after its widgets were removed
+            pass
+
+    def _poll_side_state(self) -> None:
+        changed = False
+        if self.controller is not None:
+            try:
+                view = self.controller.view()
+            except Exception as exc:
+                view = None
+                self._note_error(f"control: {exc}")
+            changed |= view != self._control
+            self._control = view
+        if self.recorder is not None:
+            try:
+                rec = self.recorder.status()
+            except Exception as exc:
+                rec = RecordingStatus(active=False, error=str(exc))
+            changed |= rec != self._recording
+            self._recording = rec
+        if changed:
+            self.query_one(RunHeader).show(self.snapshot, self._control, self._recording)
+        if self.replay is not None:
+            self.query_one(ReplayBar).show(self.replay.position())
+        self._update_status()
+
+    def _update_status(self) -> None:
+        lines: list[str] = []
+        hint = self.hint
+        watch = self.process_watch
+        if watch is not None:
+            code = watch.exit_code()
+            if code is None:
+                # A rank that crashed while torchrun still tears the others down.
+                errors = [ln for ln in watch.lines()[-50:] if "Error" in ln or "Traceback" in ln]
+                if errors:
+                    lines.append(f"worker: {errors[-1]}")
+            elif code != 0:
+                tail = getattr(watch, "error_lines", None)
+                errors = list(tail() if callable(tail) else watch.lines()[-3:])
+                lines.append(f"job exited with code {code}" + (": " + errors[-1] if errors else ""))
+                lines += errors[-3:-1]
+            else:
+                hint = "job finished (exit code 0) · q to quit"
+        lines += self._errors[-2:]
+        self.query_one(StatusLine).show(lines, hint)
+
+    def _note_error(self, line: str) -> None:
+        if not self._errors or self._errors[-1] != line:
+            self._errors = (self._errors + [line])[-10:]
+
+    # ----------------------------------------------------------------------- keys
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in _CONTROL_ACTIONS:
+            return self.controller is not None
+        if action in _REPLAY_ACTIONS:
+            return self.replay is not None
+        if action == "toggle_record":
+            return self.recorder is not None
+        return True
+
+    def action_toggle_view(self) -> None:
+        self.query_one(RankGrid).toggle_view()
+
+    def _current(self) -> dict[str, Any]:
+        """Settings to change from: what was last requested, else what is in force."""
+        if self._control is not None and self._control.requested:
+            return dict(self._control.requested)
+        return dict(self.snapshot.settings) if self.snapshot else {}
+
+    def _request(self, changes: dict[str, Any]) -> None:
+        if self.controller is None:
+            return
+        try:
+            error = self.controller.request(changes)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        text = ", ".join(f"{k}={v}" for k, v in changes.items())
+        if error:
+            self.notify(error, title="change refused", severity="error")
+        else:
+            self.notify(f"requested {text}", timeout=2)
+        self._side_poll()
+
+    def action_cycle_mode(self) -> None:
+        mode = self._current().get("mode", MODES[0])
+        nxt = MODES[(MODES.index(mode) + 1) % len(MODES)] if mode in MODES else MODES[0]
+        self._request({"mode": nxt})
+
+    def action_pick_mode(self, index: int) -> None:
+        self._request({"mode": MODES[index]})
+
+    def action_copies(self, delta: int) -> None:
+        copies = int(self._current().get("copies", 0))
+        self._request({"copies": max(0, min(MAX_COPIES, copies + delta))})
+
+    def action_cycle_scale(self) -> None:
+        scale = float(self._current().get("copy_scale", 1.0))
+        i = COPY_SCALES.index(scale) if scale in COPY_SCALES else -1
+        self._request({"copy_scale": COPY_SCALES[(i + 1) % len(COPY_SCALES)]})
+
+    def action_toggle_pinned(self) -> None:
+        self._request({"pinned": not bool(self._current().get("pinned", True))})
+
+    def action_toggle_direction(self) -> None:
+        cur = self._current().get("direction", DIRECTIONS[0])
+        self._request({"direction": DIRECTIONS[1] if cur == DIRECTIONS[0] else DIRECTIONS[0]})
+
+    def action_toggle_record(self) -> None:
+        if self.recorder is None:
+            return
+        try:
+            if self.recorder.status().active:
+                self.recorder.stop()
+                self.notify("recording stopped", timeout=2)
+            else:
+                path = self.recorder.start()
+                self.notify(f"recording to {path}", timeout=3)
+        except Exception as exc:
+            self.notify(f"{type(exc).__name__}: {exc}", title="recording", severity="error")
+        self._side_poll()
+
+    def action_replay_pause(self) -> None:
+        if self.replay is not None:
+            self.replay.toggle_pause()
+            self._side_poll()
+
+    def action_replay_speed(self, direction: int) -> None:
+        if self.replay is None:
+            return
+        speed = self.replay.position().speed
+        faster = [s for s in REPLAY_SPEEDS if s > speed + 1e-9]
+        slower = [s for s in REPLAY_SPEEDS if s < speed - 1e-9]
+        target = (faster[0] if faster else speed) if direction > 0 else (slower[-1] if slower else speed)
+        self.replay.set_speed(target)
+        self._side_poll()
+
+    def action_replay_seek(self, delta_s: float) -> None:
+        if self.replay is not None:
+            self.replay.seek(delta_s)
+            self._side_poll()
+
+    def action_replay_jump(self, direction: int) -> None:
+        if self.replay is not None:
+            self.replay.jump_change(direction)
+            self._side_poll()
+
+
+def build_app(
+    collector: Any = None,
+    *,
+    connection: Any = None,
+    job: ProcessWatch | None = None,
+    title: str = "commtop",
+    **kwargs: Any,
+) -> CommtopApp:
+    """The app for the CLI's collector (source, model, sinks, controller, recorder), or for
+    a connection alone (binds a LiveSource on ``connection.data``; the app closes it)."""
+    if collector is not None:
+        return CommtopApp(
+            collector.source,
+            collector.model,
+            sinks=getattr(collector, "sinks", ()),
+            controller=getattr(collector, "controller", None),
+            recorder=getattr(collector, "recorder", None),
+            process_watch=job,
+            title=title,
+            **kwargs,
+        )
+    if connection is None:
+        raise ValueError("build_app needs a collector or a connection")
+    from tui.model.sources import LiveSource
+
+    return CommtopApp(LiveSource(connection), RunModel(), process_watch=job, title=title, owns_source=True, **kwargs)

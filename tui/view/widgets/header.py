@@ -1,0 +1,185 @@
+"""The run header: what runs (backend, world, collective, sizes), what mode is in force,
+and how healthy the stream is (rate, drops, rejected, ranks, recording, host load)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.text import Text
+from textual.widget import Widget
+
+from tui.model.interfaces import ControlView, RecordingStatus
+from tui.model.run_model import Snapshot
+from tui.view.widgets.palette import (
+    ACCENT,
+    EXITED,
+    LIVE,
+    MODE_COLORS,
+    MUTED,
+    TEXT,
+    WARN,
+    fmt_bytes,
+    fmt_duration,
+    style,
+)
+
+
+def _kv(text: Text, key: str, value: str, color: str = TEXT, *, bold: bool = False) -> None:
+    text.append(f"{key} ", style=style(MUTED))
+    text.append(value, style=style(color, bold=bold))
+    text.append("  ")
+
+
+def _settings_text(settings: dict[str, Any]) -> str:
+    if not settings:
+        return ""
+    copies = settings.get("copies", "?")
+    scale = float(settings.get("copy_scale", 1.0))
+    host = "pinned" if settings.get("pinned", True) else "pageable"
+    knobs = " ".join(f"{k}={v}" for k, v in sorted(dict(settings.get("knobs") or {}).items()))
+    if not copies and knobs:  # a monitored job: its own knobs are what matters
+        return knobs
+    return f"{copies} copies ×{scale:g} {settings.get('direction', '?')} {host}" + (f"  {knobs}" if knobs else "")
+
+
+def _fmt_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def skew_text(snap: Snapshot) -> str:
+    """The run's worst arrival skew, when the others waited several typical collectives."""
+    e = snap.worst_skew
+    if e is None or not e.headline:
+        return ""
+    return (
+        f"⚠ straggler: rank {e.rank} arrived {e.skew_ms:.1f} ms late at iteration {e.iteration} "
+        f"(the others waited {e.wait_ms:.1f} ms; typical {e.typical_ms:.2f} ms)"
+    )
+
+
+def clock_text(snap: Snapshot, most: int = 3) -> str:
+    """Estimated clock offsets of the other hosts (from collective end times), largest first."""
+    others = sorted(
+        ((h, v) for h, v in snap.clock_offsets_ms.items() if h != snap.clock_ref), key=lambda hv: -abs(hv[1])
+    )
+    if not others:
+        return ""
+    shown = ", ".join(f"{h} {v:+.2f} ms" for h, v in others[:most])
+    more = f" (+{len(others) - most} hosts)" if len(others) > most else ""
+    return f"clocks vs {snap.clock_ref}: {shown}{more}"
+
+
+def header_text(
+    snap: Snapshot | None,
+    control: ControlView | None = None,
+    recording: RecordingStatus | None = None,
+    title: str = "commtop",
+) -> Text:
+    """Three lines; pure (tested without an app)."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(f"{title}  ", style=style(ACCENT, bold=True))
+    if snap is None or not snap.ranks:
+        t.append("waiting for ranks to connect…", style=style(MUTED))
+        t.append("\n\n")
+        if snap is not None:
+            _health(t, snap, recording, control)
+        return t
+    backend = snap.backend or "?"
+    if backend.startswith("gloo") and "cpu" not in backend:
+        backend = f"{backend}/cpu" if snap.device in ("", "cpu") else backend
+    device = "" if snap.device in ("", "cpu") else f" on {snap.device}"
+    _kv(t, "backend", backend + device, WARN if "cpu" in backend else TEXT, bold=True)
+    _kv(t, "world", str(snap.world_size), bold=True)
+    shape = "x".join(map(str, snap.shape)) or "?"
+    _kv(t, snap.collective or "?", f"{shape} {snap.dtype}", bold=True)
+    if snap.tensor_bytes:
+        _kv(t, "tensor", fmt_bytes(snap.tensor_bytes))
+    if snap.started_ns:
+        _kv(t, "up", fmt_duration((snap.now_ns - snap.started_ns) / 1e9))
+    clocks = clock_text(snap)
+    if clocks:
+        t.append(clocks, style=style(MUTED))
+    t.append("\n")
+
+    in_force = dict(control.in_force) if control and control.in_force else dict(snap.settings)
+    mode = str(in_force.get("mode", "?"))
+    t.append("mode ", style=style(MUTED))
+    t.append(f" {mode} ", style=style("#000000", MODE_COLORS.get(mode, TEXT), bold=True))
+    t.append(f"  {_settings_text(in_force)}", style=style(TEXT))
+    epoch = control.epoch_in_force if control else snap.epoch_in_force
+    t.append(f"  epoch {epoch}", style=style(MUTED))
+    pending, apply_at = (control.pending_epoch, control.apply_at) if control else (snap.pending_epoch, snap.apply_at)
+    if control and control.requested and pending < 0:
+        diff = {k: v for k, v in control.requested.items() if in_force.get(k) != v}
+        if diff:
+            wanted = " ".join(f"{k}={_fmt_value(v)}" for k, v in diff.items())
+            t.append(f"  requested {wanted} (not yet in force)", style=style(WARN))
+    if pending >= 0:
+        at = f" at iteration {apply_at}" if apply_at >= 0 else ""
+        want = control.requested.get("mode", "") if control and control.requested else ""
+        t.append(f"  ⇢ switching{' to ' + want if want else ''}{at}", style=style(WARN, bold=True))
+    if control and control.note:
+        t.append(f"  {control.note}", style=style(MUTED))
+    skew = skew_text(snap)
+    if skew:
+        t.append(f"  {skew}", style=style(WARN, bold=True))
+    t.append("\n")
+    _health(t, snap, recording, control)
+    return t
+
+
+def _health(t: Text, snap: Snapshot, recording: RecordingStatus | None, control: ControlView | None = None) -> None:
+    rate = f"{snap.iter_rate:,.0f}" if math.isfinite(snap.iter_rate) else "-"
+    _kv(t, "it/s", rate, bold=True)
+    live = snap.live_ranks
+    total = max(snap.world_size, len(snap.ranks))
+    _kv(t, "ranks", f"{live}/{total}", LIVE if live == total and total else WARN, bold=True)
+    _kv(t, "drops", f"{snap.drops:,}", WARN if snap.drops else TEXT)
+    by_collector = control.rejected if control is not None else 0
+    rejected = snap.rejected_total + snap.worker_rejected + by_collector
+    why = dict(snap.rejected)
+    if snap.worker_rejected:
+        why["by workers"] = snap.worker_rejected
+    if by_collector:
+        why["control requests"] = by_collector
+    detail = " (" + ", ".join(f"{k} {v}" for k, v in sorted(why.items())) + ")" if rejected else ""
+    _kv(t, "rejected", f"{rejected:,}{detail}", EXITED if rejected else TEXT)
+    if recording is not None:
+        if recording.error:
+            t.append(f"REC ✗ {recording.error}  ", style=style(EXITED, bold=True))
+        elif recording.active:
+            t.append("● REC ", style=style(EXITED, bold=True))
+            t.append(f"{fmt_bytes(recording.bytes_written)} {fmt_duration(recording.elapsed_s)}  ", style=style(TEXT))
+        else:
+            t.append("rec off  ", style=style(MUTED))
+    host_line = getattr(snap.telemetry, "host_line", None)
+    if callable(host_line):
+        try:
+            t.append(str(host_line()), style=style(MUTED))
+        except Exception:
+            pass
+
+
+class RunHeader(Widget):
+    """Three lines at the top; updated by the app from the latest snapshot."""
+
+    DEFAULT_CSS = "RunHeader { height: 3; text-wrap: nowrap; text-overflow: ellipsis; }"
+
+    def __init__(self, title: str = "commtop", *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.title_text = title
+        self._text = header_text(None, title=title)
+
+    def show(self, snap: Snapshot | None, control: ControlView | None, recording: RecordingStatus | None) -> None:
+        text = header_text(snap, control, recording, self.title_text)
+        if text.plain != self._text.plain or text.spans != self._text.spans:
+            self._text = text
+            self.refresh()
+
+    def render(self) -> Text:
+        return self._text

@@ -1,0 +1,223 @@
+"""One Line-API widget drawing every rank (rows with sparklines, or a heat map).
+
+STYLE.md point 5: one ``render_line`` grid instead of a widget per rank. The lines are
+built once per snapshot (or resize) by :mod:`tui.view.widgets.rank_rows`; ``render_line`` only
+hands out the cached Strip for the scrolled-to row.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rich.segment import Segment
+from rich.style import Style
+from textual.geometry import Size
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widget import Widget
+
+from tui.model.run_model import Snapshot
+from tui.model.stats import AxisScale
+from tui.view.widgets.rank_rows import (
+    FIXED_W,
+    HEAT_LABEL_W,
+    MIN_SPARK,
+    Cells,
+    HeatView,
+    RowsView,
+    bucket,
+    column_header,
+    visible_top,
+)
+
+#: Iterations per cell the grid may use; chosen so the screen covers ~ZOOM_TARGET_S.
+ZOOMS = (1, 2, 4, 8, 16)
+ZOOM_TARGET_S = 10.0
+ZOOM_HOLD_S = 3.0
+#: Lines per rank when there is room (taller bars: 8 levels per line).
+MAX_ROW_H = 6
+
+
+class GridHeader(Widget):
+    """The grid's two column-header lines (names + units/legend); fed by RankGrid."""
+
+    DEFAULT_CSS = "GridHeader { height: 2; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._lines: list[list[Segment]] = []
+
+    def set_lines(self, lines: list[list[Segment]]) -> None:
+        if lines != self._lines:
+            self._lines = lines
+            self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        if y < len(self._lines):
+            return Strip(self._lines[y]).crop_extend(0, self.size.width, None).apply_style(self.rich_style)
+        return Strip.blank(self.size.width, self.rich_style)
+
+
+class RankGrid(ScrollView):
+    """All ranks: one row each (``rows`` view) or a ranks x time heat map (``heat`` view)."""
+
+    DEFAULT_CSS = "RankGrid { height: 1fr; }"
+
+    view_mode: reactive[str] = reactive("auto", init=False)
+    """"auto" (rows while they fit, else heat map), "rows" or "heat" (chosen with `v`)."""
+
+    def __init__(self, header: GridHeader | None = None, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.header = header
+        self.snapshot: Snapshot | None = None
+        self.axis = AxisScale(min_interval_s=1.0)
+        self.k = 1
+        self._k_changed_s = -math.inf
+        self._view: RowsView | HeatView | None = None
+        self._strips: dict[int, Strip] = {}
+        self.shown_view = "rows"
+        self.top = math.nan
+        self.row_h = 1
+        self._built_width = 0
+        self._line_style: Style | None = None  # the widget's rich_style, read once per rebuild
+        #: segment style -> line style + segment style (Style.__add__ costs ~4 µs a call; a heat
+        #: frame at 64 ranks has ~5 k segments, from a few dozen distinct styles)
+        self._styled: dict[int, tuple[Style | None, Style]] = {}
+        #: Host time of the first visible iteration (the links panel shows the same window).
+        self.window_start_ns = 0
+
+    # ----------------------------------------------------------------------- inputs
+
+    def show(self, snap: Snapshot) -> None:
+        """Take a new snapshot (called on the UI thread, once per SnapshotReady)."""
+        self.snapshot = snap
+        self._rebuild()
+
+    def toggle_view(self) -> None:
+        self.view_mode = "heat" if self.shown_view == "rows" else "rows"
+
+    def watch_view_mode(self, _old: str, _new: str) -> None:
+        self._rebuild()
+
+    def on_resize(self) -> None:
+        self._rebuild()
+
+    # ----------------------------------------------------------------------- layout
+
+    def _effective_view(self) -> str:
+        if self.view_mode != "auto":
+            return self.view_mode
+        n = len(self.snapshot.ranks) if self.snapshot else 0
+        return "heat" if n > max(1, self.size.height) else "rows"
+
+    def _choose_k(self, snap: Snapshot, cells: int, now_s: float) -> int:
+        """Iterations per cell so the screen spans ~ZOOM_TARGET_S, changed at most every
+        ZOOM_HOLD_S (a jumping time scale is as bad as a jumping y-axis)."""
+        have = snap.history.ms.shape[1]
+        rate = snap.iter_rate if math.isfinite(snap.iter_rate) else 0.0
+        want_iters = min(have, max(cells, rate * ZOOM_TARGET_S))
+        # The largest zoom whose cells are all filled by the history we have.
+        want = max((z for z in ZOOMS if z * max(1, cells) <= want_iters), default=ZOOMS[0])
+        if want != self.k and now_s - self._k_changed_s >= ZOOM_HOLD_S:
+            self.k, self._k_changed_s = want, now_s
+        return self.k
+
+    def _rebuild(self) -> None:
+        snap = self.snapshot
+        width = self.size.width
+        if snap is None or width <= 0:
+            return
+        view = self._effective_view()
+        if view != self.shown_view or width != self._built_width:
+            self._k_changed_s = -math.inf  # a new layout may pick its zoom at once
+        self.shown_view = view
+        self._built_width = width
+        label_w = HEAT_LABEL_W if view == "heat" else FIXED_W
+        n_cells = max(0, width - label_w - self.scrollbar_size_vertical)
+        if view == "rows" and n_cells < MIN_SPARK:
+            n_cells = 0
+        now_s = snap.now_ns / 1e9
+        k = self._choose_k(snap, n_cells, now_s)
+        cells: Cells = bucket(snap.history, n_cells, k)
+        self.window_start_ns = cells.first_start_ns
+        self.top = self.axis.update(visible_top(cells), now_s)
+        procs = self._proc_states(snap)
+        if view == "heat":
+            self._view = HeatView(snap, cells, self.top, width, self.size.height)
+        else:
+            n = max(1, len(snap.ranks))
+            self.row_h = max(1, min(MAX_ROW_H, self.size.height // n))
+            self._view = RowsView(snap, cells, self.top, width, procs, self.row_h)
+        if self.header is not None:
+            heat = self._view if isinstance(self._view, HeatView) else None
+            per_host, prefix = (heat.per_host, heat.host_prefix) if heat is not None else (0, "")
+            self.header.set_lines(column_header(width, self.top, k, view, len(snap.ranks), per_host, prefix))
+        self._strips.clear()
+        # Once per rebuild, not once per line: Textual computes rich_style afresh on every read.
+        line_style = self.rich_style
+        if line_style != self._line_style:
+            self._styled.clear()
+        self._line_style = line_style
+        self.virtual_size = Size(width, self._view.n_lines)
+        self.refresh()
+
+    @staticmethod
+    def _proc_states(snap: Snapshot) -> dict[int, str | None]:
+        """Process state of silent ranks from the node sampler (stopped vs gone)."""
+        tel = snap.telemetry
+        lookup = getattr(tel, "proc_status", None)
+        if lookup is None:
+            return {}
+        out: dict[int, str | None] = {}
+        for r in snap.ranks:
+            if r.state == "stale" and r.pid:
+                try:
+                    out[r.rank] = lookup(r.host, r.pid)
+                except Exception:
+                    out[r.rank] = None
+        return out
+
+    # ----------------------------------------------------------------------- drawing
+
+    def render_line(self, y: int) -> Strip:
+        index = y + int(self.scroll_offset.y)
+        strip = self._strips.get(index)
+        if strip is None:
+            width = self.size.width
+            line_style = self._line_style if self._line_style is not None else self.rich_style
+            view = self._view
+            if view is not None and 0 <= index < view.n_lines:
+                if view.width == width:  # the view's lines are already fitted to this width
+                    strip = Strip(self._with_style(view.line(index), line_style), width)
+                else:
+                    strip = Strip(self._with_style(view.line(index), line_style)).crop_extend(0, width, line_style)
+            else:
+                strip = Strip.blank(width, line_style)
+            if len(self._strips) < 4096:
+                self._strips[index] = strip
+        return strip
+
+    def _with_style(self, segments: list[Segment], line_style: Style) -> list[Segment]:
+        """``Strip.apply_style(line_style)`` with the combined styles looked up, not recomputed.
+        Keyed by id (Style hashes in Python); the entry holds the style, so its id stays its own."""
+        styled = self._styled
+        out = []
+        for text, style, control in segments:
+            if control:
+                out.append(Segment(text, None, control))
+                continue
+            entry = styled.get(id(style))
+            if entry is None:
+                if len(styled) > 4096:  # styles come from small tables; this is only a bound
+                    styled.clear()
+                entry = styled[id(style)] = (style, line_style + style)
+            out.append(Segment(text, entry[1]))
+        return out
+
+    def line_texts(self) -> list[str]:
+        """The grid's lines as plain text (tests and debugging)."""
+        view = self._view
+        if view is None:
+            return []
+        return ["".join(seg.text for seg in view.line(i)) for i in range(view.n_lines)]

@@ -1,0 +1,565 @@
+"""Rank rows and the latency heat map as lists of rich Segments (no Textual here).
+
+The grid widget calls :func:`render_rows` or :func:`render_heatmap` once per snapshot (or
+resize) and keeps the resulting lines; ``render_line`` then only hands them out. Latency
+cells are bucketed by iteration (aligned to multiples of the bucket size, so the picture
+does not shimmer as new iterations arrive) and share one y-axis across ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from rich.cells import cell_len
+from rich.segment import Segment
+
+from tui.model.run_model import NO_MODE, History, RankView, Snapshot
+from tui.view.widgets.palette import (
+    ACCENT,
+    CLIPPED,
+    EXITED,
+    HEAT_RAMP,
+    LIVE,
+    MODE_COLORS,
+    MUTED,
+    SPARK_CHARS,
+    STALE,
+    STRAGGLER,
+    TEXT,
+    WARN,
+    blend,
+    fmt_gbps,
+    fmt_ms,
+    mode_color,
+    style,
+)
+
+#: Fixed columns left of the sparkline: state, rank, host:gpu, last, p50, p99, busbw, copy.
+HOST_W = 15
+NUM_W = 8
+FIXED_W = 2 + 5 + 2 + HOST_W + 5 * NUM_W + 2
+HEAT_LABEL_W = 8
+MIN_SPARK = 8
+
+
+@dataclass(frozen=True)
+class Cells:
+    """Latency (ms) and mode per (rank, cell); cell j covers ``k`` iterations."""
+
+    ms: np.ndarray  # (ranks, cells) float, NaN = no data
+    mode: np.ndarray  # (ranks, cells) int, -1 = no data
+    k: int
+    first_iteration: int  # iteration of the first cell's first column
+    first_start_ns: int  # host time of the first visible iteration (0 = unknown)
+
+
+def bucket(history: History, cells: int, k: int) -> Cells:
+    """The last ``cells`` buckets of ``k`` iterations, max latency per bucket.
+
+    Max, not mean: a profiler should show the spike, not average it away.
+    """
+    n_ranks, n_cols = history.ms.shape
+    cells = max(0, cells)
+    if n_cols == 0 or cells == 0:
+        return Cells(np.full((n_ranks, cells), np.nan), np.full((n_ranks, cells), -1), k, history.first_iteration, 0)
+    last = history.first_iteration + n_cols - 1
+    start_it = (last // k - cells + 1) * k
+    total = cells * k
+    ms = np.full((n_ranks, total), np.nan, dtype=np.float32)
+    mode = np.full((n_ranks, total), -1, dtype=np.int16)
+    lo, hi = max(start_it, history.first_iteration), last
+    src = slice(lo - history.first_iteration, hi - history.first_iteration + 1)
+    dst = slice(lo - start_it, hi - start_it + 1)
+    ms[:, dst] = history.ms[:, src]
+    m = history.mode[:, src].astype(np.int16)
+    mode[:, dst] = np.where(m == NO_MODE, -1, m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        out_ms = np.nanmax(ms.reshape(n_ranks, cells, k), axis=2) if n_ranks else np.zeros((0, cells))
+    out_mode = mode.reshape(n_ranks, cells, k).max(axis=2) if n_ranks else np.zeros((0, cells), dtype=np.int16)
+    first_start = 0
+    if len(history.start_ns):
+        visible = history.start_ns[src]
+        nz = visible[visible > 0]
+        first_start = int(nz[0]) if len(nz) else 0
+    return Cells(out_ms, out_mode, k, start_it, first_start)
+
+
+def visible_top(cells: Cells) -> float:
+    """The latency the y-axis should cover: the 99th percentile of the visible cells, so
+    one spike is drawn clipped instead of flattening every other rank."""
+    finite = cells.ms[np.isfinite(cells.ms)]
+    if len(finite) == 0:
+        return math.nan
+    return float(np.percentile(finite, 99))
+
+
+# --------------------------------------------------------------------------- rows
+
+
+class _Line:
+    """A line of Segments built piece by piece (cheaper than rich Text + a Console)."""
+
+    def __init__(self) -> None:
+        self.segments: list[Segment] = []
+
+    def append(self, text: str, st: object = None) -> _Line:
+        self.segments.append(Segment(text, st))  # type: ignore[arg-type]
+        return self
+
+
+def column_header(
+    width: int, top: float, k: int, view: str, n_ranks: int, per_host: int = 0, host_prefix: str = ""
+) -> list[list[Segment]]:
+    """Two header lines: column names, then units and the colour legend."""
+    head = style(MUTED, bold=True)
+    unit = style(MUTED)
+    first, second = _Line(), _Line()
+    if view == "heat":
+        first.append(f"{'ranks':<{HEAT_LABEL_W}}", head)
+        hosts = f"; hosts {host_prefix}…" if host_prefix else ""
+        what = f" (max of ≤{per_host} ranks per host{hosts})" if per_host else ""
+        first.append(f"latency heat map · {n_ranks} ranks × iterations{what} · {k} it/cell", head)
+        second.append(" " * HEAT_LABEL_W).append("0 ms ", unit)
+        for color in HEAT_RAMP:
+            second.append("█", style(color))
+        second.append(f" {_axis(top)} ms", unit)
+        second.append("   █ above", style(CLIPPED))
+        second.append("   v: rows", unit)
+    else:
+        names = f"  {'rank':>5}  {'host:gpu':<{HOST_W}}" + "".join(
+            f"{c:>{NUM_W}}" for c in ("last", "p50", "p99", "busbw", "copy")
+        )
+        first.append(names + "  ", head)
+        first.append(f"latency per iteration · 0–{_axis(top)} ms · {k} it/cell", head)
+        second.append(" " * (2 + 5 + 2 + HOST_W))
+        second.append("".join(f"{u:>{NUM_W}}" for u in ("ms", "ms", "ms", "GB/s", "GB/s")) + "  ", unit)
+        for mode, color in MODE_COLORS.items():
+            second.append("■", style(color))
+            second.append(f"{mode} ", unit)
+        second.append("▲", style(TEXT, bold=True)).append("clipped ", unit)
+        second.append("◀", style(STRAGGLER, bold=True)).append("straggler", unit)
+    return [_fit(first.segments, width), _fit(second.segments, width)]
+
+
+def _axis(top: float) -> str:
+    return f"{top:g}" if math.isfinite(top) else "?"
+
+
+def _fit(segments: list[Segment], width: int) -> list[Segment]:
+    """Crop or pad a line to exactly ``width`` cells."""
+    return Segment.adjust_line_length(segments, width)
+
+
+def _fit_known(segments: list[Segment], length: int, width: int) -> list[Segment]:
+    """:func:`_fit` for a line whose cell length is known: pads as it does without
+    measuring every segment (only cropping needs that)."""
+    if length < width:
+        segments.append(Segment(" " * (width - length)))
+        return segments
+    return segments if length == width else _fit(segments, width)
+
+
+def failed(r: RankView) -> bool:
+    """Exited with a non-zero code (red); a clean exit (code 0) is only dimmed."""
+    return r.state == "exited" and r.exit_code != 0
+
+
+def _state_glyph(r: RankView) -> tuple[str, str]:
+    if r.state == "exited" and not failed(r):
+        return ("✓", MUTED)
+    return {
+        "live": ("●", LIVE),
+        "stale": ("◌", WARN),
+        "stalled": ("◑", WARN),
+        "exited": ("✗", EXITED),
+        "waiting": ("○", MUTED),
+    }.get(r.state, ("?", MUTED))
+
+
+def _row_text_color(r: RankView) -> str:
+    if r.state == "exited":
+        return EXITED if failed(r) else STALE
+    return {"stale": STALE, "waiting": MUTED}.get(r.state, TEXT)
+
+
+def state_note(r: RankView, proc: str | None) -> str:
+    """What to write over the empty end of a row whose rank stopped reporting."""
+    if r.state == "exited":
+        why = f": {r.exit_reason}" if r.exit_reason else ""
+        return f" exited ({r.exit_code}){why} "
+    if r.state == "stale":
+        what = {"stopped": "stopped (SIGSTOP?)", "gone": "process gone"}.get(proc or "", "silent")
+        return f" {what} {r.silent_s:.0f}s "
+    if r.state == "stalled":
+        return f" stalled: no collective for {r.idle_s:.0f}s, heartbeat alive "
+    if r.state == "waiting":
+        return " waiting for data "
+    return ""
+
+
+class RowsView:
+    """Lines of the rows view, built on demand (only the visible ranks are ever drawn,
+    which keeps 512 ranks cheap): ``row_h`` lines per rank, numbers on the left, the
+    latency bars coloured by the mode in force, ``row_h`` x 8 levels high."""
+
+    def __init__(
+        self,
+        snap: Snapshot,
+        cells: Cells,
+        top: float,
+        width: int,
+        procs: dict[int, str | None] | None = None,
+        row_h: int = 1,
+    ) -> None:
+        self.snap, self.cells, self.width, self.procs = snap, cells, width, procs or {}
+        self.row_h = max(1, row_h)
+        self.levels = _levels(cells.ms, top, 8 * self.row_h)
+        self.n_lines = len(snap.ranks) * self.row_h
+
+    def line(self, index: int) -> list[Segment]:
+        i, line = divmod(index, self.row_h)
+        r = self.snap.ranks[i]
+        if line == 0:
+            segs = _numbers(self.snap, r)
+        elif line == 1:
+            segs = _run_numbers(r)
+        elif line == 2:
+            segs = _counts(r)
+        else:
+            segs = [Segment(" " * FIXED_W)]
+        if self.cells.ms.ndim == 2 and self.cells.ms.shape[1]:
+            note = state_note(r, self.procs.get(r.rank)) if line == 0 else ""
+            band = self.row_h - 1 - line  # 0 = bottom line of the rank
+            segs += _spark(self.levels[i], self.cells.mode[i], r, note, band, self.row_h)
+        return _fit(segs, self.width)
+
+
+def render_rows(
+    snap: Snapshot,
+    cells: Cells,
+    top: float,
+    width: int,
+    procs: dict[int, str | None] | None = None,
+    row_h: int = 1,
+) -> list[list[Segment]]:
+    """Every line of the rows view (see RowsView)."""
+    view = RowsView(snap, cells, top, width, procs, row_h)
+    return [view.line(i) for i in range(view.n_lines)]
+
+
+def _numbers(snap: Snapshot, r: RankView) -> list[Segment]:
+    glyph, gcolor = _state_glyph(r)
+    color = _row_text_color(r)
+    num = style(color)
+    straggler = snap.straggler == r.rank
+    where = f"{r.host}:{r.gpu}" if r.host else "?"
+    if len(where) > HOST_W - 1:
+        where = "…" + where[-(HOST_W - 2) :]
+    return [
+        Segment(f"{glyph} ", style(gcolor)),
+        Segment(f"{r.rank:>5}", style(STRAGGLER if straggler else color, bold=True)),
+        Segment("◀ " if straggler else "  ", style(STRAGGLER, bold=True)),
+        Segment(f"{where:<{HOST_W}}", style(MUTED if r.state == "live" else color)),
+        Segment(fmt_ms(r.last_ms, NUM_W), style(color, bold=r.state == "live")),
+        Segment(fmt_ms(r.p50_ms, NUM_W) + fmt_ms(r.p99_ms, NUM_W), num),
+        Segment(fmt_gbps(r.busbw_gbps, NUM_W), style(ACCENT if r.state == "live" else color)),
+        Segment(fmt_gbps(r.copy_gbps, NUM_W), num),
+        Segment("  "),
+    ]
+
+
+def _run_numbers(r: RankView) -> list[Segment]:
+    """Whole-run p50 / p99 / max, busbw and copy GB/s under the windowed ones (dim)."""
+    dim = style(STALE)
+    label = f"{'whole run max':>{HOST_W}}"
+    return [
+        Segment(" " * (2 + 5 + 2)),
+        Segment(label, dim),
+        Segment(fmt_ms(r.run.max_ms, NUM_W), dim),
+        Segment(fmt_ms(r.run.p50_ms, NUM_W) + fmt_ms(r.run.p99_ms, NUM_W), dim),
+        Segment(fmt_gbps(r.run.busbw_gbps, NUM_W) + fmt_gbps(r.copy_run.busbw_gbps, NUM_W), dim),
+        Segment("  "),
+    ]
+
+
+def _counts(r: RankView) -> list[Segment]:
+    """Collectives received, rate, missing and dropped records of one rank (dim)."""
+    rate = f"{r.iter_rate:,.0f}/s" if math.isfinite(r.iter_rate) else "-/s"
+    text = f"{r.count:,} it · {rate} · missing {r.missing:,} · drops {r.drops:,}"
+    bad = r.missing or r.drops
+    return [
+        Segment(" " * (2 + 5 + 2)),
+        Segment(f"{text[: FIXED_W - 11]:>{FIXED_W - 11}}", style(WARN if bad else STALE)),
+        Segment("  "),
+    ]
+
+
+def _levels(ms: np.ndarray, top: float, steps: int = 8) -> np.ndarray:
+    """0 = no data, 1..steps = bar height, steps + 1 = above the axis top (clipped)."""
+    if ms.size == 0 or not top > 0:
+        return np.zeros(ms.shape, dtype=np.int16)
+    with np.errstate(invalid="ignore"):
+        lv = np.ceil(ms / top * steps)
+    lv = np.nan_to_num(lv, nan=0.0)
+    lv = np.clip(lv, 1, steps + 1)
+    lv[~np.isfinite(ms)] = 0
+    return lv.astype(np.int16)
+
+
+def _spark(
+    levels: np.ndarray, modes: np.ndarray, r: RankView, note: str, band: int = 0, bands: int = 1
+) -> list[Segment]:
+    """One line (``band`` from the bottom) of a rank's bars, run-length encoded."""
+    dim = r.state in ("stale", "exited")
+    clipped = 8 * bands + 1
+    out: list[Segment] = []
+    run_text: list[str] = []
+    run_style = None
+    n = len(levels)
+    start = n
+    if note and r.state != "live":
+        # Write the note over the empty tail (where newer iterations would be), else the end.
+        tail = 0
+        while tail < n and levels[n - 1 - tail] == 0:
+            tail += 1
+        note = note[: max(0, n)]
+        start = max(0, n - len(note) if tail < len(note) else n - tail)
+    for j in range(n):
+        if start <= j < start + len(note):
+            ch, st = note[j - start], style(EXITED if failed(r) else MUTED if r.state == "exited" else WARN, bold=True)
+        else:
+            lv = int(levels[j])
+            part = min(8, lv - 8 * band)
+            if lv == 0 or (part <= 0 and not (band == 0 and lv > 0)):
+                ch, st = " ", style(None)
+            else:
+                color = mode_color(int(modes[j]))
+                if failed(r):
+                    color = blend(EXITED, amount=0.45)
+                elif dim:
+                    color = blend(color)
+                top_band = band == bands - 1
+                if lv == clipped and top_band:
+                    ch = "▲"
+                else:
+                    ch = SPARK_CHARS[max(1, part) - 1]
+                st = style(color, bold=lv == clipped)
+        if st is run_style:
+            run_text.append(ch)
+        else:
+            if run_text:
+                out.append(Segment("".join(run_text), run_style))
+            run_text, run_style = [ch], st
+    if run_text:
+        out.append(Segment("".join(run_text), run_style))
+    return out
+
+
+# --------------------------------------------------------------------------- heat map
+
+
+class HeatView:
+    """Lines of the heat map (ranks x time, colour = latency), built on demand. Two ranks
+    share a line (upper/lower half block) when one per line would not fit in ``max_lines``;
+    when even that does not fit and ranks span several hosts, one line per host shows the
+    worst (max) latency of its ranks. Line 0 shows the mode in force per column."""
+
+    def __init__(self, snap: Snapshot, cells: Cells, top: float, width: int, max_lines: int) -> None:
+        self.snap, self.cells, self.width = snap, cells, width
+        n = len(snap.ranks)
+        room = max(1, max_lines - 1)
+        groups = _host_groups(snap.ranks) if (n + 1) // 2 > room else []
+        #: Ranks per line when aggregated per host (0: one or two ranks per line).
+        self.per_host = max(len(g) for _, g in groups) if 1 < len(groups) < n else 0
+        #: Common prefix cut from host labels so that two fit one line ("node07-node08" -> "07-08").
+        self.host_prefix = ""
+        if self.per_host:
+            self.step = 2 if len(groups) > room else 1
+            names = [_short_host(host) for host, _ in groups]
+            if self.step == 2:
+                self.host_prefix = os.path.commonprefix([host.split(".", 1)[0] for host, _ in groups])
+                names = [host.split(".", 1)[0][len(self.host_prefix) :] or "?" for host, _ in groups]
+            self.rows = [(name, [snap.ranks[i] for i in idx]) for name, (_host, idx) in zip(names, groups, strict=True)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", category=RuntimeWarning)
+                ms = np.stack([np.nanmax(cells.ms[idx], axis=0) for _, idx in groups]) if cells.ms.size else cells.ms
+            self.heat = _heat_index(ms, top)
+        else:
+            self.rows = [(str(r.rank), [r]) for r in snap.ranks]
+            self.heat = _heat_index(cells.ms, top)
+            self.step = 2 if n > room else 1
+        self.n_lines = 1 + (len(self.rows) + self.step - 1) // self.step
+
+    def line(self, index: int) -> list[Segment]:
+        snap = self.snap
+        if index == 0:
+            mode_row = self.cells.mode.max(axis=0) if snap.ranks else np.zeros(0, dtype=np.int16)
+            segs = [Segment(f"{'mode':<{HEAT_LABEL_W}}", style(MUTED))]
+            segs += _mode_segments(mode_row)
+            return _fit(segs, self.width)
+        i = (index - 1) * self.step
+        top_label, top_ranks = self.rows[i]
+        low = self.rows[i + 1] if self.step == 2 and i + 1 < len(self.rows) else None
+        label = top_label if low is None else f"{top_label}-{low[0]}"
+        members = top_ranks + (low[1] if low is not None else [])
+        marked = snap.straggler is not None and any(x.rank == snap.straggler for x in members)
+        states = {x.state for x in members}
+        bad = any(failed(x) for x in members)
+        label_color = (
+            STRAGGLER if marked else EXITED if bad else WARN if states & {"stale", "stalled", "exited"} else TEXT
+        )
+        segs = [
+            Segment(
+                f"{label[-(HEAT_LABEL_W - 2) :]:>{HEAT_LABEL_W - 2}}{'◀' if marked else ' '} ",
+                style(label_color, bold=marked),
+            )
+        ]
+        heat = self.heat
+        up_dim = _dims(_worst(top_ranks))
+        if low is None:
+            segs += _heat_segments(heat[i], up_dim)
+        else:
+            segs += _heat_segments(heat[i], up_dim, heat[i + 1], _dims(_worst(low[1])))
+        if _HEAT_NARROW:  # every heat cell is one terminal cell: no need to measure them
+            return _fit_known(segs, segs[0].cell_length + heat.shape[1], self.width)
+        return _fit(segs, self.width)
+
+
+def _host_groups(ranks: tuple[RankView, ...]) -> list[tuple[str, list[int]]]:
+    """Row indices of the ranks of each host, hosts in order of their first rank."""
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(ranks):
+        groups.setdefault(r.host or "?", []).append(i)
+    return list(groups.items())
+
+
+def _short_host(host: str) -> str:
+    """A host's name as it fits a heat-map label: no domain, its distinguishing tail."""
+    name = host.split(".", 1)[0] or "?"
+    return name[-(HEAT_LABEL_W - 2) :]
+
+
+def _worst(ranks: list[RankView]) -> RankView:
+    """The rank whose state colours a host's line: failed, then silent, else the first."""
+    for pred in (failed, lambda r: r.state in ("stale", "stalled", "exited")):
+        for r in ranks:
+            if pred(r):
+                return r
+    return ranks[0]
+
+
+def render_heatmap(snap: Snapshot, cells: Cells, top: float, width: int, max_lines: int) -> list[list[Segment]]:
+    """Every line of the heat map (see HeatView)."""
+    view = HeatView(snap, cells, top, width, max_lines)
+    return [view.line(i) for i in range(view.n_lines)]
+
+
+def _heat_index(ms: np.ndarray, top: float) -> np.ndarray:
+    """-1 = no data, 0..len(HEAT_RAMP)-1 = colour, len(HEAT_RAMP) = above the top."""
+    if ms.size == 0 or not top > 0:
+        return np.full(ms.shape, -1, dtype=np.int16)
+    steps = len(HEAT_RAMP)
+    with np.errstate(invalid="ignore"):
+        idx = np.floor(ms / top * steps)
+    idx = np.clip(np.nan_to_num(idx, nan=-1.0), -1, steps)
+    idx[~np.isfinite(ms)] = -1
+    return idx.astype(np.int16)
+
+
+def _dims(r: RankView) -> bool:
+    """Whether a rank's heat cells are drawn dimmed (blended toward the background)."""
+    return r.state in ("stale", "exited")
+
+
+#: Heat colours by code: 0 = no data, 1..len(HEAT_RAMP) = ramp, len(HEAT_RAMP) + 1 = clipped.
+_HEAT_CODES = len(HEAT_RAMP) + 2
+_HEAT_COLORS: tuple[str | None, ...] = (None, *HEAT_RAMP, CLIPPED)
+_HEAT_COLORS_DIM: tuple[str | None, ...] = (None, *(blend(c) for c in (*HEAT_RAMP, CLIPPED)))
+#: Text and style per colour code, per (up dimmed, down dimmed, halves); styles filled on first use.
+_HEAT_TABLES: dict[tuple[bool, bool, bool], tuple[list[str], list[object]]] = {}
+
+
+def _heat_table(up_dim: bool, down_dim: bool, halves: bool, codes: list[int]) -> tuple[list[str], list[object]]:
+    """The character and style of each heat cell code (as HeatView.line drew them per cell),
+    with the styles of ``codes`` filled in."""
+    key = (up_dim, down_dim, halves)
+    table = _HEAT_TABLES.get(key)
+    if table is None:
+        ups = _HEAT_COLORS_DIM if up_dim else _HEAT_COLORS
+        chars = [("▀" if halves else "█" if ups[c % _HEAT_CODES] else " ") for c in range(_HEAT_CODES * _HEAT_CODES)]
+        table = _HEAT_TABLES[key] = (chars, [None] * (_HEAT_CODES * _HEAT_CODES))
+    styles = table[1]
+    for code in codes:
+        if styles[code] is None:
+            if halves:
+                up = (_HEAT_COLORS_DIM if up_dim else _HEAT_COLORS)[code // _HEAT_CODES]
+                down = (_HEAT_COLORS_DIM if down_dim else _HEAT_COLORS)[code % _HEAT_CODES]
+                styles[code] = style(up or "#000000", down)
+            else:
+                styles[code] = style((_HEAT_COLORS_DIM if up_dim else _HEAT_COLORS)[code])
+    return table
+
+
+def _runs(codes: np.ndarray) -> tuple[list[int], list[int]]:
+    """Length and value of each run of equal values in ``codes`` (1-D, non-empty)."""
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(codes)) + 1))
+    lengths = np.diff(np.append(starts, len(codes)))
+    return lengths.tolist(), codes[starts].tolist()
+
+
+#: Whether the heat map's characters are one terminal cell wide each.
+_HEAT_NARROW = all(cell_len(ch) == 1 for ch in "█▀ ")
+#: Whether distinct heat codes always get distinct styles (then runs of equal code are
+#: already the longest runs of equal style, and need no merging).
+_HEAT_DISTINCT = len(set(_HEAT_COLORS)) == len(set(_HEAT_COLORS_DIM)) == _HEAT_CODES and "#000000" not in (
+    _HEAT_COLORS + _HEAT_COLORS_DIM
+)
+
+
+def _heat_segments(
+    up: np.ndarray, up_dim: bool, down: np.ndarray | None = None, down_dim: bool = False
+) -> list[Segment]:
+    """One heat-map line's cells, one Segment per run of equal colour: full blocks for one
+    rank per line, upper half blocks (upper rank fg, lower rank bg) for two."""
+    if len(up) == 0:
+        return []
+    codes = np.clip(up.astype(np.int32) + 1, 0, _HEAT_CODES - 1)
+    if down is not None:
+        codes = codes * _HEAT_CODES + np.clip(down.astype(np.int32) + 1, 0, _HEAT_CODES - 1)
+    lengths, values = _runs(codes)
+    chars, styles = _heat_table(up_dim, down_dim, down is not None, values)
+    if _HEAT_DISTINCT:
+        return [Segment(chars[c] * n, styles[c]) for n, c in zip(lengths, values, strict=True)]  # type: ignore[arg-type]
+    return _merge([(chars[c] * n, styles[c]) for n, c in zip(lengths, values, strict=True)])
+
+
+def _mode_segments(mode_row: np.ndarray) -> list[Segment]:
+    """The mode line of the heat map: an upper half block per column in the mode's colour."""
+    if len(mode_row) == 0:
+        return []
+    lengths, values = _runs(mode_row.astype(np.int32))
+    return _merge(
+        [
+            ("▀" * n, style(mode_color(m))) if m >= 0 else (" " * n, style(None))
+            for n, m in zip(lengths, values, strict=True)
+        ]
+    )
+
+
+def _merge(runs: list[tuple[str, object]]) -> list[Segment]:
+    """Segments of (text, style) runs, neighbours of the same style (identical object) joined."""
+    out: list[Segment] = []
+    text, current = "", None
+    for t, st in runs:
+        if st is current and out:
+            text += t
+            out[-1] = Segment(text, current)  # type: ignore[arg-type]
+        else:
+            text, current = t, st
+            out.append(Segment(t, st))  # type: ignore[arg-type]
+    return out

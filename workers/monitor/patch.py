@@ -1,0 +1,184 @@
+"""``patch_distributed``: time every torch.distributed collective of a user's job.
+
+The public collective functions of ``torch.distributed`` are replaced (in
+``torch.distributed`` and ``torch.distributed.distributed_c10d``, where callers look them
+up at call time: FSDP, DDP comm hooks, user code) by thin wrappers that call the original
+and hand ``(op, main tensor, bytes, group)`` to the active monitor. With no monitor, or a
+disabled one, a wrapper costs one global read and one attribute read.
+
+Bytes follow nccl-tests (S = total gathered/reduced size for all_gather/reduce_scatter),
+so busbw compares with nccl-tests and with the synthetic loop. Code that bound a function
+before patching (``from torch.distributed import all_reduce``) keeps the original, and
+collectives issued from C++ (DDP's built-in allreduce) are not seen: register DDP's
+``allreduce_hook`` (it calls ``dist.all_reduce``), as examples/train_ddp.py does. While
+torch.compile traces, a wrapper calls the original (compiled collectives are not timed).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from workers.monitor.records import OP_INDEX
+
+Args = tuple[Any, ...]
+Kwargs = dict[str, Any]
+
+
+class Hooks(Protocol):
+    """What a wrapper calls on the active monitor; neither method may raise."""
+
+    on: bool
+    busy: bool  # inside a timed collective: nested ones (deprecated aliases) are not timed again
+
+    def coll_begin(self, spec: OpSpec, args: Args, kwargs: Kwargs) -> Any: ...
+
+    def coll_end(self, token: Any, result: Any) -> None: ...
+
+
+def _arg(args: Args, kwargs: Kwargs, i: int, name: str) -> Any:
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+def _one(i: int, name: str) -> Callable[[Args, Kwargs], tuple[Any, int]]:
+    def describe(args: Args, kwargs: Kwargs) -> tuple[Any, int]:
+        t = _arg(args, kwargs, i, name)
+        return t, t.nbytes
+
+    return describe
+
+
+def _all_gather_into(args: Args, kwargs: Kwargs) -> tuple[Any, int]:
+    return _arg(args, kwargs, 1, "input_tensor"), _arg(args, kwargs, 0, "output_tensor").nbytes
+
+
+def _all_gather_list(args: Args, kwargs: Kwargs) -> tuple[Any, int]:
+    t = _arg(args, kwargs, 1, "tensor")
+    return t, t.nbytes * len(_arg(args, kwargs, 0, "tensor_list"))
+
+
+def _reduce_scatter_list(args: Args, kwargs: Kwargs) -> tuple[Any, int]:
+    out = _arg(args, kwargs, 0, "output")
+    return out, out.nbytes * len(_arg(args, kwargs, 1, "input_list"))
+
+
+def _all_to_all_list(args: Args, kwargs: Kwargs) -> tuple[Any, int]:
+    tensors = _arg(args, kwargs, 1, "input_tensor_list")
+    return (tensors[0] if tensors else None), sum(t.nbytes for t in tensors)
+
+
+def _no_tensor(args: Args, kwargs: Kwargs) -> tuple[Any, int]:
+    return None, 0
+
+
+#: torch.distributed function -> (op name in OPS, how to find its main tensor and bytes).
+FUNCTIONS: dict[str, tuple[str, Callable[[Args, Kwargs], tuple[Any, int]]]] = {
+    "all_reduce": ("all_reduce", _one(0, "tensor")),
+    "all_gather_single": ("all_gather", _all_gather_into),  # torch >= 2.13's name
+    "all_gather_into_tensor": ("all_gather", _all_gather_into),
+    "all_gather": ("all_gather", _all_gather_list),
+    "reduce_scatter_single": ("reduce_scatter", _one(1, "input")),
+    "reduce_scatter_tensor": ("reduce_scatter", _one(1, "input")),
+    "reduce_scatter": ("reduce_scatter", _reduce_scatter_list),
+    "broadcast": ("broadcast", _one(0, "tensor")),
+    "all_to_all_single": ("all_to_all", _one(1, "input")),
+    "all_to_all": ("all_to_all", _all_to_all_list),
+    "reduce": ("reduce", _one(0, "tensor")),
+    "barrier": ("barrier", _no_tensor),
+    "gather": ("gather", _one(0, "tensor")),
+    "scatter": ("scatter", _one(0, "tensor")),
+}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One patched function: its op code and where its async_op and group arguments sit."""
+
+    func: str
+    op: str
+    code: int
+    describe: Callable[[Args, Kwargs], tuple[Any, int]]
+    async_pos: int
+    group_pos: int
+
+    def parse(self, args: Args, kwargs: Kwargs) -> tuple[Any, int, Any, bool]:
+        """(main tensor or None, bytes, group, async_op) of one call: one pass, no binding."""
+        tensor, nbytes = self.describe(args, kwargs)
+        n = len(args)
+        group = args[self.group_pos] if n > self.group_pos else kwargs.get("group")
+        is_async = args[self.async_pos] if n > self.async_pos else kwargs.get("async_op", False)
+        return tensor, nbytes, group, bool(is_async)
+
+
+_target: Hooks | None = None
+_originals: dict[str, Callable[..., Any]] = {}
+
+
+def set_target(hooks: Hooks | None) -> None:
+    """The monitor the wrappers report to (None: wrappers only call the original)."""
+    global _target
+    _target = hooks
+
+
+def _spec(func: str, original: Callable[..., Any]) -> OpSpec:
+    op, describe = FUNCTIONS[func]
+    names = list(inspect.signature(original).parameters)
+    return OpSpec(func, op, OP_INDEX[op], describe, names.index("async_op"), names.index("group"))
+
+
+def _wrap(original: Callable[..., Any], spec: OpSpec, compiling: Callable[[], bool]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        hooks = _target
+        if hooks is None or not hooks.on or hooks.busy or compiling():  # torch.compile traces the original
+            return original(*args, **kwargs)
+        token = hooks.coll_begin(spec, args, kwargs)
+        hooks.busy = True
+        try:
+            result = original(*args, **kwargs)  # the job's own errors propagate untouched
+        finally:
+            hooks.busy = False
+        hooks.coll_end(token, result)
+        return result
+
+    wrapper.__commtop_original__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
+def patch() -> list[str]:
+    """Install the wrappers (idempotent); returns the functions patched."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    compiler = getattr(torch, "compiler", None)
+    compiling: Callable[[], bool] = getattr(compiler, "is_compiling", None) or (lambda: False)
+    done = []
+    for func in FUNCTIONS:
+        current = getattr(c10d, func, None)
+        if current is None:
+            continue
+        original = getattr(current, "__commtop_original__", current)
+        if func not in _originals:
+            _originals[func] = original
+            wrapper = _wrap(original, _spec(func, original), compiling)
+            for module in (c10d, dist):
+                if getattr(module, func, None) in (original, current):
+                    setattr(module, func, wrapper)
+        done.append(func)
+    return done
+
+
+def unpatch() -> None:
+    """Put the original functions back (tests; a job that wants to stop timing)."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    for func, original in list(_originals.items()):
+        for module in (c10d, dist):
+            if getattr(getattr(module, func, None), "__commtop_original__", None) is original:
+                setattr(module, func, original)
+        del _originals[func]

@@ -1,0 +1,91 @@
+"""Record batches of a user's job (``workers.monitor``): many ops and sizes in one stream.
+
+Torch-free. The synthetic loop runs one collective of one size, so its
+:class:`~workers.rank.publisher.RecordBatcher` fills ``op`` and ``nbytes`` with constants. A
+user's job mixes all_reduce buckets, all_gathers and barriers of every size, so here each
+row carries its own op, size and group size, and busbw uses the nccl-tests factor of
+each row. The wire format is the same COLL batch: ops beyond ``protocol.COLLECTIVES``
+get codes after them, named in order by ``OPS`` (sent in Hello.config["op_names"]).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from workers.rank.publisher import NullPublisher, RecordBatcher, RecordPublisher
+from workers.wire import protocol
+from workers.wire.busbw import algbw_gbps
+from workers.wire.protocol import COLL_COLUMNS, COLLECTIVES
+
+#: Every op the monitor names: protocol.COLLECTIVES first (same codes), then the others
+#: (protocol.OP_NAMES once the schema names them, so reports and traces can too).
+OPS: tuple[str, ...] = getattr(protocol, "OP_NAMES", (*COLLECTIVES, "reduce", "barrier", "gather", "scatter"))
+OP_INDEX: dict[str, int] = {name: i for i, name in enumerate(OPS)}
+
+#: What a timer hands over per collective of a user's job.
+MONITOR_COLL_ROW = np.dtype(
+    [
+        ("iteration", "<i8"),
+        ("step", "<i8"),
+        ("epoch", "<i4"),
+        ("mode", "u1"),
+        ("op", "u1"),
+        ("nbytes", "<i8"),
+        ("ranks", "<i4"),  # size of the process group the op ran in (for busbw)
+        ("host_ns", "<i8"),
+        ("start_ns", "<i8"),
+        ("dur_us", "<f4"),
+    ]
+)
+
+
+def op_bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw factor, extended to the ops nccl-tests has none for (0 = no data moved)."""
+    if n <= 0:
+        return 0.0
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return (n - 1) / n
+    if op in ("broadcast", "reduce"):
+        return 1.0
+    return 0.0  # barrier
+
+
+def bus_factors(op: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Per-row busbw factor; one scalar computation per distinct (op, group size)."""
+    out = np.zeros(len(op), dtype=np.float64)
+    if not len(op):
+        return out
+    key = op.astype(np.int64) << 32 | ranks.astype(np.int64)
+    for k in np.unique(key):
+        code, n = int(k >> 32), int(k & 0xFFFFFFFF)
+        out[key == k] = op_bus_factor(OPS[code] if code < len(OPS) else "", n)
+    return out
+
+
+class MonitorBatcher(RecordBatcher):
+    """A RecordBatcher whose collective rows carry their own op, size and group size."""
+
+    def __init__(
+        self,
+        publisher: RecordPublisher | NullPublisher,
+        status: Any,
+        *,
+        batch_ms: float,
+        max_records: int = 4096,
+    ) -> None:
+        super().__init__(
+            publisher, status, op_index=0, coll_nbytes=0, bus_factor=0.0, batch_ms=batch_ms, max_records=max_records
+        )
+
+    def coll_columns(self, rows: list[tuple[Any, ...]]) -> dict[str, np.ndarray]:
+        arr = np.array(rows, dtype=MONITOR_COLL_ROW)
+        algbw = algbw_gbps(arr["nbytes"], arr["dur_us"])
+        busbw = algbw * bus_factors(arr["op"], arr["ranks"])
+        cols = {name: arr[name] for name in COLL_COLUMNS if name not in ("algbw", "busbw")}
+        cols["algbw"] = algbw.astype(np.float32)
+        cols["busbw"] = busbw.astype(np.float32)
+        return cols

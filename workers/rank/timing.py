@@ -1,0 +1,306 @@
+"""Timing of collectives, copies and steps, without ever synchronising for it.
+
+GPU work is timed with a preallocated ring of CUDA event pairs recorded on the stream the
+work runs on; finished pairs are harvested oldest-first with ``Event.query()`` (never
+``synchronize``), so telemetry cannot stall the workload. CPU work (gloo) is timed with
+``perf_counter_ns`` around the blocking call. Both produce the same row tuples
+``(*meta, start_ns, dur_us)`` that :mod:`workers.rank.publisher` turns into batches.
+
+:class:`Instrumentation` is everything commtop adds to the loop; :class:`BareInstrumentation`
+is its no-op twin (only whole steps are timed), so ``--bare`` A/B runs differ in exactly that.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from workers.rank.heartbeat import WorkerStatus
+from workers.rank.publisher import RecordBatcher
+
+Row = tuple[Any, ...]
+
+
+class Timer(Protocol):
+    untimed: int
+
+    def begin(self, meta: Row) -> Any: ...
+
+    def end(self, token: Any) -> None: ...
+
+    def harvest(self, out: list[Row]) -> None:
+        """Move finished rows into ``out`` (oldest first); never waits."""
+        ...
+
+
+class NullTimer:
+    """Times nothing (the bare loop, and warm-up)."""
+
+    untimed = 0
+
+    def begin(self, meta: Row) -> None:
+        return None
+
+    def end(self, token: Any) -> None:
+        pass
+
+    def harvest(self, out: list[Row]) -> None:
+        pass
+
+
+class CpuTimer:
+    """perf_counter_ns around a blocking call. ``end`` may run on another thread than
+    ``harvest`` (the overlap copier): a deque hands rows over without a lock."""
+
+    untimed = 0
+
+    def __init__(self) -> None:
+        self.ready: deque[Row] = deque()
+
+    def begin(self, meta: Row) -> tuple[Row, int, int]:
+        return meta, time.time_ns(), time.perf_counter_ns()
+
+    def end(self, token: tuple[Row, int, int]) -> None:
+        end = time.perf_counter_ns()
+        meta, start_ns, start_pc = token
+        self.ready.append((*meta, start_ns, (end - start_pc) / 1000.0))
+
+    def harvest(self, out: list[Row]) -> None:
+        ready = self.ready
+        while ready:
+            out.append(ready.popleft())
+
+
+class Anchor:
+    """Maps CUDA event times onto the host wall clock: one event recorded right after the
+    single start-up ``torch.cuda.synchronize()``, and ``time.time_ns()`` taken with it.
+
+    cudaEventElapsedTime is float32 milliseconds: measured from one fixed event, start times
+    would lose resolution as the run goes on (62 us after 10 minutes, 0.25 ms after an hour).
+    So, given a ``spare`` event, :meth:`advance` rolls the anchor forward about once a second
+    without any sync: it records the spare on the current stream and, once that has finished,
+    dates it from the old anchor over a short interval (rounding ~0.1 us per hop) and makes
+    it the anchor. Elapsed times may be negative, so rows recorded before a hop stay right.
+    """
+
+    def __init__(self, event: Any, host_ns: int, spare: Any = None, every_ns: int = 1_000_000_000) -> None:
+        self.event = event
+        self.host_ns = host_ns
+        self.spare = spare
+        self.every_ns = every_ns
+        self.hops = 0
+        self._pending = False
+        self._next = time.monotonic_ns() + every_ns
+
+    def ns(self, event: Any) -> int:
+        return self.host_ns + int(self.event.elapsed_time(event) * 1e6)
+
+    def advance(self) -> None:
+        """Call at step boundaries (loop thread): at most one event record or query."""
+        spare = self.spare
+        if spare is None:
+            return
+        if self._pending:
+            if spare.query():
+                self.host_ns = self.ns(spare)
+                self.event, self.spare = spare, self.event
+                self._pending = False
+                self.hops += 1
+        elif time.monotonic_ns() >= self._next:
+            spare.record()
+            self._pending = True
+            self._next = time.monotonic_ns() + self.every_ns
+
+
+class CudaTimer:
+    """A ring of ``capacity`` preallocated CUDA event pairs, all recorded on one stream
+    (whatever stream is current at ``begin``/``end``), so completion is in ring order."""
+
+    def __init__(self, torch: Any, capacity: int, anchor: Anchor, stream: Any = None) -> None:
+        # The stream every pair is recorded on. Given, it saves torch building a Stream object
+        # (a device context switch) on every record: most of the per-record host cost on GPU.
+        self.stream = stream
+        self.capacity = capacity
+        self.starts = [torch.cuda.Event(enable_timing=True) for _ in range(capacity)]
+        self.ends = [torch.cuda.Event(enable_timing=True) for _ in range(capacity)]
+        self.meta: list[Row] = [()] * capacity
+        self.anchor = anchor
+        self.head = 0  # oldest recorded pair
+        self.count = 0  # pairs recorded and not harvested
+        self.untimed = 0
+
+    def begin(self, meta: Row) -> int:
+        if self.count >= self.capacity:
+            self.untimed += 1  # ring full (GPU far behind): no timing for this one
+            return -1
+        slot = (self.head + self.count) % self.capacity
+        self.starts[slot].record(self.stream)
+        self.meta[slot] = meta
+        return slot
+
+    def end(self, slot: int) -> None:
+        if slot >= 0:
+            self.ends[slot].record(self.stream)
+            self.count += 1  # only now may harvest look at it (a reused event queries done)
+
+    def harvest(self, out: list[Row]) -> None:
+        starts, ends, meta, anchor = self.starts, self.ends, self.meta, self.anchor
+        while self.count:
+            h = self.head
+            if not ends[h].query():
+                return
+            start = starts[h]
+            out.append((*meta[h], anchor.ns(start), start.elapsed_time(ends[h]) * 1000.0))
+            self.head = (h + 1) % self.capacity
+            self.count -= 1
+
+
+class StepTimes:
+    """Durations of the last ``capacity`` steps (a fixed numpy ring), for the summary."""
+
+    def __init__(self, capacity: int = 1 << 16) -> None:
+        self.values = np.zeros(capacity, dtype=np.float64)
+        self.n = 0
+
+    def add(self, dur_us: float) -> None:
+        self.values[self.n % len(self.values)] = dur_us
+        self.n += 1
+
+    def summary(self) -> dict[str, float | int]:
+        vals = self.values[: min(self.n, len(self.values))]
+        if not len(vals):
+            return {"steps": 0}
+        p50, p99 = _percentiles(np.sort(vals), (50, 99))
+        return {
+            "steps": self.n,
+            "step_ms_mean": round(float(vals.mean()) / 1000, 4),
+            "step_ms_p50": round(float(p50) / 1000, 4),
+            "step_ms_p99": round(float(p99) / 1000, 4),
+        }
+
+
+def _percentiles(ordered: np.ndarray, qs: tuple[float, ...]) -> list[float]:
+    """Linear-interpolated percentiles of sorted values. Not np.percentile: in numpy 2 its
+    first call imports numpy.ma, which took 0.3-3.6 s of a stopping worker on a busy host."""
+    last = len(ordered) - 1
+    out = []
+    for q in qs:
+        pos = q / 100 * last
+        lo = int(pos)
+        hi = min(lo + 1, last)
+        out.append(float(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)))
+    return out
+
+
+class StepClock:
+    """Times whole steps with ``timer`` (identical in both twins, for the overhead A/B)."""
+
+    def __init__(self, timer: Timer) -> None:
+        self.timer = timer
+        self.times = StepTimes()
+        self._token: Any = None
+        self._rows: list[Row] = []
+
+    def begin(self, step: int) -> None:
+        self._token = self.timer.begin((step,))
+
+    def end(self) -> None:
+        self.timer.end(self._token)
+        self.drain()
+
+    def drain(self) -> None:
+        """Collect the steps that finished (on GPU, earlier steps; never waits)."""
+        self.timer.harvest(self._rows)
+        for row in self._rows:
+            self.times.add(row[-1])
+        self._rows.clear()
+
+
+class Instrumentation:
+    """commtop's instrumentation of the loop: per-collective and per-copy records, batched
+    and published. The loop calls exactly these methods, nothing else."""
+
+    bare = False
+
+    def __init__(
+        self,
+        coll_timer: Timer,
+        copy_timer: Timer,
+        step_timer: Timer,
+        batcher: RecordBatcher,
+        status: WorkerStatus,
+        anchor: Anchor | None = None,
+    ) -> None:
+        self.anchor = anchor
+        self.coll_timer = coll_timer
+        self.copy_timer = copy_timer
+        self.steps = StepClock(step_timer)
+        self.batcher = batcher
+        self.status = status
+
+    def step_begin(self, step: int) -> None:
+        if self.anchor is not None:
+            self.anchor.advance()
+        self.steps.begin(step)
+
+    def step_end(self) -> None:
+        self.steps.end()
+
+    def coll_begin(self, iteration: int, step: int, epoch: int, mode: int) -> Any:
+        return self.coll_timer.begin((iteration, step, epoch, mode, time.time_ns()))
+
+    def coll_end(self, token: Any) -> None:
+        self.coll_timer.end(token)
+
+    def after_collective(self) -> None:
+        """Once per collective: harvest what finished, publish if a batch is due."""
+        batcher = self.batcher
+        self.coll_timer.harvest(batcher.coll_rows)
+        self.copy_timer.harvest(batcher.copy_rows)
+        if batcher.due():
+            batcher.flush()
+            self.status.untimed = self.coll_timer.untimed + self.copy_timer.untimed
+
+    def finish(self, wait_all: Callable[[], None] | None) -> None:
+        """At exit: ``wait_all`` (a device sync, fine now) lets every record be harvested."""
+        if wait_all is not None:
+            wait_all()
+        self.coll_timer.harvest(self.batcher.coll_rows)
+        self.copy_timer.harvest(self.batcher.copy_rows)
+        self.steps.drain()
+        self.batcher.flush()
+        self.status.untimed = self.coll_timer.untimed + self.copy_timer.untimed
+
+
+class BareInstrumentation:
+    """The no-op twin: whole steps timed the same way, nothing per collective, no sends."""
+
+    bare = True
+
+    def __init__(self, step_timer: Timer) -> None:
+        self.copy_timer: Timer = NullTimer()
+        self.steps = StepClock(step_timer)
+
+    def step_begin(self, step: int) -> None:
+        self.steps.begin(step)
+
+    def step_end(self) -> None:
+        self.steps.end()
+
+    def coll_begin(self, iteration: int, step: int, epoch: int, mode: int) -> None:
+        return None
+
+    def coll_end(self, token: Any) -> None:
+        pass
+
+    def after_collective(self) -> None:
+        pass
+
+    def finish(self, wait_all: Callable[[], None] | None) -> None:
+        if wait_all is not None:
+            wait_all()
+        self.steps.drain()

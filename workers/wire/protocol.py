@@ -1,0 +1,411 @@
+"""The wire protocol between commtop workers, samplers, collectors and `ctl`.
+
+Torch-free and Textual-free: `tui/` imports this module, so it may depend only on the
+standard library, msgpack and numpy.
+
+A message on the wire is two ZeroMQ frames, ``[mac, body]``:
+
+* ``body`` is a msgpack map with ``v`` (schema version), ``k`` (kind) and ``s`` (session id);
+* ``mac`` is HMAC-SHA256(key, body), checked with ``hmac.compare_digest`` *before* the body
+  is unpacked, so an unauthenticated peer cannot reach the msgpack decoder at all.
+
+Record batches are columnar: each column is the raw little-endian bytes of a numpy array
+whose dtype is fixed by this schema (never sent), so the receiver decodes a batch of
+thousands of records with one ``np.frombuffer`` per column.
+
+Every decoding failure raises :class:`ProtocolError` with a short machine-readable
+``reason`` (used to count rejections by reason) and a human-readable message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+SCHEMA_VERSION = 1
+MAC_BYTES = 32
+#: Largest body accepted; also set as ZMQ_MAXMSGSIZE on every receiving socket.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+#: Largest number of records in one batch (a batch is flushed long before this).
+MAX_BATCH_RECORDS = 65536
+MAX_STR = 4096
+MAX_CONTAINER = 4096
+
+COLLECTIVES: tuple[str, ...] = ("all_gather", "all_reduce", "reduce_scatter", "broadcast", "all_to_all")
+MODES: tuple[str, ...] = ("none", "overlap", "sync", "sync-barrier")
+DIRECTIONS: tuple[str, ...] = ("d2h", "h2d")
+#: Names of the ``op`` column: COLLECTIVES, then ops only a monitored job reports (workers.monitor).
+OP_NAMES: tuple[str, ...] = (*COLLECTIVES, "reduce", "barrier", "gather", "scatter")
+
+# Kinds of message.
+HELLO = "hello"  # run metadata + liveness, every second, from a worker's heartbeat thread
+COLL = "coll"  # a batch of collective records
+COPY = "copy"  # a batch of copy records
+TELEM = "telem"  # one node telemetry tick (GPU links, clocks, host load, worker liveness)
+TELEM_CAPS = "telem_caps"  # what the node sampler can measure, and why not where it cannot
+BYE = "bye"  # a worker says it is exiting
+CTL_STATE = "ctl_state"  # desired settings, collector -> workers, re-sent periodically
+CTL_REQ = "ctl_req"  # request from `commtop ctl` or a TUI to a collector
+CTL_REP = "ctl_rep"  # reply to CTL_REQ
+KINDS = frozenset({HELLO, COLL, COPY, TELEM, TELEM_CAPS, BYE, CTL_STATE, CTL_REQ, CTL_REP})
+
+#: Columns of a collective batch and their fixed wire dtypes.
+COLL_COLUMNS: dict[str, str] = {
+    "iteration": "<i8",  # index of the collective on this rank, from 0 after warm-up
+    "step": "<i8",  # index of the step (copies + collectives_per_step collectives)
+    "epoch": "<i4",  # settings epoch the collective ran with
+    "mode": "u1",  # index into MODES
+    "op": "u1",  # index into COLLECTIVES (or USER_OP for user-named ops, see `op_names`)
+    "nbytes": "<i8",  # S of nccl-tests: total (gathered) size for all_gather/reduce_scatter
+    "host_ns": "<i8",  # host wall clock (time.time_ns) when the collective was issued
+    "start_ns": "<i8",  # GPU start on the host wall clock (anchored event time), or host_ns on CPU
+    "dur_us": "<f4",
+    "algbw": "<f4",  # GB/s = nbytes / duration
+    "busbw": "<f4",  # GB/s = algbw * nccl-tests factor
+}
+#: Columns of a copy batch.
+COPY_COLUMNS: dict[str, str] = {
+    "step": "<i8",
+    "epoch": "<i4",
+    "nbytes": "<i8",
+    "direction": "u1",  # index into DIRECTIONS
+    "pinned": "u1",  # 1 = pinned host memory
+    "start_ns": "<i8",
+    "dur_us": "<f4",
+    "gbps": "<f4",
+}
+#: Per-GPU telemetry metrics (float64 arrays, NaN where the metric is n/a; see TELEM_CAPS).
+TELEM_GPU_METRICS: tuple[str, ...] = (
+    "pcie_tx_gbps",
+    "pcie_rx_gbps",
+    "nvlink_tx_gbps",
+    "nvlink_rx_gbps",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "power_w",
+    "power_limit_w",
+    "throttle_reasons",  # bitmask of nvmlClocksEventReasons, as float
+    "gpu_util_pct",
+    "mem_used_bytes",
+    "pcie_replay_count",
+)
+
+
+class ProtocolError(ValueError):
+    """A frame was rejected. ``reason`` is a short key for counting rejections."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
+def new_key() -> bytes:
+    """A fresh 32-byte secret for signing one run's messages."""
+    return secrets.token_bytes(32)
+
+
+def new_session_id() -> str:
+    return secrets.token_hex(8)
+
+
+# --------------------------------------------------------------------------- sealing
+
+
+def seal(key: bytes, body: Mapping[str, Any]) -> list[bytes]:
+    """Pack and sign a message body: returns the frames to send."""
+    payload = msgpack.packb(dict(body), use_bin_type=True)
+    return [hmac.new(key, payload, hashlib.sha256).digest(), payload]
+
+
+def open_frames(key: bytes, frames: list[bytes], session: str | None = None) -> dict[str, Any]:
+    """Verify, then unpack one message. Raises ProtocolError; never anything else.
+
+    The signature is checked before msgpack sees a byte. ``session`` (when given) must
+    match the body's ``s``.
+    """
+    if len(frames) != 2:
+        raise ProtocolError("frames", f"expected 2 frames, got {len(frames)}")
+    mac, payload = frames
+    if len(payload) > MAX_BODY_BYTES:
+        raise ProtocolError("oversized", f"body of {len(payload)} bytes > {MAX_BODY_BYTES}")
+    if len(mac) != MAC_BYTES or not hmac.compare_digest(hmac.new(key, payload, hashlib.sha256).digest(), bytes(mac)):
+        raise ProtocolError("signature", "missing or wrong HMAC-SHA256 signature")
+    body = unpack_body(payload)
+    if session is not None and body.get("s") != session:
+        raise ProtocolError("session", "message from another session")
+    return body
+
+
+def unpack_body(payload: bytes) -> dict[str, Any]:
+    """Unpack a msgpack body with hard limits on every container and string."""
+    try:
+        body = msgpack.unpackb(
+            payload,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=MAX_STR,
+            max_bin_len=MAX_BODY_BYTES,
+            max_array_len=MAX_CONTAINER,
+            max_map_len=MAX_CONTAINER,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError("malformed", f"not a msgpack message ({type(exc).__name__})") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("malformed", "body is not a map")
+    version = body.get("v")
+    if version != SCHEMA_VERSION:
+        raise ProtocolError("version", f"schema version {version!r}, this commtop speaks {SCHEMA_VERSION}")
+    if body.get("k") not in KINDS:
+        raise ProtocolError("kind", f"unknown message kind {str(body.get('k'))[:40]!r}")
+    if not isinstance(body.get("s"), str):
+        raise ProtocolError("field", "missing session id")
+    return body
+
+
+# --------------------------------------------------------------------------- field access
+
+
+def get_int(body: Mapping[str, Any], name: str, lo: int = 0, hi: int = 2**62) -> int:
+    value = body.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ProtocolError("field", f"{name!r} must be an integer in [{lo}, {hi}]")
+    return value
+
+
+def get_str(body: Mapping[str, Any], name: str, default: str | None = None) -> str:
+    value = body.get(name, default)
+    if not isinstance(value, str):
+        raise ProtocolError("field", f"{name!r} must be a string")
+    return value
+
+
+def get_map(body: Mapping[str, Any], name: str) -> dict[str, Any]:
+    value = body.get(name, {})
+    if not isinstance(value, dict):
+        raise ProtocolError("field", f"{name!r} must be a map")
+    return value
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def encode_columns(columns: Mapping[str, np.ndarray], schema: Mapping[str, str]) -> dict[str, bytes]:
+    """Columns as raw bytes in the schema's dtypes (cast if needed)."""
+    return {name: np.ascontiguousarray(columns[name], dtype=dtype).tobytes() for name, dtype in schema.items()}
+
+
+def decode_columns(raw: Any, n: int, schema: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """Raw column bytes back into read-only numpy arrays, every length checked."""
+    if not isinstance(raw, dict):
+        raise ProtocolError("field", "'cols' must be a map")
+    out: dict[str, np.ndarray] = {}
+    for name, dtype in schema.items():
+        buf = raw.get(name)
+        if not isinstance(buf, bytes):
+            raise ProtocolError("field", f"column {name!r} missing or not bytes")
+        width = np.dtype(dtype).itemsize
+        if len(buf) != n * width:
+            raise ProtocolError("field", f"column {name!r} holds {len(buf)} bytes, expected {n} x {width}")
+        out[name] = np.frombuffer(buf, dtype=dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A decoded batch of collective (kind COLL) or copy (kind COPY) records of one rank.
+
+    ``seq`` counts batches per rank from 0, so a receiver sees gaps; ``dropped`` is the
+    number of records this rank could not send so far (cumulative). ``epoch_in_force`` /
+    ``pending_epoch`` / ``apply_at`` report the live-control state (-1 when none).
+    """
+
+    kind: str
+    rank: int
+    seq: int
+    dropped: int
+    columns: dict[str, np.ndarray]
+    epoch_in_force: int = 0
+    pending_epoch: int = -1
+    apply_at: int = -1
+    t_ns: int = 0
+
+    def __len__(self) -> int:
+        first = next(iter(self.columns.values()), None)
+        return 0 if first is None else len(first)
+
+
+def batch_body(kind: str, session: str, batch: Batch) -> dict[str, Any]:
+    schema = COLL_COLUMNS if kind == COLL else COPY_COLUMNS
+    return {
+        "v": SCHEMA_VERSION,
+        "k": kind,
+        "s": session,
+        "rank": batch.rank,
+        "seq": batch.seq,
+        "dropped": batch.dropped,
+        "ef": batch.epoch_in_force,
+        "pe": batch.pending_epoch,
+        "pa": batch.apply_at,
+        "t": batch.t_ns,
+        "n": len(batch),
+        "cols": encode_columns(batch.columns, schema),
+    }
+
+
+def decode_batch(body: Mapping[str, Any]) -> Batch:
+    kind = body.get("k")
+    if kind not in (COLL, COPY):
+        raise ProtocolError("kind", f"{kind!r} is not a batch")
+    schema = COLL_COLUMNS if kind == COLL else COPY_COLUMNS
+    n = get_int(body, "n", 0, MAX_BATCH_RECORDS)
+    return Batch(
+        kind=kind,
+        rank=get_int(body, "rank", 0, 1 << 20),
+        seq=get_int(body, "seq"),
+        dropped=get_int(body, "dropped"),
+        columns=decode_columns(body.get("cols"), n, schema),
+        epoch_in_force=get_int(body, "ef", -1),
+        pending_epoch=get_int(body, "pe", -1),
+        apply_at=get_int(body, "pa", -1),
+        t_ns=get_int(body, "t"),
+    )
+
+
+# --------------------------------------------------------------------------- hello
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Who a rank is and what it runs; re-sent every second from a non-loop thread."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    host: str
+    pid: int
+    backend: str  # "nccl" or "gloo/cpu" (or what the user's job uses)
+    device: str  # e.g. "NVIDIA H200" or "cpu"
+    device_index: int
+    gpu_uuid: str
+    torch_version: str
+    nccl_version: str
+    config: dict[str, Any]  # loop configuration (workers.wire.config.LoopConfig as a dict)
+    settings: dict[str, Any]  # live settings in force (workers.wire.settings.Settings as a dict)
+    epoch: int  # epoch of the settings in force
+    iteration: int  # iterations finished so far
+    pinned_bytes: int
+    t_ns: int
+    started_ns: int
+    seq_coll: int = 0  # batches sent so far (lets a receiver detect loss of trailing batches)
+    seq_copy: int = 0
+    dropped: int = 0
+    untimed: int = 0  # records whose GPU timing was dropped (event ring full)
+    rejected: dict[str, int] = field(default_factory=dict)  # control messages rejected, by reason
+
+
+_HELLO_INTS = (
+    "rank",
+    "world_size",
+    "local_rank",
+    "local_world_size",
+    "pid",
+    "device_index",
+    "epoch",
+    "iteration",
+    "pinned_bytes",
+    "t_ns",
+    "started_ns",
+    "seq_coll",
+    "seq_copy",
+    "dropped",
+    "untimed",
+)
+_HELLO_STRS = ("host", "backend", "device", "gpu_uuid", "torch_version", "nccl_version")
+
+
+def hello_body(session: str, hello: Hello) -> dict[str, Any]:
+    body: dict[str, Any] = {"v": SCHEMA_VERSION, "k": HELLO, "s": session}
+    for name in _HELLO_INTS + _HELLO_STRS:
+        body[name] = getattr(hello, name)
+    body["config"] = hello.config
+    body["settings"] = hello.settings
+    body["rejected"] = hello.rejected
+    return body
+
+
+def decode_hello(body: Mapping[str, Any]) -> Hello:
+    values: dict[str, Any] = {name: get_int(body, name, -1) for name in _HELLO_INTS}
+    values.update({name: get_str(body, name)[:256] for name in _HELLO_STRS})
+    rejected = {str(k): int(v) for k, v in get_map(body, "rejected").items() if isinstance(v, int)}
+    return Hello(config=get_map(body, "config"), settings=get_map(body, "settings"), rejected=rejected, **values)
+
+
+# --------------------------------------------------------------------------- bye
+
+
+@dataclass(frozen=True)
+class Bye:
+    rank: int
+    exit_code: int
+    reason: str
+    t_ns: int
+
+
+#: A C++ source location that torch/gloo/NCCL errors start with: "[/src/gloo/.../pair.cc:534] ".
+_SOURCE_PREFIX = re.compile(r"^(?:\[[^\]\s]*[/\\][^\]\s]*:\d+\]\s*)+")
+
+
+def bye_reason(exc: BaseException, limit: int = 512) -> str:
+    """``"RuntimeError: Connection closed by peer [10.0.0.2]:4411"`` for a Bye: the message's
+    first non-empty line without leading C++ source locations, which would otherwise fill
+    the TUI's one-line note with a build path (the full traceback goes to stderr)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = _SOURCE_PREFIX.sub("", lines[0]) if lines else ""
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:limit]
+
+
+def bye_body(session: str, bye: Bye) -> dict[str, Any]:
+    return {
+        "v": SCHEMA_VERSION,
+        "k": BYE,
+        "s": session,
+        "rank": bye.rank,
+        "exit_code": bye.exit_code,
+        "reason": bye.reason[:MAX_STR],
+        "t_ns": bye.t_ns,
+    }
+
+
+def decode_bye(body: Mapping[str, Any]) -> Bye:
+    return Bye(
+        rank=get_int(body, "rank", 0, 1 << 20),
+        exit_code=get_int(body, "exit_code", -255, 255),
+        reason=get_str(body, "reason", ""),
+        t_ns=get_int(body, "t_ns"),
+    )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def decode(body: Mapping[str, Any]) -> Any:
+    """Decode a verified body into its typed message (Batch, Hello, Bye, or the raw map for
+    kinds whose typed decoders live with their owners: TELEM, TELEM_CAPS, CTL_*)."""
+    kind = body["k"]
+    if kind in (COLL, COPY):
+        return decode_batch(body)
+    if kind == HELLO:
+        return decode_hello(body)
+    if kind == BYE:
+        return decode_bye(body)
+    return dict(body)

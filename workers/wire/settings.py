@@ -1,0 +1,129 @@
+"""Live settings: what the TUI and `commtop ctl` may change while a run goes on.
+
+Only the fields of :class:`Settings` can be changed, each with a validated value
+(an allow-list): anything else is refused with a one-line reason and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from workers.wire.protocol import DIRECTIONS, MODES
+
+MAX_COPIES = 16
+COPY_SCALES: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
+MAX_KNOBS = 32
+
+
+class SettingsError(ValueError):
+    """A requested setting is unknown or out of range."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    mode: str = "overlap"  # one of MODES
+    copies: int = 5  # copies per step, 0..MAX_COPIES
+    copy_scale: float = 1.0  # copy size as a multiple of the collective tensor, one of COPY_SCALES
+    pinned: bool = True  # pinned (True) or pageable host memory
+    direction: str = "d2h"  # one of DIRECTIONS
+    knobs: dict[str, str] = field(default_factory=dict)  # user-declared knobs (workers.monitor)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def updated(
+        self, changes: Mapping[str, Any], knob_choices: Mapping[str, tuple[str, ...]] | None = None
+    ) -> Settings:
+        """A copy with ``changes`` applied, each validated; raises SettingsError."""
+        values: dict[str, Any] = {}
+        knobs = dict(self.knobs)
+        for name, raw in changes.items():
+            if name == "mode":
+                values["mode"] = _choice(name, raw, MODES)
+            elif name == "copies":
+                values["copies"] = _int_in(name, raw, 0, MAX_COPIES)
+            elif name == "copy_scale":
+                values["copy_scale"] = _scale(raw)
+            elif name == "pinned":
+                values["pinned"] = _bool(name, raw)
+            elif name == "direction":
+                values["direction"] = _choice(name, raw, DIRECTIONS)
+            elif name == "knobs":
+                if not isinstance(raw, Mapping):
+                    raise SettingsError("knobs must be a map of name -> value")
+                for knob, value in raw.items():
+                    knobs[str(knob)] = _knob(str(knob), value, knob_choices)
+            elif name.startswith("knob.") or (knob_choices and name in knob_choices):
+                knob = name.removeprefix("knob.")
+                knobs[knob] = _knob(knob, raw, knob_choices)
+            else:
+                allowed = "mode, copies, copy_scale, pinned, direction" + (
+                    ", " + ", ".join(sorted(knob_choices)) if knob_choices else ""
+                )
+                raise SettingsError(f"unknown setting {name!r} (allowed: {allowed})")
+        if len(knobs) > MAX_KNOBS:
+            raise SettingsError(f"at most {MAX_KNOBS} knobs")
+        return replace(self, knobs=knobs, **values)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Settings:
+        """Rebuild settings sent by a peer (validated like a change)."""
+        return cls().updated({k: v for k, v in data.items() if k in _FIELDS})
+
+
+_FIELDS = frozenset({"mode", "copies", "copy_scale", "pinned", "direction", "knobs"})
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """Parse ``name=value`` from the command line (``copies=3``, ``pinned=false``)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise SettingsError(f"expected name=value, got {text!r}")
+    return name.strip(), value.strip()
+
+
+def _choice(name: str, raw: Any, choices: tuple[str, ...]) -> str:
+    if raw not in choices:
+        raise SettingsError(f"{name} must be one of {', '.join(choices)}; got {raw!r}")
+    return str(raw)
+
+
+def _int_in(name: str, raw: Any, lo: int, hi: int) -> int:
+    try:
+        value = int(raw)
+        if isinstance(raw, float) and raw != value:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise SettingsError(f"{name} must be an integer in {lo}..{hi}; got {raw!r}") from None
+    if isinstance(raw, bool) or not lo <= value <= hi:
+        raise SettingsError(f"{name} must be an integer in {lo}..{hi}; got {raw!r}")
+    return value
+
+
+def _scale(raw: Any) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = -1.0
+    if isinstance(raw, bool) or value not in COPY_SCALES:
+        raise SettingsError(f"copy_scale must be one of {', '.join(map(str, COPY_SCALES))}; got {raw!r}")
+    return value
+
+
+def _bool(name: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name} must be true or false; got {raw!r}")
+
+
+def _knob(name: str, raw: Any, knob_choices: Mapping[str, tuple[str, ...]] | None) -> str:
+    if knob_choices is None or name not in knob_choices:
+        raise SettingsError(f"unknown knob {name!r}")
+    return _choice(name, str(raw), knob_choices[name])
