@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         from tui.run import ctl
 
         return ctl.main(argv[1:])
+    if argv and argv[0] == "ab":
+        from tui.run import ab
+
+        return ab.main(argv[1:])
     if argv and argv[0] == "report":
         from tui.report import compute as report
 
@@ -69,7 +73,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="commtop", description=ABOUT)
-    sub = parser.add_subparsers(dest="command", metavar="{run,watch,replay,report,ctl}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,watch,replay,report,ctl,ab}")
 
     run = sub.add_parser("run", help="start torchrun workers on this node and watch them live")
     run.add_argument("--nproc", type=int, default=None, help="ranks (default: one per visible GPU, or 2 on CPU)")
@@ -99,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         "report", help="per-mode tables, CSV, Perfetto traces and plots from a recording (commtop report -h)"
     )
     sub.add_parser("ctl", help="change a running job's settings (commtop ctl -h)")
+    sub.add_parser("ab", help="A/B experiment with a 95 %% confidence interval (commtop ab -h)")
     return parser
 
 

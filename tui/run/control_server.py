@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import zmq
@@ -59,17 +60,10 @@ def settings_from_hello(data: Any) -> Settings | None:
     knobs = data.get("knobs") or {}
     if not isinstance(knobs, dict):
         return None
-    return Settings(
-        base.mode,
-        base.copies,
-        base.copy_scale,
-        base.pinned,
-        base.direction,
-        {str(k)[:64]: str(v)[:64] for k, v in list(knobs.items())[:32]},
-    )
+    return replace(base, knobs={str(k)[:64]: str(v)[:64] for k, v in list(knobs.items())[:32]})
 
 
-_FIELDS = ("mode", "copies", "copy_scale", "pinned", "direction")
+_FIELDS = ("mode", "copies", "copy_scale", "pinned", "direction", "delay_ms", "delay_rank", "delay_on")
 
 
 def knob_choices_from_config(config: Any) -> dict[str, tuple[str, ...]] | None:

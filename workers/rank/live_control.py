@@ -40,7 +40,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -75,7 +75,9 @@ def settings_from_wire(data: Any, knob_choices: Mapping[str, tuple[str, ...]] | 
     return Settings().updated({k: v for k, v in data.items() if k in _FIELDS}, knob_choices)
 
 
-_FIELDS = frozenset({"mode", "copies", "copy_scale", "pinned", "direction", "knobs"})
+_FIELDS = frozenset(
+    {"mode", "copies", "copy_scale", "pinned", "direction", "knobs", "delay_ms", "delay_rank", "delay_on"}
+)
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ def _trusted_settings(data: Mapping[str, Any]) -> Settings:
     """Settings written by rank 0 (already validated there); knobs kept as they are."""
     knobs = {str(k): str(v) for k, v in dict(data.get("knobs") or {}).items()}
     base = Settings().updated({k: v for k, v in data.items() if k in _FIELDS and k != "knobs"})
-    return Settings(base.mode, base.copies, base.copy_scale, base.pinned, base.direction, knobs)
+    return replace(base, knobs=knobs)
 
 
 class StoreKeys:

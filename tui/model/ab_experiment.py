@@ -1,0 +1,329 @@
+"""An A/B experiment on a live run: alternate settings A and B in blocks of whole steps, in
+random AB/BA pairs, through the run's live control, and collect each block's records.
+
+Plain Python (no Textual, no torch, no sockets of its own): ``commtop ab`` drives it from the
+headless collector's loop, the TUI from a timer. It is a Sink (the ingest thread hands it
+every accepted message) and talks to the run through a controller (``request(changes)`` and
+``desired``, as tui.run.control_server.ControlServer offers them). The live control switches
+every rank at the same iteration and stamps each record with its settings epoch, so a block
+is exactly the records of one epoch, and no record is attributed by wall time.
+
+Marks (``ab`` dict messages) go to ``mark``, normally the recorder, so `commtop report` on
+the recording finds the blocks and reproduces the verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tui.report.ab_stats import ABResult, Block, analyse
+from workers.wire.overlap import classify_ranks, end_ns
+from workers.wire.protocol import COLL, COPY, Batch
+
+#: Kind of the mark messages in a recording.
+AB_MARK = "ab"
+#: Records kept at most (all blocks); past this the experiment ends with what it has.
+MAX_RECORDS = 20_000_000
+#: Least complete pairs before ``--until-ci`` may end the experiment.
+MIN_PAIRS = 3
+#: Give up when a requested block has not shown up in the records after this long.
+SWITCH_TIMEOUT_S = 30.0
+
+_COLL_KEEP = ("rank", "epoch", "step", "start_ns", "dur_us")
+_COPY_KEEP = ("rank", "epoch", "step", "start_ns", "dur_us", "nbytes")
+
+
+def parse_arm(text: str) -> dict[str, str]:
+    """"mode=overlap copies=3" or "mode=overlap,copies=3" -> {"mode": "overlap", "copies": "3"}."""
+    out: dict[str, str] = {}
+    for part in text.replace(",", " ").split():
+        name, sep, value = part.partition("=")
+        if not sep or not name or not value:
+            raise ValueError(f"expected name=value, got {part!r}")
+        out[name.strip()] = value.strip()
+    if not out:
+        raise ValueError("an arm needs at least one name=value")
+    return out
+
+
+def arm_label(changes: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in changes.items())
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the TUI's verdict line and `commtop ab` show while it runs."""
+
+    state: str  # "running" | "done" | "failed"
+    pairs: int
+    blocks: int
+    elapsed_s: float
+    duration_s: float
+    note: str = ""
+    latest: ABResult | None = None
+
+
+class ABExperiment:
+    """One experiment; ``tick()`` advances it (call it every ~0.1 s), ``write`` feeds it."""
+
+    def __init__(
+        self,
+        controller: Any,
+        a: Mapping[str, Any],
+        b: Mapping[str, Any],
+        *,
+        duration_s: float = 30.0,
+        until_ci_pct: float = 0.0,
+        block_s: float = 1.0,
+        seed: int | None = None,
+        mark: Callable[[dict[str, Any]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.controller = controller
+        self.a, self.b = dict(a), dict(b)
+        self.label_a, self.label_b = arm_label(a), arm_label(b)
+        self.duration_s = duration_s
+        self.until_ci_pct = until_ci_pct
+        self.block_s = block_s
+        self.seed = secrets.randbits(32) if seed is None else seed
+        self.rng = random.Random(self.seed)
+        self.mark = mark
+        self.clock = clock
+        self.id = secrets.token_hex(4)
+        self.blocks: list[Block] = []
+        self.state = "starting"
+        self.note = ""
+        self._lock = threading.Lock()
+        self._coll: list[dict[str, np.ndarray]] = []
+        self._copy: list[dict[str, np.ndarray]] = []
+        self._records = 0
+        self._epochs: set[int] = set()
+        self._seen_epochs: set[int] = set()
+        self._restore: dict[str, Any] = {}
+        self._order: list[str] = []  # arms still to run in the current pair
+        self._pair = -1
+        self._started = 0.0
+        self._block_seen_at = math.nan  # when the current block's first record arrived
+        self._requested_at = 0.0
+        self._last_result: ABResult | None = None
+        self._result_at = -math.inf
+
+    # ------------------------------------------------------------------ Sink (ingest thread)
+
+    def write(self, message: Any) -> None:
+        if not isinstance(message, Batch) or len(message) == 0:
+            return
+        cols = message.columns
+        epoch = cols["epoch"]
+        with self._lock:
+            if not self._epochs or self._records >= MAX_RECORDS:
+                return
+            lo, hi = int(epoch.min()), int(epoch.max())
+            if lo == hi and lo not in self._epochs:
+                return
+            keep = np.isin(epoch, list(self._epochs)) if lo != hi else slice(None)
+            part: dict[str, np.ndarray] = {}
+            names = _COLL_KEEP if message.kind == COLL else _COPY_KEEP
+            for name in names:
+                if name == "rank":
+                    continue
+                part[name] = np.array(cols[name][keep])
+            n = len(part["epoch"])
+            if n == 0:
+                return
+            part["rank"] = np.full(n, message.rank, dtype=np.int32)
+            (self._coll if message.kind == COLL else self._copy).append(part)
+            self._records += n
+            if message.kind == COLL:
+                self._seen_epochs.update(np.unique(part["epoch"]).tolist())
+
+    # ------------------------------------------------------------------ schedule
+
+    def tick(self) -> bool:
+        """Advance the schedule; True once the experiment is over (done or failed)."""
+        if self.state in ("done", "failed"):
+            return True
+        now = self.clock()
+        if self.state == "starting":
+            view = self.controller.view()
+            in_force = dict(view.in_force or view.requested or {})
+            if not in_force:
+                self.note = "waiting for the workers to report their settings"
+                return False
+            keys = set(self.a) | set(self.b)
+            self._restore = {k: in_force[k] for k in keys if k in in_force}
+            self._started = now
+            self.state = "running"
+            self._emit("start", a=self.label_a, b=self.label_b, seed=self.seed, block_s=self.block_s)
+            return self._next_block(now)
+        if self.state == "switching":
+            return self._next_block(now)
+        # running: is the current block in, and long enough?
+        current = self.blocks[-1].epoch if self.blocks else -1
+        with self._lock:
+            seen = current in self._seen_epochs
+            full = self._records >= MAX_RECORDS
+        if not seen:
+            if now - self._requested_at > SWITCH_TIMEOUT_S:
+                return self._fail(f"block {len(self.blocks)} (epoch {current}) never showed up in the records")
+            return False
+        if math.isnan(self._block_seen_at):
+            self._block_seen_at = now
+        if now - self._block_seen_at < self.block_s:
+            return False
+        if not self._order and (full or self._should_stop(now)):
+            return self._finish("record limit reached" if full else "")
+        return self._next_block(now)
+
+    def _should_stop(self, now: float) -> bool:
+        if self.until_ci_pct > 0:
+            pairs = self._complete_pairs()
+            if pairs >= MIN_PAIRS:
+                res = self.result()
+                if res.overall.p50.half_width_pct <= self.until_ci_pct:
+                    return True
+            return self.duration_s > 0 and now - self._started >= self.duration_s
+        return now - self._started >= self.duration_s
+
+    def _next_block(self, now: float) -> bool:
+        if not self._order:
+            self._order = ["A", "B"] if self.rng.random() < 0.5 else ["B", "A"]
+            self._pair += 1
+        arm = self._order[0]
+        changes = {**self._restore, **(self.a if arm == "A" else self.b)}
+        error = self.controller.request(dict(changes))
+        if error:
+            self.state = "switching"  # e.g. the workers are still switching: retry next tick
+            self.note = error
+            if self._requested_at and now - self._requested_at > SWITCH_TIMEOUT_S:
+                return self._fail(error)
+            return False
+        desired = self.controller.desired
+        epoch = int(desired[0]) if desired is not None else -1
+        self._order.pop(0)
+        block = Block(epoch, arm, self._pair)
+        with self._lock:
+            self.blocks.append(block)
+            self._epochs.add(epoch)
+        self._emit("block", epoch=epoch, arm=arm, pair=self._pair)
+        self.state = "running"
+        self.note = ""
+        self._requested_at = now
+        self._block_seen_at = math.nan
+        return False
+
+    def _finish(self, note: str) -> bool:
+        if self._restore:
+            self.controller.request(dict(self._restore))
+        self.state = "done"
+        self.note = note
+        self._emit("end", pairs=self._complete_pairs())
+        return True
+
+    def _fail(self, note: str) -> bool:
+        self.state = "failed"
+        self.note = note
+        self._emit("end", pairs=self._complete_pairs(), error=note)
+        return True
+
+    def stop(self) -> None:
+        """End early (Ctrl-C, a TUI key): the blocks so far still make a result."""
+        if self.state not in ("done", "failed"):
+            self._finish("stopped early")
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        if self.mark is not None:
+            self.mark({"k": AB_MARK, "v": 1, "id": self.id, "event": event, "t_ns": time.time_ns(), **fields})
+
+    def _complete_pairs(self) -> int:
+        with self._lock:
+            seen = self._seen_epochs
+            counts: dict[int, int] = {}
+            for blk in self.blocks:
+                if blk.epoch in seen:
+                    counts[blk.pair] = counts.get(blk.pair, 0) + 1
+        return sum(1 for c in counts.values() if c == 2)
+
+    # ------------------------------------------------------------------ results
+
+    def columns(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """(collective, copy) columns collected so far, the collectives with their class."""
+        with self._lock:
+            coll_parts, copy_parts = list(self._coll), list(self._copy)
+        coll = _concat(coll_parts, _COLL_KEEP)
+        copy = _concat(copy_parts, _COPY_KEEP)
+        cls, frac = classify_ranks(
+            coll["rank"],
+            coll["start_ns"],
+            end_ns(coll["start_ns"], coll["dur_us"]),
+            coll["step"],
+            copy["rank"],
+            copy["start_ns"],
+            end_ns(copy["start_ns"], copy["dur_us"]),
+            copy["step"],
+        )
+        coll["cls"], coll["frac"] = cls, frac
+        return coll, copy
+
+    def result(self) -> ABResult:
+        coll, copy = self.columns()
+        with self._lock:
+            blocks = list(self.blocks)
+        seconds = (self.clock() - self._started) if self._started else 0.0
+        res = analyse(blocks, coll, copy, a=self.label_a, b=self.label_b, seconds=seconds)
+        self._last_result = res
+        return res
+
+    def progress(self, refresh_s: float = 1.0) -> Progress:
+        """For a live display: the state and, at most every ``refresh_s``, a fresh result."""
+        now = self.clock()
+        if self._complete_pairs() >= 2 and now - self._result_at >= refresh_s:
+            self._result_at = now
+            self.result()
+        return Progress(
+            state=self.state,
+            pairs=self._complete_pairs(),
+            blocks=len(self.blocks),
+            elapsed_s=(now - self._started) if self._started else 0.0,
+            duration_s=self.duration_s,
+            note=self.note,
+            latest=self._last_result,
+        )
+
+
+def _concat(parts: list[dict[str, np.ndarray]], names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    if not parts:
+        dtypes = {"rank": np.int32, "epoch": np.int32, "step": np.int64, "start_ns": np.int64}
+        return {n: np.zeros(0, dtype=dtypes.get(n, np.float32 if n == "dur_us" else np.int64)) for n in names}
+    return {n: np.concatenate([p[n] for p in parts]) for n in names}
+
+
+def blocks_from_marks(messages: list[tuple[int, Any]]) -> list[tuple[dict[str, Any], list[Block]]]:
+    """The experiments recorded as marks: (start mark, its blocks), in recording order."""
+    out: list[tuple[dict[str, Any], list[Block]]] = []
+    by_id: dict[str, int] = {}
+    for _, msg in messages:
+        if not isinstance(msg, dict) or msg.get("k") != AB_MARK:
+            continue
+        exp = str(msg.get("id", ""))
+        event = msg.get("event")
+        if event == "start":
+            by_id[exp] = len(out)
+            out.append((dict(msg), []))
+        elif event == "block" and exp in by_id:
+            try:
+                block = Block(int(msg["epoch"]), str(msg["arm"]), int(msg["pair"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if block.arm in ("A", "B"):
+                out[by_id[exp]][1].append(block)
+    return out
