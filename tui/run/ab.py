@@ -16,6 +16,7 @@ import json
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from workers.wire import connection as connections
@@ -76,7 +77,41 @@ def main(argv: list[str]) -> int:
         return 130
 
 
+@dataclass
+class ABRun:
+    """An experiment that ran, its result, the run's final snapshot and the job's exit code."""
+
+    experiment: Any
+    result: Any
+    snapshot: Any
+    code: int
+    job: Any
+
+
 def run(ns: argparse.Namespace, script: list[str]) -> int:
+    done = run_experiment(ns, script)
+    experiment, result, code, job = done.experiment, done.result, done.code, done.job
+    if ns.json:
+        from tui.report.ab_stats import as_json
+        from tui.report.compute import json_clean
+
+        out = as_json(result) | {"seed": experiment.seed, "state": experiment.state, "note": experiment.note}
+        print(json.dumps(json_clean(out), indent=1))
+    else:
+        from tui.report.ab_stats import format_table
+
+        print(format_table(result))
+        print(f"seed {experiment.seed} · {experiment.state}" + (f": {experiment.note}" if experiment.note else ""))
+    if code:
+        print(f"commtop ab: the job exited with code {code}; its last lines:", file=sys.stderr)
+        for line in job.error_lines():
+            print(f"  {line}", file=sys.stderr)
+        return code
+    return 0 if experiment.state == "done" and result.pairs >= 2 else 1
+
+
+def run_experiment(ns: argparse.Namespace, script: list[str]) -> ABRun:
+    """Start the job and its collector, run the experiment, stop both."""
     from tui.cli import CPU_RANKS, CollectorError, check_memory, open_collector, script_argv
     from tui.model.ab_experiment import ABExperiment, parse_arm
     from tui.run.gpus import visible_gpus
@@ -129,31 +164,15 @@ def run(ns: argparse.Namespace, script: list[str]) -> int:
     stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        result, code = _collect(collector, job, experiment, stop)
+        result, snapshot, code = _collect(collector, job, experiment, stop)
     finally:
         signal.signal(signal.SIGINT, previous)
         job.stop()
         collector.close()
-    if ns.json:
-        from tui.report.ab_stats import as_json
-        from tui.report.compute import json_clean
-
-        out = as_json(result) | {"seed": experiment.seed, "state": experiment.state, "note": experiment.note}
-        print(json.dumps(json_clean(out), indent=1))
-    else:
-        from tui.report.ab_stats import format_table
-
-        print(format_table(result))
-        print(f"seed {experiment.seed} · {experiment.state}" + (f": {experiment.note}" if experiment.note else ""))
-    if code:
-        print(f"commtop ab: the job exited with code {code}; its last lines:", file=sys.stderr)
-        for line in job.error_lines():
-            print(f"  {line}", file=sys.stderr)
-        return code
-    return 0 if experiment.state == "done" and result.pairs >= 2 else 1
+    return ABRun(experiment, result, snapshot, code, job)
 
 
-def _collect(collector: Any, job: Any, experiment: Any, stop: threading.Event) -> tuple[Any, int]:
+def _collect(collector: Any, job: Any, experiment: Any, stop: threading.Event) -> tuple[Any, Any, int]:
     """Ingest (model, control server, recorder, experiment) until the experiment is over,
     the job ends, or Ctrl-C; then the result and the job's exit code (0 while it runs)."""
     from tui.cli import _job_finished
@@ -161,7 +180,9 @@ def _collect(collector: Any, job: Any, experiment: Any, stop: threading.Event) -
 
     finished = _job_finished(job)
     sinks = [*collector.sinks, experiment]
-    run_headless(collector.source, collector.model, stop, until=lambda: experiment.tick() or finished(), sinks=sinks)
+    snapshot = run_headless(
+        collector.source, collector.model, stop, until=lambda: experiment.tick() or finished(), sinks=sinks
+    )
     experiment.stop()
     code = job.exit_code()
-    return experiment.result(), (code if code not in (None, 0) and experiment.state != "done" else 0)
+    return experiment.result(), snapshot, (code if code not in (None, 0) and experiment.state != "done" else 0)
