@@ -39,8 +39,10 @@ def records_from_csv(text: str) -> dict[str, np.ndarray]:
     out = {}
     for name in rows[0]:
         values = [r[name] for r in rows]
-        if name in ("mode", "op"):
+        if name in ("mode", "op", "overlap"):
             out[name] = np.array(values)
+        elif name == "overlapped":
+            out[name] = np.array(values, dtype=np.float64)
         elif name in ("dur_us", "algbw", "busbw"):
             # 9 significant digits name a float32 exactly; widen the float32 for arithmetic
             out[name] = np.array(values, dtype=np.float64).astype(np.float32).astype(np.float64)
@@ -101,6 +103,29 @@ def test_report_numbers_match_numpy_on_the_csv_export(capsys, run) -> None:
     # the synthetic run is 3x slower under overlap and 1.6x under sync (lognormal noise around it)
     slow = {m["mode"]: m["slowdown"] for m in doc["modes"]}
     assert slow["none"] == 1.0 and 2.8 < slow["overlap"] < 3.2 and 1.5 < slow["sync"] < 1.7
+
+
+def test_overlap_class_columns_match_the_records_csv(capsys, run) -> None:
+    """json rows: n / p50 / p99 per overlap class equal numpy's on the records CSV's class column."""
+    path, _ = run
+    rec = records_from_csv(call(capsys, str(path), "--format", "csv", "--records")[1])
+    assert set(rec["overlap"].tolist()) <= {"during", "after", "none"}
+    assert ((rec["overlapped"] > 0) == (rec["overlap"] == "during")).all()
+    doc = json.loads(call(capsys, str(path), "--format", "json")[1])
+    for row in doc["rows"]:
+        sel = (rec["epoch"] == row["epoch"]) & ((rec["rank"] == row["rank"]) if row["rank"] is not None else True)
+        assert row["during_n"] + row["after_n"] + row["none_n"] == row["count"]
+        for key in ("during", "after", "none"):
+            d = rec["dur_us"][sel & (rec["overlap"] == key)]
+            assert row[f"{key}_n"] == len(d)
+            if len(d):
+                assert row[f"{key}_p50_us"] == pytest.approx(np.percentile(d, 50, method="inverted_cdf"), rel=1e-6)
+                assert row[f"{key}_p99_us"] == pytest.approx(np.percentile(d, 99, method="inverted_cdf"), rel=1e-6)
+        if row["during_n"]:
+            frac = rec["overlapped"][sel & (rec["overlap"] == "during")]
+            assert row["during_overlap"] == pytest.approx(frac.mean(), rel=1e-3)
+    header = call(capsys, str(path), "--format", "csv")[1].splitlines()[0].split(",")
+    assert {"during_n", "during_p50_us", "during_p99_us", "during_overlap", "after_p50_us", "none_p99_us"} <= set(header)
 
 
 def test_settings_copies_and_links_per_epoch(capsys, run) -> None:

@@ -25,12 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from tui.report.ab_stats import ABResult, Block, analyse
+from tui.report.ab_stats import AB_MARK, ABResult, Block, analyse
 from workers.wire.overlap import classify_ranks, end_ns
 from workers.wire.protocol import COLL, COPY, Batch
 
-#: Kind of the mark messages in a recording.
-AB_MARK = "ab"
 #: Records kept at most (all blocks); past this the experiment ends with what it has.
 MAX_RECORDS = 20_000_000
 #: Least complete pairs before ``--until-ci`` may end the experiment.
@@ -305,25 +303,3 @@ def _concat(parts: list[dict[str, np.ndarray]], names: tuple[str, ...]) -> dict[
         dtypes = {"rank": np.int32, "epoch": np.int32, "step": np.int64, "start_ns": np.int64}
         return {n: np.zeros(0, dtype=dtypes.get(n, np.float32 if n == "dur_us" else np.int64)) for n in names}
     return {n: np.concatenate([p[n] for p in parts]) for n in names}
-
-
-def blocks_from_marks(messages: list[tuple[int, Any]]) -> list[tuple[dict[str, Any], list[Block]]]:
-    """The experiments recorded as marks: (start mark, its blocks), in recording order."""
-    out: list[tuple[dict[str, Any], list[Block]]] = []
-    by_id: dict[str, int] = {}
-    for _, msg in messages:
-        if not isinstance(msg, dict) or msg.get("k") != AB_MARK:
-            continue
-        exp = str(msg.get("id", ""))
-        event = msg.get("event")
-        if event == "start":
-            by_id[exp] = len(out)
-            out.append((dict(msg), []))
-        elif event == "block" and exp in by_id:
-            try:
-                block = Block(int(msg["epoch"]), str(msg["arm"]), int(msg["pair"]))
-            except (KeyError, TypeError, ValueError):
-                continue
-            if block.arm in ("A", "B"):
-                out[by_id[exp]][1].append(block)
-    return out

@@ -25,11 +25,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from workers.wire.overlap import CLASSES
 
+#: Kind of the mark messages an experiment leaves in a recording (start, each block, end).
+AB_MARK = "ab"
 ALL = "all"
 #: Result rows: every collective, then each overlap class.
 ROWS: tuple[str, ...] = (ALL, *CLASSES)
@@ -357,3 +360,25 @@ def as_json(result: ABResult) -> dict[str, object]:
             for name, r in result.rows.items()
         },
     }
+
+
+def blocks_from_marks(messages: Sequence[tuple[int, Any]]) -> list[tuple[dict[str, Any], list[Block]]]:
+    """The experiments recorded as marks: (start mark, its blocks), in recording order."""
+    out: list[tuple[dict[str, Any], list[Block]]] = []
+    by_id: dict[str, int] = {}
+    for _, msg in messages:
+        if not isinstance(msg, dict) or msg.get("k") != AB_MARK:
+            continue
+        exp = str(msg.get("id", ""))
+        event = msg.get("event")
+        if event == "start":
+            by_id[exp] = len(out)
+            out.append((dict(msg), []))
+        elif event == "block" and exp in by_id:
+            try:
+                block = Block(int(msg["epoch"]), str(msg["arm"]), int(msg["pair"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+            if block.arm in ("A", "B"):
+                out[by_id[exp]][1].append(block)
+    return out

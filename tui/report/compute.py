@@ -26,10 +26,14 @@ from typing import IO, Any
 import numpy as np
 
 from tui.recordings.format import Recording, RecordingError, Tables, open_recording, run_metadata
+from tui.report.ab_stats import as_json as ab_json
+from tui.report.ab_stats import format_table as ab_table
+from tui.report.overlap_report import ab_sections, class_fields, classify_tables, format_class_table
+from workers.wire.overlap import CLASS_KEYS
 from workers.wire import protocol as p
 
 TRACE_WARN_BYTES = 500_000_000
-REPORT_COLUMNS = ("epoch", "mode", "op", "nbytes", "start_ns", "dur_us", "algbw", "busbw")
+REPORT_COLUMNS = ("epoch", "step", "mode", "op", "nbytes", "start_ns", "dur_us", "algbw", "busbw")
 LINK_METRICS = (
     "pcie_tx_gbps",
     "pcie_rx_gbps",
@@ -53,6 +57,8 @@ RECORD_FIELDS = (
     "algbw",
     "busbw",
     "recv_ns",
+    "overlap",  # overlap class (workers.wire.overlap.CLASS_KEYS): during / after / none
+    "overlapped",  # fraction of the collective's time a copy of its GPU ran
 )
 
 
@@ -89,6 +95,17 @@ class Row:
     mem_clock_mhz: float
     power_w: float
     slowdown: float  # p50 / p50 of mode none (same rank, op, size); NaN without a baseline
+    # overlap classes (tui.report.overlap_report.class_fields)
+    during_n: int = 0
+    during_p50_us: float = math.nan
+    during_p99_us: float = math.nan
+    during_overlap: float = math.nan  # mean overlapped fraction of the collectives during copies
+    after_n: int = 0
+    after_p50_us: float = math.nan
+    after_p99_us: float = math.nan
+    none_n: int = 0
+    none_p50_us: float = math.nan
+    none_p99_us: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -110,6 +127,7 @@ class Report:
     records: int
     rows: tuple[Row, ...]
     modes: tuple[ModeRow, ...]
+    ab: tuple[Any, ...] = ()  # tui.report.ab_stats.ABResult of each A/B experiment recorded
 
 
 # --------------------------------------------------------------------------- computing
@@ -372,6 +390,9 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     g = _group(coll["epoch"], coll["rank"])
     order = g.order
     dur32 = coll["dur_us"][order]  # percentiles partition these (see _percentiles_max)
+    ocls, ofrac = classify_tables(coll, copy)
+    ab = tuple(ab_sections(tables, ocls, ofrac))
+    ocls, ofrac = ocls[order], ofrac[order]
     mode = coll["mode"][order]
     codes, combos = _combo_codes(coll["op"], coll["nbytes"])
     code = codes[order]
@@ -455,6 +476,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                     copy_gbps=float(gbps[ga:gb].mean()) if gb > ga else math.nan,
                     slowdown=p50 / base if base else math.nan,
                     **{name: telemetry.mean(name, t0, t1, gpu) for name in LINK_METRICS},
+                    **class_fields(dur32[a:b], ocls[a:b], ofrac[a:b]),
                 )
             )
 
@@ -483,6 +505,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
         records=len(dur32),
         rows=tuple(rows),
         modes=tuple(modes),
+        ab=ab,
     )
 
 
@@ -598,6 +621,9 @@ def format_table(report: Report) -> str:
                 f"  {m.mode:18} {m.count:>9}  {fmt_num(m.p50_us / 1e3, '{:.3f}'):>8}  {fmt_num(m.p99_us / 1e3, '{:.3f}'):>8}"
                 f"   {fmt_num(m.slowdown, '{:.2f}x')}"
             )
+    lines += format_class_table(report.rows)
+    for result in report.ab:
+        lines += ["", *ab_table(result).splitlines()]
     lines.append("")
     lines.append("latency = collective duration per rank (CUDA events on GPU); algbw/busbw GB/s as nccl-tests;")
     lines.append("PCIe/NVLink GB/s, SM clock and power = mean per GPU of the node telemetry during the epoch")
@@ -629,6 +655,7 @@ def format_json(report: Report) -> str:
         "meta": {k: report.meta.get(k) for k in meta_keys},
         "rows": [asdict(r) for r in report.rows],
         "modes": [asdict(m) for m in report.modes],
+        "ab": [ab_json(result) for result in report.ab],
     }
     return json.dumps(json_clean(doc), indent=1) + "\n"
 
@@ -658,8 +685,10 @@ def write_records_csv(tables: Tables, out: IO[str], block: int = 100_000) -> int
     out.write(",".join(RECORD_FIELDS) + "\n")
     names = np.array(list(p.MODES) + ["?"] * (256 - len(p.MODES)), dtype=object)
     ops = np.array(list(p.OP_NAMES) + [f"op{i}" for i in range(len(p.OP_NAMES), 256)], dtype=object)
-    fmt = "%d,%d,%d,%d,%s,%s,%d,%d,%d,%.9g,%.9g,%.9g,%d\n"
+    fmt = "%d,%d,%d,%d,%s,%s,%d,%d,%d,%.9g,%.9g,%.9g,%d,%s,%.4g\n"
     n = len(coll["dur_us"])
+    ocls, ofrac = classify_tables(coll, tables.copy)
+    classes = np.array(CLASS_KEYS, dtype=object)
     for a in range(0, n, block):
         s = slice(a, a + block)
         cols = (
@@ -676,6 +705,8 @@ def write_records_csv(tables: Tables, out: IO[str], block: int = 100_000) -> int
             coll["algbw"][s].tolist(),
             coll["busbw"][s].tolist(),
             coll["recv_ns"][s].tolist(),
+            classes[ocls[s]].tolist(),
+            ofrac[s].tolist(),
         )
         out.write("".join(fmt % row for row in zip(*cols, strict=True)))
     return n

@@ -1,0 +1,102 @@
+"""Overlap classes in `commtop report`: per epoch and rank, n / p50 / p99 of the collectives
+that ran during copies (with the overlapped fraction), after their step's copies, and in
+steps without copies. The labels come from workers.wire.overlap, the one classifier the live
+model and `commtop ab` use too."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from workers.wire.overlap import AFTER, CLASS_KEYS, CLASSES, DURING, NO_COPIES, classify_ranks, end_ns
+
+#: Flat fields added to every report row (json and csv get one column each).
+_ORDER = ((DURING, "during"), (AFTER, "after"), (NO_COPIES, "none"))
+
+
+def classify_tables(coll: Mapping[str, np.ndarray], copy: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(class, overlapped fraction) of every collective record of a recording's tables."""
+    return classify_ranks(
+        coll["rank"],
+        coll["start_ns"],
+        end_ns(coll["start_ns"], coll["dur_us"]),
+        coll["step"],
+        copy["rank"],
+        copy["start_ns"],
+        end_ns(copy["start_ns"], copy["dur_us"]),
+        copy["step"],
+    )
+
+
+def _p(values: np.ndarray, q: float) -> float:
+    if len(values) == 0:
+        return math.nan
+    return float(np.percentile(values.astype(np.float64), q, method="inverted_cdf"))
+
+
+def class_fields(dur_us: np.ndarray, cls: np.ndarray, frac: np.ndarray) -> dict[str, Any]:
+    """{during_n, during_p50_us, during_p99_us, during_overlap, after_n, ..., none_p99_us}."""
+    out: dict[str, Any] = {}
+    for c, key in _ORDER:
+        sel = cls == c
+        d = dur_us[sel]
+        out[f"{key}_n"] = int(len(d))
+        out[f"{key}_p50_us"] = _p(d, 50)
+        out[f"{key}_p99_us"] = _p(d, 99)
+        if c == DURING:
+            out["during_overlap"] = float(frac[sel].mean()) if len(d) else math.nan
+    return out
+
+
+def format_class_table(rows: Sequence[Any]) -> list[str]:
+    """Lines of the per-class section of the report table (rows: tui.report.compute.Row)."""
+    from tui.report.compute import aligned_table, fmt_num
+
+    head = ("epoch", "mode", "rank", "class", "n", "p50 ms", "p99 ms", "overlapped")
+    body: list[tuple[str, ...]] = []
+    keys: list[int] = []
+    for r in rows:
+        for c, key in _ORDER:
+            n = getattr(r, f"{key}_n", 0)
+            if not n:
+                continue
+            body.append(
+                (
+                    str(r.epoch),
+                    r.mode,
+                    "all" if r.rank is None else str(r.rank),
+                    CLASSES[c],
+                    str(n),
+                    fmt_num(getattr(r, f"{key}_p50_us") / 1e3, "{:.3f}"),
+                    fmt_num(getattr(r, f"{key}_p99_us") / 1e3, "{:.3f}"),
+                    fmt_num(r.during_overlap * 100, "{:.0f} %") if c == DURING else "",
+                )
+            )
+            keys.append(r.epoch)
+    if not body:
+        return []
+    return [
+        "",
+        "per overlap class (during copies: overlapped by a copy of the same GPU, with the mean overlapped fraction;",
+        "after copies: its step's copies had all finished; no copies: neither)",
+        *aligned_table(head, body, keys, left={1, 3}),
+    ]
+
+
+def ab_sections(tables: Any, cls: np.ndarray, frac: np.ndarray) -> list[Any]:
+    """The A/B experiments recorded in ``tables`` (their marks), re-analysed from the records."""
+    from tui.report.ab_stats import analyse, blocks_from_marks
+
+    out = []
+    coll = {"epoch": tables.coll["epoch"], "dur_us": tables.coll["dur_us"], "cls": cls, "frac": frac}
+    for start, blocks in blocks_from_marks(tables.other):
+        out.append(
+            analyse(blocks, coll, tables.copy, a=str(start.get("a", "A")), b=str(start.get("b", "B")))
+        )
+    return out
+
+
+__all__ = ["CLASS_KEYS", "ab_sections", "class_fields", "classify_tables", "format_class_table"]
