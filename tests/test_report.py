@@ -169,7 +169,7 @@ def test_table_and_summary_csv(capsys, run) -> None:
     lines = out.splitlines()
     assert lines[0] == f"commtop report: {path}"
     assert "p50 ms" in out and "slowdown" in out and "per mode (all ranks)" in out
-    overlap = [line for line in lines if " overlap " in line and " all " in line]
+    overlap = [line for line in lines if " overlap " in line and " all " in line and "MiB" in line]
     assert len(overlap) == 1 and "128MiB" in overlap[0] and "d2h" in overlap[0]
     rc, out, _ = call(capsys, str(path), "--format", "csv")
     rows = list(csv.DictReader(io.StringIO(out)))
