@@ -4,15 +4,18 @@ machine has 2 loaded cores."""
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tui.report import compute as report
 from tui.report.ab_stats import Block, analyse
 from tui.run import ab
 from workers.wire import connection
@@ -43,11 +46,16 @@ def _only_rank(done: ab.ABRun, rank: int) -> tuple[dict[str, np.ndarray], dict[s
 
 
 @pytest.mark.timeout(180)
-def test_aa_experiment_interval_contains_one(runtime_env: None) -> None:
+def test_aa_experiment_interval_contains_one(runtime_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A/A (identical arms): the run's interval contains 1, and so do at least 18 of 20
     evaluations on random halves of its pairs (the 20 are sub-samples of one real run, not 20
-    runs: a full run each would take minutes on CI)."""
-    done = _run("--a", "mode=none", "--b", "mode=none", "--duration", "14", "--block", "0.4", "--seed", "5")
+    runs: a full run each would take minutes on CI). `commtop report` on its recording
+    reproduces the verdict from the A/B marks."""
+    path = tmp_path / "aa.commtop"
+    done = _run(
+        "--a", "mode=none", "--b", "mode=none", "--duration", "14", "--block", "0.4", "--seed", "5",
+        "--record", str(path),
+    )  # fmt: skip
     res = done.result
     assert done.code == 0 and done.experiment.state == "done"
     assert res.pairs >= 6, f"only {res.pairs} pairs"
@@ -65,6 +73,12 @@ def test_aa_experiment_interval_contains_one(runtime_env: None) -> None:
         blocks = [blk for p in half for blk in by_pair[int(p)]]
         covered += not analyse(blocks, coll, copy).overall.p50.detectable
     assert covered >= 18
+    capsys.readouterr()
+    assert report.main([str(path), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [x["verdict"] for x in doc["ab"]] == [res.verdict()]
+    assert report.main([str(path)]) == 0
+    assert f"verdict: {res.verdict()}" in capsys.readouterr().out
 
 
 @pytest.mark.timeout(180)
