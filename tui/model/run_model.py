@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from tui.model.overlap_live import RankOverlap
 from tui.model.stats import RING_SIZE, Ring, RunAggregate, RunStats, percentiles, weighted_rate
 from workers.wire.protocol import COLL, COPY, MODES, TELEM, TELEM_CAPS, Batch, Bye, Hello
 
@@ -101,6 +102,9 @@ class RankView:
     run_by_mode: dict[str, RunStats] = field(default_factory=dict)
     copy_run: RunStats = field(default_factory=RunStats)  # busbw_gbps = copy GB/s
     copies: int = 0
+    #: Whole run per overlap class (workers.wire.overlap.CLASSES), settled collectives only.
+    run_by_class: dict[str, RunStats] = field(default_factory=dict)
+    overlapped: float = math.nan  # mean overlapped fraction of the collectives during copies
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,8 @@ class _RankState:
         self.version = 0  # bumped by every message of this rank (snapshot caching)
         self.view_cache: tuple[int, int, RankView] | None = None  # (version, computed at ns, view)
         self.run_cache: tuple[int, tuple[RunStats, dict[str, RunStats], RunStats]] | None = None
+        self.overlap = RankOverlap()
+        self.class_cache: tuple[int, dict[str, RunStats]] | None = None
 
     @property
     def missing(self) -> int:
@@ -329,6 +335,7 @@ class RunModel:
         if kind == COLL:
             state.last_record_ns = now
             state.coll.append(cols)
+            state.overlap.add_coll(cols)
             it = cols["iteration"]
             lo, hi = int(it.min()), int(it.max())
             state.first_iteration = lo if state.first_iteration < 0 else min(state.first_iteration, lo)
@@ -347,6 +354,7 @@ class RunModel:
         else:
             state.copy.append(cols)
             state.copy_run.add(cols["dur_us"], cols["gbps"])
+            state.overlap.add_copy(cols)
 
     @staticmethod
     def _agg(state: _RankState, mode: int) -> RunAggregate:
@@ -376,6 +384,9 @@ class RunModel:
         """
         now = self.clock() if now_ns is None else now_ns
         order = sorted(self.ranks)
+        if fresh_run_stats:  # the final summary: no copy can still come for what is pending
+            for state in self.ranks.values():
+                state.overlap.flush()
         history = _history(order, self.ranks)
         shares = _straggler_shares(history)
         skew = _worst_skew(history, order)
@@ -527,7 +538,17 @@ class RunModel:
             run_by_mode=run_by_mode,
             copy_run=copy_run,
             copies=s.copy_run.count,
+            run_by_class=self._class_stats(s, now, fresh),
+            overlapped=s.overlap.overlapped(),
         )
+
+    def _class_stats(self, s: _RankState, now: int, fresh: bool) -> dict[str, RunStats]:
+        cached = s.class_cache
+        if cached is not None and not fresh and now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+            return cached[1]
+        stats = s.overlap.stats()
+        s.class_cache = (now, stats)
+        return stats
 
 
 def _settings_in_force(lead: Hello | None, state: _RankState | None) -> dict[str, Any]:
