@@ -13,7 +13,9 @@ step s is settled when
 * the pending buffer is full (MAX_PENDING: bounded memory; the oldest go), or
 * the run ends (``flush``).
 
-Cost: a fixed number of numpy calls per batch (benchmarks/overlap_ingest.py).
+Cost: adding a batch appends it; labelling runs for thousands of records at once (when
+SETTLE_BATCH wait, or when the model's once-a-second statistics ask), so it costs a fixed
+number of numpy calls per settle, not per batch (benchmarks/overlap_ingest.py).
 """
 
 from __future__ import annotations
@@ -23,111 +25,141 @@ from collections.abc import Mapping
 import numpy as np
 
 from tui.model.stats import RunAggregate, RunStats
-from workers.wire.overlap import CLASSES, classify, end_ns
+from workers.wire.overlap import CLASSES, DURING, classify, end_ns
 
-#: Collectives waiting for their copies, at most (per rank).
+#: Collectives waiting for their copies, at most (per rank): past this the oldest settle.
 MAX_PENDING = 16384
-#: Copy intervals kept per rank to classify against.
-COPY_KEEP = 2048
+#: Labelling runs when this many collectives wait (or when statistics are asked for, at
+#: most once a second per rank): per record it then costs a fraction of a numpy call.
+SETTLE_BATCH = 4096
+#: Copy intervals kept per rank to classify against (the newest).
+COPY_KEEP = 4096
 #: Epochs whose per-class aggregates are kept (the verdict line compares adjacent epochs).
 EPOCHS_KEPT = 16
 
+_I64_MIN = -(2**63)
+
+
+def _empty() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
 
 class RankOverlap:
-    """One rank's pending collectives, recent copies and per-class aggregates."""
+    """One rank's pending collectives, recent copies and per-class aggregates.
+
+    Adding a batch only appends it (no numpy work); labelling happens in :meth:`settle`,
+    for many batches at once."""
 
     def __init__(self) -> None:
-        self._pending: list[tuple[np.ndarray, ...]] = []  # (start, end, step, dur_us, epoch)
+        self._pending: list[tuple[np.ndarray, ...]] = []  # (start, dur_us, step, epoch) per batch
         self._pending_n = 0
-        self._copies = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self._new_copies: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (start, dur_us, step)
+        self._copies = (_empty(), _empty(), _empty())  # start, end, step of copies still useful
         self._max_copy_step = -1
         self._max_step = -1
         self._lagged_step = -1
-        self.by_class = [RunAggregate() for _ in CLASSES]
-        self.by_epoch: dict[int, list[RunAggregate]] = {}
+        self.by_epoch: dict[int, list[RunAggregate]] = {}  # per class, the newest EPOCHS_KEPT epochs
+        self.retired = [RunAggregate() for _ in CLASSES]  # per class, older epochs
         self.overlap_sum = 0.0  # sum of overlapped fractions of the collectives during copies
+        self.during = 0
 
     def add_coll(self, cols: Mapping[str, np.ndarray]) -> None:
-        start = np.asarray(cols["start_ns"], dtype=np.int64)
-        step = np.asarray(cols["step"], dtype=np.int64)
-        dur = cols["dur_us"]
-        self._pending.append((start, end_ns(start, dur), step, dur, cols["epoch"]))
-        self._pending_n += len(start)
+        step = cols["step"]
+        self._pending.append((cols["start_ns"], cols["dur_us"], step, cols["epoch"]))
+        self._pending_n += len(step)
         self._lagged_step = self._max_step
-        self._max_step = max(self._max_step, int(step[-1]), int(step[0]))
-        self._settle()
+        last = int(step[-1])
+        if last > self._max_step:
+            self._max_step = last
+        if self._pending_n >= SETTLE_BATCH or self._pending_n > MAX_PENDING:
+            self.settle()
 
     def add_copy(self, cols: Mapping[str, np.ndarray]) -> None:
-        start = np.asarray(cols["start_ns"], dtype=np.int64)
-        step = np.asarray(cols["step"], dtype=np.int64)
-        s, e, st = self._copies
-        keep = max(0, len(s) + len(start) - COPY_KEEP)
-        self._copies = (
-            np.concatenate((s[keep:], start))[-COPY_KEEP:],
-            np.concatenate((e[keep:], end_ns(start, cols["dur_us"])))[-COPY_KEEP:],
-            np.concatenate((st[keep:], step))[-COPY_KEEP:],
-        )
-        self._max_copy_step = max(self._max_copy_step, int(step.max()))
+        step = cols["step"]
+        self._new_copies.append((cols["start_ns"], cols["dur_us"], step))
+        last = int(step[-1])
+        if last > self._max_copy_step:
+            self._max_copy_step = last
         self._lagged_step = self._max_step
-        self._settle()
 
     def flush(self) -> None:
-        """Classify everything pending (the run is over: no copy can still come)."""
-        self._settle(everything=True)
+        """Label everything pending (the run is over: no copy can still come)."""
+        self.settle(everything=True)
 
-    def _settle(self, everything: bool = False) -> None:
+    def settle(self, everything: bool = False) -> None:
+        """Label the pending collectives whose copies are all known (see the module doc)."""
         if not self._pending:
             return
         limit = max(self._max_copy_step - 1, self._lagged_step - 2)
-        first_step = self._pending[0][2]
-        if not everything and self._pending_n <= MAX_PENDING and int(first_step[0]) > limit:
-            return  # nothing settles (the usual case between a step's batches): no numpy work
+        if not everything and self._pending_n <= MAX_PENDING and int(self._pending[0][2][0]) > limit:
+            return  # nothing settles yet: no numpy work
         parts = self._pending
         if len(parts) == 1:
-            start, end, step, dur, epoch = parts[0]
+            start, dur, step, epoch = parts[0]
         else:
-            start, end, step, dur, epoch = (np.concatenate([p[i] for p in parts]) for i in range(5))
-        if everything:
-            done = np.ones(len(start), dtype=bool)
-        else:
-            done = step <= limit
-            over = len(start) - MAX_PENDING
-            if over > 0:
-                done[:over] = True
-        if not done.all():
-            rest = ~done
-            self._pending = [(start[rest], end[rest], step[rest], dur[rest], epoch[rest])]
-            self._pending_n = int(rest.sum())
-            start, end, step, dur, epoch = start[done], end[done], step[done], dur[done], epoch[done]
-        else:
+            start, dur, step, epoch = (np.concatenate([p[i] for p in parts]) for i in range(4))
+        start = np.asarray(start, dtype=np.int64)
+        done = np.ones(len(start), dtype=bool) if everything else np.asarray(step) <= limit
+        over = len(start) - MAX_PENDING
+        if over > 0:
+            done[:over] = True
+        if done.all():
             self._pending, self._pending_n = [], 0
-        if len(start) == 0:
-            return
+            rest_start = rest_step = None
+        else:
+            rest = ~done
+            self._pending = [(start[rest], dur[rest], step[rest], epoch[rest])]
+            self._pending_n = int(rest.sum())
+            rest_start, rest_step = int(start[rest][0]), int(step[rest][0])
+            start, dur, step, epoch = start[done], dur[done], step[done], epoch[done]
+        copies = self._take_copies()
+        if len(start):
+            cls, frac = classify(start, end_ns(start, dur), step, *copies)
+            self._fold(cls, frac, dur, epoch)
+        # keep the copies a later collective may still need: of its step, or not yet ended
+        keep_step = rest_step if rest_step is not None else (int(step[-1]) if len(step) else _I64_MIN)
+        keep_t = rest_start if rest_start is not None else (int(start[-1]) if len(start) else _I64_MIN)
+        cs, ce, cst = copies
+        useful = (cst >= keep_step) | (ce > keep_t)
+        if not useful.all():
+            cs, ce, cst = cs[useful], ce[useful], cst[useful]
+        self._copies = (cs[-COPY_KEEP:], ce[-COPY_KEEP:], cst[-COPY_KEEP:])
+
+    def _take_copies(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if not self._new_copies:
+            return self._copies
+        new = self._new_copies
+        self._new_copies = []
+        s = np.concatenate([np.asarray(p[0], dtype=np.int64) for p in new])
+        e = end_ns(s, np.concatenate([p[1] for p in new]))
+        st = np.concatenate([np.asarray(p[2], dtype=np.int64) for p in new])
         cs, ce, cst = self._copies
-        cls, frac = classify(start, end, step, cs, ce, cst)
-        self._fold(cls, frac, dur, epoch)
+        return np.concatenate((cs, s)), np.concatenate((ce, e)), np.concatenate((cst, st))
 
     def _fold(self, cls: np.ndarray, frac: np.ndarray, dur: np.ndarray, epoch: np.ndarray) -> None:
         lo, hi = int(cls.min()), int(cls.max())
         e_lo, e_hi = int(epoch.min()), int(epoch.max())
-        if lo == hi and e_lo == e_hi:  # one class, one epoch: the usual batch
-            self.by_class[lo].add(dur)
+        if lo == hi and e_lo == e_hi:  # one class, one epoch: the usual case
             self._epoch(e_lo)[lo].add(dur)
         else:
             for c in np.unique(cls).tolist():
                 sel = cls == c
-                self.by_class[c].add(dur[sel])
                 for e in np.unique(epoch[sel]).tolist():
                     self._epoch(e)[c].add(dur[sel & (epoch == e)])
         if hi >= 1:
             self.overlap_sum += float(frac.sum())
+            self.during += int(np.count_nonzero(cls == DURING))
 
     def _epoch(self, epoch: int) -> list[RunAggregate]:
+        """Aggregates per class of one epoch; the oldest epoch past EPOCHS_KEPT is merged into
+        ``retired`` (whole-run statistics = retired + kept epochs, each record folded once)."""
         aggs = self.by_epoch.get(epoch)
         if aggs is None:
             aggs = self.by_epoch[epoch] = [RunAggregate() for _ in CLASSES]
             if len(self.by_epoch) > EPOCHS_KEPT:
-                del self.by_epoch[min(self.by_epoch)]
+                old = self.by_epoch.pop(min(self.by_epoch))
+                for total, agg in zip(self.retired, old, strict=True):
+                    total.merge(agg)
         return aggs
 
     @property
@@ -135,15 +167,26 @@ class RankOverlap:
         return self._pending_n
 
     def stats(self) -> dict[str, RunStats]:
-        """Whole-run statistics per class name (classes with records only)."""
+        """Whole-run statistics per class name (classes with records only); labels what can be."""
+        self.settle()
         out = {}
-        for name, agg in zip(CLASSES, self.by_class, strict=True):
-            st = agg.stats()
+        for c, name in enumerate(CLASSES):
+            total = RunAggregate()
+            total.merge(self.retired[c])
+            for aggs in self.by_epoch.values():
+                total.merge(aggs[c])
+            st = total.stats()
             if st.count:
                 out[name] = st
         return out
 
+    def epoch_stats(self, epoch: int) -> dict[str, RunStats]:
+        """Per class statistics of one recent epoch (empty when not kept)."""
+        aggs = self.by_epoch.get(epoch)
+        if aggs is None:
+            return {}
+        return {name: st for name, agg in zip(CLASSES, aggs, strict=True) if (st := agg.stats()).count}
+
     def overlapped(self) -> float:
         """Mean overlapped fraction of the collectives that ran during copies (NaN: none)."""
-        n = self.by_class[1].count
-        return self.overlap_sum / n if n else float("nan")
+        return self.overlap_sum / self.during if self.during else float("nan")

@@ -36,9 +36,12 @@ def copy_union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarr
     if len(start) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
-    order = np.argsort(start, kind="stable")
-    s = np.asarray(start, dtype=np.int64)[order]
-    e = np.maximum(np.asarray(end, dtype=np.int64)[order], s)
+    s = np.asarray(start, dtype=np.int64)
+    e = np.asarray(end, dtype=np.int64)
+    if len(s) > 1 and bool((s[1:] < s[:-1]).any()):  # copies usually arrive in start order: no sort
+        order = np.argsort(s, kind="stable")
+        s, e = s[order], e[order]
+    e = np.maximum(e, s)
     reach = np.maximum.accumulate(e)
     new = np.empty(len(s), dtype=bool)
     new[0] = True
@@ -58,8 +61,17 @@ def _covered(t: np.ndarray, seg_s: np.ndarray, seg_e: np.ndarray, before: np.nda
     i = np.searchsorted(seg_s, t, side="right") - 1
     has = i >= 0
     j = np.maximum(i, 0)
-    part = np.clip(np.minimum(t, seg_e[j]) - seg_s[j], 0, None)
+    part = np.maximum(np.minimum(t, seg_e[j]) - seg_s[j], 0)
     return np.where(has, before[j] + part, 0)
+
+
+def _last_end_per_step(step: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct steps ascending, the latest copy end of each)."""
+    if len(step) > 1 and bool((step[1:] < step[:-1]).any()):
+        order = np.argsort(step, kind="stable")
+        step, end = step[order], end[order]
+    first = np.flatnonzero(np.concatenate(([True], step[1:] != step[:-1])))
+    return step[first], np.maximum.reduceat(end, first)
 
 
 def classify(
@@ -94,9 +106,7 @@ def classify(
         frac = np.where(length > 0, overlap / np.maximum(length, 1), frac).astype(np.float32)
     cls[during] = DURING
     # after: the step had copies, all ended by the collective's start
-    steps, inverse = np.unique(np.asarray(copy_step, dtype=np.int64), return_inverse=True)
-    last_end = np.full(len(steps), np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(last_end, inverse, np.asarray(copy_end, dtype=np.int64))
+    steps, last_end = _last_end_per_step(np.asarray(copy_step, dtype=np.int64), np.asarray(copy_end, dtype=np.int64))
     cs = np.asarray(coll_step, dtype=np.int64)
     pos = np.minimum(np.searchsorted(steps, cs), len(steps) - 1)
     had = steps[pos] == cs
