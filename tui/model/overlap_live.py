@@ -51,7 +51,7 @@ class RankOverlap:
     for many batches at once."""
 
     def __init__(self) -> None:
-        self._pending: list[tuple[np.ndarray, ...]] = []  # (start, dur_us, step, epoch) per batch
+        self._pending: list[tuple[np.ndarray, ...]] = []  # (start, dur_us, step, epoch, mode) per batch
         self._pending_n = 0
         self._new_copies: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (start, dur_us, step)
         self._copies = (_empty(), _empty(), _empty())  # start, end, step of copies still useful
@@ -62,10 +62,11 @@ class RankOverlap:
         self.retired = [RunAggregate() for _ in CLASSES]  # per class, older epochs
         self.overlap_sum = 0.0  # sum of overlapped fractions of the collectives during copies
         self.during = 0
+        self.epoch_mode: dict[int, int] = {}  # mode index of each epoch seen (bounded like by_epoch)
 
     def add_coll(self, cols: Mapping[str, np.ndarray]) -> None:
         step = cols["step"]
-        self._pending.append((cols["start_ns"], cols["dur_us"], step, cols["epoch"]))
+        self._pending.append((cols["start_ns"], cols["dur_us"], step, cols["epoch"], cols["mode"]))
         self._pending_n += len(step)
         self._lagged_step = self._max_step
         last = int(step[-1])
@@ -95,9 +96,9 @@ class RankOverlap:
             return  # nothing settles yet: no numpy work
         parts = self._pending
         if len(parts) == 1:
-            start, dur, step, epoch = parts[0]
+            start, dur, step, epoch, mode = parts[0]
         else:
-            start, dur, step, epoch = (np.concatenate([p[i] for p in parts]) for i in range(4))
+            start, dur, step, epoch, mode = (np.concatenate([p[i] for p in parts]) for i in range(5))
         start = np.asarray(start, dtype=np.int64)
         done = np.ones(len(start), dtype=bool) if everything else np.asarray(step) <= limit
         over = len(start) - MAX_PENDING
@@ -108,14 +109,15 @@ class RankOverlap:
             rest_start = rest_step = None
         else:
             rest = ~done
-            self._pending = [(start[rest], dur[rest], step[rest], epoch[rest])]
+            self._pending = [(start[rest], dur[rest], step[rest], epoch[rest], mode[rest])]
             self._pending_n = int(rest.sum())
             rest_start, rest_step = int(start[rest][0]), int(step[rest][0])
-            start, dur, step, epoch = start[done], dur[done], step[done], epoch[done]
+            start, dur, step, epoch, mode = start[done], dur[done], step[done], epoch[done], mode[done]
         copies = self._take_copies()
         if len(start):
             cls, frac = classify(start, end_ns(start, dur), step, *copies)
             self._fold(cls, frac, dur, epoch)
+            self.epoch_mode.setdefault(int(epoch[-1]), int(mode[-1]))
         # keep the copies a later collective may still need: of its step, or not yet ended
         keep_step = rest_step if rest_step is not None else (int(step[-1]) if len(step) else _I64_MIN)
         keep_t = rest_start if rest_start is not None else (int(start[-1]) if len(start) else _I64_MIN)
@@ -157,7 +159,10 @@ class RankOverlap:
         if aggs is None:
             aggs = self.by_epoch[epoch] = [RunAggregate() for _ in CLASSES]
             if len(self.by_epoch) > EPOCHS_KEPT:
-                old = self.by_epoch.pop(min(self.by_epoch))
+                oldest = min(self.by_epoch)
+                old = self.by_epoch.pop(oldest)
+                for e in [e for e in self.epoch_mode if e <= oldest]:
+                    del self.epoch_mode[e]
                 for total, agg in zip(self.retired, old, strict=True):
                     total.merge(agg)
         return aggs

@@ -1,0 +1,130 @@
+"""The verdict line under the TUI's header: the latest answer to "do my copies slow my
+collectives, by how much, and when".
+
+Three sources, best first: a finished A/B experiment (with its 95 % interval); a running one
+(its progress and the estimate so far); otherwise the two newest settings epochs compared
+directly, marked as such (epochs ran at different times: drift is not cancelled and there is
+no interval). Plain Python: the model computes :class:`EpochComparison`, the view only draws
+the text of :func:`verdict_text`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tui.model.overlap_live import RankOverlap
+from tui.model.stats import RunAggregate
+from tui.report.ab_stats import pct
+from workers.wire.overlap import CLASSES
+from workers.wire.protocol import MODES
+
+#: Least collectives per epoch before two epochs are compared.
+MIN_RECORDS = 20
+
+
+@dataclass(frozen=True)
+class EpochComparison:
+    """The newest epoch (``new``) against the one before it (``old``), all ranks pooled."""
+
+    old_epoch: int
+    new_epoch: int
+    old_mode: str
+    new_mode: str
+    old_p50_ms: float
+    new_p50_ms: float
+    #: p50 (ms) of the newest epoch per overlap class, and of the older epoch's collectives
+    class_p50_ms: dict[str, float] = field(default_factory=dict)
+    copy_gbps: float = math.nan  # copies of the newest epoch
+
+    @property
+    def ratio(self) -> float:
+        return self.new_p50_ms / self.old_p50_ms if self.old_p50_ms > 0 else math.nan
+
+
+def _mode_name(index: int | None) -> str:
+    return MODES[index] if index is not None and 0 <= index < len(MODES) else "?"
+
+
+def compare_epochs(overlaps: Iterable[RankOverlap], copies: Iterable[dict[str, np.ndarray]]) -> EpochComparison | None:
+    """The two newest epochs with enough settled collectives, compared (None: fewer than two)."""
+    overlaps = list(overlaps)
+    epochs = sorted({e for ov in overlaps for e in ov.by_epoch})
+    merged: dict[int, list[RunAggregate]] = {}
+    for e in reversed(epochs):
+        aggs = [RunAggregate() for _ in CLASSES]
+        for ov in overlaps:
+            for total, part in zip(aggs, ov.by_epoch.get(e, ()), strict=False):
+                total.merge(part)
+        if sum(a.count for a in aggs) >= MIN_RECORDS:
+            merged[e] = aggs
+        if len(merged) == 2:
+            break
+    if len(merged) < 2:
+        return None
+    new, old = sorted(merged, reverse=True)
+
+    def p50(aggs: list[RunAggregate]) -> float:
+        total = RunAggregate()
+        for a in aggs:
+            total.merge(a)
+        return total.stats().p50_ms
+
+    mode_of = {e: m for ov in overlaps for e, m in ov.epoch_mode.items()}
+    classes = {name: agg.stats().p50_ms for name, agg in zip(CLASSES, merged[new], strict=True) if agg.count}
+    nbytes = dur = 0.0
+    for cols in copies:
+        sel = cols["epoch"] == new
+        if sel.any():
+            nbytes += float(cols["nbytes"][sel].sum())
+            dur += float(cols["dur_us"][sel].astype(np.float64).sum())
+    return EpochComparison(
+        old_epoch=old,
+        new_epoch=new,
+        old_mode=_mode_name(mode_of.get(old)),
+        new_mode=_mode_name(mode_of.get(new)),
+        old_p50_ms=p50(merged[old]),
+        new_p50_ms=p50(merged[new]),
+        class_p50_ms=classes,
+        copy_gbps=nbytes / dur / 1e3 if dur > 0 else math.nan,
+    )
+
+
+def epochs_text(c: EpochComparison) -> str:
+    """"adjacent epochs 4 → 5 (no A/B: drift not cancelled, no interval): overlap vs none: ..."."""
+    parts = [
+        f"{c.new_mode} vs {c.old_mode}: p50 {pct(c.ratio)} %"
+        if c.new_mode != c.old_mode
+        else f"epoch {c.new_epoch} vs {c.old_epoch} ({c.new_mode}): p50 {pct(c.ratio)} %"
+    ]
+    for name, short in ((CLASSES[1], "during copies"), (CLASSES[2], "after")):
+        v = c.class_p50_ms.get(name, math.nan)
+        if math.isfinite(v) and c.old_p50_ms > 0:
+            parts.append(f"{short} {pct(v / c.old_p50_ms)} %")
+    if math.isfinite(c.copy_gbps):
+        parts.append(f"copies {c.copy_gbps:.1f} GB/s")
+    return " · ".join(parts) + f"  (adjacent epochs {c.old_epoch}→{c.new_epoch}, not an A/B: no interval · a: run one)"
+
+
+def verdict_text(progress: object | None, comparison: EpochComparison | None) -> str:
+    """The line to show: an experiment's (tui.model.ab_experiment.Progress) or the epochs'."""
+    if progress is not None:
+        state = getattr(progress, "state", "")
+        latest = getattr(progress, "latest", None)
+        if state == "done" and latest is not None:
+            return "A/B " + latest.verdict()
+        if state == "failed":
+            return f"A/B failed: {getattr(progress, 'note', '')}"
+        head = (
+            f"A/B running: {getattr(progress, 'blocks', 0)} blocks, {getattr(progress, 'pairs', 0)} pairs, "
+            f"{getattr(progress, 'elapsed_s', 0.0):.0f}/{getattr(progress, 'duration_s', 0.0):.0f} s"
+        )
+        if latest is not None:
+            return f"{head} · so far {latest.verdict()}"
+        return head + (f" · {getattr(progress, 'note', '')}" if getattr(progress, "note", "") else "")
+    if comparison is not None:
+        return epochs_text(comparison)
+    return "verdict: waiting for two settings epochs (switch with o / 1-4) · a: A/B experiment"
