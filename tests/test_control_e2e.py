@@ -212,7 +212,7 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         # a rogue takes the control endpoint: no key, wrong key, bit flipped, replay of an old state
         import zmq
 
-        from workers.rank.live_control import ctl_state_body
+        from workers.wire.control import ctl_state_body
 
         ctx = zmq.Context()
         rogue = ctx.socket(zmq.PUB)
@@ -277,6 +277,6 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
 
 
 def _state(conn: connections.Connection, epoch: int, settings: Settings) -> dict:
-    from workers.rank.live_control import ctl_state_body
+    from workers.wire.control import ctl_state_body
 
     return ctl_state_body(conn.session, epoch, settings)

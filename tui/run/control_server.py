@@ -29,10 +29,10 @@ import zmq
 
 from tui.model.interfaces import ControlView
 from tui.model.sources import ipc_endpoint_in_use
-from workers.rank.live_control import ctl_state_body
 from workers.wire import protocol
 from workers.wire.connection import Connection
-from workers.wire.settings import Settings, SettingsError
+from workers.wire.control import ctl_reply_body, ctl_state_body
+from workers.wire.settings import Settings, SettingsError, settings_from_wire
 
 PUBLISH_S = 0.5
 POLL_MS = 50
@@ -48,28 +48,11 @@ class ControlServerError(RuntimeError):
 
 
 def settings_from_hello(data: Any) -> Settings | None:
-    """Settings a worker reports as in force; knobs are kept as reported (the collector
-    does not know their choices)."""
-    if not isinstance(data, dict):
-        return None
+    """Settings a worker reports as in force (knobs as reported), or None if malformed."""
     try:
-        base = Settings().updated({k: v for k, v in data.items() if k in _FIELDS})
+        return settings_from_wire(data)
     except SettingsError:
         return None
-    knobs = data.get("knobs") or {}
-    if not isinstance(knobs, dict):
-        return None
-    return Settings(
-        base.mode,
-        base.copies,
-        base.copy_scale,
-        base.pinned,
-        base.direction,
-        {str(k)[:64]: str(v)[:64] for k, v in list(knobs.items())[:32]},
-    )
-
-
-_FIELDS = ("mode", "copies", "copy_scale", "pinned", "direction")
 
 
 def knob_choices_from_config(config: Any) -> dict[str, tuple[str, ...]] | None:
@@ -353,8 +336,7 @@ class ControlServer:
             with self._lock:
                 self.rejected[exc.reason] += 1
             return None
-        reply: dict[str, Any] = {"v": protocol.SCHEMA_VERSION, "k": protocol.CTL_REP, "s": self._session}
-        reply["nonce"] = nonce
+        reply = ctl_reply_body(self._session, nonce)
         with self._lock:
             if op == "set":
                 epoch, error = self._apply(body.get("changes"), expect)
