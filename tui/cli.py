@@ -169,7 +169,7 @@ def open_collector(conn: connections.Connection, record: str | None, collective:
     from tui.run.control_server import ControlServer
 
     try:
-        collector.controller = ControlServer(conn)
+        collector.controller = ControlServer(conn, in_force=collector.model.in_force)
     except Exception as exc:
         collector.close()
         raise CollectorError(str(exc)) from None

@@ -94,13 +94,10 @@ class RecorderLike(Sink, Protocol):
 
 @dataclass(frozen=True)
 class ControlView:
-    """What the header shows about live control (requested vs in force)."""
+    """What the header shows about live control beyond the snapshot: the settings requested
+    (the snapshot says which are in force), refusals and the latest note."""
 
     requested: dict[str, Any]
-    in_force: dict[str, Any]
-    epoch_in_force: int
-    pending_epoch: int = -1
-    apply_at: int = -1
     rejected: int = 0  # control/telemetry messages refused (bad signature, replay, ...)
     note: str = ""  # e.g. "re-issued: rank 3 was past iteration 640"
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import zmq
 
+from tui.model.in_force import InForce, InForceTracker
 from tui.model.interfaces import ControlView
 from tui.model.sources import ipc_endpoint_in_use
 from workers.wire import protocol
@@ -71,14 +72,22 @@ class ControlServer:
     """interfaces.ControllerLike (TUI keys) and interfaces.Sink (fed by the ingest thread)."""
 
     def __init__(
-        self, connection: Connection, *, context: zmq.Context[Any] | None = None, publish_s: float = PUBLISH_S
+        self,
+        connection: Connection,
+        *,
+        in_force: InForceTracker | None = None,
+        context: zmq.Context[Any] | None = None,
+        publish_s: float = PUBLISH_S,
     ) -> None:
+        """``in_force``: the run model's tracker (the collector passes it, so the header and
+        ``ctl status`` read one fact); without one the server keeps and feeds its own."""
         self._key = connection.key
         self._session = connection.session
         self._publish_s = publish_s
         self._lock = threading.Lock()
         self._desired: tuple[int, Settings] | None = None
-        self._history: dict[int, Settings] = {}
+        self._in_force = in_force if in_force is not None else InForceTracker()
+        self._feeds_in_force = in_force is None
         self._hellos: dict[int, tuple[int, Settings | None, int]] = {}  # rank -> (epoch, settings, rejected)
         self._headers: dict[int, tuple[int, int, int]] = {}  # rank -> (epoch in force, pending, apply_at)
         self._apply_at_seen: dict[int, int] = {}  # pending epoch -> latest apply_at seen
@@ -89,7 +98,6 @@ class ControlServer:
         self._note = ""
         self._note_until = 0.0
         self._kick = False
-        self._published = 0
         # Its own context by default: close() terminates it, so the endpoints are free again
         # when close() returns (a restarted collector can bind them at once).
         self._own_ctx = context is None
@@ -141,20 +149,18 @@ class ControlServer:
             changes["mode"] = knob
         return changes
 
+    def in_force(self) -> InForce:
+        """The settings in force and the pending change, as the run model sees them."""
+        return self._in_force.state()
+
     def view(self) -> ControlView:
         with self._lock:
-            epoch_in_force, pending, apply_at = self._in_force_state()
-            in_force = self._settings_of(epoch_in_force)
             requested = self._desired[1].as_dict() if self._desired else {}
             note = self._note if time.monotonic() < self._note_until else ""
             if self._desired is None:
                 note = note or "waiting for the workers to report the settings in force"
             return ControlView(
                 requested=requested,
-                in_force=in_force.as_dict() if in_force is not None else {},
-                epoch_in_force=epoch_in_force,
-                pending_epoch=pending,
-                apply_at=apply_at,
                 rejected=sum(self.rejected.values()),  # workers' refusals come in their Hello
                 note=note,
             )
@@ -173,6 +179,8 @@ class ControlServer:
 
     def write(self, message: Any) -> None:
         """Learn what is in force from Hello and batch headers (called on the ingest thread)."""
+        if self._feeds_in_force:
+            self._in_force.note(message)
         if isinstance(message, protocol.Hello):
             settings = settings_from_hello(message.settings)
             rejected = sum(v for v in message.rejected.values() if isinstance(v, int) and v > 0)
@@ -185,7 +193,6 @@ class ControlServer:
                         self._mode_knob = mode_knob
                 self._hellos[message.rank] = (message.epoch, settings, rejected)
                 if settings is not None:
-                    self._remember(message.epoch, settings)
                     self._adopt(message.epoch, settings)
         elif isinstance(message, protocol.Batch):
             with self._lock:
@@ -196,11 +203,6 @@ class ControlServer:
                 self._headers.pop(message.rank, None)
 
     # ------------------------------------------------------------------ state (lock held)
-
-    def _remember(self, epoch: int, settings: Settings) -> None:
-        self._history[epoch] = settings
-        if len(self._history) > HISTORY:
-            del self._history[min(self._history)]
 
     def _adopt(self, epoch: int, settings: Settings) -> None:
         """Desired state = the newest state in force we heard of, unless ours is newer."""
@@ -226,24 +228,6 @@ class ControlServer:
         self._note = text
         self._note_until = time.monotonic() + NOTE_S
 
-    def _in_force_state(self) -> tuple[int, int, int]:
-        """(epoch in force, pending epoch, apply_at) as the workers report them."""
-        if self._headers:
-            epoch = max(h[0] for h in self._headers.values())
-            pendings = [(h[1], h[2]) for h in self._headers.values() if h[1] > epoch]
-        else:
-            epoch = max((h[0] for h in self._hellos.values()), default=-1)
-            pendings = []
-        if epoch < 0 and self._desired is not None:
-            epoch = self._desired[0]
-        if pendings:
-            pending, apply_at = max(pendings)
-            return epoch, pending, apply_at
-        return epoch, -1, -1
-
-    def _settings_of(self, epoch: int) -> Settings | None:
-        return self._history.get(epoch)
-
     def _workers_ahead(self) -> int:
         """The newest epoch the workers run or switch to (-1 if none heard)."""
         heard = [h[0] for h in self._hellos.values()]
@@ -268,7 +252,7 @@ class ControlServer:
         except SettingsError as exc:
             return -1, str(exc)
         self._desired = (epoch + 1, settings)
-        self._remember(epoch + 1, settings)
+        self._in_force.note_settings(epoch + 1, settings.as_dict())
         self._kick = True
         return epoch + 1, ""
 
@@ -303,7 +287,6 @@ class ControlServer:
         frames = protocol.seal(self._key, ctl_state_body(self._session, desired[0], desired[1]))
         try:
             self._pub.send_multipart(frames, flags=zmq.NOBLOCK)
-            self._published += 1
         except zmq.Again:
             pass
 
@@ -352,17 +335,16 @@ class ControlServer:
         return reply
 
     def _status_fields(self) -> dict[str, Any]:
-        epoch_in_force, pending, apply_at = self._in_force_state()
-        in_force = self._settings_of(epoch_in_force)
+        in_force = self._in_force.state()
         note = self._note if time.monotonic() < self._note_until else ""
         return {
             "desired_epoch": self._desired[0] if self._desired else -1,
             "requested": self._desired[1].as_dict() if self._desired else {},
-            "in_force": in_force.as_dict() if in_force is not None else {},
-            "epoch_in_force": epoch_in_force,
-            "pending_epoch": pending,
-            "apply_at": apply_at,
-            "in_force_since": self._apply_at_seen.get(epoch_in_force, -1),
+            "in_force": in_force.settings,
+            "epoch_in_force": in_force.epoch,
+            "pending_epoch": in_force.pending_epoch,
+            "apply_at": in_force.apply_at,
+            "in_force_since": self._apply_at_seen.get(in_force.epoch, -1),
             "ranks": len(self._hellos),
             "rejected": dict(self.rejected),
             "worker_rejected": sum(r for _, _, r in self._hellos.values()),
