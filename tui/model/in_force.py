@@ -76,9 +76,9 @@ class InForceTracker:
                     self._remember(message.epoch, message.settings)
         elif isinstance(message, Bye):
             with self._lock:
-                rank = self._ranks.get(message.rank)
-                if rank is not None:  # an exited rank no longer holds a change pending
-                    rank.header = (rank.header[0], -1, -1)
+                gone = self._ranks.get(message.rank)
+                if gone is not None:  # an exited rank no longer holds a change pending
+                    gone.header = (gone.header[0], -1, -1)
 
     def reset(self) -> None:
         with self._lock:
