@@ -27,6 +27,7 @@ import numpy as np
 
 from tui.recordings.format import Recording, RecordingError, Tables, open_recording, run_metadata
 from workers.wire import protocol as p
+from workers.wire.telemetry import Tick
 
 TRACE_WARN_BYTES = 500_000_000
 REPORT_COLUMNS = ("epoch", "mode", "op", "nbytes", "start_ns", "dur_us", "algbw", "busbw")
@@ -290,28 +291,17 @@ def _combo_codes(op: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, list[i
 class _Telemetry:
     """Node ticks as per-host arrays: times and metric[tick, gpu] matrices, GPUs by uuid."""
 
-    def __init__(self, other: Sequence[tuple[int, dict[str, Any]]]) -> None:
-        by_host: dict[str, list[tuple[int, tuple[str, ...], dict[str, Any]]]] = {}
-        for _, body in other:
-            if body.get("k") != p.TELEM or not isinstance(body.get("m"), dict):
-                continue
-            uuids = tuple(body.get("uuids") or ())
-            if isinstance(body.get("t"), int) and uuids:
-                by_host.setdefault(str(body.get("host", "")), []).append((body["t"], uuids, body["m"]))
+    def __init__(self, ticks: Sequence[tuple[int, Tick]]) -> None:
+        by_host: dict[str, list[Tick]] = {}
+        for _, tick in ticks:
+            if tick.uuids:
+                by_host.setdefault(tick.host, []).append(tick)
         self.hosts: dict[str, tuple[np.ndarray, tuple[str, ...], dict[str, np.ndarray]]] = {}
-        for host, ticks in by_host.items():
-            uuids = Counter(u for _, u, _ in ticks).most_common(1)[0][0]
-            ticks = sorted((t for t in ticks if t[1] == uuids), key=lambda t: t[0])
-            n = len(uuids)
-            mats = {}
-            for name in LINK_METRICS:
-                mat = np.full((len(ticks), n), np.nan)
-                for i, (_, _, m) in enumerate(ticks):
-                    raw = m.get(name)
-                    if isinstance(raw, bytes) and len(raw) == 8 * n:
-                        mat[i] = np.frombuffer(raw, dtype="<f8")
-                mats[name] = mat
-            self.hosts[host] = (np.array([t for t, _, _ in ticks], dtype=np.int64), uuids, mats)
+        for host, host_ticks in by_host.items():
+            uuids = Counter(t.uuids for t in host_ticks).most_common(1)[0][0]
+            kept = sorted((t for t in host_ticks if t.uuids == uuids), key=lambda t: t.t_ns)
+            mats = {name: np.array([t.metrics[name] for t in kept]) for name in LINK_METRICS}
+            self.hosts[host] = (np.array([t.t_ns for t in kept], dtype=np.int64), uuids, mats)
 
     def mean(self, name: str, t0: int, t1: int, gpu: tuple[str, str] | None) -> float:
         """Mean of ``name`` over ticks in [t0, t1], for one (host, uuid) or every GPU."""
@@ -364,7 +354,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     t_base = int(coll["start_ns"].min()) if len(coll["start_ns"]) else rec.first_ns
     settings = _settings_by_epoch(tables.hellos)
     gpu_of = {h.rank: (h.host, h.gpu_uuid) for _, h in tables.hellos}
-    telemetry = _Telemetry(tables.other)
+    telemetry = _Telemetry(tables.ticks)
 
     # Sorted once by (epoch, rank), only the columns that need a slice per row: durations (for
     # exact percentiles), modes and (op, size) codes. Sums per row come from per-group sums over
@@ -748,8 +738,8 @@ def window_tables(tables: Tables, window: tuple[float, float]) -> Tables:
         keep = (table["start_ns"] >= lo) & (table["start_ns"] <= hi)
         return {name: col[keep] for name, col in table.items()}
 
-    other = [(t, b) for t, b in tables.other if not isinstance(b.get("t"), int) or lo <= b["t"] <= hi]
-    return Tables(cut(tables.coll), cut(tables.copy), tables.hellos, tables.byes, other)
+    ticks = [(t, tick) for t, tick in tables.ticks if lo <= tick.t_ns <= hi]
+    return Tables(cut(tables.coll), cut(tables.copy), tables.hellos, tables.byes, ticks, tables.other)
 
 
 def run(ns: argparse.Namespace) -> int:
