@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 
 from tui.model.in_force import InForceTracker
-from tui.model.stats import RING_SIZE, Ring, RunAggregate, RunStats, percentiles, weighted_rate
+from tui.model.stats import RING_SIZE, Ring, RunAggregate, RunStats, weighted_rate
 from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
 from workers.wire.protocol import COLL, COPY, MODES, TELEM, TELEM_CAPS, Batch, Bye, Hello
+from workers.wire.stats import percentiles
 
 #: A rank silent for longer than this is shown as stale (it may be stopped or hung).
 STALE_AFTER_S = 2.0

@@ -27,6 +27,7 @@ import numpy as np
 
 from tui.recordings.format import Recording, RecordingError, Tables, open_recording, run_metadata
 from workers.wire import protocol as p
+from workers.wire.stats import percentiles, percentiles_and_max
 from workers.wire.telemetry import Tick
 
 TRACE_WARN_BYTES = 500_000_000
@@ -143,40 +144,10 @@ def _mode_of(values: np.ndarray) -> int:
     return int(uniq[np.argmax(counts)]) if len(uniq) else 0
 
 
-def _percentiles(d32: np.ndarray, qs: Sequence[float]) -> list[float]:
-    """Exactly ``np.percentile(d32.astype(np.float64), qs).tolist()``; see _percentiles_max."""
-    return _percentiles_max(d32, qs)[0]
-
-
-def _percentiles_max(d32: np.ndarray, qs: Sequence[float]) -> tuple[list[float], float]:
-    """(exactly ``np.percentile(d32.astype(np.float64), qs).tolist()`` (method 'linear'), the
-    maximum), from the float32 values sorted (half the memory traffic of float64): the
-    order statistics are the same values, and the interpolation
-    below is numpy's, operation for operation. NaN, or a zero at an interpolation point (±0
-    sort as equals), falls back to numpy."""
-    n = len(d32)
-    plan = []
-    for q in qs:
-        v = (n - 1) * (q / 100)
-        prev = -1 if v >= n - 1 else math.floor(v)
-        plan.append((v, prev, n - 1 if prev < 0 else prev, n - 1 if prev < 0 else prev + 1))
-    kth = sorted({n - 1} | {i for _, _, a, b in plan for i in (a, b)})
-    part = np.sort(d32)  # SIMD sorts beat a partition at 5-7 kth values (4x for 10 M float32 on AVX-512)
-    vals = dict(zip(kth, part[kth].astype(np.float64).tolist(), strict=True))
-    if vals[n - 1] != vals[n - 1] or any(vals[a] == 0 or vals[b] == 0 for _, _, a, b in plan):
-        return np.percentile(d32.astype(np.float64), qs).tolist(), float(d32.max())
-    out = []
-    for v, prev, a, b in plan:
-        lo, hi, t = vals[a], vals[b], v - prev
-        diff = hi - lo
-        out.append(hi - diff * (1 - t) if t >= 0.5 else lo + diff * t)
-    return out, vals[n - 1]
-
-
 def _median(d32: np.ndarray) -> float:
     """Exactly ``float(np.median(d32.astype(np.float64)))``, from the sorted float32 values."""
     n = len(d32)
-    part = np.sort(d32)  # see _percentiles_max
+    part = np.sort(d32)  # see workers.wire.stats.percentiles_and_max
     lo, hi, last = part[[(n - 1) // 2, n // 2, n - 1]].astype(np.float64).tolist()
     if last != last or lo == 0 or hi == 0:
         return float(np.median(d32.astype(np.float64)))
@@ -361,7 +332,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     # the columns in file order, time windows from a blocked pass: no full-size temporaries.
     g = _group(coll["epoch"], coll["rank"])
     order = g.order
-    dur32 = coll["dur_us"][order]  # percentiles partition these (see _percentiles_max)
+    dur32 = coll["dur_us"][order]  # percentiles sort these (workers.wire.stats)
     mode = coll["mode"][order]
     codes, combos = _combo_codes(coll["op"], coll["nbytes"])
     code = codes[order]
@@ -416,7 +387,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
         for key, a, b in eruns:  # key = epoch << 20 | rank
             groups.append((key & 0xFFFFF, a, b, [gid_of[key]], cspan.get(key, (0, 0))))
         for rank, a, b, gids, (ga, gb) in groups:
-            (p50, p90, p99), top = _percentiles_max(dur32[a:b], [50, 90, 99])
+            (p50, p90, p99), top = percentiles_and_max(dur32[a:b], [50, 90, 99])
             n = b - a
             base = base_all.get(k) if rank is None else base_rank.get((rank, k))
             gpu = None if rank is None else gpu_of.get(rank, ("", ""))
@@ -455,7 +426,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
             continue
         sel = slice(None) if count == len(mode) else mode == m
         dm, cm = dur32[sel], code[sel]
-        p50, p99 = _percentiles(dm, [50, 99])
+        p50, p99 = percentiles(dm, [50, 99])
         ratios, weights = [], []  # slowdown per (op, size) with a baseline, weighted by records
         for k, base in base_code.items():
             both = cm == k

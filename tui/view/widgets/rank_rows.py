@@ -37,6 +37,7 @@ from tui.view.widgets.palette import (
     mode_color,
     style,
 )
+from workers.wire.stats import percentile
 
 #: Fixed columns left of the sparkline: state, rank, host:gpu, last, p50, p99, busbw, copy.
 HOST_W = 15
@@ -95,7 +96,7 @@ def visible_top(cells: Cells) -> float:
     finite = cells.ms[np.isfinite(cells.ms)]
     if len(finite) == 0:
         return math.nan
-    return float(np.percentile(finite, 99))
+    return percentile(finite, 99)
 
 
 # --------------------------------------------------------------------------- rows
