@@ -11,15 +11,19 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from workers.wire.protocol import Message
+
 
 @runtime_checkable
 class Source(Protocol):
     """Where messages come from: live ZeroMQ sockets, or a recording being replayed."""
 
-    #: Frames refused so far, by ProtocolError.reason ("signature", "malformed", ...).
-    rejected: Counter[str]
+    @property
+    def rejected(self) -> Counter[str]:
+        """Frames refused so far, by ProtocolError.reason ("signature", "malformed", ...)."""
+        ...
 
-    def poll(self, timeout_s: float) -> list[Any]:
+    def poll(self, timeout_s: float) -> list[Message | ResetModel]:
         """Every message ready now (waiting at most ``timeout_s`` for the first one).
         Must drain what is queued without blocking once something arrived."""
         ...
@@ -68,7 +72,7 @@ class ResetModel:
 class Sink(Protocol):
     """Receives every accepted message after the model applied it (the recorder is one)."""
 
-    def write(self, message: Any) -> None:
+    def write(self, message: Message) -> None:
         """Must not block for long: called on the ingest thread."""
         ...
 

@@ -32,7 +32,7 @@ import numpy as np
 from tui.model.in_force import InForceTracker
 from tui.model.stats import RING_SIZE, Ring, RunAggregate, RunStats, weighted_rate
 from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
-from workers.wire.protocol import COLL, COPY, MODES, TELEM, TELEM_CAPS, Batch, Bye, Hello
+from workers.wire.protocol import COLL, COPY, MODES, TELEM, TELEM_CAPS, Batch, Bye, Hello, Message
 from workers.wire.stats import percentiles
 
 #: A rank silent for longer than this is shown as stale (it may be stopped or hung).
@@ -273,7 +273,7 @@ class RunModel:
             state = self.ranks[rank] = _RankState(rank)
         return state
 
-    def apply(self, message: Any, now_ns: int | None = None) -> None:
+    def apply(self, message: Message, now_ns: int | None = None) -> None:
         """Apply one decoded message (Batch, Hello, Bye, or a TELEM/TELEM_CAPS dict)."""
         now = self.clock() if now_ns is None else now_ns
         if isinstance(message, (Batch, Hello, Bye)):

@@ -545,7 +545,7 @@ class Recorder:
         self._stop = threading.Event()
 
     # ---- Sink (ingest thread)
-    def write(self, message: Any) -> None:
+    def write(self, message: p.Message) -> None:
         if isinstance(message, p.Hello):
             self._hellos[message.rank] = message
         elif isinstance(message, dict) and message.get("k") == p.TELEM_CAPS:

@@ -177,7 +177,7 @@ class ControlServer:
 
     # ------------------------------------------------------------------ Sink
 
-    def write(self, message: Any) -> None:
+    def write(self, message: protocol.Message) -> None:
         """Learn what is in force from Hello and batch headers (called on the ingest thread)."""
         if self._feeds_in_force:
             self._in_force.note(message)
