@@ -370,7 +370,7 @@ def test_header_shows_only_the_requested_changes_not_yet_in_force() -> None:
 def test_rows_mark_failed_exits_red_and_clean_exits_dim() -> None:
     from tui.model.run_model import RunModel
     from tui.view.widgets.palette import EXITED
-    from tui.view.widgets.rank_rows import bucket, render_rows, style
+    from tui.view.widgets.rank_rows import RowsView, bucket, style
     from workers.wire.protocol import Bye
 
     model = RunModel()
@@ -379,7 +379,8 @@ def test_rows_mark_failed_exits_red_and_clean_exits_dim() -> None:
     model.apply(Bye(rank=0, exit_code=0, reason="", t_ns=2**62))
     model.apply(Bye(rank=1, exit_code=3, reason="CUDA error", t_ns=2**62))
     snap = model.snapshot()
-    lines = render_rows(snap, bucket(snap.history, 60, 1), 15.0, 150)
+    view = RowsView(snap, bucket(snap.history, 60, 1), 15.0, 150)
+    lines = [view.line(i) for i in range(view.n_lines)]
     text = ["".join(seg.text for seg in line) for line in lines]
     assert text[0].startswith("✓") and "exited (0)" in text[0]
     assert text[1].startswith("✗") and "exited (3): CUDA error" in text[1]

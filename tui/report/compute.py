@@ -677,9 +677,6 @@ def main(argv: list[str] | None = None) -> int:
     return run(ns)
 
 
-report_main = main
-
-
 def _err(message: str) -> int:
     print(f"commtop: error: {message}", file=sys.stderr)
     return 1
