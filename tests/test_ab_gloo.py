@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from tui.report import compute as report
-from tui.report.ab_stats import Block, analyse
+from tui.model.ab_stats import Block, analyse
+from tui.cli import ab_launch
 from tui.run import ab
 from workers.wire import connection
 
@@ -36,7 +37,7 @@ def runtime_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def _run(*args: str) -> ab.ABRun:
     ns = ab.build_parser().parse_args([*args, "--nproc", "2", *LOOP])
-    return ab.run_experiment(ns, [])
+    return ab.run_experiment(ns, [], ab_launch())
 
 
 def _only_rank(done: ab.ABRun, rank: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

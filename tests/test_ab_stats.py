@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from tui.report.ab_stats import ALL, Block, analyse, format_table, paired_ratio, pct, t975
+from tui.model.ab_stats import ALL, Block, analyse, format_table, paired_ratio, pct, t975
 from workers.wire.overlap import AFTER, DURING, NO_COPIES
 
 

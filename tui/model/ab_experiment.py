@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tui.report.ab_stats import AB_MARK, ABResult, Block, analyse
+from tui.model.ab_stats import AB_MARK, ABResult, Block, analyse
 from workers.wire.overlap import classify_ranks, end_ns
 from workers.wire.protocol import COLL, COPY, Batch
 

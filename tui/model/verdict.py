@@ -18,7 +18,7 @@ import numpy as np
 
 from tui.model.overlap_live import RankOverlap
 from tui.model.stats import RunAggregate
-from tui.report.ab_stats import pct
+from tui.model.ab_stats import pct
 from workers.wire.overlap import CLASSES
 from workers.wire.protocol import MODES
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from workers.wire.stats import percentile
 from workers.wire.overlap import AFTER, CLASS_KEYS, CLASSES, DURING, NO_COPIES, classify_ranks, end_ns
 
 #: Flat fields added to every report row (json and csv get one column each).
@@ -32,9 +33,7 @@ def classify_tables(coll: Mapping[str, np.ndarray], copy: Mapping[str, np.ndarra
 
 
 def _p(values: np.ndarray, q: float) -> float:
-    if len(values) == 0:
-        return math.nan
-    return float(np.percentile(values.astype(np.float64), q, method="inverted_cdf"))
+    return percentile(values, q)
 
 
 def class_fields(dur_us: np.ndarray, cls: np.ndarray, frac: np.ndarray) -> dict[str, Any]:
@@ -88,7 +87,7 @@ def format_class_table(rows: Sequence[Any]) -> list[str]:
 
 def ab_sections(tables: Any, cls: np.ndarray, frac: np.ndarray) -> list[Any]:
     """The A/B experiments recorded in ``tables`` (their marks), re-analysed from the records."""
-    from tui.report.ab_stats import analyse, blocks_from_marks
+    from tui.model.ab_stats import analyse, blocks_from_marks
 
     out = []
     coll = {"epoch": tables.coll["epoch"], "dur_us": tables.coll["dur_us"], "cls": cls, "frac": frac}

@@ -5,7 +5,7 @@
 
 It starts its own run like ``commtop run --headless`` (the synthetic forum loop, or a user's
 script after ``--``), alternates A and B in blocks (tui.model.ab_experiment), then prints the
-table of tui.report.ab_stats and exits 0. With ``--record`` the A/B marks go into the
+table of tui.model.ab_stats and exits 0. With ``--record`` the A/B marks go into the
 recording, and ``commtop report FILE`` prints the same verdict again.
 """
 
@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +61,20 @@ def _percent(text: str) -> float:
     return value
 
 
-def main(argv: list[str]) -> int:
+@dataclass(frozen=True)
+class Launch:
+    """What `commtop ab` borrows from the CLI to start a run like `commtop run --headless`
+    (passed in by tui.cli, which sits above this module)."""
+
+    open_collector: Callable[..., Any]
+    collector_error: type[Exception]
+    check_memory: Callable[..., None]
+    script_argv: Callable[[list[str], int], list[str]]
+    job_finished: Callable[[Any], Callable[[], bool]]
+    cpu_ranks: int
+
+
+def main(argv: list[str], launch: Launch) -> int:
     script: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
@@ -69,7 +84,7 @@ def main(argv: list[str]) -> int:
             return 2
     ns = build_parser().parse_args(argv)
     try:
-        return run(ns, script)
+        return run(ns, script, launch)
     except (ConfigError, ValueError, SettingsError, connections.ConnectionError_) as exc:
         print(f"commtop ab: error: {exc}", file=sys.stderr)
         return 2
@@ -88,17 +103,16 @@ class ABRun:
     job: Any
 
 
-def run(ns: argparse.Namespace, script: list[str]) -> int:
-    done = run_experiment(ns, script)
+def run(ns: argparse.Namespace, script: list[str], launch: Launch) -> int:
+    done = run_experiment(ns, script, launch)
     experiment, result, code, job = done.experiment, done.result, done.code, done.job
     if ns.json:
-        from tui.report.ab_stats import as_json
-        from tui.report.compute import json_clean
+        from tui.model.ab_stats import as_json
 
         out = as_json(result) | {"seed": experiment.seed, "state": experiment.state, "note": experiment.note}
-        print(json.dumps(json_clean(out), indent=1))
+        print(json.dumps(_finite(out), indent=1))
     else:
-        from tui.report.ab_stats import format_table
+        from tui.model.ab_stats import format_table
 
         print(format_table(result))
         print(f"seed {experiment.seed} · {experiment.state}" + (f": {experiment.note}" if experiment.note else ""))
@@ -110,9 +124,19 @@ def run(ns: argparse.Namespace, script: list[str]) -> int:
     return 0 if experiment.state == "done" and result.pairs >= 2 else 1
 
 
-def run_experiment(ns: argparse.Namespace, script: list[str]) -> ABRun:
+def _finite(value: Any) -> Any:
+    """JSON without NaN: n/a numbers become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def run_experiment(ns: argparse.Namespace, script: list[str], launch: Launch) -> ABRun:
     """Start the job and its collector, run the experiment, stop both."""
-    from tui.cli import CPU_RANKS, CollectorError, check_memory, open_collector, script_argv
     from tui.model.ab_experiment import ABExperiment, parse_arm
     from tui.run.gpus import visible_gpus
     from tui.run.launcher import JobExitSource, JobProcess, torchrun_argv
@@ -130,23 +154,23 @@ def run_experiment(ns: argparse.Namespace, script: list[str]) -> ABRun:
         raise ConfigError("--duration and --block must be positive")
     gpus = visible_gpus()
     if script:
-        nproc = ns.nproc if ns.nproc is not None else (gpus.count or CPU_RANKS)
-        argv = script_argv(script, nproc)
+        nproc = ns.nproc if ns.nproc is not None else (gpus.count or launch.cpu_ranks)
+        argv = launch.script_argv(script, nproc)
         conn = connections.create_run(label="ab")
         collective = "monitor"
     else:
         cpu = gpus.count == 0 or ns.backend == "gloo"
-        nproc = ns.nproc if ns.nproc is not None else (CPU_RANKS if cpu else gpus.count)
+        nproc = ns.nproc if ns.nproc is not None else (launch.cpu_ranks if cpu else gpus.count)
         if nproc < 1:
             raise ConfigError("--nproc must be at least 1")
         config = config_from_args(ns, cpu=cpu)
-        check_memory(config, nproc, cpu, gpus.memory_bytes)
+        launch.check_memory(config, nproc, cpu, gpus.memory_bytes)
         conn = connections.create_run(label="ab")
         argv = torchrun_argv(nproc, config.to_argv(), conn)
         collective = config.collective
     try:
-        collector = open_collector(conn, ns.record, collective)
-    except CollectorError as exc:
+        collector = launch.open_collector(conn, ns.record, collective)
+    except launch.collector_error as exc:
         raise ConfigError(str(exc)) from None
     recorder = collector.recorder
     experiment = ABExperiment(
@@ -164,7 +188,7 @@ def run_experiment(ns: argparse.Namespace, script: list[str]) -> ABRun:
     stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        result, snapshot, code = _collect(collector, job, experiment, stop)
+        result, snapshot, code = _collect(collector, job, experiment, stop, launch.job_finished(job))
     finally:
         signal.signal(signal.SIGINT, previous)
         job.stop()
@@ -172,13 +196,13 @@ def run_experiment(ns: argparse.Namespace, script: list[str]) -> ABRun:
     return ABRun(experiment, result, snapshot, code, job)
 
 
-def _collect(collector: Any, job: Any, experiment: Any, stop: threading.Event) -> tuple[Any, Any, int]:
+def _collect(
+    collector: Any, job: Any, experiment: Any, stop: threading.Event, finished: Callable[[], bool]
+) -> tuple[Any, Any, int]:
     """Ingest (model, control server, recorder, experiment) until the experiment is over,
     the job ends, or Ctrl-C; then the result and the job's exit code (0 while it runs)."""
-    from tui.cli import _job_finished
     from tui.run.headless import run_headless
 
-    finished = _job_finished(job)
     sinks = [*collector.sinks, experiment]
     snapshot = run_headless(
         collector.source, collector.model, stop, until=lambda: experiment.tick() or finished(), sinks=sinks

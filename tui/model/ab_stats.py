@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from workers.wire.overlap import CLASSES
+from workers.wire.stats import percentiles
 
 #: Kind of the mark messages an experiment leaves in a recording (start, each block, end).
 AB_MARK = "ab"
@@ -175,15 +176,11 @@ def paired_ratio(a: np.ndarray, b: np.ndarray) -> Ratio:
     return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
 
 
-def _median(values: np.ndarray) -> float:
-    return float(np.median(values)) if len(values) else math.nan
-
-
 def _arm(values_us: np.ndarray, frac: np.ndarray | None = None) -> ArmStats:
     if len(values_us) == 0:
         return ArmStats()
     d = values_us.astype(np.float64)
-    p50, p99 = np.percentile(d, (50, 99), method="inverted_cdf")
+    p50, p99 = percentiles(d, (50, 99))
     return ArmStats(
         n=len(d),
         p50_ms=float(p50) / 1e3,
