@@ -152,8 +152,7 @@ class ABExperiment:
             return True
         now = self.clock()
         if self.state == "starting":
-            view = self.controller.view()
-            in_force = dict(view.in_force or view.requested or {})
+            in_force = dict(self.controller.view().requested or {})
             if not in_force:
                 self.note = "waiting for the workers to report their settings"
                 return False
