@@ -204,8 +204,10 @@ class ABExperiment:
             if self._requested_at and now - self._requested_at > SWITCH_TIMEOUT_S:
                 return self._fail(error)
             return False
-        desired = self.controller.desired
-        epoch = int(desired[0]) if desired is not None else -1
+        desired = getattr(self.controller, "desired", None)
+        if desired is None:
+            return self._fail("the controller does not say which settings epoch it created")
+        epoch = int(desired[0])
         self._order.pop(0)
         block = Block(epoch, arm, self._pair)
         with self._lock:
@@ -302,3 +304,49 @@ def _concat(parts: list[dict[str, np.ndarray]], names: tuple[str, ...]) -> dict[
         dtypes = {"rank": np.int32, "epoch": np.int32, "step": np.int64, "start_ns": np.int64}
         return {n: np.zeros(0, dtype=dtypes.get(n, np.float32 if n == "dur_us" else np.int64)) for n in names}
     return {n: np.concatenate([p[n] for p in parts]) for n in names}
+
+
+class ABSlot:
+    """The TUI's one experiment at a time: a permanent sink that forwards to the current
+    experiment, and its progress (the last experiment's result stays until the next starts)."""
+
+    def __init__(self) -> None:
+        self.experiment: ABExperiment | None = None
+        self._final: Progress | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.experiment is not None and self.experiment.state not in ("done", "failed")
+
+    def start(self, controller: Any, a: Mapping[str, Any], b: Mapping[str, Any], **kw: Any) -> ABExperiment:
+        self.experiment = ABExperiment(controller, a, b, **kw)
+        self._final = None
+        return self.experiment
+
+    def write(self, message: Any) -> None:
+        exp = self.experiment
+        if exp is not None:
+            exp.write(message)
+
+    def tick(self) -> None:
+        exp = self.experiment
+        if exp is not None and self._final is None and exp.tick():
+            self._finalise(exp)
+
+    def stop(self) -> None:
+        exp = self.experiment
+        if exp is not None and self._final is None:
+            exp.stop()
+            self._finalise(exp)
+
+    def _finalise(self, exp: ABExperiment) -> None:
+        result = exp.result()
+        progress = exp.progress()
+        self._final = Progress(
+            progress.state, progress.pairs, progress.blocks, progress.elapsed_s, progress.duration_s, exp.note, result
+        )
+
+    def progress(self) -> Progress | None:
+        if self._final is not None:
+            return self._final
+        return self.experiment.progress() if self.experiment is not None else None

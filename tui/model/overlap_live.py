@@ -117,7 +117,9 @@ class RankOverlap:
         if len(start):
             cls, frac = classify(start, end_ns(start, dur), step, *copies)
             self._fold(cls, frac, dur, epoch)
-            self.epoch_mode.setdefault(int(epoch[-1]), int(mode[-1]))
+            firsts = np.flatnonzero(np.concatenate(([True], epoch[1:] != epoch[:-1])))
+            for e, m in zip(epoch[firsts].tolist(), mode[firsts].tolist(), strict=True):
+                self.epoch_mode.setdefault(e, m)
         # keep the copies a later collective may still need: of its step, or not yet ended
         keep_step = rest_step if rest_step is not None else (int(step[-1]) if len(step) else _I64_MIN)
         keep_t = rest_start if rest_start is not None else (int(start[-1]) if len(start) else _I64_MIN)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from tui.model.overlap_live import RankOverlap
+from tui.model.verdict import EpochComparison, compare_epochs
 from tui.model.in_force import InForceTracker
 from tui.model.stats import RING_SIZE, Ring, RunAggregate, RunStats, weighted_rate
 from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
@@ -181,6 +182,8 @@ class Snapshot:
     clock_ref: str = ""
     telemetry: TelemetrySnapshot | None = None  # node telemetry (None before any TELEM)
     version: int = 0  # model changes applied so far
+    #: The two newest settings epochs compared, for the verdict line (tui.model.verdict).
+    epochs: EpochComparison | None = None
 
     @property
     def live_ranks(self) -> int:
@@ -263,6 +266,7 @@ class RunModel:
         self.version = 0
         self.modes_seen: set[int] = set()
         self.worst_skew: SkewEvent | None = None
+        self._epochs_cache: tuple[int, EpochComparison | None] | None = None
         self.telemetry = TelemetryModel()
         self.in_force.reset()
 
@@ -438,6 +442,7 @@ class RunModel:
             clock_ref=clock_ref,
             telemetry=self._telemetry_snapshot(now, offsets),
             version=self.version,
+            epochs=self._epochs(now),
         )
 
     def _telemetry_snapshot(self, now: int, offsets_ms: dict[str, float]) -> TelemetrySnapshot:
@@ -445,6 +450,18 @@ class RunModel:
         if not offsets_ms:
             return self.telemetry.snapshot(now)
         return self.telemetry.snapshot(now, {h: round(v * 1e6) for h, v in offsets_ms.items()})
+
+    def _epochs(self, now: int) -> EpochComparison | None:
+        """The verdict line's comparison of the two newest epochs, at most once a second."""
+        cached = self._epochs_cache
+        if cached is not None and 0 <= now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+            return cached[1]
+        states = list(self.ranks.values())
+        result = compare_epochs(
+            (s.overlap for s in states), (s.copy.view(copy=False, columns=("epoch", "nbytes", "dur_us")) for s in states)
+        )
+        self._epochs_cache = (now, result)
+        return result
 
     def _lead_hello(self) -> Hello | None:
         if 0 in self.ranks and self.ranks[0].hello is not None:
