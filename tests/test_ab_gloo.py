@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tui.report import compute as report
-from tui.model.ab_stats import Block, analyse
 from tui.cli import ab_launch
+from tui.model.ab_stats import Block, analyse
+from tui.report import compute as report
 from tui.run import ab
 from workers.wire import connection
 
@@ -47,7 +47,9 @@ def _only_rank(done: ab.ABRun, rank: int) -> tuple[dict[str, np.ndarray], dict[s
 
 
 @pytest.mark.timeout(180)
-def test_aa_experiment_interval_contains_one(runtime_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_aa_experiment_interval_contains_one(
+    runtime_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A/A (identical arms): the run's interval contains 1, and so do at least 18 of 20
     evaluations on random halves of its pairs (the 20 are sub-samples of one real run, not 20
     runs: a full run each would take minutes on CI). `commtop report` on its recording

@@ -23,7 +23,7 @@ def fake_experiment(rng: np.random.Generator, pairs: int, effect: float, per_blo
     blocks, epochs, durs, classes = [], [], [], []
     epoch = 1
     for p in range(pairs):
-        for arm in ("AB" if rng.random() < 0.5 else "BA"):
+        for arm in "AB" if rng.random() < 0.5 else "BA":
             blocks.append(Block(epoch, arm, p))
             t = epoch / (2 * pairs)
             level = 100.0 * (1 + drift * t) * math.exp(rng.normal(0, 0.01)) * (effect if arm == "B" else 1.0)

@@ -125,7 +125,9 @@ def test_overlap_class_columns_match_the_records_csv(capsys, run) -> None:
             frac = rec["overlapped"][sel & (rec["overlap"] == "during")]
             assert row["during_overlap"] == pytest.approx(frac.mean(), rel=1e-3)
     header = call(capsys, str(path), "--format", "csv")[1].splitlines()[0].split(",")
-    assert {"during_n", "during_p50_us", "during_p99_us", "during_overlap", "after_p50_us", "none_p99_us"} <= set(header)
+    assert {"during_n", "during_p50_us", "during_p99_us", "during_overlap", "after_p50_us", "none_p99_us"} <= set(
+        header
+    )
 
 
 def test_settings_copies_and_links_per_epoch(capsys, run) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from tui.model.ab_stats import AB_MARK, ABResult, Block, analyse
 from workers.wire.overlap import classify_ranks, end_ns
-from workers.wire.protocol import COLL, COPY, Batch
+from workers.wire.protocol import COLL, Batch
 
 #: Records kept at most (all blocks); past this the experiment ends with what it has.
 MAX_RECORDS = 20_000_000
@@ -41,7 +41,7 @@ _COPY_KEEP = ("rank", "epoch", "step", "start_ns", "dur_us", "nbytes")
 
 
 def parse_arm(text: str) -> dict[str, str]:
-    """"mode=overlap copies=3" or "mode=overlap,copies=3" -> {"mode": "overlap", "copies": "3"}."""
+    """ "mode=overlap copies=3" or "mode=overlap,copies=3" -> {"mode": "overlap", "copies": "3"}."""
     out: dict[str, str] = {}
     for part in text.replace(",", " ").split():
         name, sep, value = part.partition("=")

@@ -93,7 +93,7 @@ class Ratio:
         return (self.hi - self.lo) / 2 * 100 if self.known else math.inf
 
     def words(self) -> str:
-        """"+1.6 % [+1.2, +2.0]" or "+0.1 % [-0.4, +0.6] no detectable difference"."""
+        """ "+1.6 % [+1.2, +2.0]" or "+0.1 % [-0.4, +0.6] no detectable difference"."""
         if not math.isfinite(self.estimate):
             return "n/a"
         text = f"{pct(self.estimate)} %"
@@ -296,9 +296,8 @@ def _f(x: float, fmt: str = "{:.4f}") -> str:
 
 def format_table(result: ABResult, peak: str = "") -> str:
     """The table `commtop ab` prints (and `commtop report` reproduces from a recording)."""
-    head = (
-        f"A/B: A = {result.a}, B = {result.b} · {result.pairs} pairs of blocks (AB/BA in random order)"
-        + (f" · {result.seconds:.0f} s" if result.seconds else "")
+    head = f"A/B: A = {result.a}, B = {result.b} · {result.pairs} pairs of blocks (AB/BA in random order)" + (
+        f" · {result.seconds:.0f} s" if result.seconds else ""
     )
     cols = ("class", "arm", "n", "p50 ms", "p99 ms", "mean ms", "overlapped", "B/A p50 [95 % CI]", "B/A mean [95 % CI]")
     rows: list[tuple[str, ...]] = []
@@ -323,7 +322,9 @@ def format_table(result: ABResult, peak: str = "") -> str:
     widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
 
     def fmt(row: Sequence[str]) -> str:
-        return "  ".join(v.ljust(w) if i in (0, 1, 7, 8) else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+        return "  ".join(
+            v.ljust(w) if i in (0, 1, 7, 8) else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
 
     lines = [head, fmt(cols), "  ".join("-" * w for w in widths), *(fmt(r) for r in rows)]
     ga, gb = result.copy_gbps

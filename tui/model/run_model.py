@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from tui.model.overlap_live import RankOverlap
-from tui.model.verdict import EpochComparison, compare_epochs
 from tui.model.in_force import InForceTracker
+from tui.model.overlap_live import RankOverlap
 from tui.model.stats import RING_SIZE, Ring, RunAggregate, RunStats, weighted_rate
 from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
+from tui.model.verdict import EpochComparison, compare_epochs
 from workers.wire.protocol import COLL, COPY, MODES, TELEM, TELEM_CAPS, Batch, Bye, Hello, Message
 from workers.wire.stats import percentiles
 
@@ -458,7 +458,8 @@ class RunModel:
             return cached[1]
         states = list(self.ranks.values())
         result = compare_epochs(
-            (s.overlap for s in states), (s.copy.view(copy=False, columns=("epoch", "nbytes", "dur_us")) for s in states)
+            (s.overlap for s in states),
+            (s.copy.view(copy=False, columns=("epoch", "nbytes", "dur_us")) for s in states),
         )
         self._epochs_cache = (now, result)
         return result

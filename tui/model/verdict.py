@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tui.model.ab_stats import pct
 from tui.model.overlap_live import RankOverlap
 from tui.model.stats import RunAggregate
-from tui.model.ab_stats import pct
 from workers.wire.overlap import CLASSES
 from workers.wire.protocol import MODES
 
@@ -100,7 +100,7 @@ def compare_epochs(overlaps: Iterable[RankOverlap], copies: Iterable[dict[str, n
 
 
 def epochs_text(c: EpochComparison) -> str:
-    """"overlap vs none: p50 +1.6 % · during copies +1.9 % · ...  (adjacent epochs 4, 5: not an A/B ...)"."""
+    """ "overlap vs none: p50 +1.6 % · during copies +1.9 % · ...  (adjacent epochs 4, 5: not an A/B ...)"."""
     parts = [
         f"{c.other_mode} vs {c.base_mode}: p50 {pct(c.ratio)} %"
         if c.other_mode != c.base_mode

@@ -25,12 +25,12 @@ from typing import IO, Any
 
 import numpy as np
 
-from tui.recordings.format import Recording, RecordingError, Tables, open_recording, run_metadata
 from tui.model.ab_stats import as_json as ab_json
 from tui.model.ab_stats import format_table as ab_table
+from tui.recordings.format import Recording, RecordingError, Tables, open_recording, run_metadata
 from tui.report.overlap_report import ab_sections, class_fields, classify_tables, format_class_table
-from workers.wire.overlap import CLASS_KEYS
 from workers.wire import protocol as p
+from workers.wire.overlap import CLASS_KEYS
 from workers.wire.stats import percentiles, percentiles_and_max
 from workers.wire.telemetry import Tick
 
@@ -336,6 +336,10 @@ def _meta_with_hellos(meta: dict[str, Any], hellos: Sequence[tuple[int, p.Hello]
     return {**meta, **{k: seen[k] for k in _FROM_HELLOS if not meta.get(k) and seen.get(k)}}
 
 
+def _link_means(telemetry: Any, t0: int, t1: int, gpu: Any) -> dict[str, Any]:
+    return {name: telemetry.mean(name, t0, t1, gpu) for name in LINK_METRICS}
+
+
 def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     """Every number of the report, from a recording (``tables`` when already loaded)."""
     tables = tables or rec.tables(coll_columns=REPORT_COLUMNS)
@@ -436,7 +440,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                     copy_count=gb - ga,
                     copy_gbps=float(gbps[ga:gb].mean()) if gb > ga else math.nan,
                     slowdown=p50 / base if base else math.nan,
-                    **{name: telemetry.mean(name, t0, t1, gpu) for name in LINK_METRICS},
+                    **_link_means(telemetry, t0, t1, gpu),
                     **class_fields(dur32[a:b], ocls[a:b], ofrac[a:b]),
                 )
             )

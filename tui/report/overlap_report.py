@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from workers.wire.stats import percentile
 from workers.wire.overlap import AFTER, CLASS_KEYS, CLASSES, DURING, NO_COPIES, classify_ranks, end_ns
+from workers.wire.stats import percentile
 
 #: Flat fields added to every report row (json and csv get one column each).
 _ORDER = ((DURING, "during"), (AFTER, "after"), (NO_COPIES, "none"))
@@ -92,9 +92,7 @@ def ab_sections(tables: Any, cls: np.ndarray, frac: np.ndarray) -> list[Any]:
     out = []
     coll = {"epoch": tables.coll["epoch"], "dur_us": tables.coll["dur_us"], "cls": cls, "frac": frac}
     for start, blocks in blocks_from_marks(tables.other):
-        out.append(
-            analyse(blocks, coll, tables.copy, a=str(start.get("a", "A")), b=str(start.get("b", "B")))
-        )
+        out.append(analyse(blocks, coll, tables.copy, a=str(start.get("a", "A")), b=str(start.get("b", "B"))))
     return out
 
 

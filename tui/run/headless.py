@@ -153,7 +153,9 @@ def format_class_summary(s: Snapshot) -> list[str]:
     widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
 
     def fmt(row: tuple[str, ...]) -> str:
-        return "  ".join(v.ljust(w) if i in (0, 1) else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True)))
+        return "  ".join(
+            v.ljust(w) if i in (0, 1) else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True))
+        )
 
     return ["", fmt(cols).rstrip(), "  ".join("-" * w for w in widths), *(fmt(r).rstrip() for r in rows)]
 

@@ -21,6 +21,7 @@ from textual.css.query import NoMatches
 from textual.widget import Widget
 from textual.widgets import Footer
 
+from tui.model.ab_experiment import ABSlot
 from tui.model.ingest import IngestLoop
 from tui.model.interfaces import (
     ControllerLike,
@@ -32,7 +33,6 @@ from tui.model.interfaces import (
     Sink,
     Source,
 )
-from tui.model.ab_experiment import ABSlot
 from tui.model.run_model import RunModel, Snapshot
 from tui.model.verdict import verdict_text
 from tui.view.messages import IngestError, SnapshotReady

@@ -29,7 +29,6 @@ from workers.rank.device import gpu_uuid, nccl_version
 from workers.rank.heartbeat import RunInfo, StopFlag, WorkerStatus, reported_hostname
 from workers.rank.publisher import NullPublisher, RecordBatcher, RecordPublisher
 from workers.rank.session import RankSession
-from workers.synthetic.delay import Delayer, delay_s
 from workers.rank.timing import (
     Anchor,
     BareInstrumentation,
@@ -39,6 +38,7 @@ from workers.rank.timing import (
     NullTimer,
     Timer,
 )
+from workers.synthetic.delay import Delayer, delay_s
 from workers.wire.busbw import bus_factor, collective_bytes
 from workers.wire.config import LoopConfig
 from workers.wire.connection import Connection
