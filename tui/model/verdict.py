@@ -99,7 +99,7 @@ def compare_epochs(overlaps: Iterable[RankOverlap], copies: Iterable[dict[str, n
     )
 
 
-def epochs_text(c: EpochComparison) -> str:
+def epochs_text(c: EpochComparison, peak: LinkPeak | None = None) -> str:
     """ "overlap vs none: p50 +1.6 % · during copies +1.9 % · ...  (adjacent epochs 4, 5: not an A/B ...)"."""
     parts = [
         f"{c.other_mode} vs {c.base_mode}: p50 {pct(c.ratio)} %"
@@ -111,18 +111,20 @@ def epochs_text(c: EpochComparison) -> str:
         if math.isfinite(v) and c.base_p50_ms > 0:
             parts.append(f"{short} {pct(v / c.base_p50_ms)} %")
     if math.isfinite(c.copy_gbps):
-        parts.append(f"copies {c.copy_gbps:.1f} GB/s")
+        share = peak.share(c.copy_gbps) if peak is not None else ""
+        parts.append(f"copies {c.copy_gbps:.1f} GB/s" + (f" = {share}" if share else ""))
     epochs = sorted((c.base_epoch, c.other_epoch))
     return " · ".join(parts) + f"  (adjacent epochs {epochs[0]}, {epochs[1]}: not an A/B, no interval · a: run one)"
 
 
-def verdict_text(progress: object | None, comparison: EpochComparison | None) -> str:
+def verdict_text(progress: object | None, comparison: EpochComparison | None, peak: LinkPeak | None = None) -> str:
     """The line to show: an experiment's (tui.model.ab_experiment.Progress) or the epochs'."""
     if progress is not None:
         state = getattr(progress, "state", "")
         latest = getattr(progress, "latest", None)
+        share = peak.share(latest.copy_gbps[1]) if peak is not None and latest is not None else ""
         if state == "done" and latest is not None:
-            return "A/B " + latest.verdict()
+            return "A/B " + latest.verdict(share)
         if state == "failed":
             return f"A/B failed: {getattr(progress, 'note', '')}"
         head = (
@@ -130,8 +132,31 @@ def verdict_text(progress: object | None, comparison: EpochComparison | None) ->
             f"{getattr(progress, 'elapsed_s', 0.0):.0f}/{getattr(progress, 'duration_s', 0.0):.0f} s"
         )
         if latest is not None:
-            return f"{head} · so far {latest.verdict()}"
+            return f"{head} · so far {latest.verdict(share)}"
         return head + (f" · {getattr(progress, 'note', '')}" if getattr(progress, "note", "") else "")
     if comparison is not None:
-        return epochs_text(comparison)
+        return epochs_text(comparison, peak)
     return "verdict: waiting for two settings epochs (switch with o / 1-4) · a: A/B experiment"
+
+
+@dataclass(frozen=True)
+class LinkPeak:
+    """The PCIe link copies cross, from the node telemetry (NVML gen x width: theoretical)."""
+
+    gbps: float
+    label: str  # "PCIe Gen5 x16"
+
+    def share(self, gbps: float) -> str:
+        """ "87 % of PCIe Gen5 x16 (theoretical 63.0 GB/s)", or "" when unknown."""
+        if not (math.isfinite(gbps) and self.gbps > 0):
+            return ""
+        return f"{gbps / self.gbps * 100:.0f} % of {self.label} (theoretical {self.gbps:.1f} GB/s)"
+
+
+def pcie_peak(telemetry: object | None) -> LinkPeak | None:
+    """The first GPU's PCIe peak in a telemetry snapshot (None without NVML)."""
+    for row in getattr(telemetry, "gpus", ()) or ():
+        peak = float(getattr(row, "pcie_peak_gbps", math.nan))
+        if math.isfinite(peak) and peak > 0:
+            return LinkPeak(peak, f"PCIe Gen{row.pcie_gen} x{row.pcie_width}")
+    return None

@@ -113,8 +113,10 @@ def run(ns: argparse.Namespace, script: list[str], launch: Launch) -> int:
         print(json.dumps(_finite(out), indent=1))
     else:
         from tui.model.ab_stats import format_table
+        from tui.model.verdict import pcie_peak
 
-        print(format_table(result))
+        peak = pcie_peak(getattr(done.snapshot, "telemetry", None))
+        print(format_table(result, peak.share(result.copy_gbps[1]) if peak is not None else ""))
         print(f"seed {experiment.seed} · {experiment.state}" + (f": {experiment.note}" if experiment.note else ""))
     if code:
         print(f"commtop ab: the job exited with code {code}; its last lines:", file=sys.stderr)

@@ -34,7 +34,7 @@ from tui.model.interfaces import (
     Source,
 )
 from tui.model.run_model import RunModel, Snapshot
-from tui.model.verdict import verdict_text
+from tui.model.verdict import pcie_peak, verdict_text
 from tui.view.messages import IngestError, SnapshotReady
 from tui.view.widgets.header import RunHeader
 from tui.view.widgets.links import LinksPanel
@@ -352,7 +352,8 @@ class CommtopApp(App[None]):
 
     def _show_verdict(self) -> None:
         snap = self.snapshot
-        self.query_one(VerdictLine).show(verdict_text(self.ab.progress(), snap.epochs if snap else None))
+        peak = pcie_peak(snap.telemetry) if snap else None
+        self.query_one(VerdictLine).show(verdict_text(self.ab.progress(), snap.epochs if snap else None, peak))
 
     def action_ab(self) -> None:
         """Start an A/B of the current settings against none (a dialog lets you change both);
