@@ -35,6 +35,9 @@ class ModeRun:
     copy_gbps: float  # copy-weighted mean
     p50_ratio: float  # p50 / the first recording's p50 of the same mode (NaN if it has none)
     p99_ratio: float
+    during_p50_us: float = math.nan  # p50 per overlap class (during copies / after / no copies)
+    after_p50_us: float = math.nan
+    none_p50_us: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,9 @@ def compare(reports: Sequence[Report]) -> Comparison:
                     copy_gbps=_weighted([(r.copy_gbps, r.copy_count) for r in epochs]),
                     p50_ratio=m.p50_us / ref.p50_us if ref is not None and ref.p50_us > 0 else math.nan,
                     p99_ratio=m.p99_us / ref.p99_us if ref is not None and ref.p99_us > 0 else math.nan,
+                    during_p50_us=m.during_p50_us,
+                    after_p50_us=m.after_p50_us,
+                    none_p50_us=m.none_p50_us,
                 )
             )
     return Comparison(tuple(reports), facts, differs, tuple(rows))
@@ -124,7 +130,18 @@ def format_table(cmp: Comparison) -> str:
         )
     else:
         lines.append("  same backend, world, collective, size, dtype, GPU, torch and NCCL")
-    head = ("mode", "run", "n", "p50 ms", "p99 ms", "busbw", "copy GB/s", "p50 vs A", "p99 vs A")
+    head = (
+        "mode",
+        "run",
+        "n",
+        "p50 ms",
+        "p99 ms",
+        "busbw",
+        "copy GB/s",
+        "p50 during/after/no copies",
+        "p50 vs A",
+        "p99 vs A",
+    )
     body = [
         (
             row.mode,
@@ -134,6 +151,10 @@ def format_table(cmp: Comparison) -> str:
             fmt_num(row.p99_us / 1e3, "{:.3f}"),
             fmt_num(row.busbw_gbps),
             fmt_num(row.copy_gbps),
+            "/".join(
+                fmt_num(v / 1e3, "{:.3f}").replace("n/a", "-")
+                for v in (row.during_p50_us, row.after_p50_us, row.none_p50_us)
+            ),
             "-" if row.run == 0 else fmt_num(row.p50_ratio, "{:.2f}x"),
             "-" if row.run == 0 else fmt_num(row.p99_ratio, "{:.2f}x"),
         )

@@ -28,7 +28,7 @@ import numpy as np
 from tui.model.ab_stats import as_json as ab_json
 from tui.model.ab_stats import format_table as ab_table
 from tui.recordings.format import Recording, RecordingError, Tables, open_recording, run_metadata
-from tui.report.overlap_report import ab_sections, class_fields, classify_tables, format_class_table
+from tui.report.overlap_report import ab_sections, class_fields, class_p50s, classify_tables, format_class_table
 from workers.wire import protocol as p
 from workers.wire.overlap import CLASS_KEYS
 from workers.wire.stats import percentiles, percentiles_and_max
@@ -117,6 +117,9 @@ class ModeRow:
     p50_us: float
     p99_us: float
     slowdown: float
+    during_p50_us: float = math.nan  # p50 per overlap class (tui.report.overlap_report)
+    after_p50_us: float = math.nan
+    none_p50_us: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -460,7 +463,9 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                 ratios.append(_median(dm[both]) / base)
                 weights.append(int(np.count_nonzero(both)))
         slow = float(np.average(ratios, weights=weights)) if ratios else math.nan
-        modes.append(ModeRow(p.MODES[m] if m < len(p.MODES) else f"mode{m}", count, p50, p99, slow))
+        modes.append(
+            ModeRow(p.MODES[m] if m < len(p.MODES) else f"mode{m}", count, p50, p99, slow, *class_p50s(dm, ocls[sel]))
+        )
     return Report(
         path=rec.path,
         complete=rec.complete,

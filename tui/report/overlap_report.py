@@ -50,6 +50,11 @@ def class_fields(dur_us: np.ndarray, cls: np.ndarray, frac: np.ndarray) -> dict[
     return out
 
 
+def class_p50s(dur_us: np.ndarray, cls: np.ndarray) -> tuple[float, float, float]:
+    """p50 of the collectives during copies, after copies, with no copies (NaN where none)."""
+    return (_p(dur_us[cls == DURING], 50), _p(dur_us[cls == AFTER], 50), _p(dur_us[cls == NO_COPIES], 50))
+
+
 def format_class_table(rows: Sequence[Any]) -> list[str]:
     """Lines of the per-class section of the report table (rows: tui.report.compute.Row)."""
     from tui.report.compute import aligned_table, fmt_num
@@ -96,4 +101,4 @@ def ab_sections(tables: Any, cls: np.ndarray, frac: np.ndarray) -> list[Any]:
     return out
 
 
-__all__ = ["CLASS_KEYS", "ab_sections", "class_fields", "classify_tables", "format_class_table"]
+__all__ = ["CLASS_KEYS", "ab_sections", "class_fields", "class_p50s", "classify_tables", "format_class_table"]
