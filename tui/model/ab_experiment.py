@@ -27,10 +27,13 @@ import numpy as np
 
 from tui.model.ab_stats import AB_MARK, ABResult, Block, analyse
 from workers.wire.overlap import classify_ranks, end_ns
-from workers.wire.protocol import COLL, Batch
+from workers.wire.protocol import COLL, TELEM, Batch, ProtocolError
+from workers.wire.telemetry import decode_tick
 
 #: Records kept at most (all blocks); past this the experiment ends with what it has.
 MAX_RECORDS = 20_000_000
+#: Telemetry ticks kept (10 Hz: over an hour).
+MAX_TICKS = 40_000
 #: Least complete pairs before ``--until-ci`` may end the experiment.
 MIN_PAIRS = 3
 #: Give up when a requested block has not shown up in the records after this long.
@@ -106,6 +109,8 @@ class ABExperiment:
         self._records = 0
         self._epochs: set[int] = set()
         self._seen_epochs: set[int] = set()
+        self._windows: dict[int, tuple[int, int]] = {}  # epoch -> (first, last) collective start
+        self._ticks: list[tuple[int, float, float]] = []  # (t_ns, PCIe tx, NVLink tx) GB/s per GPU
         self._restore: dict[str, Any] = {}
         self._order: list[str] = []  # arms still to run in the current pair
         self._pair = -1
@@ -118,6 +123,9 @@ class ABExperiment:
     # ------------------------------------------------------------------ Sink (ingest thread)
 
     def write(self, message: Any) -> None:
+        if isinstance(message, dict) and message.get("k") == TELEM:
+            self._telemetry(message)
+            return
         if not isinstance(message, Batch) or len(message) == 0:
             return
         cols = message.columns
@@ -143,6 +151,25 @@ class ABExperiment:
             self._records += n
             if message.kind == COLL:
                 self._seen_epochs.update(np.unique(part["epoch"]).tolist())
+                lo_t, hi_t = int(part["start_ns"].min()), int(part["start_ns"].max())
+                for e in np.unique(part["epoch"]).tolist():
+                    w = self._windows.get(e)
+                    self._windows[e] = (lo_t, hi_t) if w is None else (min(w[0], lo_t), max(w[1], hi_t))
+
+    def _telemetry(self, body: dict[str, Any]) -> None:
+        """PCIe (and NVLink) tx per GPU from a node tick, kept to average over each arm's blocks."""
+        try:
+            tick = decode_tick(body)
+        except ProtocolError:
+            return
+        if not len(tick.uuids):
+            return
+        with np.errstate(all="ignore"):
+            pcie = float(np.nanmean(tick.metrics["pcie_tx_gbps"])) if len(tick.uuids) else math.nan
+            nvl = float(np.nanmean(tick.metrics["nvlink_tx_gbps"]))
+        with self._lock:
+            if len(self._ticks) < MAX_TICKS:
+                self._ticks.append((tick.t_ns, pcie, nvl))
 
     # ------------------------------------------------------------------ schedule
 
@@ -278,7 +305,17 @@ class ABExperiment:
         with self._lock:
             blocks = list(self.blocks)
         seconds = (self.clock() - self._started) if self._started else 0.0
-        res = analyse(blocks, coll, copy, a=self.label_a, b=self.label_b, seconds=seconds)
+        with self._lock:
+            windows, ticks = dict(self._windows), list(self._ticks)
+        res = analyse(
+            blocks,
+            coll,
+            copy,
+            a=self.label_a,
+            b=self.label_b,
+            seconds=seconds,
+            link_gbps=arm_link(blocks, windows, ticks),
+        )
         self._last_result = res
         return res
 
@@ -297,6 +334,32 @@ class ABExperiment:
             note=self.note,
             latest=self._last_result,
         )
+
+
+def arm_link(
+    blocks: list[Block], windows: Mapping[int, tuple[int, int]], ticks: list[tuple[int, float, float]]
+) -> tuple[float, float]:
+    """Mean link tx GB/s per GPU (PCIe, plus NVLink where there is any) over each arm's blocks."""
+    if not ticks:
+        return (math.nan, math.nan)
+    t = np.array([x[0] for x in ticks], dtype=np.int64)
+    order = np.argsort(t)
+    t = t[order]
+    pcie = np.array([x[1] for x in ticks])[order]
+    nvl = np.array([x[2] for x in ticks])[order]
+    value = np.where(np.isfinite(nvl) & (nvl > 0), np.nan_to_num(pcie) + nvl, pcie)
+    out = []
+    for arm in ("A", "B"):
+        parts = []
+        for blk in blocks:
+            w = windows.get(blk.epoch)
+            if blk.arm == arm and w is not None:
+                a, b = np.searchsorted(t, [w[0], w[1] + 1])
+                parts.append(value[a:b])
+        vals = np.concatenate(parts) if parts else np.zeros(0)
+        vals = vals[np.isfinite(vals)]
+        out.append(float(vals.mean()) if len(vals) else math.nan)
+    return (out[0], out[1])
 
 
 def _concat(parts: list[dict[str, np.ndarray]], names: tuple[str, ...]) -> dict[str, np.ndarray]:

@@ -339,6 +339,13 @@ def _meta_with_hellos(meta: dict[str, Any], hellos: Sequence[tuple[int, p.Hello]
     return {**meta, **{k: seen[k] for k in _FROM_HELLOS if not meta.get(k) and seen.get(k)}}
 
 
+def _link_tx(telemetry: _Telemetry, t0: int, t1: int) -> float:
+    """Link tx GB/s per GPU over [t0, t1]: PCIe, plus NVLink where there is any (A/B results)."""
+    pcie = telemetry.mean("pcie_tx_gbps", t0, t1, None)
+    nvl = telemetry.mean("nvlink_tx_gbps", t0, t1, None)
+    return (0.0 if math.isnan(pcie) else pcie) + nvl if math.isfinite(nvl) and nvl > 0 else pcie
+
+
 def _link_means(telemetry: Any, t0: int, t1: int, gpu: Any) -> dict[str, Any]:
     return {name: telemetry.mean(name, t0, t1, gpu) for name in LINK_METRICS}
 
@@ -359,7 +366,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     order = g.order
     dur32 = coll["dur_us"][order]  # percentiles sort these (workers.wire.stats)
     ocls, ofrac = classify_tables(coll, copy)
-    ab = tuple(ab_sections(tables, ocls, ofrac))
+    ab = tuple(ab_sections(tables, ocls, ofrac, lambda t0, t1: _link_tx(telemetry, t0, t1)))
     ocls, ofrac = ocls[order], ofrac[order]
     mode = coll["mode"][order]
     codes, combos = _combo_codes(coll["op"], coll["nbytes"])

@@ -6,7 +6,7 @@ model and `commtop ab` use too."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -90,14 +90,33 @@ def format_class_table(rows: Sequence[Any]) -> list[str]:
     ]
 
 
-def ab_sections(tables: Any, cls: np.ndarray, frac: np.ndarray) -> list[Any]:
-    """The A/B experiments recorded in ``tables`` (their marks), re-analysed from the records."""
+def ab_sections(
+    tables: Any, cls: np.ndarray, frac: np.ndarray, link: Callable[[int, int], float] | None = None
+) -> list[Any]:
+    """The A/B experiments recorded in ``tables`` (their marks), re-analysed from the records.
+    ``link(t0, t1)``: link tx GB/s over a time window, averaged per arm over its blocks."""
     from tui.model.ab_stats import analyse, blocks_from_marks
 
     out = []
     coll = {"epoch": tables.coll["epoch"], "dur_us": tables.coll["dur_us"], "cls": cls, "frac": frac}
     for start, blocks in blocks_from_marks(tables.other):
-        out.append(analyse(blocks, coll, tables.copy, a=str(start.get("a", "A")), b=str(start.get("b", "B"))))
+        link_gbps = (math.nan, math.nan)
+        if link is not None and blocks:
+            epochs = np.asarray(tables.coll["epoch"])
+            starts = np.asarray(tables.coll["start_ns"])
+            per_arm: dict[str, list[float]] = {"A": [], "B": []}
+            for blk in blocks:
+                sel = epochs == blk.epoch
+                if sel.any():
+                    per_arm[blk.arm].append(link(int(starts[sel].min()), int(starts[sel].max())))
+            a_vals = [v for v in per_arm["A"] if math.isfinite(v)]
+            b_vals = [v for v in per_arm["B"] if math.isfinite(v)]
+            link_gbps = (
+                sum(a_vals) / len(a_vals) if a_vals else math.nan,
+                sum(b_vals) / len(b_vals) if b_vals else math.nan,
+            )
+        a, b = str(start.get("a", "A")), str(start.get("b", "B"))
+        out.append(analyse(blocks, coll, tables.copy, a=a, b=b, link_gbps=link_gbps))
     return out
 
 
