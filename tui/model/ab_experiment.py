@@ -184,7 +184,9 @@ class ABExperiment:
                 self.note = "waiting for the workers to report their settings"
                 return False
             keys = set(self.a) | set(self.b)
+            knobs = dict(in_force.get("knobs") or {})
             self._restore = {k: in_force[k] for k in keys if k in in_force}
+            self._restore |= {k: knobs[k[5:]] for k in keys if k.startswith("knob.") and k[5:] in knobs}
             self._started = now
             self.state = "running"
             self._emit("start", a=self.label_a, b=self.label_b, seed=self.seed, block_s=self.block_s)
