@@ -119,6 +119,7 @@ class ABExperiment:
         self._requested_at = 0.0
         self._last_result: ABResult | None = None
         self._result_at = -math.inf
+        self._refresher: threading.Thread | None = None
 
     # ------------------------------------------------------------------ Sink (ingest thread)
 
@@ -321,12 +322,19 @@ class ABExperiment:
         self._last_result = res
         return res
 
-    def progress(self, refresh_s: float = 1.0) -> Progress:
-        """For a live display: the state and, at most every ``refresh_s``, a fresh result."""
+    def progress(self, refresh_s: float = 1.0, background: bool = True) -> Progress:
+        """For a live display: the state and the latest result, refreshed at most every
+        ``refresh_s``. With ``background`` the refresh runs on a thread of its own (labelling
+        a long experiment's records takes a moment the UI thread must not wait for)."""
         now = self.clock()
-        if self._complete_pairs() >= 2 and now - self._result_at >= refresh_s:
+        busy = self._refresher is not None and self._refresher.is_alive()
+        if self._complete_pairs() >= 2 and now - self._result_at >= refresh_s and not busy:
             self._result_at = now
-            self.result()
+            if background:
+                self._refresher = threading.Thread(target=self.result, name="commtop-ab-result", daemon=True)
+                self._refresher.start()
+            else:
+                self.result()
         return Progress(
             state=self.state,
             pairs=self._complete_pairs(),
@@ -406,7 +414,7 @@ class ABSlot:
 
     def _finalise(self, exp: ABExperiment) -> None:
         result = exp.result()
-        progress = exp.progress()
+        progress = exp.progress(background=False)
         self._final = Progress(
             progress.state, progress.pairs, progress.blocks, progress.elapsed_s, progress.duration_s, exp.note, result
         )
