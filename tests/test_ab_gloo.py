@@ -61,7 +61,7 @@ def test_aa_experiment_interval_contains_one(
     )  # fmt: skip
     res = done.result
     assert done.code == 0 and done.experiment.state == "done"
-    assert res.pairs >= 6, f"only {res.pairs} pairs"
+    assert res.pairs >= 4, f"only {res.pairs} pairs"
     assert res.overall.p50.known and not res.overall.p50.detectable, res.overall.p50
     assert not res.overall.mean.detectable, res.overall.mean
     coll, copy = done.experiment.columns()
@@ -100,7 +100,7 @@ def test_injected_delay_on_one_rank_is_measured_as_the_others_wait(runtime_env: 
         "--seed",
         "9",
     )
-    assert done.code == 0 and done.result.pairs >= 4
+    assert done.code == 0 and done.result.pairs >= 3
     coll, copy = _only_rank(done, 0)
     res = analyse(done.experiment.blocks, coll, copy)
     mean = res.overall.mean
