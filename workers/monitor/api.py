@@ -223,7 +223,9 @@ class Monitor:
         self._ctx = zmq.Context()
         self.publisher: RecordPublisher | NullPublisher = NullPublisher()
         if conn is not None:
-            self.publisher = RecordPublisher(conn.data, conn.key, conn.session, self.rank, ctx=self._ctx)
+            self.publisher = RecordPublisher(
+                conn.data, conn.key, conn.session, self.rank, ctx=self._ctx, tap=_node_tap(conn)
+            )
         self.batcher = MonitorBatcher(self.publisher, self._control_status, batch_ms=batch_ms)
         self.cpu_coll = CpuTimer()
         self.cpu_copy = CpuTimer()
@@ -724,6 +726,16 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+def _node_tap(conn: Connection) -> str | None:
+    """The node exporter's endpoint when the run exports to Prometheus (`commtop run --prometheus`)."""
+    if not conn.prometheus:
+        return None
+    from workers.export.tap import tap_endpoint
+    from workers.rank.heartbeat import reported_hostname
+
+    return tap_endpoint(conn.session, reported_hostname())
+
+
 def _start_sampler(conn: Connection, local_world_size: int) -> Any:
     try:
         from workers.telemetry import start_node_sampler
@@ -734,7 +746,7 @@ def _start_sampler(conn: Connection, local_world_size: int) -> Any:
             from workers.synthetic.loop import gpu_uuid
 
             uuids = [gpu_uuid(i) for i in range(min(local_world_size, torch.cuda.device_count()))]
-        return start_node_sampler(conn.path, uuids)
+        return start_node_sampler(conn.path, uuids, conn.prometheus)
     except Exception as exc:  # noqa: BLE001
         log.warning("commtop monitor: node telemetry not started (%r)", exc)
         return None

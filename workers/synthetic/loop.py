@@ -385,11 +385,13 @@ def run_worker(
     stop: StopFlag | None = None,
     dead_man: bool = False,
     before_hard_exit: Any = None,
+    tap: str | None = None,
 ) -> WorkerResult:
     """Run one rank's loop in an initialised process group; publish to ``conn`` if given.
 
     ``dead_man`` (the real worker process, not tests) lets the heartbeat thread end the
-    process if the launcher vanishes or a stop does not complete in time.
+    process if the launcher vanishes or a stop does not complete in time. ``tap``: the node
+    exporter's endpoint (``--prometheus``), which gets a copy of every batch.
     """
     stop = stop or StopFlag()
     status = WorkerStatus(settings=config.initial_settings(), rejected=getattr(control, "rejected", None))
@@ -397,7 +399,7 @@ def run_worker(
     ctx = zmq.Context()
     publisher: RecordPublisher | NullPublisher = NullPublisher()
     if conn is not None and not bare:
-        publisher = RecordPublisher(conn.data, conn.key, conn.session, rt.rank, ctx=ctx)
+        publisher = RecordPublisher(conn.data, conn.key, conn.session, rt.rank, ctx=ctx, tap=tap)
     counters = Counters(publisher)
     heartbeat = Heartbeat(
         ctx,
@@ -465,4 +467,6 @@ def run_worker(
         summary |= instr.steps.times.summary()
         if isinstance(instr, Instrumentation):
             summary |= {"sent": publisher.sent, "dropped": publisher.dropped, "untimed": status.untimed}
+            if tap:
+                summary["tap_dropped"] = getattr(publisher, "tap_dropped", 0)
     return WorkerResult(code, reason, iterations, summary)

@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 from workers.rank.control import Control, StaticControl
+from workers.wire import exporter_address
 from workers.wire.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args
 from workers.wire.connection import CONNECTION_FILE_ENV, Connection, ConnectionError_, find_by_endpoint, load
 
@@ -33,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("where to send timings")
     g.add_argument("--connection-file", help=f"the run's connection file (else ${CONNECTION_FILE_ENV})")
     g.add_argument("--connect", metavar="ENDPOINT", help="the collector's data endpoint, e.g. tcp://head:5555")
+    g.add_argument(
+        "--prometheus",
+        metavar="[HOST:]PORT",
+        default=None,
+        help="serve this node's metrics to Prometheus (local rank 0's sampler; 127.0.0.1 unless HOST; 0 = any port)",
+    )
     parser.add_argument(
         "--bare", action="store_true", help="the same loop with commtop's instrumentation off (overhead A/B)"
     )
@@ -111,7 +118,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_sampler(conn: Connection | None, gpu_uuids: list[str]) -> subprocess.Popen[Any] | None:
+def prometheus_from_args(ns: argparse.Namespace, conn: Connection | None, local_rank: int) -> str:
+    """--prometheus, else the run's connection file's setting; "" when off. Needs a connection:
+    its key signs what the ranks push to their node's exporter."""
+    address = ns.prometheus if ns.prometheus is not None else (conn.prometheus if conn is not None else "")
+    if not address:
+        return ""
+    try:
+        host, _ = exporter_address.parse(address)
+    except exporter_address.AddressError as exc:
+        raise UsageError(str(exc)) from None
+    if conn is None:
+        raise UsageError("--prometheus needs the run's connection file (its key signs the ranks' records)")
+    if local_rank == 0 and exporter_address.is_wide(host):
+        print(f"{PROG}: {exporter_address.warning(address)}", file=sys.stderr)
+    return address
+
+
+def start_sampler(conn: Connection | None, gpu_uuids: list[str], prometheus: str = "") -> subprocess.Popen[Any] | None:
     """The node's telemetry sampler (local rank 0 only), if that part is installed."""
     if conn is None:
         return None
@@ -121,14 +145,25 @@ def start_sampler(conn: Connection | None, gpu_uuids: list[str]) -> subprocess.P
         print(f"{PROG}: node telemetry not started ({exc})", file=sys.stderr)
         return None
     try:
-        return start_node_sampler(conn.path, gpu_uuids)
+        return start_node_sampler(conn.path, gpu_uuids, prometheus)
     except Exception as exc:
         print(f"{PROG}: node telemetry not started ({type(exc).__name__}: {exc})", file=sys.stderr)
         return None
 
 
-def stop_sampler(proc: subprocess.Popen[Any] | None) -> None:
-    if proc is None or proc.poll() is not None:
+def node_tap(conn: Connection | None, prometheus: str) -> str | None:
+    """The node exporter's ipc endpoint this rank pushes a copy of its batches to, if any."""
+    if conn is None or not prometheus:
+        return None
+    from workers.export.tap import tap_endpoint
+
+    return tap_endpoint(conn.session, os.environ.get("COMMTOP_HOSTNAME") or socket.gethostname())
+
+
+def stop_sampler(proc: subprocess.Popen[Any] | None, exporting: bool = False) -> None:
+    """``exporting``: a sampler serving Prometheus ends by itself once this rank is gone, after
+    $COMMTOP_PROMETHEUS_LINGER_S (default 0), so a last scrape can read the final counts."""
+    if proc is None or proc.poll() is not None or exporting:
         return
     proc.terminate()
     try:
@@ -145,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         world_size = _env_int("WORLD_SIZE", 1)
         local_rank = _env_int("LOCAL_RANK", 0)
         local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
+        prometheus = "" if ns.bare else prometheus_from_args(ns, conn, local_rank)
     except UsageError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
@@ -203,11 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     sampler = None
     if local_rank == 0 and not ns.bare:  # --bare: nothing of commtop's running beside the loop
         uuids = [gpu_uuid(i) for i in range(min(local_world_size, torch.cuda.device_count()))] if rt.cuda else []
-        sampler = start_sampler(conn, uuids)
+        sampler = start_sampler(conn, uuids, prometheus)
     try:
         control = make_control(config, None if ns.bare else conn, rank)
     except Exception as exc:
-        stop_sampler(sampler)
+        stop_sampler(sampler, bool(prometheus))
         print(f"{PROG} rank {rank}: live control not started ({type(exc).__name__}: {exc})", file=sys.stderr)
         return 1
     try:
@@ -219,11 +255,12 @@ def main(argv: list[str] | None = None) -> int:
             bare=ns.bare,
             stop=stop,
             dead_man=True,
-            before_hard_exit=lambda: stop_sampler(sampler),
+            before_hard_exit=lambda: stop_sampler(sampler, bool(prometheus)),
+            tap=node_tap(conn, prometheus),
         )
     finally:
         control.close()
-        stop_sampler(sampler)
+        stop_sampler(sampler, bool(prometheus))
     # NCCL's teardown can hang when a peer died mid-collective: bound it.
     guard = threading.Timer(3.0, os._exit, args=(result.exit_code,))
     guard.daemon = True
