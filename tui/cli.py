@@ -396,9 +396,7 @@ def cmd_watch(ns: argparse.Namespace) -> int:
                 "signed with this run's key, so keep its connection file private",
                 file=sys.stderr,
             )
-        conn = connections.create_run(
-            data=data, control=control, request=request, label="watch", prometheus=prometheus
-        )
+        conn = connections.create_run(data=data, control=control, request=request, label="watch", prometheus=prometheus)
     elif ns.connection_file:
         conn = connections.load(ns.connection_file)
     else:

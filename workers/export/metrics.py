@@ -269,8 +269,10 @@ class NodeMetrics:
         with self.lock:
             coll = {k: (h.buckets.copy(), h.sum_s, h.bytes, h.bus_bytes, h.last_busbw) for k, h in self.coll.items()}
             copy = {k: (h.buckets.copy(), h.sum_s, h.bytes) for k, h in self.copy.items()}
-            ranks = {r: (s.epoch, s.last_record_s, s.lost_batches, s.collector_dropped, s.stalls, s.straggler)
-                     for r, s in self.ranks.items()}
+            ranks = {
+                r: (s.epoch, s.last_record_s, s.lost_batches, s.collector_dropped, s.stalls, s.straggler)
+                for r, s in self.ranks.items()
+            }
             gpus = {i: (g.uuid, dict(g.link_bytes), dict(g.gauges), g.throttle) for i, g in self.gpus.items()}
             rejected = dict(self.rejected)
             records = self.records
@@ -331,7 +333,9 @@ class NodeMetrics:
             yield fam
 
         links = {
-            link: CounterMetricFamily(f"commtop_gpu_{link}_bytes", f"{link.replace('_', ' ')} bytes (NVML)", labels=GPU_LABELS)
+            link: CounterMetricFamily(
+                f"commtop_gpu_{link}_bytes", f"{link.replace('_', ' ')} bytes (NVML)", labels=GPU_LABELS
+            )
             for link in ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")
         }
         gauges = {
@@ -340,7 +344,8 @@ class NodeMetrics:
             "power_limit_watts": GaugeMetricFamily("commtop_gpu_power_limit_watts", "Power limit", labels=GPU_LABELS),
         }
         throttle = GaugeMetricFamily(
-            "commtop_gpu_throttle_reason", "1 while NVML reports this clocks-event (throttle) reason",
+            "commtop_gpu_throttle_reason",
+            "1 while NVML reports this clocks-event (throttle) reason",
             labels=[*GPU_LABELS, "reason"],
         )
         for index, (uuid, link_bytes, values, reasons) in sorted(gpus.items()):
@@ -357,7 +362,9 @@ class NodeMetrics:
         yield throttle
 
         rej = CounterMetricFamily(
-            "commtop_exporter_rejected_messages", "Messages refused (bad signature, other session...)", labels=["reason"]
+            "commtop_exporter_rejected_messages",
+            "Messages refused (bad signature, other session...)",
+            labels=["reason"],
         )
         for reason, n in sorted(rejected.items()):
             rej.add_metric([reason], float(n))
