@@ -348,12 +348,12 @@ class NodeMetrics:
             "1 while NVML reports this clocks-event (throttle) reason",
             labels=[*GPU_LABELS, "reason"],
         )
-        for index, (uuid, link_bytes, values, reasons) in sorted(gpus.items()):
+        for index, (uuid, link_bytes, gauge_values, reasons) in sorted(gpus.items()):
             labels = [str(index), uuid]
             for link, value in link_bytes.items():
                 links[link].add_metric(labels, value)
-            for name, value in values.items():
-                gauges[name].add_metric(labels, value)
+            for name, gauge in gauge_values.items():
+                gauges[name].add_metric(labels, gauge)
             if reasons >= 0:
                 for bit, reason in THROTTLE_REASONS:
                     throttle.add_metric([*labels, reason], 1.0 if reasons & bit else 0.0)

@@ -172,9 +172,9 @@ def load(path: str | os.PathLike[str]) -> Connection:
         raise ConnectionError_(f"connection file {file} must be yours and mode 0600")
     try:
         data = json.loads(text)
-        optional = {"prometheus": str(data.get("prometheus") or "")}
-        required = {k: data[k] for k in Connection.__dataclass_fields__ if k not in optional and k != "path"}
-        conn = Connection(**required, **optional, path=str(file))
+        optional = ("prometheus", "path")  # absent from files written before these fields existed
+        required = {k: data[k] for k in Connection.__dataclass_fields__ if k not in optional}
+        conn = Connection(**required, prometheus=str(data.get("prometheus") or ""), path=str(file))
         bytes.fromhex(conn.key_hex)
     except (ValueError, KeyError, TypeError) as exc:
         raise ConnectionError_(f"connection file {file} is not a commtop connection file ({exc})") from None
