@@ -236,6 +236,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from tui.run.gpus import visible_gpus
     from tui.run.launcher import torchrun_argv
 
+    prometheus = prometheus_setting(ns.prometheus)  # a bad address fails before anything is said
     gpus = visible_gpus()
     cpu = gpus.count == 0 or ns.backend == "gloo"
     if ns.backend == "nccl" and gpus.count == 0:
@@ -250,7 +251,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if cpu:
         why = gpus.reason if gpus.count == 0 else "--backend gloo"
         print(f"commtop: no GPU ({why}): running {nproc} gloo ranks on the CPU (backend gloo/cpu)", file=sys.stderr)
-    conn = connections.create_run(label=config.collective, prometheus=prometheus_setting(ns.prometheus))
+    conn = connections.create_run(label=config.collective, prometheus=prometheus)
     collector = open_collector(conn, ns.record, config.collective)
     title = f"commtop run · {nproc} ranks · {'gloo/cpu' if cpu else 'nccl'}"
     return supervise(collector, torchrun_argv(nproc, config.to_argv(), conn), nproc, ns.headless, title)
