@@ -235,3 +235,28 @@ def test_every_metric_the_dashboard_queries_has_samples_once_fed() -> None:
     assert queried <= names, sorted(queried - names)
     panels = {panel["type"] for panel in json.loads(DASHBOARD.read_text())["panels"]}
     assert {"heatmap", "table", "timeseries"} <= panels
+
+
+def test_an_8_gpu_node_of_the_forum_loop_serves_the_series_the_readme_states() -> None:
+    """8 ranks x 4 modes of one op and size, one copy kind, 8 GPUs with NVLink: 1,160 series, + 1
+    (records taken) here, + 6 process_* in a real scrape = the README's 1,167."""
+    m = NodeMetrics("n")
+    for rank in range(8):
+        for mode in range(4):
+            m.add_message(coll_batch(rank, mode, [mode * 10 + rank], [50.0], mode=mode))
+        cols = {k: np.ones(2) for k in p.COPY_COLUMNS}
+        m.add_message(sealed_roundtrip(p.COPY, p.Batch(p.COPY, rank, 0, 0, cols)))
+    for t_ns in (10**9, 2 * 10**9):
+        ticks = tick(t_ns, 1.0)
+        ticks = Tick(**{**ticks.__dict__, "uuids": tuple(f"GPU-{i}" for i in range(8))})
+        ticks.metrics.update({k: np.repeat(v, 8) for k, v in ticks.metrics.items()})
+        m.add_tick(ticks)
+    series = [s for samples in scrape(m).values() for s in samples]
+    by_kind = {
+        "collective": sum(s.name.startswith("commtop_collective_") for s in series),
+        "copy": sum(s.name.startswith("commtop_copy_") for s in series),
+        "rank": sum(s.name.startswith("commtop_rank_") for s in series),
+        "gpu": sum(s.name.startswith("commtop_gpu_") for s in series),
+    }
+    assert by_kind == {"collective": 800, "copy": 184, "rank": 48, "gpu": 128}
+    assert len(series) == 1160 + 1  # + commtop_exporter_records_total (rejections: none yet)
