@@ -539,7 +539,7 @@ class Monitor:
                 backend = str(dist.get_backend())
                 self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
             if self._cuda is not None or backend == "nccl":
-                from workers.synthetic.loop import gpu_uuid, nccl_version
+                from workers.rank.device import gpu_uuid, nccl_version
 
                 index = torch.cuda.current_device()
                 device, uuid, nccl = torch.cuda.get_device_name(index), gpu_uuid(index), nccl_version()
@@ -743,7 +743,7 @@ def _start_sampler(conn: Connection, local_world_size: int) -> Any:
         uuids: list[str] = []
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
-            from workers.synthetic.loop import gpu_uuid
+            from workers.rank.device import gpu_uuid
 
             uuids = [gpu_uuid(i) for i in range(min(local_world_size, torch.cuda.device_count()))]
         return start_node_sampler(conn.path, uuids, conn.prometheus)

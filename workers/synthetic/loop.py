@@ -26,6 +26,7 @@ import torch.distributed as dist
 import zmq
 
 from workers.rank.control import Control
+from workers.rank.device import gpu_uuid, nccl_version
 from workers.rank.heartbeat import Counters, Heartbeat, RunInfo, StopFlag, WorkerStatus, hello_body, reported_hostname
 from workers.rank.publisher import NullPublisher, RecordBatcher, RecordPublisher
 from workers.rank.timing import (
@@ -315,23 +316,6 @@ def run_info(config: LoopConfig, rt: Runtime) -> RunInfo:
         nccl_version=nccl,
         config=config.as_dict(),
     )
-
-
-def gpu_uuid(index: int) -> str:
-    """The GPU's UUID in NVML's spelling ("GPU-xxxxxxxx-..."), so samplers can match it."""
-    try:
-        text = str(torch.cuda.get_device_properties(index).uuid)
-    except (AttributeError, RuntimeError):  # torch without .uuid: the sampler then watches every GPU
-        return ""
-    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
-
-
-def nccl_version() -> str:
-    try:
-        version = torch.cuda.nccl.version()
-    except Exception:
-        return ""
-    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
 def _make_instrumentation(

@@ -136,14 +136,11 @@ def prometheus_from_args(ns: argparse.Namespace, conn: Connection | None, local_
 
 
 def start_sampler(conn: Connection | None, gpu_uuids: list[str], prometheus: str = "") -> subprocess.Popen[Any] | None:
-    """The node's telemetry sampler (local rank 0 only), if that part is installed."""
+    """The node's telemetry sampler (local rank 0 only); the job runs on without one."""
     if conn is None:
         return None
-    try:
-        from workers.telemetry import start_node_sampler
-    except ImportError as exc:
-        print(f"{PROG}: node telemetry not started ({exc})", file=sys.stderr)
-        return None
+    from workers.telemetry import start_node_sampler
+
     try:
         return start_node_sampler(conn.path, gpu_uuids, prometheus)
     except Exception as exc:
@@ -190,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # after the cheap checks: importing torch takes seconds
     import torch.distributed as dist
 
+    from workers.rank.device import gpu_uuid
     from workers.rank.heartbeat import StopFlag
-    from workers.synthetic.loop import Runtime, gpu_uuid, run_worker
+    from workers.synthetic.loop import Runtime, run_worker
 
     cuda = torch.cuda.is_available()
     backend = ns.backend if ns.backend != "auto" else ("nccl" if cuda else "gloo")
