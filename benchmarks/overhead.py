@@ -235,10 +235,10 @@ class Bench:
         conn = connection.load(path[0])
         if self.rt.local_rank == 0:
             from workers.rank.device import gpu_uuid
-            from workers.synthetic.main import start_sampler
+            from workers.telemetry import start_node_sampler
 
             uuids = [gpu_uuid(i) for i in range(self.torch.cuda.device_count())] if self.rt.cuda else []
-            self.helpers.sampler = start_sampler(conn, uuids)
+            self.helpers.sampler = start_node_sampler(str(conn.path), uuids)
         return conn
 
     def sync(self) -> None:

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 from typing import Any
@@ -135,40 +134,6 @@ def prometheus_from_args(ns: argparse.Namespace, conn: Connection | None, local_
     return address
 
 
-def start_sampler(conn: Connection | None, gpu_uuids: list[str], prometheus: str = "") -> subprocess.Popen[Any] | None:
-    """The node's telemetry sampler (local rank 0 only); the job runs on without one."""
-    if conn is None:
-        return None
-    from workers.telemetry import start_node_sampler
-
-    try:
-        return start_node_sampler(conn.path, gpu_uuids, prometheus)
-    except Exception as exc:
-        print(f"{PROG}: node telemetry not started ({type(exc).__name__}: {exc})", file=sys.stderr)
-        return None
-
-
-def node_tap(conn: Connection | None, prometheus: str) -> str | None:
-    """The node exporter's ipc endpoint this rank pushes a copy of its batches to, if any."""
-    if conn is None or not prometheus:
-        return None
-    from workers.export.tap import tap_endpoint
-
-    return tap_endpoint(conn.session, os.environ.get("COMMTOP_HOSTNAME") or socket.gethostname())
-
-
-def stop_sampler(proc: subprocess.Popen[Any] | None, exporting: bool = False) -> None:
-    """``exporting``: a sampler serving Prometheus ends by itself once this rank is gone, after
-    $COMMTOP_PROMETHEUS_LINGER_S (default 0), so a last scrape can read the final counts."""
-    if proc is None or proc.poll() is not None or exporting:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=1.0)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
@@ -234,14 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         dist.init_process_group("gloo")
 
-    sampler = None
-    if local_rank == 0 and not ns.bare:  # --bare: nothing of commtop's running beside the loop
-        uuids = [gpu_uuid(i) for i in range(min(local_world_size, torch.cuda.device_count()))] if rt.cuda else []
-        sampler = start_sampler(conn, uuids, prometheus)
+    # the node sampler (started by local rank 0's session) watches this node's GPUs
+    uuids = [gpu_uuid(i) for i in range(min(local_world_size, torch.cuda.device_count()))] if rt.cuda else []
     try:
         control = make_control(config, None if ns.bare else conn, rank)
     except Exception as exc:
-        stop_sampler(sampler, bool(prometheus))
         print(f"{PROG} rank {rank}: live control not started ({type(exc).__name__}: {exc})", file=sys.stderr)
         return 1
     try:
@@ -253,12 +215,11 @@ def main(argv: list[str] | None = None) -> int:
             bare=ns.bare,
             stop=stop,
             dead_man=True,
-            before_hard_exit=lambda: stop_sampler(sampler, bool(prometheus)),
-            tap=node_tap(conn, prometheus),
+            sampler_gpus=uuids,
+            prometheus=prometheus,
         )
     finally:
         control.close()
-        stop_sampler(sampler, bool(prometheus))
     # NCCL's teardown can hang when a peer died mid-collective: bound it.
     guard = threading.Timer(3.0, os._exit, args=(result.exit_code,))
     guard.daemon = True
