@@ -188,3 +188,30 @@ def test_two_nodes_expose_two_endpoints_whose_sums_are_the_whole_run(monkeypatch
         loop.join(2)
         collector.close()
         stop_exporters(rt, pids)
+
+
+def test_a_monitored_training_job_exports_through_commtop_run(tmp_path: Path) -> None:
+    """`commtop run --prometheus 127.0.0.1:0 -- python examples/train_ddp.py`: the user monitor's
+    ranks tap their batches too; per step the example issues 3 collectives (as test_example_train_ddp)."""
+    steps = 30
+    runtime = short_runtime_dir()
+    env = child_env(runtime, **LINGER)
+    argv = [sys.executable, "-m", "tui.cli", "run", "--headless", "--nproc", "2", "--prometheus", "127.0.0.1:0"]
+    argv += ["--", "python", str(REPO / "examples" / "train_ddp.py"), "--steps", str(steps)]
+    pids: list[int] = []
+    try:
+        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        found = endpoint_files(runtime)
+        assert len(found) == 1, f"no endpoint file; stderr: {proc.stderr[-1000:]}"
+        (info,) = found.values()
+        pids = [info["pid"]]
+        fams = scrape(info["url"])
+        count = "commtop_collective_duration_seconds_count"
+        assert per_rank(fams, "commtop_collective_duration_seconds", count) == {0: 3.0 * steps, 1: 3.0 * steps}
+        ops = {s.labels["op"] for s in fams["commtop_collective_duration_seconds"]}
+        assert ops == {"all_reduce", "all_gather"}
+        copies = per_rank(fams, "commtop_copy_duration_seconds", "commtop_copy_duration_seconds_count")
+        assert copies == {0: float(steps), 1: float(steps)}  # one offload copy per step
+    finally:
+        stop_exporters(runtime, pids)
