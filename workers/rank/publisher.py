@@ -20,6 +20,9 @@ from workers.wire.busbw import algbw_gbps
 from workers.wire.protocol import COLL, COLL_COLUMNS, COPY, COPY_COLUMNS, Batch, Bye
 
 DEFAULT_HWM = 64
+#: Batches a rank holds for its node exporter (--prometheus) while the node sampler is still
+#: starting (about 13 s of 50 ms batches); bounded, then dropped and counted in ``tap_dropped``.
+TAP_HWM = 256
 MAX_RECORDS = 4096
 
 #: What the timers hand over per collective: (iteration, step, epoch, mode, host_ns, start_ns, dur_us).
@@ -85,7 +88,7 @@ class RecordPublisher:
             # no ZMQ_IMMEDIATE: the pipe exists from connect() on, so the batches sent before the
             # node sampler has bound its socket wait in the bounded queue instead of being lost
             self._tap = self._ctx.socket(zmq.PUSH)
-            self._tap.setsockopt(zmq.SNDHWM, hwm)
+            self._tap.setsockopt(zmq.SNDHWM, max(hwm, TAP_HWM))
             self._tap.setsockopt(zmq.LINGER, 0)
             self._tap.connect(tap)
 
