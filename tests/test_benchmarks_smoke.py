@@ -25,6 +25,7 @@ BENCHMARKS = (
     "recordings",
     "cuda_timer_costs",
     "overlap_ingest",
+    "prometheus_export",
 )
 ROW_WITH_NUMBER = re.compile(r"^\|[^\n]*\d[^\n]*\|$", re.M)
 
