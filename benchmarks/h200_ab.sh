@@ -2,7 +2,8 @@
 # The A/B verdicts of issue 13 on the single-H200 machine, in one device call (~4 minutes):
 # `commtop ab --a mode=none --b mode=overlap` and `--b mode=sync` (the forum loop, world size 1),
 # each recorded, and `commtop report` on each recording (which reproduces the verdict from the
-# A/B marks). Run from the repo root with the carried wheels in .whl; results go to $OUT.
+# A/B marks). Run from the repo root with the carried wheels in .whl; results go to $OUT
+# (7 files: the log, and per arm B the output, the recording and its report).
 set -u
 OUT=${OUT:-h200-out}; mkdir -p "$OUT"
 PY=${PY:-python3}
@@ -16,8 +17,8 @@ $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cu
 for b in overlap sync; do
   echo "== commtop ab --a mode=none --b mode=$b --duration ${AB_S:-60}"
   timeout 170 $PY -m tui.cli ab --a mode=none --b "mode=$b" --duration "${AB_S:-60}" --seed 13 \
-      --record "$OUT/h200-ab-none-$b.commtop" > "$OUT/ab-$b.txt" 2> "$OUT/ab-$b.err"
-  echo "exit $?"; cat "$OUT/ab-$b.txt"; tail -5 "$OUT/ab-$b.err"
+      --record "$OUT/h200-ab-none-$b.commtop" > "$OUT/ab-$b.txt" 2>&1
+  echo "exit $?"; cat "$OUT/ab-$b.txt"
   $PY -m tui.cli report "$OUT/h200-ab-none-$b.commtop" > "$OUT/report-$b.txt" 2>&1
   echo "-- report of the recording (its A/B section):"; grep -A14 "^A/B:" "$OUT/report-$b.txt"
 done
