@@ -426,3 +426,21 @@ def test_combo_codes_cover_rare_and_many_sizes() -> None:
         codes, combos = report._combo_codes(op, nbytes)
         assert np.array_equal(np.array(combos, dtype=np.int64)[codes], (op.astype(np.int64) << 48) | nbytes)
         assert combos == sorted(set(combos))  # codes ascend with the combo
+
+
+def test_copy_bandwidth_as_a_share_of_the_pcie_peak_on_the_h200_recording(capsys) -> None:
+    """The committed H200 recording (PCIe Gen5 x16, no NVLink): pinned copies at ~87 % of the
+    theoretical 63 GB/s, pageable far below; no NVLink share (n/a, not 0)."""
+    path = Path(__file__).resolve().parent.parent / "recordings" / "h200-nccl-1gpu-all_gather-modes.commtop"
+    rc, out, _ = call(capsys, str(path), "--format", "json")
+    assert rc == 0
+    rows = {r["epoch"]: r for r in json.loads(out)["rows"] if r["rank"] is None}
+    for epoch, row in rows.items():
+        assert row["busbw_pct_nvlink"] is None
+        if row["copy_gbps"] is None:
+            assert row["copy_pct_pcie"] is None
+        else:  # Gen5 x16: 16 lanes x 32 GT/s x 128/130 / 8 = 63.0 GB/s
+            assert row["copy_pct_pcie"] == pytest.approx(row["copy_gbps"] / 63.015 * 100, rel=1e-3), epoch
+    assert 80 < rows[1]["copy_pct_pcie"] < 95 and rows[5]["copy_pct_pcie"] < 30  # pinned / pageable
+    text = call(capsys, str(path))[1]
+    assert "link peaks (theoretical, from NVML): PCIe 63.0 GB/s per direction; no NVLink" in text

@@ -29,6 +29,7 @@ from tui.model.ab_stats import as_json as ab_json
 from tui.model.ab_stats import format_table as ab_table
 from tui.recordings.format import Recording, RecordingError, Tables, open_recording, run_metadata
 from tui.report.overlap_report import ab_sections, class_fields, class_p50s, classify_tables, format_class_table
+from tui.report.peaks import Peaks, link_peaks, peak_fields, peaks_line
 from workers.wire import protocol as p
 from workers.wire.overlap import CLASS_KEYS
 from workers.wire.stats import percentiles, percentiles_and_max
@@ -108,6 +109,9 @@ class Row:
     none_n: int = 0
     none_p50_us: float = math.nan
     none_p99_us: float = math.nan
+    # share of the link's theoretical peak (tui.report.peaks)
+    copy_pct_pcie: float = math.nan
+    busbw_pct_nvlink: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,7 @@ class Report:
     rows: tuple[Row, ...]
     modes: tuple[ModeRow, ...]
     ab: tuple[Any, ...] = ()  # tui.model.ab_stats.ABResult of each A/B experiment recorded
+    peaks: Peaks = Peaks()
 
 
 # --------------------------------------------------------------------------- computing
@@ -358,6 +363,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     settings = _settings_by_epoch(tables.hellos)
     gpu_of = {h.rank: (h.host, h.gpu_uuid) for _, h in tables.hellos}
     telemetry = _Telemetry(tables.ticks)
+    peaks = link_peaks(tables.ticks)
 
     # Sorted once by (epoch, rank), only the columns that need a slice per row: durations (for
     # exact percentiles), modes and (op, size) codes. Sums per row come from per-group sums over
@@ -452,6 +458,9 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                     slowdown=p50 / base if base else math.nan,
                     **_link_means(telemetry, t0, t1, gpu),
                     **class_fields(dur32[a:b], ocls[a:b], ofrac[a:b]),
+                    **peak_fields(
+                        float(gbps[ga:gb].mean()) if gb > ga else math.nan, float(bus_sum[gids].sum()) / n, peaks
+                    ),
                 )
             )
 
@@ -483,6 +492,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
         rows=tuple(rows),
         modes=tuple(modes),
         ab=ab,
+        peaks=peaks,
     )
 
 
@@ -600,10 +610,11 @@ def format_table(report: Report) -> str:
             )
     lines += format_class_table(report.rows)
     for result in report.ab:
-        lines += ["", *ab_table(result).splitlines()]
+        lines += ["", *ab_table(result, report.peaks.copy_share(result.copy_gbps[1])).splitlines()]
     lines.append("")
     lines.append("latency = collective duration per rank (CUDA events on GPU); algbw/busbw GB/s as nccl-tests;")
     lines.append("PCIe/NVLink GB/s, SM clock and power = mean per GPU of the node telemetry during the epoch")
+    lines.append(peaks_line(report.peaks))
     return "\n".join(lines) + "\n"
 
 
