@@ -442,7 +442,7 @@ class RunModel:
             clock_ref=clock_ref,
             telemetry=self._telemetry_snapshot(now, offsets),
             version=self.version,
-            epochs=self._epochs(now),
+            epochs=self._epochs(now, fresh_run_stats),
         )
 
     def _telemetry_snapshot(self, now: int, offsets_ms: dict[str, float]) -> TelemetrySnapshot:
@@ -451,10 +451,10 @@ class RunModel:
             return self.telemetry.snapshot(now)
         return self.telemetry.snapshot(now, {h: round(v * 1e6) for h, v in offsets_ms.items()})
 
-    def _epochs(self, now: int) -> EpochComparison | None:
+    def _epochs(self, now: int, fresh: bool = False) -> EpochComparison | None:
         """The verdict line's comparison of the two newest epochs, at most once a second."""
         cached = self._epochs_cache
-        if cached is not None and 0 <= now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+        if cached is not None and not fresh and 0 <= now - cached[0] < RUN_STATS_EVERY_S * 1e9:
             return cached[1]
         states = list(self.ranks.values())
         result = compare_epochs(

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from tui.model.ingest import IngestLoop
 from tui.model.interfaces import Sink, Source
 from tui.model.run_model import RankView, RunModel, Snapshot
+from tui.model.verdict import epochs_text, pcie_peak
 
 #: At the end, drain until one poll this long brings nothing, for at most DRAIN_MAX_S.
 DRAIN_QUIET_S = 0.1
@@ -135,6 +136,8 @@ def format_summary(snapshot: Snapshot) -> str:
         offsets = ", ".join(f"{h} {v:+.3f} ms" for h, v in sorted(s.clock_offsets_ms.items()) if h != s.clock_ref)
         extra.append(f"clock offsets vs {s.clock_ref} (from collective end times): {offsets}")
     lines += format_class_summary(s)
+    if s.epochs is not None:
+        extra.append("verdict: " + epochs_text(s.epochs, pcie_peak(s.telemetry)))
     lines += extra
     return "\n".join(lines)
 
