@@ -444,3 +444,20 @@ def test_copy_bandwidth_as_a_share_of_the_pcie_peak_on_the_h200_recording(capsys
     assert 80 < rows[1]["copy_pct_pcie"] < 95 and rows[5]["copy_pct_pcie"] < 30  # pinned / pageable
     text = call(capsys, str(path))[1]
     assert "link peaks (theoretical, from NVML): PCIe 63.0 GB/s per direction; no NVLink" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "printed"),
+    [
+        # what `commtop ab` printed on the H200 (benchmarks/h200_ab.sh, 2026-12-02), verdict without the peak
+        ("overlap", "mode=overlap vs mode=none: p50 +1.8 % [+1.7, +1.8] · during copies +1.8 % · copies 55.1 GB/s"),
+        ("sync", "mode=sync vs mode=none: p50 +1.1 % [-0.2, +2.5] no detectable difference · after +1.1 % · copies 55.2 GB/s"),
+    ],
+)
+def test_h200_ab_recordings_reproduce_the_verdict_printed_live(capsys, name: str, printed: str) -> None:
+    path = Path(__file__).resolve().parent.parent / "recordings" / f"h200-nccl-1gpu-ab-none-{name}.commtop"
+    rc, out, _ = call(capsys, str(path), "--format", "json")
+    assert rc == 0
+    (ab,) = json.loads(out)["ab"]
+    assert ab["verdict"] == printed + " · 15 pairs"
+    assert ab["pairs"] == 15 and ab["classes"]["all"]["p50"]["pairs"] == 15

@@ -165,9 +165,8 @@ class ABExperiment:
             return
         if not len(tick.uuids):
             return
-        with np.errstate(all="ignore"):
-            pcie = float(np.nanmean(tick.metrics["pcie_tx_gbps"])) if len(tick.uuids) else math.nan
-            nvl = float(np.nanmean(tick.metrics["nvlink_tx_gbps"]))
+        pcie = _finite_mean(tick.metrics["pcie_tx_gbps"])
+        nvl = _finite_mean(tick.metrics["nvlink_tx_gbps"])
         with self._lock:
             if len(self._ticks) < MAX_TICKS:
                 self._ticks.append((tick.t_ns, pcie, nvl))
@@ -346,10 +345,17 @@ class ABExperiment:
         )
 
 
+def _finite_mean(values: np.ndarray) -> float:
+    """Mean of the finite values (NaN = n/a, e.g. NVLink on a machine without it)."""
+    ok = values[np.isfinite(values)]
+    return float(ok.mean()) if len(ok) else math.nan
+
+
 def arm_link(
     blocks: list[Block], windows: Mapping[int, tuple[int, int]], ticks: list[tuple[int, float, float]]
 ) -> tuple[float, float]:
-    """Mean link tx GB/s per GPU (PCIe, plus NVLink where there is any) over each arm's blocks."""
+    """Link tx GB/s per GPU (PCIe, plus NVLink where there is any): per arm, the mean over its
+    blocks of each block's mean (as `commtop report` computes it from a recording)."""
     if not ticks:
         return (math.nan, math.nan)
     t = np.array([x[0] for x in ticks], dtype=np.int64)
@@ -360,15 +366,15 @@ def arm_link(
     value = np.where(np.isfinite(nvl) & (nvl > 0), np.nan_to_num(pcie) + nvl, pcie)
     out = []
     for arm in ("A", "B"):
-        parts = []
+        means = []
         for blk in blocks:
             w = windows.get(blk.epoch)
             if blk.arm == arm and w is not None:
                 a, b = np.searchsorted(t, [w[0], w[1] + 1])
-                parts.append(value[a:b])
-        vals = np.concatenate(parts) if parts else np.zeros(0)
-        vals = vals[np.isfinite(vals)]
-        out.append(float(vals.mean()) if len(vals) else math.nan)
+                mean = _finite_mean(value[a:b])
+                if math.isfinite(mean):
+                    means.append(mean)
+        out.append(sum(means) / len(means) if means else math.nan)
     return (out[0], out[1])
 
 
