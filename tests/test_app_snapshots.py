@@ -13,6 +13,7 @@ from frozen_run import frozen_snapshot
 
 from tui.model.interfaces import ControlView
 from tui.view.app import CommtopApp
+from tui.view.messages import SnapshotReady
 
 SETTINGS = {"copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
 
@@ -62,3 +63,32 @@ def test_sixty_four_ranks_switch_to_the_heat_map(snap_compare: Any) -> None:
 def test_heat_map_of_eight_ranks_on_v(snap_compare: Any) -> None:
     app, show = frozen_app(8, stale=4)
     assert snap_compare(app, terminal_size=(120, 36), run_before=show, press=["v"])
+
+
+def frozen_links_app(world: int, gpus: int, **kw: Any) -> tuple[CommtopApp, Any]:
+    """The app with its links panel, fed the H200's NVML ticks (tests/frozen_links.py) through
+    the same SnapshotReady message the ingest thread posts."""
+    app = CommtopApp(title="commtop run", controller=FrozenController())
+    snap = frozen_snapshot(world=world, gpus=gpus, **kw)
+
+    async def show(pilot: Any) -> None:
+        for _ in range(2):  # the second after the panel took the height it asked for
+            pilot.app.post_message(SnapshotReady(snap))
+            await pilot.pause()
+
+    return app, show
+
+
+def test_one_h200_links_share_the_time_axis_and_fill_the_room(snap_compare: Any) -> None:
+    app, show = frozen_links_app(1, 1)
+    assert snap_compare(app, terminal_size=(160, 42), run_before=show)
+
+
+def test_eight_gpus_with_nvlink_fall_back_to_one_line_each(snap_compare: Any) -> None:
+    app, show = frozen_links_app(8, 8, nvlink=True)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=show)
+
+
+def test_eight_gpus_on_a_tall_terminal_get_a_line_per_link(snap_compare: Any) -> None:
+    app, show = frozen_links_app(8, 8, nvlink=True)
+    assert snap_compare(app, terminal_size=(160, 64), run_before=show)

@@ -18,7 +18,6 @@ from typing import Any
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
-from textual.widget import Widget
 from textual.widgets import Footer
 
 from tui.model.ingest import IngestLoop
@@ -35,6 +34,7 @@ from tui.model.interfaces import (
 from tui.model.run_model import RunModel, Snapshot
 from tui.view.messages import IngestError, SnapshotReady
 from tui.view.widgets.header import RunHeader
+from tui.view.widgets.links import LinksPanel, RankGpu
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from tui.view.widgets.status import ReplayBar, StatusLine
 from workers.wire.protocol import DIRECTIONS, MODES
@@ -46,15 +46,6 @@ REPLAY_SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 _CONTROL_ACTIONS = {"cycle_mode", "pick_mode", "copies", "cycle_scale", "toggle_pinned", "toggle_direction"}
 _REPLAY_ACTIONS = {"replay_pause", "replay_speed", "replay_seek", "replay_jump"}
-
-
-def _links_panel() -> Widget | None:
-    """The telemetry helper's links panel, if present (the app works without it)."""
-    try:
-        from tui.view.widgets.links import LinksPanel
-    except ImportError:
-        return None
-    return LinksPanel(id="links")
 
 
 class CommtopApp(App[None]):
@@ -151,9 +142,8 @@ class CommtopApp(App[None]):
         yield RunHeader(self.run_title, id="header")
         yield header
         yield RankGrid(header, id="grid")
-        links = _links_panel() if self.with_links else None
-        if links is not None:
-            yield links
+        if self.with_links:
+            yield LinksPanel(id="links")
         bar = ReplayBar(id="replay")
         bar.display = self.replay is not None
         yield bar
@@ -216,21 +206,28 @@ class CommtopApp(App[None]):
             self.query_one(RunHeader).show(snap, self._control, self._recording)
             links = self._links()
             if links is not None and snap.telemetry is not None:
-                update = getattr(links, "update_snapshot", None)
-                if update is not None:
-                    window = (grid.window_start_ns or snap.now_ns - 30 * 10**9, snap.now_ns)
-                    try:
-                        update(
-                            snap.telemetry,
-                            window,
-                            order=[(f"r{r.rank}", r.host, r.gpu_uuid) for r in snap.ranks if r.gpu_uuid],
-                        )
-                    except Exception as exc:  # the panel must not take the app down
-                        self._note_error(f"links panel: {type(exc).__name__}: {exc}")
+                try:
+                    links.update_snapshot(
+                        snap.telemetry,
+                        grid.time_axis,
+                        [RankGpu(f"r{r.rank}", r.host, r.gpu_uuid, r.copy_gbps) for r in snap.ranks if r.gpu_uuid],
+                        max_lines=self._links_budget(snap, links),
+                    )
+                except Exception as exc:  # the panel must not take the app down
+                    self._note_error(f"links panel: {type(exc).__name__}: {exc}")
         self.applied += 1
 
-    def _links(self) -> Widget | None:
-        found = self.query("#links")
+    def _links_budget(self, snap: Snapshot, links: LinksPanel) -> int:
+        """Lines the links panel may use: what is left when the rank rows have what they need
+        (three lines a rank, so every rank shows its numbers; at most half when ranks are many)."""
+        grid = self.query_one(RankGrid)
+        body = grid.size.height + links.size.height  # the two share what header, bars and footer leave
+        n = max(1, len(snap.ranks))
+        need = min(3 * n, max(min(n, body - 4), body // 2))
+        return max(1, body - need - 1)  # - 1: the panel's top border
+
+    def _links(self) -> LinksPanel | None:
+        found = self.query(LinksPanel)
         return found.first() if found else None
 
     def _side_poll(self) -> None:

@@ -19,6 +19,7 @@ from textual.widget import Widget
 
 from tui.model.run_model import Snapshot
 from tui.model.stats import AxisScale
+from tui.model.time_axis import TimeAxis
 from tui.view.widgets.rank_rows import (
     FIXED_W,
     HEAT_LABEL_W,
@@ -84,8 +85,8 @@ class RankGrid(ScrollView):
         #: segment style -> line style + segment style (Style.__add__ costs ~4 µs a call; a heat
         #: frame at 64 ranks has ~5 k segments, from a few dozen distinct styles)
         self._styled: dict[int, tuple[Style | None, Style]] = {}
-        #: Host time of the first visible iteration (the links panel shows the same window).
-        self.window_start_ns = 0
+        #: Which wall-clock interval each chart column covers (the links panel uses the same).
+        self.time_axis = TimeAxis()
 
     # ----------------------------------------------------------------------- inputs
 
@@ -140,7 +141,7 @@ class RankGrid(ScrollView):
         now_s = snap.now_ns / 1e9
         k = self._choose_k(snap, n_cells, now_s)
         cells: Cells = bucket(snap.history, n_cells, k)
-        self.window_start_ns = cells.first_start_ns
+        self.time_axis = TimeAxis(label_w, cells.edges_ns) if n_cells else TimeAxis(label_w)
         self.top = self.axis.update(visible_top(cells), now_s)
         procs = self._proc_states(snap)
         if view == "heat":

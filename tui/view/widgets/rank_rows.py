@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from rich.cells import cell_len
 from rich.segment import Segment
 
 from tui.model.run_model import NO_MODE, History, RankView, Snapshot
+from tui.model.time_axis import iteration_edges
 from tui.view.widgets.palette import (
     ACCENT,
     CLIPPED,
@@ -55,6 +56,8 @@ class Cells:
     k: int
     first_iteration: int  # iteration of the first cell's first column
     first_start_ns: int  # host time of the first visible iteration (0 = unknown)
+    #: Host time where each cell starts, plus the end of the last (cells + 1; empty = unknown).
+    edges_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def bucket(history: History, cells: int, k: int) -> Cells:
@@ -86,7 +89,8 @@ def bucket(history: History, cells: int, k: int) -> Cells:
         visible = history.start_ns[src]
         nz = visible[visible > 0]
         first_start = int(nz[0]) if len(nz) else 0
-    return Cells(out_ms, out_mode, k, start_it, first_start)
+    edges = iteration_edges(history.start_ns, history.first_iteration, start_it, cells, k)
+    return Cells(out_ms, out_mode, k, start_it, first_start, edges)
 
 
 def visible_top(cells: Cells) -> float:
