@@ -12,7 +12,7 @@ tests), or directly with ``CommtopApp(source, model, ...)``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from textual.app import App, ComposeResult
@@ -33,6 +33,7 @@ from tui.model.interfaces import (
 )
 from tui.model.run_model import RunModel, Snapshot
 from tui.view.messages import IngestError, SnapshotReady
+from tui.view.widgets.connect import ConnectPanel
 from tui.view.widgets.header import RunHeader
 from tui.view.widgets.links import LinksPanel, RankGpu
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
@@ -74,6 +75,7 @@ class CommtopApp(App[None]):
     BINDINGS = [
         Binding("q", "quit", "quit"),
         Binding("v", "toggle_view", "rows/heat"),
+        Binding("i", "toggle_connect", "connect"),
         Binding("o", "cycle_mode", "mode"),
         Binding("1", "pick_mode(0)", "none", show=False),
         Binding("2", "pick_mode(1)", "overlap", show=False),
@@ -109,6 +111,7 @@ class CommtopApp(App[None]):
         interval_s: float = 0.08,
         owns_source: bool = False,
         links: bool = True,
+        connect: Sequence[str] = (),
     ) -> None:
         super().__init__()
         self.source = source
@@ -124,6 +127,9 @@ class CommtopApp(App[None]):
         self.interval_s = interval_s
         self.owns_source = owns_source
         self.with_links = links
+        #: How to reach this run (``commtop watch``): shown until the first rank arrives, and on i.
+        self.connect_lines = list(connect)
+        self._connect_auto = bool(connect)  # still shown automatically (no rank has arrived yet)
         self.replay: ReplayControls | None = source if isinstance(source, ReplayControls) else None
         self.ingest: IngestLoop | None = None
         self.snapshot: Snapshot | None = None
@@ -141,6 +147,8 @@ class CommtopApp(App[None]):
         header = GridHeader(id="grid-header")
         yield RunHeader(self.run_title, id="header")
         yield header
+        if self.connect_lines:
+            yield ConnectPanel(self.connect_lines, id="connect")
         yield RankGrid(header, id="grid")
         if self.with_links:
             yield LinksPanel(id="links")
@@ -201,6 +209,9 @@ class CommtopApp(App[None]):
         """Apply one snapshot to every widget (UI thread)."""
         self.snapshot = snap
         with self.batch_update():
+            if self._connect_auto and snap.ranks:  # the first rank found its way: the panel may go
+                self._connect_auto = False
+                self._show_connect(False)
             grid = self.query_one(RankGrid)
             grid.show(snap)
             self.query_one(RunHeader).show(snap, self._control, self._recording)
@@ -294,7 +305,19 @@ class CommtopApp(App[None]):
             return self.replay is not None
         if action == "toggle_record":
             return self.recorder is not None
+        if action == "toggle_connect":
+            return bool(self.connect_lines)
         return True
+
+    def _show_connect(self, show: bool) -> None:
+        for panel in self.query(ConnectPanel):
+            panel.display = show
+
+    def action_toggle_connect(self) -> None:
+        """Show or hide how to connect workers (``commtop watch``)."""
+        self._connect_auto = False
+        for panel in self.query(ConnectPanel):
+            panel.display = not panel.display
 
     def action_toggle_view(self) -> None:
         self.query_one(RankGrid).toggle_view()

@@ -281,7 +281,6 @@ class LinksPanel(Widget):
         where = f"{row.host}:{row.index if row.index >= 0 else '?'}"
         name = who.label if ":" in who.label else f"{who.label} {where}"
         pcie, nvlink = _links(row)
-        has_nv = _has(row, nvlink)
         if self.layout_name == "gpu":
             left = [Segment(f"{who.label:<4}", DIM if row.stale else LABEL)]
             for link in (pcie, nvlink):
