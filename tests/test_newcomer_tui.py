@@ -85,3 +85,92 @@ async def test_i_is_not_offered_where_there_is_nothing_to_connect() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         assert not app.query(ConnectPanel) and app.check_action("toggle_connect", ()) is False
+
+
+@run_async
+async def test_help_on_question_mark_and_f1_lists_every_key() -> None:
+    from textual.widgets import Static
+
+    from tui.view.keys import KEYS
+    from tui.view.widgets.help import HelpScreen, key_name
+
+    app = CommtopApp(links=False)
+    async with app.run_test(size=(120, 50)) as pilot:
+        for key in ("question_mark", "f1"):
+            await pilot.press(key)
+            await pilot.pause()
+            assert isinstance(app.screen, HelpScreen)
+            text = str(app.screen.query_one("#help-text", Static).render())
+            for k in KEYS:
+                if k.show or k.display:
+                    assert k.help in text and key_name(k.keys, k.display) in text
+            assert "(replay only)" in text  # no replay here: its keys are marked, not hidden
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not isinstance(app.screen, HelpScreen)
+
+
+@run_async
+async def test_command_palette_offers_every_available_action() -> None:
+    from tui.view.keys import KEYS
+
+    app = CommtopApp(links=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for k in KEYS:
+            if app.check_action(k.action.partition("(")[0], ()) is not False:
+                assert any(t.startswith(k.help) for t in titles), k
+        assert not any(t.startswith("Pause or resume the replay") for t in titles)  # not a replay
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        assert type(app.screen).__name__ == "CommandPalette"
+        await pilot.press(*"latency heat")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        from tui.view.widgets.rank_grid import RankGrid
+
+        assert app.query_one(RankGrid).view_mode in ("rows", "heat")  # the palette ran toggle_view
+
+
+@run_async
+async def test_ctrl_c_quits() -> None:
+    app = CommtopApp(links=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.return_code is None
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+        assert app.return_code == 0  # exited (Textual's default only says "press ctrl+q")
+
+
+def test_sigterm_restores_the_terminal() -> None:
+    """The real `commtop replay` on a pseudo-terminal: SIGTERM ends it through the event loop,
+    so it leaves the alternate screen, shows the cursor and turns mouse reporting off."""
+    import os
+    import signal as sig
+
+    from synthetic_ranks import PY, REPO, PtyProc
+
+    tui = PtyProc(
+        [PY, "-m", "tui.cli", "replay", str(REPO / "recordings" / "cpu-gloo-4ranks-all_gather-modes.commtop")],
+        dict(os.environ),
+    )
+    try:
+        tui.first_seen("rows/heat", timeout_s=60)  # the footer is drawn: Textual owns the terminal
+        tui.proc.send_signal(sig.SIGTERM)
+        assert tui.wait(30) == 0
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with tui._lock:
+                out = b"".join(data for _, data in tui._chunks)
+            if b"\x1b[?1049l" in out:
+                break
+            time.sleep(0.05)
+        tail = out[out.rfind(b"rows/heat") :]
+        assert b"\x1b[?1049l" in tail  # left the alternate screen
+        assert b"\x1b[?25h" in tail  # cursor shown again
+        assert b"\x1b[?1000l" in tail or b"\x1b[?1003l" in tail  # mouse reporting off
+    finally:
+        tui.kill_all()

@@ -11,13 +11,16 @@ tests), or directly with ``CommtopApp(source, model, ...)``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.app import App, ComposeResult, SystemCommand
 from textual.css.query import NoMatches
+from textual.screen import Screen
 from textual.widgets import Footer
 
 from tui.model.ingest import IngestLoop
@@ -32,9 +35,11 @@ from tui.model.interfaces import (
     Source,
 )
 from tui.model.run_model import RunModel, Snapshot
+from tui.view.keys import KEYS, bindings
 from tui.view.messages import IngestError, SnapshotReady
 from tui.view.widgets.connect import ConnectPanel
 from tui.view.widgets.header import RunHeader
+from tui.view.widgets.help import HelpScreen, key_name
 from tui.view.widgets.links import LinksPanel, RankGpu
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from tui.view.widgets.status import ReplayBar, StatusLine
@@ -70,31 +75,9 @@ class CommtopApp(App[None]):
 
     CSS_PATH = "app.tcss"
     TITLE = "commtop"
-    ENABLE_COMMAND_PALETTE = False
+    ENABLE_COMMAND_PALETTE = True
 
-    BINDINGS = [
-        Binding("q", "quit", "quit"),
-        Binding("v", "toggle_view", "rows/heat"),
-        Binding("i", "toggle_connect", "connect"),
-        Binding("o", "cycle_mode", "mode"),
-        Binding("1", "pick_mode(0)", "none", show=False),
-        Binding("2", "pick_mode(1)", "overlap", show=False),
-        Binding("3", "pick_mode(2)", "sync", show=False),
-        Binding("4", "pick_mode(3)", "sync-barrier", show=False),
-        Binding("c", "copies(-1)", "copies-", show=False),
-        Binding("C,shift+c", "copies(1)", "copies±"),
-        Binding("s", "cycle_scale", "size"),
-        Binding("h", "toggle_pinned", "pinned"),
-        Binding("d", "toggle_direction", "dir"),
-        Binding("r", "toggle_record", "rec"),
-        Binding("space", "replay_pause", "pause"),
-        Binding("plus,equals_sign", "replay_speed(1)", "faster", show=False),
-        Binding("minus", "replay_speed(-1)", "speed±"),
-        Binding("left", "replay_seek(-5)", "-5s", show=False),
-        Binding("right", "replay_seek(5)", "seek±5s"),
-        Binding("n", "replay_jump(1)", "next change"),
-        Binding("p", "replay_jump(-1)", "prev", show=False),
-    ]
+    BINDINGS = bindings()
 
     def __init__(
         self,
@@ -140,6 +123,7 @@ class CommtopApp(App[None]):
         self._errors: list[str] = []
         self._control: ControlView | None = None
         self._recording: RecordingStatus | None = None
+        self._sigterm_set = False
 
     # ----------------------------------------------------------------------- layout
 
@@ -159,6 +143,7 @@ class CommtopApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self._catch_sigterm()
         self.query_one(StatusLine).show([], self.hint)
         if self.source is not None:
             self.ingest = IngestLoop(
@@ -174,7 +159,21 @@ class CommtopApp(App[None]):
         self.set_interval(SIDE_POLL_S, self._side_poll)
         self._side_poll()
 
+    def _catch_sigterm(self) -> None:
+        """SIGTERM ends the app the way q does: from the event loop, so Textual's driver puts
+        the terminal back (alternate screen, mouse, raw mode) instead of dying mid-frame."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.exit)
+        except (NotImplementedError, RuntimeError, ValueError):  # no signals here (not the main loop)
+            return
+        self._sigterm_set = True
+
     def on_unmount(self) -> None:
+        if self._sigterm_set:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
         if self.ingest is not None:
             self.ingest.stop()
             self.ingest.join(2.0)
@@ -308,6 +307,26 @@ class CommtopApp(App[None]):
         if action == "toggle_connect":
             return bool(self.connect_lines)
         return True
+
+    def _available(self, action: str) -> bool:
+        name = action.partition("(")[0]
+        return self.check_action(name, ()) is not False
+
+    def action_help(self) -> None:
+        """Every key, grouped; the ones this session cannot use are marked."""
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self._available))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The command palette (ctrl+p): every action of the keys, by name, plus Textual's own."""
+        yield from super().get_system_commands(screen)
+        for k in KEYS:
+            if self._available(k.action):
+                yield SystemCommand(
+                    f"{k.help} [{key_name(k.keys, k.display)}]",
+                    f"{k.group}: {k.label}",
+                    lambda action=k.action: self.call_later(self.run_action, action),
+                )
 
     def _show_connect(self, show: bool) -> None:
         for panel in self.query(ConnectPanel):
