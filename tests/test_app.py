@@ -328,7 +328,7 @@ def test_header_text_without_data_and_with_pending_switch() -> None:
         apply_at=640,
     )
     text = header_text(snap, view).plain
-    assert "mode  overlap " in text and "epoch 3" in text and "switching to sync at iteration 640" in text
+    assert "mode  overlap " in text and "epoch 3" in text and "⇢ switching mode overlap → sync at iteration 640" in text
 
 
 def test_header_text_shows_hello_only_runs() -> None:
@@ -364,7 +364,7 @@ def test_header_shows_only_the_requested_changes_not_yet_in_force() -> None:
     base = {"mode": "overlap", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
     view = ControlView(requested={**base, "mode": "sync", "pinned": False}, in_force=base, epoch_in_force=3)
     text = header_text(snap, view).plain
-    assert "requested mode=sync pinned=off (not yet in force)" in text
+    assert "requested mode overlap → sync, pinned → pageable (not yet in force)" in text
     same = ControlView(requested=base, in_force=base, epoch_in_force=3)
     assert "requested" not in header_text(snap, same).plain
 

@@ -38,6 +38,8 @@ STALE_AFTER_S = 2.0
 WINDOW_S = 5.0
 #: Iterations of per-rank history handed to the UI in every snapshot (sparklines, heat map).
 HISTORY_ITERS = 1024
+#: Epochs whose settings the model remembers (a settings change is one epoch).
+MAX_EPOCHS = 4096
 #: Complete iterations (all ranks reported) used to name the straggler.
 STRAGGLER_ITERS = 256
 COPY_RING_SIZE = 1024
@@ -157,6 +159,8 @@ class Snapshot:
     epoch_in_force: int = -1
     pending_epoch: int = -1
     apply_at: int = -1
+    #: The settings the pending epoch brings, when a hello (or the recording) told them ({} = unknown).
+    pending_settings: dict[str, Any] = field(default_factory=dict)
     started_ns: int = 0
     iter_rate: float = math.nan  # median over ranks with data
     drops: int = 0
@@ -241,6 +245,9 @@ class RunModel:
         self.clock = clock
         self.stale_after_ns = int(stale_after_s * 1e9)
         self._telemetry_cls: Any = _load_telemetry_model()
+        #: Settings per epoch, known beforehand (a replay reads them from the whole recording);
+        #: kept across reset(), unlike those the hellos teach.
+        self.known_epochs: dict[int, dict[str, Any]] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -256,6 +263,17 @@ class RunModel:
         self.modes_seen: set[int] = set()
         self.worst_skew: SkewEvent | None = None
         self.telemetry = self._telemetry_cls() if self._telemetry_cls is not None else None
+        #: Settings per epoch from the hellos (the first hello of each epoch; bounded).
+        self.epoch_settings: dict[int, dict[str, Any]] = {}
+
+    def learn_epoch_settings(self, settings: dict[int, dict[str, Any]]) -> None:
+        """Settings per epoch known before the messages arrive (a replay's whole recording), so
+        the header shows the settings of the epoch in force even before its first hello."""
+        self.known_epochs = {int(e): dict(v) for e, v in settings.items()}
+
+    def settings_of(self, epoch: int) -> dict[str, Any]:
+        """What epoch ``epoch`` runs with ({} when neither a hello nor the recording said)."""
+        return dict(self.known_epochs.get(epoch) or self.epoch_settings.get(epoch) or {})
 
     def set_rejected(self, counts: Counter[str] | dict[str, int]) -> None:
         """Frames the source refused, by reason (the source counts, the model reports)."""
@@ -362,6 +380,10 @@ class RunModel:
         state.revive_if_newer(hello.t_ns)
         if state.hello is None or hello.t_ns >= state.hello.t_ns:
             state.hello = hello
+        if hello.epoch not in self.epoch_settings and hello.settings:
+            if len(self.epoch_settings) >= MAX_EPOCHS:
+                del self.epoch_settings[min(self.epoch_settings)]
+            self.epoch_settings[hello.epoch] = dict(hello.settings)
         state.dropped = max(state.dropped, hello.dropped)
         state.sent_hint[COLL] = max(state.sent_hint[COLL], hello.seq_coll)
         state.sent_hint[COPY] = max(state.sent_hint[COPY], hello.seq_copy)
@@ -413,9 +435,10 @@ class RunModel:
             dtype=str(config.get("dtype", "")),
             tensor_bytes=int(config.get("tensor_bytes", 0) or 0),
             config=config,
-            settings=_settings_in_force(lead, lead_state),
+            settings=_settings_in_force(lead, lead_state, self.settings_of(epoch)),
             epoch_in_force=epoch,
             pending_epoch=max((p[1] for p in pend), default=-1),
+            pending_settings=self.settings_of(max((p[1] for p in pend), default=-1)),
             apply_at=max((p[2] for p in pend), default=-1),
             started_ns=min((s.hello.started_ns for s in self.ranks.values() if s.hello), default=0),
             iter_rate=float(np.median(rates)) if rates else math.nan,
@@ -530,10 +553,11 @@ class RunModel:
         )
 
 
-def _settings_in_force(lead: Hello | None, state: _RankState | None) -> dict[str, Any]:
-    """The lead rank's settings from its hello (<= 1 s old), with the mode of its newest
-    record (fresher: it changes at an iteration, the hello only once a second)."""
-    settings = dict(lead.settings) if lead else {}
+def _settings_in_force(lead: Hello | None, state: _RankState | None, of_epoch: dict[str, Any]) -> dict[str, Any]:
+    """The settings of the epoch in force (``of_epoch``: from its first hello or the
+    recording), else the lead rank's hello (<= 1 s old: it may still be the last epoch's), with
+    the mode of its newest record (fresher: it changes at an iteration, a hello once a second)."""
+    settings = dict(of_epoch) if of_epoch else (dict(lead.settings) if lead else {})
     if state is not None and len(state.coll):
         m = int(state.coll.view(1, copy=False)["mode"][0])
         if m < len(MODES):

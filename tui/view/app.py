@@ -114,6 +114,9 @@ class CommtopApp(App[None]):
         self.connect_lines = list(connect)
         self._connect_auto = bool(connect)  # still shown automatically (no rank has arrived yet)
         self.replay: ReplayControls | None = source if isinstance(source, ReplayControls) else None
+        known = getattr(source, "epoch_settings", None)  # a replay knows every epoch's settings
+        if isinstance(known, dict):
+            self.model.learn_epoch_settings(known)
         self.ingest: IngestLoop | None = None
         self.snapshot: Snapshot | None = None
         #: Snapshots applied to the widgets so far (tests wait on it).

@@ -51,6 +51,26 @@ def _fmt_value(value: Any) -> str:
     return str(value)
 
 
+def settings_change(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """What a settings change does, in the words of the keys: "copies 5 → 6", "pinned →
+    pageable", "size ×1 → ×2", "mode overlap → sync"; "" when nothing differs."""
+    parts = []
+    for key, new in after.items():
+        old = before.get(key)
+        if old == new or key == "knobs" and not new:
+            continue
+        if key == "pinned":
+            parts.append(f"{'pinned' if old else 'pageable'} → {'pinned' if new else 'pageable'}")
+        elif key == "copy_scale":
+            parts.append(f"size ×{_fmt_value(old)} → ×{_fmt_value(new)}")
+        elif key == "knobs":
+            old_k = dict(old or {})
+            parts += [f"{k} {old_k.get(k, '?')} → {v}" for k, v in dict(new).items() if old_k.get(k) != v]
+        else:
+            parts.append(f"{key} {_fmt_value(old) if old is not None else '?'} → {_fmt_value(new)}")
+    return ", ".join(parts)
+
+
 def skew_text(snap: Snapshot) -> str:
     """The run's worst arrival skew, when the others waited several typical collectives."""
     e = snap.worst_skew
@@ -115,14 +135,15 @@ def header_text(
     t.append(f"  epoch {epoch}", style=style(MUTED))
     pending, apply_at = (control.pending_epoch, control.apply_at) if control else (snap.pending_epoch, snap.apply_at)
     if control and control.requested and pending < 0:
-        diff = {k: v for k, v in control.requested.items() if in_force.get(k) != v}
-        if diff:
-            wanted = " ".join(f"{k}={_fmt_value(v)}" for k, v in diff.items())
+        wanted = settings_change(in_force, dict(control.requested))
+        if wanted:
             t.append(f"  requested {wanted} (not yet in force)", style=style(WARN))
     if pending >= 0:
         at = f" at iteration {apply_at}" if apply_at >= 0 else ""
-        want = control.requested.get("mode", "") if control and control.requested else ""
-        t.append(f"  ⇢ switching{' to ' + want if want else ''}{at}", style=style(WARN, bold=True))
+        target = dict(control.requested) if control and control.requested else dict(snap.pending_settings)
+        change = settings_change(in_force, target) if target else ""
+        what = change or f"to epoch {pending}"
+        t.append(f"  ⇢ switching {what}{at}", style=style(WARN, bold=True))
     if control and control.note:
         t.append(f"  {control.note}", style=style(MUTED))
     skew = skew_text(snap)
