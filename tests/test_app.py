@@ -78,7 +78,7 @@ async def test_live_source_to_two_rank_rows(connection: Connection) -> None:
         grid = app.query_one(RankGrid)
         assert len(lines) == 2 * grid.row_h and grid.row_h > 1  # room for taller bars
         rows = lines[:: grid.row_h]
-        assert lines[1].strip().startswith("whole run max")
+        assert lines[1].strip().startswith("whole run   max ")
         assert rows[0].startswith("●     0  node-a:cpu") and rows[1].startswith("●     1◀ node-a:cpu")
         assert any(ch in rows[0] for ch in "▁▂▃▄▅▆▇█")
         header = app.query_one("#header").render().plain

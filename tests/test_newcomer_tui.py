@@ -174,3 +174,54 @@ def test_sigterm_restores_the_terminal() -> None:
         assert b"\x1b[?1000l" in tail or b"\x1b[?1003l" in tail  # mouse reporting off
     finally:
         tui.kill_all()
+
+
+def test_the_first_step_is_left_out_of_the_straggler_headline() -> None:
+    """Rank 0 arrives 60 ms late at iteration 1 (start-up) and 20 ms late at iteration 100:
+    the headline names iteration 100, not the start-up."""
+    import numpy as np
+    from frozen_run import frozen_coll
+
+    from tui.model.run_model import RunModel
+    from tui.view.widgets.header import skew_text
+
+    model = RunModel()
+    for r in range(2):
+        model.apply(frozen_hello(r, 2))
+    its = np.arange(200)
+    for r in range(2):
+        dur = np.full(200, 2000.0)
+        if r == 1:  # rank 1 waits for rank 0: rank 0 is the straggler
+            dur[1], dur[100] = 62_000.0, 22_000.0
+        model.apply(frozen_coll(r, 0, its, dur))
+    snap = model.snapshot()
+    assert snap.worst_skew is not None and snap.worst_skew.iteration == 100
+    assert "rank 0 arrived 20.0 ms late at iteration 100" in skew_text(snap)
+
+
+def test_host_line_says_what_tick_and_drops_are() -> None:
+    from frozen_links import fixture_ticks
+
+    from tui.model.telemetry import TelemetryModel
+    from workers.wire.telemetry import Tick
+
+    model = TelemetryModel()
+    msgs = fixture_ticks("node-a", 10**18, 1)
+    for m in msgs:
+        model.apply(m)
+    last = msgs[-1]
+    model.apply(Tick(**{**last.__dict__, "t_ns": last.t_ns + 10**8, "dropped": 3}))
+    line = model.snapshot(last.t_ns + 10**8).host_line()
+    assert "sampler " in line and " ms/tick" in line and "3 sampler ticks dropped" in line
+    assert "drop 3" not in line
+
+
+def test_whole_run_row_says_which_number_is_the_max() -> None:
+    from frozen_run import frozen_snapshot
+
+    from tui.view.widgets.rank_rows import bucket, render_rows
+
+    snap = frozen_snapshot(world=2)
+    lines = render_rows(snap, bucket(snap.history, 40, 1), 15.0, 120, row_h=3)
+    run_line = "".join(seg.text for seg in lines[1])
+    assert "whole run" in run_line and "whole run max" not in run_line and " max 12." in run_line

@@ -38,6 +38,8 @@ STALE_AFTER_S = 2.0
 WINDOW_S = 5.0
 #: Iterations of per-rank history handed to the UI in every snapshot (sparklines, heat map).
 HISTORY_ITERS = 1024
+#: Iterations left out of the straggler headline when the run does not say its step length.
+SETTLE_ITERS = 32
 #: Epochs whose settings the model remembers (a settings change is one epoch).
 MAX_EPOCHS = 4096
 #: Complete iterations (all ranks reported) used to name the straggler.
@@ -266,6 +268,13 @@ class RunModel:
         #: Settings per epoch from the hellos (the first hello of each epoch; bounded).
         self.epoch_settings: dict[int, dict[str, Any]] = {}
 
+    def _settle_iters(self) -> int:
+        """Iterations of the first step: left out of the straggler headline (warm-up is not
+        reported, but the first step after it still carries the ranks' start-up skew)."""
+        lead = self._lead_hello()
+        per_step = (lead.config.get("collectives_per_step") if lead else None) or SETTLE_ITERS
+        return int(per_step) if isinstance(per_step, int) and per_step > 0 else SETTLE_ITERS
+
     def learn_epoch_settings(self, settings: dict[int, dict[str, Any]]) -> None:
         """Settings per epoch known before the messages arrive (a replay's whole recording), so
         the header shows the settings of the epoch in force even before its first hello."""
@@ -400,7 +409,7 @@ class RunModel:
         order = sorted(self.ranks)
         history = _history(order, self.ranks)
         shares = _straggler_shares(history)
-        skew = _worst_skew(history, order)
+        skew = _worst_skew(history, order, self._settle_iters())
         if skew is not None and (self.worst_skew is None or skew.skew_ms > self.worst_skew.skew_ms):
             self.worst_skew = skew
         clock_ref, offsets = _clock_offsets(order, self.ranks)
@@ -658,12 +667,14 @@ def _clearly_last(count: int, total: int, n: int) -> bool:
     return tail < 1e-4 / n
 
 
-def _worst_skew(history: History, order: list[int]) -> SkewEvent | None:
-    """The complete iteration of the history window whose ranks arrived furthest apart."""
+def _worst_skew(history: History, order: list[int], settle: int = 0) -> SkewEvent | None:
+    """The complete iteration of the history window whose ranks arrived furthest apart,
+    iterations before ``settle`` left out (the first step still carries the ranks' start-up)."""
     ms = history.ms
     if ms.shape[0] < 2 or ms.shape[1] == 0:
         return None
-    cols = np.flatnonzero(~np.isnan(ms).any(axis=0))
+    its = history.first_iteration + np.arange(ms.shape[1])
+    cols = np.flatnonzero(~np.isnan(ms).any(axis=0) & (its >= settle))
     if len(cols) == 0:
         return None
     sub = ms[:, cols]

@@ -130,7 +130,8 @@ class TelemetrySnapshot:
     nvml_note: str = NO_TELEMETRY  # "" when at least one node reads GPUs through NVML
 
     def host_line(self) -> str:
-        """One line for the header: CPU %, host memory, sampler cost per node."""
+        """One line for the header: CPU %, host memory, and what the node sampler costs (its
+        wall time per tick: NVML + psutil + encode) and could not send, per node."""
         if not self.hosts:
             return "host: no telemetry yet"
         parts = []
@@ -138,8 +139,8 @@ class TelemetrySnapshot:
             mem = f"{h.mem_used_bytes / 2**30:.1f}/{h.mem_total_bytes / 2**30:.0f} GiB"
             cpu = "n/a" if math.isnan(h.cpu_pct) else f"{h.cpu_pct:.0f}%"
             stale = " (stale)" if h.stale else ""
-            drops = f" drop {h.dropped}" if h.dropped else ""
-            parts.append(f"{h.host}: cpu {cpu} mem {mem} tick {h.cost_us / 1e3:.1f} ms{drops}{stale}")
+            drops = f" · {h.dropped} sampler tick{'s' if h.dropped != 1 else ''} dropped" if h.dropped else ""
+            parts.append(f"{h.host}: cpu {cpu} mem {mem} · sampler {h.cost_us / 1e3:.1f} ms/tick{drops}{stale}")
         return " | ".join(parts)
 
     def proc_status(self, host: str, pid: int) -> str | None:

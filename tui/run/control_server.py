@@ -268,7 +268,8 @@ class ControlServer:
         return max(heard, default=-1)
 
     def _apply(self, changes: Any, expect: int | None) -> tuple[int, str]:
-        """Validate and apply a change; returns (new epoch or -1, "" or a reason)."""
+        """Validate and apply a change; returns (new epoch or -1, "" or a reason). A change that
+        changes nothing starts no epoch: it returns the desired epoch as it is."""
         if self._desired is None:
             return -1, "the workers have not reported their settings yet; try again in a moment"
         epoch, current = self._desired
@@ -284,6 +285,8 @@ class ControlServer:
             )
         except SettingsError as exc:
             return -1, str(exc)
+        if settings == current:  # nothing changes (`set pinned=false` while pageable): no new epoch
+            return epoch, ""
         self._desired = (epoch + 1, settings)
         self._remember(epoch + 1, settings)
         self._kick = True
