@@ -225,3 +225,62 @@ def test_whole_run_row_says_which_number_is_the_max() -> None:
     lines = render_rows(snap, bucket(snap.history, 40, 1), 15.0, 120, row_h=3)
     run_line = "".join(seg.text for seg in lines[1])
     assert "whole run" in run_line and "whole run max" not in run_line and " max 12." in run_line
+
+
+def _monitor_hello(rank: int = 0) -> Any:
+    from workers.wire.settings import Settings
+
+    return frozen_hello(
+        rank,
+        1,
+        backend="gloo/cpu",
+        config={
+            "source": "monitor",
+            "collective": "monitor: train_ddp.py",
+            "knobs": {"offload": ["none", "overlap", "sync"]},
+            "mode_knob": "offload",
+            "control_unit": "step",
+        },
+        settings=Settings(mode="overlap", copies=0, knobs={"offload": "overlap"}).as_dict(),
+    )
+
+
+@run_async
+async def test_own_job_refuses_keys_it_has_no_knob_for(tmp_path: Path, monkeypatch: Any) -> None:
+    """`commtop run -- python examples/train_ddp.py`: the real ControlServer learns the job's
+    knobs from its Hello; c / s / h / d and mode 4 are refused with a message, 3 is accepted."""
+    from tui.model.run_model import RunModel
+    from tui.run.control_server import ControlServer
+    from workers.wire import connection as connections
+
+    monkeypatch.setenv(connections.RUNTIME_DIR_ENV, str(tmp_path / "rt"))
+    conn = connections.create_run(label="test")
+    server = ControlServer(conn, publish_s=0.1)
+    try:
+        hello = _monitor_hello()
+        server.write(hello)
+        model = RunModel()
+        model.apply(hello)
+        app = CommtopApp(model=model, controller=server, links=False, title="commtop run")
+        async with app.run_test(size=(140, 30)) as pilot:
+            app.show_snapshot(model.snapshot())
+            await pilot.pause()
+            header = str(app.query_one("#header").render())
+            assert "monitor train_ddp.py" in header and "?" not in header.split("\n")[0]
+            assert "knobs offload=overlap" in header and "{" not in header
+            for key, word in (("c", "copies"), ("s", "copy scale"), ("h", "pinned"), ("d", "direction")):
+                await pilot.press(key)
+                await pilot.pause()
+                toasts = [n.message for n in app._notifications]
+                assert any(f"train_ddp.py has no knob for {word}" in t for t in toasts), (key, toasts)
+            assert server.desired[0] == 0  # nothing was accepted
+            await pilot.press("4")
+            await pilot.pause()
+            assert any(
+                "offload knob takes none/overlap/sync, not sync-barrier" in n.message for n in app._notifications
+            )
+            await pilot.press("3")
+            await pilot.pause()
+            assert server.desired[0] == 1 and server.desired[1].knobs == {"offload": "sync"}
+    finally:
+        server.close()

@@ -39,7 +39,7 @@ def _settings_text(settings: dict[str, Any]) -> str:
     host = "pinned" if settings.get("pinned", True) else "pageable"
     knobs = " ".join(f"{k}={v}" for k, v in sorted(dict(settings.get("knobs") or {}).items()))
     if not copies and knobs:  # a monitored job: its own knobs are what matters
-        return knobs
+        return f"knobs {knobs}"
     return f"{copies} copies ×{scale:g} {settings.get('direction', '?')} {host}" + (f"  {knobs}" if knobs else "")
 
 
@@ -115,8 +115,11 @@ def header_text(
     device = "" if snap.device in ("", "cpu") else f" on {snap.device}"
     _kv(t, "backend", backend + device, WARN if "cpu" in backend else TEXT, bold=True)
     _kv(t, "world", str(snap.world_size), bold=True)
-    shape = "x".join(map(str, snap.shape)) or "?"
-    _kv(t, snap.collective or "?", f"{shape} {snap.dtype}", bold=True)
+    if snap.config.get("source") == "monitor":  # a user's job: its script, not a tensor shape
+        _kv(t, "monitor", str(snap.collective).removeprefix("monitor: ") or "?", bold=True)
+    else:
+        shape = "x".join(map(str, snap.shape)) or "?"
+        _kv(t, snap.collective or "?", f"{shape} {snap.dtype}".strip(), bold=True)
     if snap.tensor_bytes:
         _kv(t, "tensor", fmt_bytes(snap.tensor_bytes))
     if snap.started_ns:
