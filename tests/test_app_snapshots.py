@@ -92,3 +92,8 @@ def test_eight_gpus_with_nvlink_fall_back_to_one_line_each(snap_compare: Any) ->
 def test_eight_gpus_on_a_tall_terminal_get_a_line_per_link(snap_compare: Any) -> None:
     app, show = frozen_links_app(8, 8, nvlink=True)
     assert snap_compare(app, terminal_size=(160, 64), run_before=show)
+
+
+def test_an_80x24_terminal_condenses_the_header_and_keeps_a_wide_chart(snap_compare: Any) -> None:
+    app, show = frozen_links_app(4, 1)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=show)

@@ -284,3 +284,29 @@ async def test_own_job_refuses_keys_it_has_no_knob_for(tmp_path: Path, monkeypat
             assert server.desired[0] == 1 and server.desired[1].knobs == {"offload": "sync"}
     finally:
         server.close()
+
+
+def test_a_narrow_header_is_condensed_not_cut() -> None:
+    from frozen_run import frozen_snapshot
+
+    from tui.model.interfaces import ControlView
+    from tui.view.widgets.header import header_text
+
+    snap = frozen_snapshot(world=4, gpus=1)
+    base = {"mode": "overlap", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
+    view = ControlView(
+        requested={**base, "mode": "none"}, in_force=base, epoch_in_force=1, pending_epoch=2, apply_at=640
+    )
+    wide = header_text(snap, view, title="commtop run", width=200).plain.split("\n")
+    narrow = header_text(snap, view, title="commtop run", width=80).plain.split("\n")
+    assert max(len(line) for line in wide) > 80  # the full header would be cut at 80 columns
+    assert all(len(line) <= 80 for line in narrow), narrow
+    assert "world 4" in narrow[0] and "all_gather 1024x1024 float32" in narrow[0]
+    assert "⇢ mode overlap → none at it 640" in narrow[1] and "cpu " in narrow[2]
+
+
+def test_an_80_column_grid_leaves_more_chart_columns() -> None:
+    from tui.view.widgets.rank_rows import FIXED_W, fixed_width
+
+    assert 80 - fixed_width(80) >= 2 * (80 - FIXED_W)  # 37 columns of chart instead of 14
+    assert fixed_width(200) == FIXED_W  # wide terminals keep host:gpu and copy

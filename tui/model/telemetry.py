@@ -129,7 +129,7 @@ class TelemetrySnapshot:
     events: tuple[TelemEvent, ...] = ()
     nvml_note: str = NO_TELEMETRY  # "" when at least one node reads GPUs through NVML
 
-    def host_line(self) -> str:
+    def host_line(self, short: bool = False) -> str:
         """One line for the header: CPU %, host memory, and what the node sampler costs (its
         wall time per tick: NVML + psutil + encode) and could not send, per node."""
         if not self.hosts:
@@ -140,6 +140,11 @@ class TelemetrySnapshot:
             cpu = "n/a" if math.isnan(h.cpu_pct) else f"{h.cpu_pct:.0f}%"
             stale = " (stale)" if h.stale else ""
             drops = f" · {h.dropped} sampler tick{'s' if h.dropped != 1 else ''} dropped" if h.dropped else ""
+            if short:  # a narrow header: load and memory, the sampler's drops only when there are some
+                who = f"{h.host}: " if len(self.hosts) > 1 else ""
+                dropped = f" · {h.dropped} ticks dropped" if h.dropped else ""
+                parts.append(f"{who}cpu {cpu} mem {mem}{dropped}{stale}")
+                continue
             parts.append(f"{h.host}: cpu {cpu} mem {mem} · sampler {h.cost_us / 1e3:.1f} ms/tick{drops}{stale}")
         return " | ".join(parts)
 

@@ -21,7 +21,6 @@ from tui.model.run_model import Snapshot
 from tui.model.stats import AxisScale
 from tui.model.time_axis import TimeAxis
 from tui.view.widgets.rank_rows import (
-    FIXED_W,
     HEAT_LABEL_W,
     MIN_SPARK,
     Cells,
@@ -29,6 +28,7 @@ from tui.view.widgets.rank_rows import (
     RowsView,
     bucket,
     column_header,
+    fixed_width,
     visible_top,
 )
 
@@ -134,7 +134,7 @@ class RankGrid(ScrollView):
             self._k_changed_s = -math.inf  # a new layout may pick its zoom at once
         self.shown_view = view
         self._built_width = width
-        label_w = HEAT_LABEL_W if view == "heat" else FIXED_W
+        label_w = HEAT_LABEL_W if view == "heat" else fixed_width(width)
         n_cells = max(0, width - label_w - self.scrollbar_size_vertical)
         if view == "rows" and n_cells < MIN_SPARK:
             n_cells = 0
