@@ -1,5 +1,5 @@
 """Snapshot tests: the app drawn from FROZEN data (a constructed run fed through the real
-model, a fixed clock, no live source, no links panel: that one belongs to its own tests).
+model, a fixed clock, no live source; the links panel fed the H200's NVML ticks where named).
 
 Update after an intended visual change with: pytest tests/test_app_snapshots.py --snapshot-update
 (and look at the SVGs in tests/__snapshots__/ before committing them).
@@ -7,6 +7,7 @@ Update after an intended visual change with: pytest tests/test_app_snapshots.py 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from frozen_run import frozen_snapshot
@@ -25,21 +26,22 @@ class FrozenController:
         return ""
 
     def view(self) -> ControlView:
-        return ControlView(
-            requested={"mode": "none", **SETTINGS},
-            in_force={"mode": "overlap", **SETTINGS},
-            epoch_in_force=1,
-            pending_epoch=2,
-            apply_at=640,
-        )
+        return ControlView(requested={"mode": "none", **SETTINGS})
 
 
 def frozen_app(world: int, **kw: Any) -> tuple[CommtopApp, Any]:
     app = CommtopApp(title="commtop run", links=False, controller=FrozenController())
-    snap = frozen_snapshot(world=world, **kw)
+    # frozen mid-switch: overlap in force at epoch 1, epoch 2 pending at iteration 640
+    snap = replace(
+        frozen_snapshot(world=world, **kw),
+        settings={"mode": "overlap", **SETTINGS},
+        epoch_in_force=1,
+        pending_epoch=2,
+        apply_at=640,
+    )
 
     async def show(pilot: Any) -> None:
-        pilot.app.show_snapshot(snap)
+        pilot.app.post_message(SnapshotReady(snap))  # what the ingest thread posts
         await pilot.pause()
 
     return app, show
@@ -69,7 +71,13 @@ def frozen_links_app(world: int, gpus: int, **kw: Any) -> tuple[CommtopApp, Any]
     """The app with its links panel, fed the H200's NVML ticks (tests/frozen_links.py) through
     the same SnapshotReady message the ingest thread posts."""
     app = CommtopApp(title="commtop run", controller=FrozenController())
-    snap = frozen_snapshot(world=world, gpus=gpus, **kw)
+    snap = replace(
+        frozen_snapshot(world=world, gpus=gpus, **kw),
+        settings={"mode": "overlap", **SETTINGS},
+        epoch_in_force=1,
+        pending_epoch=2,
+        apply_at=640,
+    )
 
     async def show(pilot: Any) -> None:
         for _ in range(2):  # the second after the panel took the height it asked for

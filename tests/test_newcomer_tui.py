@@ -219,10 +219,11 @@ def test_host_line_says_what_tick_and_drops_are() -> None:
 def test_whole_run_row_says_which_number_is_the_max() -> None:
     from frozen_run import frozen_snapshot
 
-    from tui.view.widgets.rank_rows import bucket, render_rows
+    from tui.view.widgets.rank_rows import RowsView, bucket
 
     snap = frozen_snapshot(world=2)
-    lines = render_rows(snap, bucket(snap.history, 40, 1), 15.0, 120, row_h=3)
+    view = RowsView(snap, bucket(snap.history, 40, 1), 15.0, 120, row_h=3)
+    lines = [view.line(i) for i in range(view.n_lines)]
     run_line = "".join(seg.text for seg in lines[1])
     assert "whole run" in run_line and "whole run max" not in run_line and " max 12." in run_line
 
@@ -287,16 +288,16 @@ async def test_own_job_refuses_keys_it_has_no_knob_for(tmp_path: Path, monkeypat
 
 
 def test_a_narrow_header_is_condensed_not_cut() -> None:
+    from dataclasses import replace
+
     from frozen_run import frozen_snapshot
 
     from tui.model.interfaces import ControlView
     from tui.view.widgets.header import header_text
 
-    snap = frozen_snapshot(world=4, gpus=1)
     base = {"mode": "overlap", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
-    view = ControlView(
-        requested={**base, "mode": "none"}, in_force=base, epoch_in_force=1, pending_epoch=2, apply_at=640
-    )
+    snap = replace(frozen_snapshot(world=4, gpus=1), settings=base, epoch_in_force=1, pending_epoch=2, apply_at=640)
+    view = ControlView(requested={**base, "mode": "none"})
     wide = header_text(snap, view, title="commtop run", width=200).plain.split("\n")
     narrow = header_text(snap, view, title="commtop run", width=80).plain.split("\n")
     assert max(len(line) for line in wide) > 80  # the full header would be cut at 80 columns

@@ -29,8 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from tui.model.stats import RING_SIZE, Ring, RunAggregate, RunStats, percentiles, weighted_rate
-from workers.wire.protocol import COLL, COPY, MODES, TELEM, TELEM_CAPS, Batch, Bye, Hello
+from tui.model.in_force import InForceTracker
+from tui.model.stats import RING_SIZE, Ring, RunAggregate, RunStats, weighted_rate
+from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
+from workers.wire.protocol import COLL, COPY, MODES, TELEM, TELEM_CAPS, Batch, Bye, Hello, Message
+from workers.wire.stats import percentiles
 
 #: A rank silent for longer than this is shown as stale (it may be stopped or hung).
 STALE_AFTER_S = 2.0
@@ -40,8 +43,6 @@ WINDOW_S = 5.0
 HISTORY_ITERS = 1024
 #: Iterations left out of the straggler headline when the run does not say its step length.
 SETTLE_ITERS = 32
-#: Epochs whose settings the model remembers (a settings change is one epoch).
-MAX_EPOCHS = 4096
 #: Complete iterations (all ranks reported) used to name the straggler.
 STRAGGLER_ITERS = 256
 COPY_RING_SIZE = 1024
@@ -178,7 +179,7 @@ class Snapshot:
     #: which coincide across the ranks of one collective. Empty with one host.
     clock_offsets_ms: dict[str, float] = field(default_factory=dict)
     clock_ref: str = ""
-    telemetry: Any = None  # tui.model.telemetry.TelemetrySnapshot when available
+    telemetry: TelemetrySnapshot | None = None  # node telemetry (None before any TELEM)
     version: int = 0  # model changes applied so far
 
     @property
@@ -211,8 +212,6 @@ class _RankState:
         self.max_seq = {COLL: -1, COPY: -1}
         self.batches = {COLL: 0, COPY: 0}
         self.sent_hint = {COLL: 0, COPY: 0}  # batches sent so far, from the hello
-        self.ctl = (0, -1, -1)  # epoch_in_force, pending_epoch, apply_at of the newest batch
-        self.ctl_t_ns = -1
         self.version = 0  # bumped by every message of this rank (snapshot caching)
         self.view_cache: tuple[int, int, RankView] | None = None  # (version, computed at ns, view)
         self.run_cache: tuple[int, tuple[RunStats, dict[str, RunStats], RunStats]] | None = None
@@ -246,10 +245,8 @@ class RunModel:
     def __init__(self, clock: Callable[[], int] = time.time_ns, stale_after_s: float = STALE_AFTER_S) -> None:
         self.clock = clock
         self.stale_after_ns = int(stale_after_s * 1e9)
-        self._telemetry_cls: Any = _load_telemetry_model()
-        #: Settings per epoch, known beforehand (a replay reads them from the whole recording);
-        #: kept across reset(), unlike those the hellos teach.
-        self.known_epochs: dict[int, dict[str, Any]] = {}
+        #: The settings in force; the control server reads the same tracker (one owner).
+        self.in_force = InForceTracker()
         self.reset()
 
     def reset(self) -> None:
@@ -264,9 +261,8 @@ class RunModel:
         self.version = 0
         self.modes_seen: set[int] = set()
         self.worst_skew: SkewEvent | None = None
-        self.telemetry = self._telemetry_cls() if self._telemetry_cls is not None else None
-        #: Settings per epoch from the hellos (the first hello of each epoch; bounded).
-        self.epoch_settings: dict[int, dict[str, Any]] = {}
+        self.telemetry = TelemetryModel()
+        self.in_force.reset()
 
     def _settle_iters(self) -> int:
         """Iterations of the first step: left out of the straggler headline (warm-up is not
@@ -278,11 +274,7 @@ class RunModel:
     def learn_epoch_settings(self, settings: dict[int, dict[str, Any]]) -> None:
         """Settings per epoch known before the messages arrive (a replay's whole recording), so
         the header shows the settings of the epoch in force even before its first hello."""
-        self.known_epochs = {int(e): dict(v) for e, v in settings.items()}
-
-    def settings_of(self, epoch: int) -> dict[str, Any]:
-        """What epoch ``epoch`` runs with ({} when neither a hello nor the recording said)."""
-        return dict(self.known_epochs.get(epoch) or self.epoch_settings.get(epoch) or {})
+        self.in_force.learn(settings)
 
     def set_rejected(self, counts: Counter[str] | dict[str, int]) -> None:
         """Frames the source refused, by reason (the source counts, the model reports)."""
@@ -297,11 +289,13 @@ class RunModel:
             state = self.ranks[rank] = _RankState(rank)
         return state
 
-    def apply(self, message: Any, now_ns: int | None = None) -> None:
+    def apply(self, message: Message, now_ns: int | None = None) -> None:
         """Apply one decoded message (Batch, Hello, Bye, or a TELEM/TELEM_CAPS dict)."""
         now = self.clock() if now_ns is None else now_ns
-        if isinstance(message, (Batch, Hello, Bye)) and self._refuse_rank(message):
-            return
+        if isinstance(message, (Batch, Hello, Bye)):
+            if self._refuse_rank(message):
+                return
+            self.in_force.note(message)
         if isinstance(message, Batch):
             self._apply_batch(message, now)
         elif isinstance(message, Hello):
@@ -312,9 +306,6 @@ class RunModel:
             state.last_seen_ns = now
             state.version += 1
         elif isinstance(message, dict) and message.get("k") in (TELEM, TELEM_CAPS):
-            if self.telemetry is None:
-                self.ignored += 1
-                return
             self.telemetry.apply(message)
         else:
             self.ignored += 1
@@ -345,9 +336,6 @@ class RunModel:
         state.max_seq[kind] = max(state.max_seq[kind], batch.seq)
         state.batches[kind] += 1
         state.dropped = max(state.dropped, batch.dropped)
-        if batch.t_ns >= state.ctl_t_ns:
-            state.ctl = (batch.epoch_in_force, batch.pending_epoch, batch.apply_at)
-            state.ctl_t_ns = batch.t_ns
         n = len(batch)
         if n == 0:
             return
@@ -389,10 +377,6 @@ class RunModel:
         state.revive_if_newer(hello.t_ns)
         if state.hello is None or hello.t_ns >= state.hello.t_ns:
             state.hello = hello
-        if hello.epoch not in self.epoch_settings and hello.settings:
-            if len(self.epoch_settings) >= MAX_EPOCHS:
-                del self.epoch_settings[min(self.epoch_settings)]
-            self.epoch_settings[hello.epoch] = dict(hello.settings)
         state.dropped = max(state.dropped, hello.dropped)
         state.sent_hint[COLL] = max(state.sent_hint[COLL], hello.seq_coll)
         state.sent_hint[COPY] = max(state.sent_hint[COPY], hello.seq_copy)
@@ -421,11 +405,7 @@ class RunModel:
         lead = self._lead_hello()
         config = dict(lead.config) if lead else {}
         rates = [v.iter_rate for v in ranks if math.isfinite(v.iter_rate)]
-        pend = [s.ctl for s in self.ranks.values() if s.ctl[1] >= 0]
-        lead_state = self.ranks.get(lead.rank) if lead else (self.ranks[order[0]] if order else None)
-        epoch = (
-            lead_state.ctl[0] if lead_state is not None and lead_state.ctl_t_ns >= 0 else (lead.epoch if lead else -1)
-        )
+        in_force = self.in_force.state()
         straggler = None
         if shares is not None and len(ranks) > 1:
             best = int(np.argmax(shares))
@@ -444,11 +424,11 @@ class RunModel:
             dtype=str(config.get("dtype", "")),
             tensor_bytes=int(config.get("tensor_bytes", 0) or 0),
             config=config,
-            settings=_settings_in_force(lead, lead_state, self.settings_of(epoch)),
-            epoch_in_force=epoch,
-            pending_epoch=max((p[1] for p in pend), default=-1),
-            pending_settings=self.settings_of(max((p[1] for p in pend), default=-1)),
-            apply_at=max((p[2] for p in pend), default=-1),
+            settings=in_force.settings,
+            epoch_in_force=in_force.epoch,
+            pending_epoch=in_force.pending_epoch,
+            pending_settings=in_force.pending_settings,
+            apply_at=in_force.apply_at,
             started_ns=min((s.hello.started_ns for s in self.ranks.values() if s.hello), default=0),
             iter_rate=float(np.median(rates)) if rates else math.nan,
             drops=sum(v.drops for v in ranks),
@@ -466,10 +446,8 @@ class RunModel:
             version=self.version,
         )
 
-    def _telemetry_snapshot(self, now: int, offsets_ms: dict[str, float]) -> Any:
+    def _telemetry_snapshot(self, now: int, offsets_ms: dict[str, float]) -> TelemetrySnapshot:
         """Node telemetry on the reference host's clock (the offsets estimated from collectives)."""
-        if self.telemetry is None:
-            return None
         if not offsets_ms:
             return self.telemetry.snapshot(now)
         return self.telemetry.snapshot(now, {h: round(v * 1e6) for h, v in offsets_ms.items()})
@@ -560,18 +538,6 @@ class RunModel:
             copy_run=copy_run,
             copies=s.copy_run.count,
         )
-
-
-def _settings_in_force(lead: Hello | None, state: _RankState | None, of_epoch: dict[str, Any]) -> dict[str, Any]:
-    """The settings of the epoch in force (``of_epoch``: from its first hello or the
-    recording), else the lead rank's hello (<= 1 s old: it may still be the last epoch's), with
-    the mode of its newest record (fresher: it changes at an iteration, a hello once a second)."""
-    settings = dict(of_epoch) if of_epoch else (dict(lead.settings) if lead else {})
-    if state is not None and len(state.coll):
-        m = int(state.coll.view(1, copy=False)["mode"][0])
-        if m < len(MODES):
-            settings["mode"] = MODES[m]
-    return settings
 
 
 def _window(view: dict[str, np.ndarray], time_col: str) -> dict[str, np.ndarray]:
@@ -721,12 +687,3 @@ def _clock_offsets(order: list[int], ranks: dict[int, _RankState]) -> tuple[str,
         if len(i) >= 8:
             offsets[host] = float(np.median(end[i] - ref_end[j])) / 1e6
     return ref, offsets
-
-
-def _load_telemetry_model() -> Any:
-    """The telemetry helper's model class, or None while it does not exist."""
-    try:
-        from tui.model.telemetry import TelemetryModel
-    except ImportError:
-        return None
-    return TelemetryModel

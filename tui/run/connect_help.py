@@ -7,15 +7,11 @@ quits) and the TUI's connect panel say the same thing.
 from __future__ import annotations
 
 import socket
-from typing import Protocol
+
+from workers.wire.connection import Connection
 
 
-class _Connection(Protocol):
-    path: object
-    data: str
-
-
-def connect_lines(conn: _Connection, listen: str | None = None) -> list[str]:
+def connect_lines(conn: Connection, listen: str | None = None) -> list[str]:
     """The connection file, the torchrun line for commtop's workers, and the line for a
     user's own script (``workers.monitor``)."""
     other = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,10 @@ KEYS: tuple[Key, ...] = (
 )
 
 
-def bindings() -> list[Binding]:
-    out = [Binding(k.keys, k.action, k.label, show=k.show, key_display=k.display or None) for k in KEYS]
+def bindings() -> list[BindingType]:
+    out: list[BindingType] = [
+        Binding(k.keys, k.action, k.label, show=k.show, key_display=k.display or None) for k in KEYS
+    ]
     # top, nvitop and torchrun users press ctrl+c to leave (Textual's default only says how to).
     out.append(Binding("ctrl+c", "quit", "quit", show=False, priority=True))
     return out
