@@ -311,3 +311,49 @@ def test_an_80_column_grid_leaves_more_chart_columns() -> None:
 
     assert 80 - fixed_width(80) >= 2 * (80 - FIXED_W)  # 37 columns of chart instead of 14
     assert fixed_width(200) == FIXED_W  # wide terminals keep host:gpu and copy
+
+
+@run_async
+async def test_the_footer_shows_modes_copies_and_the_replay_keys() -> None:
+    """Live with a controller: 1-4 and c/C; in a replay: +, -, ←, →, n and p (the grid's own
+    ←/→ scrolling must not shadow the seek keys)."""
+    from recording_synth import synth_run, write_recording
+
+    from tui.model.run_model import RunModel
+    from tui.recordings.format import open_recording
+    from tui.recordings.replay import ReplaySource
+
+    class Controller:
+        def request(self, changes: dict[str, Any]) -> str:
+            return ""
+
+        def view(self) -> Any:
+            return None
+
+    def shown(app: CommtopApp) -> dict[str, str]:
+        return {k: b.binding.action for k, b in app.screen.active_bindings.items() if b.binding.show and b.enabled}
+
+    app = CommtopApp(links=False, controller=Controller())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        keys = shown(app)
+        assert keys["1"] == "pick_mode(0)" and keys["c"] == "copies(-1)"
+    path = Path(tempfile.mkdtemp(prefix="nc-rec-", dir="/tmp")) / "run.commtop"
+    try:
+        write_recording(path, list(synth_run(duration_s=2.0, world=1, seed=2)))
+        source = ReplaySource(open_recording(path), clock=lambda: 0.0)
+        app = CommtopApp(source, RunModel(), links=False, owns_source=True)
+        async with app.run_test(size=(160, 30)) as pilot:
+            await pilot.pause()
+            keys = shown(app)
+            for key, action in (
+                ("plus", "replay_speed(1)"),
+                ("minus", "replay_speed(-1)"),
+                ("left", "replay_seek(-5)"),
+                ("right", "replay_seek(5)"),
+                ("n", "replay_jump(1)"),
+                ("p", "replay_jump(-1)"),
+            ):
+                assert keys.get(key) == action, (key, keys)
+    finally:
+        shutil.rmtree(path.parent, ignore_errors=True)

@@ -17,6 +17,9 @@ class Key:
     group: str  # "view" | "live settings" | "replay" | "app"
     show: bool = True  # in the footer
     display: str = ""  # how the footer / help write the key ("1-4"); default: the key itself
+    #: Before the focused widget's own binding (the grid scrolls on ←/→ otherwise, and the
+    #: footer then hides the replay's seek keys).
+    priority: bool = False
 
 
 KEYS: tuple[Key, ...] = (
@@ -47,8 +50,8 @@ KEYS: tuple[Key, ...] = (
         "plus,equals_sign", "replay_speed(1)", "faster", "Replay faster (×2 a press, up to ×64)", "replay", display="+"
     ),
     Key("minus", "replay_speed(-1)", "slower", "Replay slower (÷2 a press, down to ×0.25)", "replay", display="-"),
-    Key("left", "replay_seek(-5)", "-5s", "Back 5 seconds", "replay", display="←"),
-    Key("right", "replay_seek(5)", "+5s", "Forward 5 seconds", "replay", display="→"),
+    Key("left", "replay_seek(-5)", "-5s", "Back 5 seconds", "replay", display="←", priority=True),
+    Key("right", "replay_seek(5)", "+5s", "Forward 5 seconds", "replay", display="→", priority=True),
     Key("n", "replay_jump(1)", "next change", "Jump to the next settings change (◆ on the bar)", "replay"),
     Key("p", "replay_jump(-1)", "prev change", "Jump to the previous settings change", "replay"),
 )
@@ -56,7 +59,8 @@ KEYS: tuple[Key, ...] = (
 
 def bindings() -> list[BindingType]:
     out: list[BindingType] = [
-        Binding(k.keys, k.action, k.label, show=k.show, key_display=k.display or None) for k in KEYS
+        Binding(k.keys, k.action, k.label, show=k.show, key_display=k.display or None, priority=k.priority)
+        for k in KEYS
     ]
     # top, nvitop and torchrun users press ctrl+c to leave (Textual's default only says how to).
     out.append(Binding("ctrl+c", "quit", "quit", show=False, priority=True))

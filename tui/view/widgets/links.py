@@ -238,7 +238,8 @@ class LinksPanel(Widget):
             return
         if not snap.gpus:
             note = snap.nvml_note or "no GPUs"
-            self._lines = [[Segment("links: ", LABEL), Segment(note, NOTE)]]
+            what = " · each GPU's PCIe and NVLink TX/RX show here, on the latency chart's time axis"
+            self._lines = [[Segment("links: ", LABEL), Segment(note, NOTE), Segment(what, DIM)]]
             return
         self.layout_name, self.spark_h = self._choose()
         lines: list[list[Segment]] = []
