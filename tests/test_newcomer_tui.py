@@ -357,3 +357,40 @@ async def test_the_footer_shows_modes_copies_and_the_replay_keys() -> None:
                 assert keys.get(key) == action, (key, keys)
     finally:
         shutil.rmtree(path.parent, ignore_errors=True)
+
+
+@run_async
+async def test_after_c_the_banner_says_the_change_made() -> None:
+    """C with copies 5 in force: the toast and the header's switch banner say "copies 5 → 6",
+    not the mode. (Test-only controller: accepts and remembers what it was asked.)"""
+    from dataclasses import replace
+
+    from frozen_run import frozen_snapshot
+
+    from tui.model.interfaces import ControlView
+    from tui.view.widgets.header import header_text
+
+    class Controller:
+        def __init__(self) -> None:
+            self.requested: dict[str, Any] = {}
+
+        def request(self, changes: dict[str, Any]) -> str:
+            self.requested.update(changes)
+            return ""
+
+        def view(self) -> ControlView | None:
+            return ControlView(requested=dict(self.requested)) if self.requested else None
+
+    controller = Controller()
+    app = CommtopApp(links=False, controller=controller)
+    async with app.run_test(size=SIZE) as pilot:
+        snap = frozen_snapshot(world=2)
+        app.show_snapshot(snap)
+        controller.requested = dict(snap.settings)
+        await pilot.press("C")
+        await pilot.pause()
+        assert controller.requested["copies"] == 6
+        assert any(n.message == "requested copies 5 → 6" for n in app._notifications)
+        pending = replace(snap, pending_epoch=snap.epoch_in_force + 1, apply_at=640)
+        text = header_text(pending, app.controller.view()).plain  # type: ignore[union-attr]
+        assert "⇢ switching copies 5 → 6 at iteration 640" in text and "switching to" not in text

@@ -38,7 +38,7 @@ from tui.model.run_model import RunModel, Snapshot
 from tui.view.keys import KEYS, bindings
 from tui.view.messages import IngestError, SnapshotReady
 from tui.view.widgets.connect import ConnectPanel
-from tui.view.widgets.header import RunHeader
+from tui.view.widgets.header import RunHeader, settings_change
 from tui.view.widgets.help import HelpScreen, key_name
 from tui.view.widgets.links import LinksPanel, RankGpu
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
@@ -353,15 +353,15 @@ class CommtopApp(App[None]):
     def _request(self, changes: dict[str, Any]) -> None:
         if self.controller is None:
             return
+        before = self._current()
         try:
             error = self.controller.request(changes)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        text = ", ".join(f"{k}={v}" for k, v in changes.items())
         if error:
             self.notify(error, title="change refused", severity="error")
-        else:
-            self.notify(f"requested {text}", timeout=2)
+        else:  # the change made ("copies 5 → 6"), as the header's banner says it
+            self.notify(f"requested {settings_change(before, changes) or 'no change'}", timeout=2)
         self._side_poll()
 
     def action_cycle_mode(self) -> None:
