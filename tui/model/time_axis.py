@@ -57,23 +57,27 @@ def iteration_edges(start_ns: np.ndarray, first_iteration: int, start_it: int, c
 
 def resample(times_ns: np.ndarray, values: np.ndarray, edges_ns: np.ndarray) -> np.ndarray:
     """The value of a sampled rate in every column: the max of the samples that cover the
-    column (a sample covers the time since the previous one), NaN where none does."""
+    column (a sample covers the time since the previous one), NaN where none does.
+
+    Column j is covered by samples ``lo[j]`` (the first after its start) through ``hi[j]``
+    (the first at or after its end); vectorised, as the links panel calls this per GPU and
+    link for every snapshot."""
     n = len(edges_ns) - 1
-    out = np.full(max(0, n), np.nan)
-    if n <= 0 or len(times_ns) == 0:
-        return out
+    if n <= 0:
+        return np.full(max(0, n), np.nan)
+    if len(times_ns) == 0:
+        return np.full(n, np.nan)
+    m = len(times_ns)
+    vals = np.append(np.where(np.isnan(values), -np.inf, values.astype(np.float64)), -np.inf)  # [m] = none
     lo = np.searchsorted(times_ns, edges_ns[:-1], side="right")  # first sample after the column start
     hi = np.searchsorted(times_ns, edges_ns[1:], side="left")  # first sample at/after the column end
-    last = len(times_ns) - 1
-    covered = lo <= last
-    first = np.minimum(lo, last)
-    out[covered] = values[first[covered]]
+    idx = np.empty(2 * n, dtype=np.intp)
+    idx[0::2], idx[1::2] = lo, hi
+    inner = np.maximum.reduceat(vals, idx)[0::2]  # max over [lo, hi): samples inside the column
+    inner[lo >= hi] = -np.inf
+    out = np.maximum(inner, vals[hi])  # and the sample that covers the column's end
+    out[np.isneginf(out)] = np.nan
+    first = np.minimum(lo, m - 1)
     # A column whose covering sample came long after it (a gap, or before the first tick) is blank.
-    far = times_ns[first] - edges_ns[1:] > MAX_HOLD_NS
-    out[far] = np.nan
-    for j in np.flatnonzero(covered & (np.minimum(hi, last) > lo)):  # rare: several samples in one column
-        chunk = values[lo[j] : min(hi[j], last) + 1]
-        chunk = chunk[~np.isnan(chunk)]
-        if len(chunk):
-            out[j] = chunk.max()
+    out[times_ns[first] - edges_ns[1:] > MAX_HOLD_NS] = np.nan
     return out

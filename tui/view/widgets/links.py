@@ -85,35 +85,29 @@ def bar_levels(values: np.ndarray, peak: float, lines: int) -> np.ndarray:
     if not peak > 0:
         finite = values[np.isfinite(values)]
         peak = float(finite.max()) if len(finite) and finite.max() > 0 else 1.0
+    finite = np.isfinite(values)
     with np.errstate(invalid="ignore"):
-        lv = np.ceil(np.clip(values / peak, 0.0, 1.0) * steps)
-    lv = np.clip(np.nan_to_num(lv, nan=0.0), 1, steps)
-    lv[~np.isfinite(values)] = 0
-    return lv.astype(np.int16)
+        lv = np.ceil(np.clip(np.where(finite, values, 0.0) / peak, 0.0, 1.0) * steps)
+    return np.where(finite, np.clip(lv, 1, steps), 0).astype(np.int16)
+
+
+_CHARS = np.array([" ", *BARS])
+_BLANK = Style()
+_STYLES = (_BLANK, TX, RX, ZERO)
 
 
 def spark_segments(levels: np.ndarray, colours: np.ndarray, values: np.ndarray, band: int) -> list[Segment]:
-    """One line (``band`` from the bottom) of bars; ``colours`` picks TX (0) or RX (1) per column."""
-    out: list[Segment] = []
-    text: list[str] = []
-    current: Style | None = None
-    for j in range(len(levels)):
-        lv = int(levels[j])
-        part = min(8, lv - 8 * band)
-        if lv == 0 or (part <= 0 and band > 0):
-            ch, st = " ", Style()
-        else:
-            ch = BARS[max(1, part) - 1]
-            st = ZERO if values[j] == 0 else (RX if colours[j] else TX)
-        if st is current:
-            text.append(ch)
-        else:
-            if text:
-                out.append(Segment("".join(text), current))
-            text, current = [ch], st
-    if text:
-        out.append(Segment("".join(text), current))
-    return out
+    """One line (``band`` from the bottom) of bars; ``colours`` picks TX (0) or RX (1) per
+    column. Vectorised: one Segment per run of one style."""
+    if len(levels) == 0:
+        return []
+    part = np.minimum(8, levels.astype(np.int32) - 8 * band)
+    drawn = (levels > 0) & ((part > 0) | (band == 0))
+    char = np.where(drawn, np.maximum(1, part), 0)
+    code = np.where(drawn, np.where(values == 0, 3, np.where(colours > 0, 2, 1)), 0)
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(code)) + 1, [len(code)]))
+    text = "".join(_CHARS[char].tolist())
+    return [Segment(text[a:b], _STYLES[int(code[a])]) for a, b in zip(starts[:-1], starts[1:], strict=True)]
 
 
 class _Series(NamedTuple):
@@ -265,14 +259,14 @@ class LinksPanel(Widget):
         start = max(x0, used + 1)
         skip = start - x0
         out: list[list[Segment]] = []
+        levels = bar_levels(series.values, series.peak, lines) if series is not None else None
         for line in range(lines):
             segs = list(left) if line == 0 else []
             pad = start - (used if line == 0 else 0)
-            if series is None or self.axis.cells == 0:
+            if series is None or levels is None or self.axis.cells == 0:
                 out.append(segs)
                 continue
             segs.append(Segment(" " * pad))
-            levels = bar_levels(series.values, series.peak, lines)
             band = lines - 1 - line
             segs += spark_segments(levels[skip:], series.colours[skip:], series.values[skip:], band)
             out.append(segs)
