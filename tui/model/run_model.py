@@ -41,6 +41,17 @@ STALE_AFTER_S = 2.0
 WINDOW_S = 5.0
 #: Iterations of per-rank history handed to the UI in every snapshot (sparklines, heat map).
 HISTORY_ITERS = 1024
+#: Small worlds keep more iterations (up to the ring) in the chart's history, so a GPU at
+#: 2000 it/s shows ~2 s instead of 0.5 s, and the links panel under it ~20 NVML ticks, not 5.
+HISTORY_CELLS = 16_384
+
+
+def history_iters(n_ranks: int) -> int:
+    """Iterations of history for ``n_ranks`` ranks: HISTORY_CELLS in all, HISTORY_ITERS at
+    least, never more than a rank's ring holds."""
+    return max(HISTORY_ITERS, min(RING_SIZE, HISTORY_CELLS // max(1, n_ranks)))
+
+
 #: Iterations left out of the straggler headline when the run does not say its step length.
 SETTLE_ITERS = 32
 #: Complete iterations (all ranks reported) used to name the straggler.
@@ -561,14 +572,15 @@ def _history(order: list[int], ranks: dict[int, _RankState]) -> History:
             mode=np.zeros((len(order), 0), dtype=np.uint8),
             start_ns=np.zeros(0, dtype=np.int64),
         )
-    first = max(0, last - HISTORY_ITERS + 1)
+    keep = history_iters(len(order))
+    first = max(0, last - keep + 1)
     width = last - first + 1
     ms = np.full((len(order), width), np.nan, dtype=np.float32)
     mode = np.full((len(order), width), NO_MODE, dtype=np.uint8)
     start = np.zeros(width, dtype=np.int64)
     need_start = True
     for row, r in enumerate(order):
-        v = ranks[r].coll.view(HISTORY_ITERS, copy=False, columns=_HISTORY_COLUMNS)
+        v = ranks[r].coll.view(keep, copy=False, columns=_HISTORY_COLUMNS)
         it = v["iteration"]
         n = len(it)
         if n and int(it[-1]) - int(it[0]) == n - 1 and bool((np.diff(it) == 1).all()):

@@ -33,7 +33,7 @@ from tui.view.widgets.rank_rows import (
 )
 
 #: Iterations per cell the grid may use; chosen so the screen covers ~ZOOM_TARGET_S.
-ZOOMS = (1, 2, 4, 8, 16)
+ZOOMS = (1, 2, 4, 8, 16, 32)
 ZOOM_TARGET_S = 10.0
 ZOOM_HOLD_S = 3.0
 #: Lines per rank when there is room (taller bars: 8 levels per line).
