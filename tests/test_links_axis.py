@@ -86,3 +86,26 @@ def test_a_pcie_burst_is_drawn_in_the_column_of_the_collective_it_overlapped() -
     assert spike_col > 0
     # The burst tick covers 100 ms = 10 iterations; the spike's column is among its columns.
     assert tall and spike_col in tall and max(tall) - min(tall) <= 10
+
+
+def test_the_panel_never_asks_for_more_lines_than_it_may_use() -> None:
+    """Every layout fits ``max_lines`` (or says how many GPUs it left out): full sparklines,
+    one line per link, one line per GPU."""
+    from frozen_run import frozen_snapshot
+
+    from tui.model.time_axis import TimeAxis
+
+    snap = frozen_snapshot(world=8, gpus=8, nvlink=True)
+    axis = TimeAxis(59, snap.telemetry.t_ns - 2 * 10**9 + 20 * MS * np.arange(101))
+    seen = set()
+    for budget in (4, 8, 12, 23, 24, 25, 40, 41, 80):
+        panel = LinksPanel()
+        panel.max_lines = budget
+        panel._snap, panel.axis = snap.telemetry, axis
+        panel._rows = panel._arrange(snap.telemetry, [])
+        panel._build(200)
+        seen.add(panel.layout_name)
+        assert len(panel._lines) <= budget, (budget, panel.layout_name, len(panel._lines))
+        if len(panel._lines) == budget and panel.layout_name == "gpu" and budget < 8:
+            assert "more GPUs" in "".join(seg.text for seg in panel._lines[-1])
+    assert seen == {"full", "links", "gpu"}

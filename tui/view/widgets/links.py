@@ -160,10 +160,8 @@ class LinksPanel(Widget):
         self._snap = TelemetrySnapshot()
         self.axis = TimeAxis()
         self.max_lines = 4
-        self._order: list[RankGpu] = []
         self._rows: list[tuple[RankGpu, GpuRow | None]] = []
         self._lines: list[list[Segment]] = []
-        self._built_for: tuple[int, int] = (-1, -1)
         #: "full" (TX and RX each a sparkline), "links" (one line per link) or "gpu" (one per GPU).
         self.layout_name = "full"
         self.spark_h = 1
@@ -185,8 +183,7 @@ class LinksPanel(Widget):
             self.axis = axis
         if max_lines is not None:
             self.max_lines = max(1, max_lines)
-        self._order = list(order)
-        self._rows = self._arrange(snap, self._order)
+        self._rows = self._arrange(snap, order)
         self._build(self.size.width)
         self.refresh(layout=len(self._lines) != old)
 
@@ -221,7 +218,7 @@ class LinksPanel(Widget):
         for h in range(MAX_SPARK_H, 0, -1):
             if layout_lines(len(gpus), nvlink, h) <= self.max_lines:
                 return "full", h
-        if 2 * len(gpus) <= self.max_lines:
+        if 3 * len(gpus) <= self.max_lines:  # a title line, a PCIe line, an NVLink line
             return "links", 1
         return "gpu", 1
 
