@@ -388,9 +388,9 @@ async def test_after_c_the_banner_says_the_change_made() -> None:
         app.show_snapshot(snap)
         controller.requested = dict(snap.settings)
         await pilot.press("C")
-        await pilot.pause()
+        await wait_for(pilot, lambda: any(n.message.startswith("requested") for n in app._notifications))
         assert controller.requested["copies"] == 6
-        assert any(n.message == "requested copies 5 → 6" for n in app._notifications)
+        assert [n.message for n in app._notifications] == ["requested copies 5 → 6"]
         pending = replace(snap, pending_epoch=snap.epoch_in_force + 1, apply_at=640)
         text = header_text(pending, app.controller.view()).plain  # type: ignore[union-attr]
         assert "⇢ switching copies 5 → 6 at iteration 640" in text and "switching to" not in text
