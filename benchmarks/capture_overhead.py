@@ -116,7 +116,7 @@ def overhead(dist: Any, timed: Any, untimed: Any, copies: TimedCopies, driver: D
     host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
     side = torch.cuda.Stream()
 
-    def timed(ring: Any, fn: Any) -> None:
+    def with_events(ring: Any, fn: Any) -> None:
         if ring is None:
             fn()
         else:
@@ -125,17 +125,17 @@ def overhead(dist: Any, timed: Any, untimed: Any, copies: TimedCopies, driver: D
             ring.finish(i)
 
     def all_gather(group: Any, ring: Any) -> None:
-        timed(ring, lambda: dist.all_gather_into_tensor(out_big, x_big, group=group))
+        with_events(ring, lambda: dist.all_gather_into_tensor(out_big, x_big, group=group))
 
     def all_reduce(group: Any, ring: Any) -> None:
-        timed(ring, lambda: dist.all_reduce(x_small, group=group))
+        with_events(ring, lambda: dist.all_reduce(x_small, group=group))
 
     def forum_step(group: Any, ring: Any) -> None:  # an offload copy on a side stream, then 16 all_gathers
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            timed(ring, lambda: host.copy_(src, non_blocking=True))
+            with_events(ring, lambda: host.copy_(src, non_blocking=True))
         for _ in range(16):
-            timed(ring, lambda: dist.all_gather_into_tensor(out_big, x_big, group=group))
+            with_events(ring, lambda: dist.all_gather_into_tensor(out_big, x_big, group=group))
 
     loads = {
         "all_gather 8192x8192 bf16": (all_gather, 3000, 1),
@@ -292,6 +292,8 @@ def agreement(dist: Any, timed: Any, untimed: Any, copies: TimedCopies, steps: i
                 if d2h:
                     row["cupti_vs_events"] = row["cupti_copy_p50_ms"] / row["events_copy_p50_ms"]
                     row["cupti_copy_gbps_p50"] = src.nbytes / (row["cupti_copy_p50_ms"] * 1e6)
+            row["cupti_activities_so_far"] = copies.activities
+            row["cupti_queue"] = len(copies.queue)
             res[f"{paced}/{mode}"] = row
             say(f"agreement {paced:10s} {mode:12s} {json.dumps(row)}")
     OUT["agreement"] = res
@@ -315,6 +317,7 @@ def main() -> int:
     OUT["machine"] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
     copies.start()
     cupti = copies.cupti
+    cupti.activity_flush_period(200)
     cupti.activity_disable(cupti.ActivityKind.MEMCPY)
     sink = Sink()
     capture = CaptureThread(sink, StepTimeline(), FlightRecorderSource(fr_dump_function()), copies)

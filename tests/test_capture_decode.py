@@ -60,14 +60,16 @@ def test_cursor_returns_each_entry_once_and_waits_for_unfinished_ones(dump: dict
         e.pop("duration_ms")
     early["entries"][12]["state"] = "completed"  # finished out of order (another group)
     early["entries"][12]["duration_ms"] = dump["entries"][12]["duration_ms"]
+    early["entries"][11]["state"] = "completed"  # finished, not yet retired by the watchdog: no duration yet
+    early["entries"][11]["retired"] = False
     cursor = FrCursor()
     first = cursor.read(early)
     assert [r.record_id for r in first] == [*range(10), 12]
-    assert cursor.watermark == 9
+    assert cursor.watermark == 9 and cursor.pending == 6
     second = cursor.read(dump)
     assert [r.record_id for r in second] == [10, 11, 13, 14, 15, 16]
     assert cursor.read(dump) == []
-    assert cursor.watermark == 16 and cursor.lost == 0
+    assert cursor.watermark == 16 and cursor.lost == 0 and cursor.untimed == 0 and cursor.pending == 0
 
 
 def test_entries_the_ring_overwrote_unread_are_counted_lost(dump: dict) -> None:

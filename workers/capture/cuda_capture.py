@@ -177,13 +177,12 @@ class CaptureThread:
             self.thread.join(timeout=TICK_S + 5.0)
         deadline = time.monotonic() + settle_s
         while True:  # the watchdog retires finished works within ~0.1 s
-            before = self.fr.cursor.watermark if self.fr is not None else 0
             try:
                 self.drain(force_fr=True)
             except Exception as exc:  # noqa: BLE001
                 log.warning("commtop capture: final read failed: %r", exc)
                 break
-            if self.fr is None or self.fr.cursor.watermark == before or time.monotonic() > deadline:
+            if self.fr is None or self.fr.cursor.pending == 0 or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         if self.copies is not None:

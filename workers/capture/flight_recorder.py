@@ -123,7 +123,10 @@ class FrCursor:
 
     ``lost``: entries the ring overwrote before a dump saw them finished. ``untimed``:
     finished entries without ``duration_ms`` (a group whose timing is off). ``skipped``:
-    point-to-point and unknown ops (commtop's rows name collectives only).
+    point-to-point and unknown ops (commtop's rows name collectives only). A finished entry
+    gets its ``duration_ms`` when torch's watchdog retires it (``retired``), so finished but
+    unretired entries wait for a later dump (seen on the H200: read too early, 52 of 252
+    collectives of a DDP run came out untimed).
     """
 
     def __init__(self) -> None:
@@ -132,6 +135,7 @@ class FrCursor:
         self.lost = 0
         self.untimed = 0
         self.skipped = 0
+        self.pending = 0  # entries of the last dump still running or not retired yet
         self._sizes: dict[str, int] = {}
 
     def read(self, dump: Mapping[str, Any]) -> list[FrCollective]:
@@ -149,9 +153,13 @@ class FrCursor:
                 self._done.difference_update(missing)
                 self.watermark = first - 1
         out: list[FrCollective] = []
+        self.pending = 0
         for e in entries:
             rid = int(e["record_id"])
-            if rid in self._done or e.get("state") != "completed":
+            if rid in self._done:
+                continue
+            if e.get("state") != "completed" or (e.get("duration_ms") is None and not e.get("retired", True)):
+                self.pending += 1  # running, or finished but its duration not read yet (the watchdog retires it)
                 continue
             row = self._row(e)
             if row is not None:
