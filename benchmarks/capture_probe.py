@@ -457,11 +457,13 @@ class FrDrain:
             self.stop.wait(self.period_s)
 
 
-def section_c(dist: Any, timed: Any, untimed: Any, cup: Cupti | None, pairs: int) -> None:
+def section_c(dist: Any, timed: Any, untimed: Any, cup: Cupti | None, pairs: int, no_drain: bool = False) -> None:
     import torch
 
     dev = torch.device("cuda", 0)
     drain = FrDrain()
+    if no_drain:
+        drain.stop.set()  # "fr" = NCCL collective timing alone
     workloads = {
         "all_gather_8192x8192_bf16": (torch.ones(8192 * 8192, device=dev, dtype=torch.bfloat16), 3000),
         "all_reduce_1xf32": (torch.ones(1, device=dev), 20000),
@@ -663,6 +665,7 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--skip", default="", help="comma list of sections to skip (a,c,d)")
+    ap.add_argument("--no-drain", action="store_true", help="c: FR blocks with NCCL timing only, no dumps")
     ns = ap.parse_args()
     if ns.ring_child is not None:
         ring_child(ns.ring_child)
@@ -705,7 +708,7 @@ def main() -> int:
     untimed = dist.new_group(backend="nccl")
     try:
         if "c" not in skip:
-            section_c(dist, timed, untimed, cup, ns.pairs)
+            section_c(dist, timed, untimed, cup, ns.pairs, ns.no_drain)
     except Exception:
         say("c failed: " + traceback.format_exc())
     try:
