@@ -64,6 +64,8 @@ class Capture:
         register_optimizer_step_post_hook(self._on_optimizer_step)
         self._mon_step = self.mon.step
         self.mon.step = self._user_step  # a script that names its steps takes over from the optimizer hook
+        self._mon_close = self.mon.close
+        self.mon.close = self._close_monitor  # a script's monitor.stop() comes after our last read
         for module in (c10d, dist):
             module.init_process_group = self._wrap_init(c10d.init_process_group)
             module.destroy_process_group = self._wrap_destroy(c10d.destroy_process_group)
@@ -127,12 +129,16 @@ class Capture:
             return ""
         copies: CuptiCopies | None = None
         note = "copies from CUPTI"
-        try:
-            copies = CuptiCopies()
-            copies.start()
-        except Exception as exc:  # noqa: BLE001 - no cupti-python, or CUPTI held by a profiler
-            copies = None
-            note = f"copies not captured (CUPTI: {type(exc).__name__}: {str(exc)[:80]})"
+        held = cupti_holder()
+        if held:
+            note = f"copies not captured (CUPTI is held by {held}: one CUPTI client per process)"
+        else:
+            try:
+                copies = CuptiCopies()
+                copies.start()
+            except Exception as exc:  # noqa: BLE001 - no cupti-python, or CUPTI held by a profiler
+                copies = None
+                note = f"copies not captured (CUPTI: {type(exc).__name__}: {str(exc)[:80]})"
         self.thread = CaptureThread(self.mon, self.timeline, FlightRecorderSource(dump), copies)
         self.thread.start()
         self._monitor_api_uses_this_capture(copies is not None)
@@ -178,6 +184,13 @@ class Capture:
         self.step += 1
         self._begin_step()
 
+    def _close_monitor(self) -> None:
+        """The script closes the monitor (``monitor.stop()``): read what is left first, else
+        the records since the last periodic read are lost (seen on the H200: half of a
+        50-step run's collectives)."""
+        self.finish()
+        self._mon_close()
+
     def finish(self) -> None:
         """Read what is left (before the groups go away, or at exit). Idempotent."""
         thread, self.thread = self.thread, None
@@ -193,6 +206,21 @@ class Capture:
         block, self.block = self.block, None
         if block is not None:
             block.__exit__(None, None, None)
+
+
+def cupti_holder() -> str:
+    """Who already uses CUPTI in this process ('' if nobody we can see): Nsight Systems/Compute
+    inject themselves through CUDA_INJECTION64_PATH; torch.profiler (Kineto) when it is on."""
+    if os.environ.get("CUDA_INJECTION64_PATH") or os.environ.get("NSYS_PROFILING_SESSION_ID"):
+        return "Nsight"
+    try:
+        import torch
+
+        if torch.autograd.profiler._is_profiler_enabled:
+            return "torch.profiler"
+    except Exception:  # noqa: BLE001
+        pass
+    return ""
 
 
 def split_target(argv: list[str]) -> tuple[str, str, list[str]]:
