@@ -66,9 +66,10 @@ class Capture:
         self.mon.step = self._user_step  # a script that names its steps takes over from the optimizer hook
         self._mon_close = self.mon.close
         self.mon.close = self._close_monitor  # a script's monitor.stop() comes after our last read
+        init, destroy = self._wrap_init(c10d.init_process_group), self._wrap_destroy(c10d.destroy_process_group)
         for module in (c10d, dist):
-            module.init_process_group = self._wrap_init(c10d.init_process_group)
-            module.destroy_process_group = self._wrap_destroy(c10d.destroy_process_group)
+            setattr(module, "init_process_group", init)  # noqa: B010 - torch.distributed's stub hides it
+            setattr(module, "destroy_process_group", destroy)  # noqa: B010
         atexit.register(self.finish)
 
     def _wrap_init(self, original: Any) -> Any:
