@@ -43,8 +43,11 @@ def test_unmodified_ddp_script_gives_exactly_its_collectives(monkeypatch, capsys
         assert code == 0, out.err[-3000:] + out.out[-3000:]
         assert "monitor: train_ddp_plain.py" in out.out
         with open_recording(rec_path) as rec:
-            coll = rec.tables().coll
+            tables = rec.tables()
+            coll = tables.coll
             assert rec.complete, rec.summary()
+        # gloo has no Flight Recorder timing: the fallback, named in every rank's Hello.
+        assert {h.config.get("capture") for _, h in tables.hellos if h.backend != "unknown"} == {"python hooks"}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for rank in (0, 1):

@@ -117,7 +117,8 @@ class Capture:
                 print(
                     f"commtop: {why}; timing collectives with Python hooks (DDP through a comm hook)", file=sys.stderr
                 )
-        self.mon._refresh()  # Hello: backend, world size, device
+        self.mon.capture = {"hooks": "python hooks"}.get(self.how, self.how)
+        self.mon._refresh()  # Hello: backend, world size, device, capture
         self._begin_step()
 
     def _start_cuda(self) -> str:
@@ -145,7 +146,7 @@ class Capture:
         self._monitor_api_uses_this_capture(copies is not None)
         if self.mon.rank == 0:
             print(f"commtop: collectives from torch's Flight Recorder (NCCL timing on); {note}", file=sys.stderr)
-        return "flight-recorder"
+        return "flight recorder + CUPTI copies" if copies is not None else "flight recorder"
 
     def _monitor_api_uses_this_capture(self, copies: bool) -> None:
         """A script that also uses ``workers.monitor`` gets each record once: its

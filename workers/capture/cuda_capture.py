@@ -91,6 +91,7 @@ class CuptiCopies:
         c = self.cupti
         c.activity_register_callbacks(self._requested, self._completed)
         c.activity_enable(c.ActivityKind.MEMCPY)
+        c.activity_flush_period(int(TICK_S * 1000))  # records arrive live, not only when a buffer fills
         self.sync_clock()
 
     def _requested(self) -> tuple[int, int]:

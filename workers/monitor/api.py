@@ -219,6 +219,8 @@ class Monitor:
         self._publish_lock = threading.RLock()  # harvest vs rows from a capture thread (add_records)
         #: Copies are captured underneath (CUPTI, workers.capture): ``copy()`` blocks only set the stream.
         self.copies_captured = False
+        #: How records are captured, for Hello.config (workers.capture sets it; "" = this API's hooks).
+        self.capture = ""
         self.status = WorkerStatus(settings=self._raw)
         # rank and world size from the process group when it exists
         self.session = RankSession(conn, self._run_info(), self.status, sampler_gpus=self._gpus() if sampler else None)
@@ -553,6 +555,7 @@ class Monitor:
             "mode_knob": self.mode_knob,
             "copy_names": list(self.copy_names),
             "control_unit": "step",
+            "capture": self.capture or "monitor hooks",
         }
         return RunInfo(
             rank=self.rank,
