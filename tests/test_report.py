@@ -451,7 +451,10 @@ def test_copy_bandwidth_as_a_share_of_the_pcie_peak_on_the_h200_recording(capsys
     [
         # what `commtop ab` printed on the H200 (benchmarks/h200_ab.sh, 2026-12-02), verdict without the peak
         ("overlap", "mode=overlap vs mode=none: p50 +1.8 % [+1.7, +1.8] · during copies +1.8 % · copies 55.1 GB/s"),
-        ("sync", "mode=sync vs mode=none: p50 +1.1 % [-0.2, +2.5] no detectable difference · after +1.1 % · copies 55.2 GB/s"),
+        (
+            "sync",
+            "mode=sync vs mode=none: p50 +1.1 % [-0.2, +2.5] no detectable difference · after +1.1 % · copies 55.2 GB/s",
+        ),
     ],
 )
 def test_h200_ab_recordings_reproduce_the_verdict_printed_live(capsys, name: str, printed: str) -> None:

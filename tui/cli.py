@@ -11,15 +11,15 @@ import fcntl
 import os
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from tui.run.connect_help import connect_lines
 from workers.wire import connection as connections
 
 if TYPE_CHECKING:  # the parts are imported when used, so `commtop -h` stays fast
@@ -327,7 +327,8 @@ def script_argv(script: list[str], nproc: int) -> list[str]:
         raise ConfigError(f"nothing to run in {' '.join(script)!r}; expected e.g. `-- python train.py`")
     from tui.run.launcher import torchrun_prefix
 
-    return [*torchrun_prefix(nproc), *rest]
+    # The bootstrap captures collectives and copies of the unmodified script, then runs it as __main__.
+    return [*torchrun_prefix(nproc), "-m", "workers.capture.bootstrap", *rest]
 
 
 def check_memory(config: LoopConfig, nproc: int, cpu: bool, gpu_memory: tuple[int, ...]) -> None:
@@ -389,10 +390,12 @@ def _job_finished(job: Any) -> Callable[[], bool]:
     return finished
 
 
-def run_tui(collector: Collector, *, job: Any = None, title: str = "commtop", hint: str = "") -> int:
+def run_tui(
+    collector: Collector, *, job: Any = None, title: str = "commtop", hint: str = "", connect: Sequence[str] = ()
+) -> int:
     from tui.view.app import build_app
 
-    app = build_app(collector=collector, job=job, title=title, hint=hint)
+    app = build_app(collector=collector, job=job, title=title, hint=hint, connect=connect)
     app.run()
     if job is not None and job.exit_code() not in (None, 0):
         print(f"commtop: the job exited with code {job.exit_code()}; its last lines:", file=sys.stderr)
@@ -429,22 +432,10 @@ def cmd_watch(ns: argparse.Namespace) -> int:
         if not ns.connection_file:  # a run that never listened must not become the "newest run"
             shutil.rmtree(conn.run_dir, ignore_errors=True)
         raise
-    # Printed once listening, so a failed start says one line only.
-    print(f"commtop: connection file {conn.path}", file=sys.stderr)
-    print(
-        f"commtop: start workers with: torchrun --nproc-per-node N -m workers --connection-file {conn.path}"
-        + (
-            f"   (other nodes: --connect tcp://{socket.gethostname()}:{conn.data.rsplit(':', 1)[-1]} "
-            "--connection-file <copy of that file>)"
-            if ns.listen
-            else ""
-        ),
-        file=sys.stderr,
-    )
-    print(
-        f"commtop: or your own script (workers.monitor): COMMTOP_CONNECTION_FILE={conn.path} torchrun ... train.py",
-        file=sys.stderr,
-    )
+    # Printed once listening, so a failed start says one line only; the TUI shows them too.
+    connect = connect_lines(conn, ns.listen)
+    for line in connect:
+        print(f"commtop: {line}", file=sys.stderr)
     try:
         if ns.headless:
             from tui.run.headless import format_summary
@@ -459,7 +450,7 @@ def cmd_watch(ns: argparse.Namespace) -> int:
                 )
             )
             return 0
-        return run_tui(collector, title=f"commtop watch · {conn.run_id}")
+        return run_tui(collector, title=f"commtop watch · {conn.run_id}", connect=connect)
     finally:
         collector.close()
 
