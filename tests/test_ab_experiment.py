@@ -21,7 +21,7 @@ class FakeController:
         self.requests: list[dict[str, Any]] = []
         self.epoch = 7
 
-    def request(self, changes: dict[str, Any]) -> str:
+    def request(self, changes: dict[str, Any], new_epoch: bool = False) -> str:
         self.requests.append(dict(changes))
         self.epoch += 1
         return ""

@@ -226,7 +226,7 @@ class ABExperiment:
             self._pair += 1
         arm = self._order[0]
         changes = {**self._restore, **(self.a if arm == "A" else self.b)}
-        error = self.controller.request(dict(changes))
+        error = self.controller.request(dict(changes), new_epoch=True)  # a block is exactly one epoch
         if error:
             self.state = "switching"  # e.g. the workers are still switching: retry next tick
             self.note = error
