@@ -7,7 +7,6 @@ module. It must never import torch (the workers run in torchrun's processes).
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import shutil
 import signal
@@ -119,11 +118,23 @@ class Collector:
     controller: Any = None
     recorder: Any = None
     lock_fd: int = -1
+    #: remove the run's folder when closed (a run this process created; not a re-attached one)
+    owns_run: bool = False
 
     @property
     def sinks(self) -> list[Any]:
         """Who gets every accepted message after the model: the control server, the recorder."""
         return [part for part in (self.controller, self.recorder) if part is not None]
+
+    def close_on_hangup(self) -> None:
+        """What can be done safely from a signal handler on the main thread while the ingest
+        thread may be inside a socket call: finish the recording, remove the run's folder."""
+        if self.recorder is not None:
+            self.recorder.close()
+        if self.owns_run and self.connection is not None:
+            from tui.run.run_dirs import remove_run
+
+            remove_run(self.connection)
 
     def close(self) -> None:
         for part in (self.recorder, self.controller, self.source):
@@ -135,37 +146,35 @@ class Collector:
                     close()
                 except Exception as exc:  # closing must go on for the other parts
                     print(f"commtop: while closing {type(part).__name__}: {exc}", file=sys.stderr)
+        if self.owns_run and self.connection is not None:
+            from tui.run.run_dirs import remove_run
+
+            remove_run(self.connection)
+            self.owns_run = False
         if self.lock_fd >= 0:
             os.close(self.lock_fd)
             self.lock_fd = -1
 
 
-def _lock_run(conn: connections.Connection) -> int:
-    """One collector per run: a second `watch` on the same run gets a clear error."""
-    path = conn.run_dir / "collector.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = Path(path).read_text().strip() or "?"
-        os.close(fd)
-        raise CollectorError(f"run {conn.run_id} is already being watched (pid {holder})") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    return fd
-
-
-def open_collector(conn: connections.Connection, record: str | None, collective: str = "") -> Collector:
+def open_collector(
+    conn: connections.Connection, record: str | None, collective: str = "", *, owns_run: bool = True
+) -> Collector:
+    """The collector of ``conn`` (one per run); ``owns_run``: its folder goes when it closes."""
     from tui.model.run_model import RunModel
     from tui.model.sources import LiveSource
+    from tui.run.run_dirs import RunBusy, lock_run, prune_runs
 
-    lock_fd = _lock_run(conn)
+    try:
+        lock_fd = lock_run(conn.run_dir)
+    except RunBusy as exc:
+        raise CollectorError(f"run {conn.run_id} is already being watched ({exc})") from None
+    prune_runs()  # folders of runs whose owner is gone (killed, crashed); this one is locked
     try:
         source = LiveSource(conn)
     except Exception as exc:
         os.close(lock_fd)
         raise CollectorError(str(exc)) from None
-    collector = Collector(connection=conn, source=source, model=RunModel(), lock_fd=lock_fd)
+    collector = Collector(connection=conn, source=source, model=RunModel(), lock_fd=lock_fd, owns_run=owns_run)
     from tui.run.control_server import ControlServer
 
     try:
@@ -222,15 +231,19 @@ def cmd_run(ns: argparse.Namespace) -> int:
 def supervise(collector: Collector, argv: list[str], nproc: int, headless: bool, title: str) -> int:
     """Start the job (the collector's sockets are already bound), show it headless or in the
     TUI, and stop the whole job and the collector however that ends."""
+    from tui.run.hangup import on_hangup
     from tui.run.launcher import JobExitSource, JobProcess
 
     job = JobProcess(argv, collector.connection)
     collector.source = JobExitSource(collector.source, job)  # a SIGKILLed rank's exit code
+    # A closed terminal (tmux kill-session, a dropped SSH): stop the job before anything else.
+    restore = on_hangup(job.stop, lambda: collector.close_on_hangup())
     try:
         if headless:
             return run_headless(collector, job, nproc)
         return run_tui(collector, job=job, title=title)
     finally:
+        restore()
         job.stop()
         collector.close()
 
@@ -359,11 +372,14 @@ def cmd_watch(ns: argparse.Namespace) -> int:
     else:
         conn = connections.create_run(label="watch")
     try:
-        collector = open_collector(conn, ns.record)
+        collector = open_collector(conn, ns.record, owns_run=not ns.connection_file)
     except CollectorError:
         if not ns.connection_file:  # a run that never listened must not become the "newest run"
             shutil.rmtree(conn.run_dir, ignore_errors=True)
         raise
+    from tui.run.hangup import on_hangup
+
+    on_hangup(lambda: collector.close_on_hangup())
     # Printed once listening, so a failed start says one line only.
     print(f"commtop: connection file {conn.path}", file=sys.stderr)
     print(

@@ -64,6 +64,7 @@ from workers.rank.heartbeat import Counters, Heartbeat, RunInfo, WorkerStatus, h
 from workers.rank.publisher import NullPublisher, RecordPublisher
 from workers.rank.timing import Anchor, CpuTimer, CudaTimer
 from workers.wire.connection import CONNECTION_FILE_ENV, Connection, ConnectionError_, find_by_endpoint, load
+from workers.wire.lifeline import arm_from_env
 from workers.wire.protocol import DIRECTIONS, MODES, Bye, bye_reason
 from workers.wire.settings import MAX_KNOBS, Settings
 
@@ -238,6 +239,7 @@ class Monitor:
         )
         self.sampler: Any = None
         if conn is not None:
+            arm_from_env()  # under `commtop run -- ...`: end with the torchrun agent, however it ends
             if sampler and self.local_rank == 0:
                 self.sampler = _start_sampler(conn, self.local_world_size)
             _hook_excepthook(self)

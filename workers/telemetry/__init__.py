@@ -21,7 +21,9 @@ def start_node_sampler(connection_path: str, gpu_uuids: list[str]) -> subprocess
     Returns None (after one line on stderr) when it cannot start: the run goes on without it."""
     import socket
 
-    env = dict(os.environ)
+    from workers.wire.lifeline import env_for_child
+
+    env = env_for_child(dict(os.environ), direct=True)  # it dies with this rank (PR_SET_PDEATHSIG)
     env[CONNECTION_FILE_ENV] = str(connection_path)
     argv = [sys.executable, "-m", "workers.telemetry", "--gpus", ",".join(u for u in gpu_uuids if u)]
     root = Path(__file__).resolve().parent.parent.parent
