@@ -380,6 +380,10 @@ def cmd_watch(ns: argparse.Namespace) -> int:
     from tui.run.hangup import on_hangup
 
     on_hangup(lambda: collector.close_on_hangup())
+    stop = threading.Event()
+    if ns.headless:  # before the lines below: a SIGTERM right after them must end it cleanly
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
     # Printed once listening, so a failed start says one line only.
     print(f"commtop: connection file {conn.path}", file=sys.stderr)
     print(
@@ -401,9 +405,6 @@ def cmd_watch(ns: argparse.Namespace) -> int:
             from tui.run.headless import format_summary
             from tui.run.headless import run_headless as collect
 
-            stop = threading.Event()
-            signal.signal(signal.SIGINT, lambda *_: stop.set())
-            signal.signal(signal.SIGTERM, lambda *_: stop.set())
             print(
                 format_summary(
                     collect(collector.source, collector.model, stop, until=lambda: False, sinks=collector.sinks)
