@@ -102,4 +102,4 @@ def test_compare_errors_are_one_line(capsys, runs, tmp_path: Path) -> None:
     bogus = tmp_path / "not.commtop"
     bogus.write_bytes(b"hello")
     rc, out, err = call(capsys, runs["a"], bogus)
-    assert rc == 1 and out == "" and err.startswith("commtop: error:") and err.count("\n") == 1
+    assert rc == 1 and out == "" and err.startswith("commtop report: error:") and err.count("\n") == 1

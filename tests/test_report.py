@@ -158,7 +158,7 @@ def test_output_file_and_usage_errors(capsys, run, tmp_path: Path) -> None:
     assert call(capsys, str(path), "--format", "json", "-o", str(out))[0] == 0
     assert json.loads(out.read_text())["complete"] is True
     rc, _, err = call(capsys, str(path), "--format", "json", "--records")
-    assert rc == 1 and err == "commtop: error: --records needs --format csv\n"
+    assert rc == 1 and err == "commtop report: error: --records needs --format csv\n"
     rc, _, err = call(capsys, str(path), "-o", str(tmp_path / "no" / "dir.txt"))
     assert rc == 1 and err.count("\n") == 1 and "No such file or directory" in err
 
@@ -169,9 +169,9 @@ def test_not_a_recording_is_one_line_and_exit_1(capsys, tmp_path: Path, content:
     bad.write_bytes(content)
     rc, out, err = call(capsys, str(bad))
     assert rc == 1 and out == ""
-    assert err == f"commtop: error: {bad} is not a commtop recording\n"
+    assert err == f"commtop report: error: {bad} is not a commtop recording\n"
     rc, _, err = call(capsys, str(tmp_path / "missing.commtop"))
-    assert rc == 1 and err.startswith("commtop: error: cannot read") and err.count("\n") == 1
+    assert rc == 1 and err.startswith("commtop report: error: cannot read") and err.count("\n") == 1
 
 
 def test_the_command_line_exit_code(tmp_path: Path) -> None:
@@ -180,7 +180,7 @@ def test_the_command_line_exit_code(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tui.report.compute", str(bad)], capture_output=True, text=True, cwd=ROOT
     )
-    assert proc.returncode == 1 and proc.stderr == f"commtop: error: {bad} is not a commtop recording\n"
+    assert proc.returncode == 1 and proc.stderr == f"commtop report: error: {bad} is not a commtop recording\n"
 
 
 def test_damaged_recording_reports_with_a_warning(capsys, run, tmp_path: Path) -> None:
@@ -190,7 +190,7 @@ def test_damaged_recording_reports_with_a_warning(capsys, run, tmp_path: Path) -
     cut.write_bytes(data[: len(data) * 2 // 3])
     rc, out, err = call(capsys, str(cut), "--format", "json")
     assert rc == 0
-    assert err.startswith("commtop: warning: recording incomplete: cut at byte")
+    assert err.startswith("commtop report: warning: recording incomplete: cut at byte")
     doc = json.loads(out)
     assert doc["complete"] is False and 0 < doc["records"]
 
@@ -271,7 +271,7 @@ def test_plot_writes_a_png(capsys, run, tmp_path: Path) -> None:
     path, _ = run
     out = tmp_path / "p.png"
     rc, _, err = call(capsys, str(path), "--plot", str(out))
-    assert rc == 0 and err == f"commtop: wrote {out}\n"
+    assert rc == 0 and err == f"commtop report: wrote {out}\n"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
 
 
@@ -286,7 +286,7 @@ def test_plot_without_matplotlib_is_one_line(run, tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert (
         proc.stderr
-        == "commtop: error: --plot needs matplotlib: pip install 'commtop[plot]' (or pip install matplotlib)\n"
+        == "commtop report: error: --plot needs matplotlib: pip install 'commtop[plot]' (or pip install matplotlib)\n"
     )
     assert not (tmp_path / "p.png").exists()
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from workers.wire import connection as connections
 from workers.wire.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args
@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, script = argv[:cut], argv[cut + 1 :]
         if not script:
-            print("commtop: error: nothing to run after `--` (e.g. commtop run -- python train.py)", file=sys.stderr)
+            print(
+                "commtop run: error: nothing to run after `--` (e.g. commtop run -- python train.py)", file=sys.stderr
+            )
             return 2
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -53,31 +55,45 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(ns.func(ns))
     except (ConfigError, connections.ConnectionError_, CollectorError) as exc:
-        print(f"commtop: error: {exc}", file=sys.stderr)
+        print(f"commtop {ns.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad value is one line: the usage block printed before it buried it."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+RUN_USAGE = "commtop run [options]\n       commtop run [--nproc N] [--headless] [--record [PATH]] -- CMD [ARGS ...]"
+RUN_EPILOG = """the second form runs your own script (instrumented with workers.monitor) under torchrun:
+  commtop run -- python examples/train_ddp.py
+  commtop run --nproc 4 --headless -- python -m mypkg.train --lr 3e-4
+recordings go to recordings/<date>-<time>-<host>-<collective>.commtop unless --record names a PATH"""
+RECORD_HELP = "record to PATH (default: recordings/<date>-<time>-<host>-<collective>.commtop)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="commtop", description=ABOUT)
+    from tui.args import DefaultsFormatter, OneLineParser, version
+
+    parser = OneLineParser(prog="commtop", description=ABOUT)
+    parser.add_argument("--version", action="version", version=f"commtop {version()}")
     sub = parser.add_subparsers(dest="command", metavar="{run,watch,replay,report,ctl}")
 
-    run = sub.add_parser("run", help="start torchrun workers on this node and watch them live")
+    run = sub.add_parser(
+        "run",
+        help="start torchrun workers on this node (or your script: run -- CMD) and watch them live",
+        usage=RUN_USAGE,
+        epilog=RUN_EPILOG,
+        formatter_class=DefaultsFormatter,
+    )
     run.add_argument("--nproc", type=int, default=None, help="ranks (default: one per visible GPU, or 2 on CPU)")
     run.add_argument("--headless", action="store_true", help="no TUI: run, then print the per-rank summary")
-    run.add_argument("--record", nargs="?", const="", default=None, metavar="PATH", help="record to PATH")
+    run.add_argument("--record", nargs="?", const="", default=None, metavar="PATH", help=RECORD_HELP)
     add_loop_arguments(run)
     run.set_defaults(func=cmd_run)
 
-    watch = sub.add_parser("watch", help="TUI only, for workers started by hand (torchrun ... -m workers)")
+    watch = sub.add_parser(
+        "watch",
+        help="TUI only, for workers started by hand (torchrun ... -m workers)",
+        formatter_class=DefaultsFormatter,
+    )
     watch.add_argument(
         "--listen",
         default=None,
@@ -85,19 +101,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="listen on TCP for multi-node runs (uses PORT, PORT+1, PORT+2)",
     )
     watch.add_argument("--connection-file", default=None, help="re-attach to this run (default: a new run)")
-    watch.add_argument("--record", nargs="?", const="", default=None, metavar="PATH")
+    watch.add_argument("--record", nargs="?", const="", default=None, metavar="PATH", help=RECORD_HELP)
     watch.add_argument("--headless", action="store_true", help="collect without a TUI until Ctrl-C")
     watch.set_defaults(func=cmd_watch)
 
-    replay = sub.add_parser("replay", help="replay a recording in the TUI")
-    replay.add_argument("file")
-    replay.add_argument("--speed", type=float, default=1.0)
+    replay = sub.add_parser(
+        "replay",
+        help="replay a recording in the TUI (commtop replay FILE [--speed X])",
+        formatter_class=DefaultsFormatter,
+        epilog="keys: space pause, + / - speed, left / right seek 5 s, n / p next / previous settings change",
+    )
+    replay.add_argument("file", metavar="FILE", help="a .commtop recording (commtop run --record, or r in the TUI)")
+    replay.add_argument("--speed", type=float, default=1.0, help="playback speed, e.g. 4 for four times as fast")
     replay.set_defaults(func=cmd_replay)
 
     sub.add_parser(
         "report", help="per-mode tables, CSV, Perfetto traces and plots from a recording (commtop report -h)"
     )
-    sub.add_parser("ctl", help="change a running job's settings (commtop ctl -h)")
+    sub.add_parser(
+        "ctl", help="change a running job's settings: commtop ctl status | mode MODE | set NAME=VALUE ... (ctl -h)"
+    )
     return parser
 
 
@@ -362,7 +385,7 @@ def cmd_watch(ns: argparse.Namespace) -> int:
         host = connections.tcp_host(ns.listen) or ""
         if host not in ("127.0.0.1", "localhost", "::1"):
             print(
-                f"commtop: warning: listening on {ns.listen} is reachable from the network; every message is "
+                f"commtop watch: warning: listening on {ns.listen} is reachable from the network; every message is "
                 "signed with this run's key, so keep its connection file private",
                 file=sys.stderr,
             )
@@ -426,11 +449,11 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     try:
         source = open_replay(ns.file, speed=ns.speed)
     except (OSError, ValueError) as exc:
-        print(f"commtop: error: {exc}", file=sys.stderr)
+        print(f"commtop replay: error: {exc}", file=sys.stderr)
         return 1
     warning = getattr(source, "warning", "")
     if warning:
-        print(f"commtop: warning: {warning}", file=sys.stderr)
+        print(f"commtop replay: warning: {warning}", file=sys.stderr)
     collector = Collector(connection=None, source=source, model=RunModel())  # type: ignore[arg-type]
     try:
         return run_tui(collector, title=f"commtop replay · {Path(ns.file).name}", hint=warning)

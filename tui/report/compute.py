@@ -685,7 +685,9 @@ def write_records_csv(tables: Tables, out: IO[str], block: int = 100_000) -> int
 
 
 def build_parser(prog: str = "commtop report") -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    from tui.args import OneLineParser
+
+    ap = OneLineParser(
         prog=prog,
         description="Summarise a commtop recording per settings epoch and rank; export CSV, a Perfetto trace or a plot; "
         "or compare recordings per offload mode (commtop report A B).",
@@ -720,7 +722,7 @@ report_main = main
 
 
 def _err(message: str) -> int:
-    print(f"commtop: error: {message}", file=sys.stderr)
+    print(f"commtop report: error: {message}", file=sys.stderr)
     return 1
 
 
@@ -773,7 +775,7 @@ def run(ns: argparse.Namespace) -> int:
         return _err(str(exc))
     with rec:
         if rec.summary():
-            print(f"commtop: warning: {rec.summary()}", file=sys.stderr)
+            print(f"commtop report: warning: {rec.summary()}", file=sys.stderr)
         wanted = None if ns.records or ns.trace else REPORT_COLUMNS
         tables = rec.tables(coll_columns=wanted)
         if ns.window:
@@ -784,13 +786,13 @@ def run(ns: argparse.Namespace) -> int:
 
                 events = write_trace(rec, tables, ns.trace)
                 print(
-                    f"commtop: wrote {events:,} trace events to {ns.trace} (open in https://ui.perfetto.dev)",
+                    f"commtop report: wrote {events:,} trace events to {ns.trace} (open in https://ui.perfetto.dev)",
                     file=sys.stderr,
                 )
                 size = os.path.getsize(ns.trace)
                 if size > TRACE_WARN_BYTES:
                     print(
-                        f"commtop: warning: the trace is {size / 1e9:.1f} GB; browsers give up near 1 GB: "
+                        f"commtop report: warning: the trace is {size / 1e9:.1f} GB; browsers give up near 1 GB: "
                         "pick a part with --window FROM:TO (seconds)",
                         file=sys.stderr,
                     )
@@ -798,7 +800,7 @@ def run(ns: argparse.Namespace) -> int:
                 from tui.report.plot import plot_recording
 
                 plot_recording(rec, tables, ns.plot)
-                print(f"commtop: wrote {ns.plot}", file=sys.stderr)
+                print(f"commtop report: wrote {ns.plot}", file=sys.stderr)
             if fmt is None:
                 return 0
             out = open(ns.output, "w", newline="") if ns.output else sys.stdout  # noqa: SIM115
@@ -833,7 +835,7 @@ def run_compare(ns: argparse.Namespace) -> int:
             return _err(str(exc))
         with rec:
             if rec.summary():
-                print(f"commtop: warning: {path}: {rec.summary()}", file=sys.stderr)
+                print(f"commtop report: warning: {path}: {rec.summary()}", file=sys.stderr)
             tables = rec.tables(coll_columns=REPORT_COLUMNS)
             if ns.window:
                 tables = window_tables(tables, ns.window)

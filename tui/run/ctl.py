@@ -24,7 +24,7 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import zmq
 
@@ -88,22 +88,17 @@ def _add_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     )
 
 
-class _Parser(argparse.ArgumentParser):
-    """One error line with the same prefix as every commtop command (`commtop ctl: error: ...`)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"commtop ctl: error: {message} (see commtop ctl -h)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    from tui.args import OneLineParser
+
+    parser = OneLineParser(
         prog="commtop ctl",
         description="change a running commtop job's settings",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_options(parser, top=True)
-    sub = parser.add_subparsers(dest="op", required=True, metavar="{status,mode,set}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="op", required=True, metavar="{status,mode,set}", parser_class=OneLineParser)
     status = sub.add_parser("status", help="settings requested and in force, pending switch, refused messages")
     mode = sub.add_parser("mode", help=f"switch the offload mode: commtop ctl mode MODE ({', '.join(MODES)})")
     mode.add_argument("mode", metavar="MODE", help=", ".join(MODES))
