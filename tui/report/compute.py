@@ -410,7 +410,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
         s = settings.get(e, {})
         ca, cb = cepoch.get(e, (0, 0))
         if "copies" in s:
-            copies: float | None = float(s["copies"])
+            copies: float | None = int(s["copies"])  # a setting: an integer (CSV "5", not "5.0")
         else:  # count them: copy records per (rank, step)
             steps = len(_counts((c["rank"][ca:cb].astype(np.int64) << 40) | c["step"][ca:cb])[0])
             copies = (cb - ca) / steps if steps else 0.0
@@ -420,6 +420,8 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
         k = combos[_mode_of(code[a_e:b_e])]
         op, nbytes = k >> 48, k & ((1 << 48) - 1)
         m = _mode_of(mode[a_e:b_e])
+        if m == p.MODES.index("none") and cb == ca:  # no copies ran: their settings say nothing
+            copies, pinned, direction, copy_bytes = None, None, "", None
         t0, t1 = windows[e]
         ids = [gid_of[key] for key, _, _ in eruns]
         groups: list[tuple[int | None, int, int, list[int], tuple[int, int]]] = [(None, a_e, b_e, ids, (ca, cb))]
@@ -570,7 +572,7 @@ def format_table(report: Report) -> str:
             (
                 str(r.epoch),
                 r.mode,
-                fmt_num(r.copies, "{:g}"),
+                "-" if r.copies is None else fmt_num(r.copies, "{:g}"),
                 fmt_bytes(r.copy_bytes),
                 "-" if r.pinned is None else ("yes" if r.pinned else "no"),
                 r.direction or "-",
@@ -599,9 +601,22 @@ def format_table(report: Report) -> str:
                 f"   {fmt_num(m.slowdown, '{:.2f}x')}"
             )
     lines.append("")
-    lines.append("latency = collective duration per rank (CUDA events on GPU); algbw/busbw GB/s as nccl-tests;")
-    lines.append("PCIe/NVLink GB/s, SM clock and power = mean per GPU of the node telemetry during the epoch")
+    lines += footnote(str(meta.get("backend") or ""))
     return "\n".join(lines) + "\n"
+
+
+def footnote(backend: str) -> list[str]:
+    """How the numbers were measured: CUDA events on a GPU run, the host clock on gloo/CPU."""
+    if backend.startswith("nccl") or "cuda" in backend:
+        return [
+            "latency = collective duration per rank (CUDA events on the GPU); algbw/busbw GB/s as nccl-tests;",
+            "PCIe/NVLink GB/s, SM clock and power = mean per GPU of the node telemetry during the epoch",
+        ]
+    return [
+        f"latency = collective duration per rank (host clock around each call: {backend or 'no GPU'}); "
+        "algbw/busbw GB/s as nccl-tests;",
+        "no GPU: no PCIe/NVLink, clock or power telemetry (n/a)",
+    ]
 
 
 def json_clean(value: Any) -> Any:
@@ -640,7 +655,8 @@ def format_csv(report: Report) -> str:
     writer.writerow(names)
     for r in report.rows:
         values = asdict(r)
-        writer.writerow(["all" if n == "rank" and values[n] is None else _csv_value(values[n]) for n in names])
+        # rank is empty on the all-ranks rows: one type per column (pandas reads it as a number)
+        writer.writerow([_csv_value(values[n]) for n in names])
     return out.getvalue()
 
 
@@ -774,7 +790,7 @@ def run(ns: argparse.Namespace) -> int:
     except RecordingError as exc:
         return _err(str(exc))
     with rec:
-        if rec.summary():
+        if rec.summary() and not (fmt == "table" and not ns.output):  # the table on stdout says it itself
             print(f"commtop report: warning: {rec.summary()}", file=sys.stderr)
         wanted = None if ns.records or ns.trace else REPORT_COLUMNS
         tables = rec.tables(coll_columns=wanted)
