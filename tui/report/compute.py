@@ -101,6 +101,31 @@ class ModeRow:
 
 
 @dataclass(frozen=True)
+class SettingsKey:
+    """Everything the workers were told to do in an epoch (what `report A B` lines up)."""
+
+    mode: str
+    copies: float | None
+    copy_bytes: int | None
+    pinned: bool | None
+    direction: str
+    knobs: str  # "name=value ..." of a monitored job's knobs; "" for the synthetic loop
+
+
+@dataclass(frozen=True)
+class SettingsRow:
+    """All ranks of every epoch that ran with the same settings."""
+
+    key: SettingsKey
+    epochs: tuple[int, ...]
+    count: int
+    p50_us: float
+    p99_us: float
+    busbw_gbps: float  # record-weighted mean over the epochs
+    copy_gbps: float  # copy-weighted mean
+
+
+@dataclass(frozen=True)
 class Report:
     path: str
     complete: bool
@@ -110,6 +135,7 @@ class Report:
     records: int
     rows: tuple[Row, ...]
     modes: tuple[ModeRow, ...]
+    settings: tuple[SettingsRow, ...] = ()
 
 
 # --------------------------------------------------------------------------- computing
@@ -406,6 +432,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     base_all = {combos[k]: v for k, v in base_code.items()}
 
     rows: list[Row] = []
+    spans: dict[SettingsKey, list[tuple[int, int, Row]]] = {}  # epochs per settings, all ranks
     for e, a_e, b_e, eruns in _epochs(g.runs):
         s = settings.get(e, {})
         ca, cb = cepoch.get(e, (0, 0))
@@ -459,6 +486,26 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                     **{name: telemetry.mean(name, t0, t1, gpu) for name in LINK_METRICS},
                 )
             )
+            if rank is None:
+                knobs = " ".join(f"{k}={v}" for k, v in sorted(dict(s.get("knobs") or {}).items()))
+                key = SettingsKey(rows[-1].mode, copies, copy_bytes, pinned, direction, knobs)
+                spans.setdefault(key, []).append((a_e, b_e, rows[-1]))
+    by_settings = []
+    for key, parts_of in spans.items():
+        durations = np.concatenate([dur32[a:b] for a, b, _ in parts_of])
+        p50, p99 = _percentiles(durations, [50, 99])
+        epoch_rows = [r for _, _, r in parts_of]
+        by_settings.append(
+            SettingsRow(
+                key=key,
+                epochs=tuple(r.epoch for r in epoch_rows),
+                count=len(durations),
+                p50_us=p50,
+                p99_us=p99,
+                busbw_gbps=_weighted_mean([(r.busbw_gbps, r.count) for r in epoch_rows]),
+                copy_gbps=_weighted_mean([(r.copy_gbps, r.copy_count) for r in epoch_rows]),
+            )
+        )
 
     modes = []
     mcounts = np.bincount(mode) if len(mode) else np.zeros(0, dtype=np.int64)
@@ -485,7 +532,15 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
         records=len(dur32),
         rows=tuple(rows),
         modes=tuple(modes),
+        settings=tuple(by_settings),
     )
+
+
+def _weighted_mean(pairs: Sequence[tuple[float, int]]) -> float:
+    """Mean of per-epoch means weighted by their counts, over the finite ones."""
+    ok = [(v, n) for v, n in pairs if n > 0 and math.isfinite(v)]
+    total = sum(n for _, n in ok)
+    return sum(v * n for v, n in ok) / total if total else math.nan
 
 
 # --------------------------------------------------------------------------- output
