@@ -203,12 +203,12 @@ def finish(report: Report, ns: argparse.Namespace) -> None:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile; NaN when empty."""
-    if not values:
-        return math.nan
-    s = sorted(values)
-    k = min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))
-    return float(s[k])
+    """commtop's one percentile definition (workers.wire.stats); NaN when empty."""
+    import numpy as np
+
+    from workers.wire.stats import percentile as wire_percentile
+
+    return wire_percentile(np.asarray(values, dtype=np.float64), q)
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:

@@ -234,11 +234,11 @@ class Bench:
             self.dist.broadcast_object_list(path, src=0)
         conn = connection.load(path[0])
         if self.rt.local_rank == 0:
-            from workers.synthetic.loop import gpu_uuid
-            from workers.synthetic.main import start_sampler
+            from workers.rank.device import gpu_uuid
+            from workers.telemetry import start_node_sampler
 
             uuids = [gpu_uuid(i) for i in range(self.torch.cuda.device_count())] if self.rt.cuda else []
-            self.helpers.sampler = start_sampler(conn, uuids)
+            self.helpers.sampler = start_node_sampler(str(conn.path), uuids)
         return conn
 
     def sync(self) -> None:

@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,7 @@ class FakeController:
         return ""
 
     def view(self) -> ControlView:
-        return ControlView(requested=dict(self.settings), in_force={"mode": "overlap"}, epoch_in_force=1)
+        return ControlView(requested=dict(self.settings))
 
 
 @run_async
@@ -319,14 +320,11 @@ async def test_a_flood_does_not_freeze_the_keyboard() -> None:
 
 def test_header_text_without_data_and_with_pending_switch() -> None:
     assert "waiting for ranks" in header_text(None).plain
-    snap = frozen_snapshot(world=2)
-    view = ControlView(
-        requested={"mode": "sync", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"},
-        in_force={"mode": "overlap", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"},
-        epoch_in_force=3,
-        pending_epoch=4,
-        apply_at=640,
+    base = {"copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
+    snap = replace(
+        frozen_snapshot(world=2), settings={"mode": "overlap", **base}, epoch_in_force=3, pending_epoch=4, apply_at=640
     )
+    view = ControlView(requested={"mode": "sync", **base})
     text = header_text(snap, view).plain
     assert "mode  overlap " in text and "epoch 3" in text and "switching to sync at iteration 640" in text
 
@@ -360,19 +358,19 @@ def test_header_lists_rejections_by_reason() -> None:
 
 
 def test_header_shows_only_the_requested_changes_not_yet_in_force() -> None:
-    snap = frozen_snapshot(world=2)
     base = {"mode": "overlap", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
-    view = ControlView(requested={**base, "mode": "sync", "pinned": False}, in_force=base, epoch_in_force=3)
+    snap = replace(frozen_snapshot(world=2), settings=base, epoch_in_force=3)
+    view = ControlView(requested={**base, "mode": "sync", "pinned": False})
     text = header_text(snap, view).plain
     assert "requested mode=sync pinned=off (not yet in force)" in text
-    same = ControlView(requested=base, in_force=base, epoch_in_force=3)
+    same = ControlView(requested=base)
     assert "requested" not in header_text(snap, same).plain
 
 
 def test_rows_mark_failed_exits_red_and_clean_exits_dim() -> None:
     from tui.model.run_model import RunModel
     from tui.view.widgets.palette import EXITED
-    from tui.view.widgets.rank_rows import bucket, render_rows, style
+    from tui.view.widgets.rank_rows import RowsView, bucket, style
     from workers.wire.protocol import Bye
 
     model = RunModel()
@@ -381,7 +379,8 @@ def test_rows_mark_failed_exits_red_and_clean_exits_dim() -> None:
     model.apply(Bye(rank=0, exit_code=0, reason="", t_ns=2**62))
     model.apply(Bye(rank=1, exit_code=3, reason="CUDA error", t_ns=2**62))
     snap = model.snapshot()
-    lines = render_rows(snap, bucket(snap.history, 60, 1), 15.0, 150)
+    view = RowsView(snap, bucket(snap.history, 60, 1), 15.0, 150)
+    lines = [view.line(i) for i in range(view.n_lines)]
     text = ["".join(seg.text for seg in line) for line in lines]
     assert text[0].startswith("✓") and "exited (0)" in text[0]
     assert text[1].startswith("✗") and "exited (3): CUDA error" in text[1]

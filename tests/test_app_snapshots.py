@@ -7,12 +7,14 @@ Update after an intended visual change with: pytest tests/test_app_snapshots.py 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from frozen_run import frozen_snapshot
 
 from tui.model.interfaces import ControlView
 from tui.view.app import CommtopApp
+from tui.view.messages import SnapshotReady
 
 SETTINGS = {"copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
 
@@ -24,21 +26,22 @@ class FrozenController:
         return ""
 
     def view(self) -> ControlView:
-        return ControlView(
-            requested={"mode": "none", **SETTINGS},
-            in_force={"mode": "overlap", **SETTINGS},
-            epoch_in_force=1,
-            pending_epoch=2,
-            apply_at=640,
-        )
+        return ControlView(requested={"mode": "none", **SETTINGS})
 
 
 def frozen_app(world: int, **kw: Any) -> tuple[CommtopApp, Any]:
     app = CommtopApp(title="commtop run", links=False, controller=FrozenController())
-    snap = frozen_snapshot(world=world, **kw)
+    # frozen mid-switch: overlap in force at epoch 1, epoch 2 pending at iteration 640
+    snap = replace(
+        frozen_snapshot(world=world, **kw),
+        settings={"mode": "overlap", **SETTINGS},
+        epoch_in_force=1,
+        pending_epoch=2,
+        apply_at=640,
+    )
 
     async def show(pilot: Any) -> None:
-        pilot.app.show_snapshot(snap)
+        pilot.app.post_message(SnapshotReady(snap))  # what the ingest thread posts
         await pilot.pause()
 
     return app, show

@@ -18,10 +18,9 @@ import zmq
 from workers.rank.live_control import (  # noqa: E402
     DesiredListener,
     LiveControl,
-    ctl_state_body,
-    settings_from_wire,
 )
 from workers.wire import protocol  # noqa: E402
+from workers.wire.control import ctl_state_body  # noqa: E402
 from workers.wire.settings import Settings  # noqa: E402
 
 STEP = 4
@@ -290,11 +289,3 @@ def test_listener_accepts_newer_epochs_and_counts_every_rejection_by_reason(tmp_
         listener.close()
         pub.close(0)
         ctx.term()
-
-
-def test_settings_from_wire_validates_like_a_change():
-    assert settings_from_wire({"mode": "sync", "copies": 3}) == Settings(mode="sync", copies=3)
-    with pytest.raises(ValueError):
-        settings_from_wire({"copies": 17})
-    with pytest.raises(ValueError):
-        settings_from_wire(["mode"])

@@ -212,7 +212,7 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         # a rogue takes the control endpoint: no key, wrong key, bit flipped, replay of an old state
         import zmq
 
-        from workers.rank.live_control import ctl_state_body
+        from workers.wire.control import ctl_state_body
 
         ctx = zmq.Context()
         rogue = ctx.socket(zmq.PUB)
@@ -235,12 +235,14 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         records2 = Records()
         started = time.monotonic()
         collector = TestCollector(conn, records2)
-        wait_for(lambda: collector.server.view().in_force.get("mode") == "sync-barrier", 5, "the mode in force", job)
+        wait_for(
+            lambda: collector.server.in_force().settings.get("mode") == "sync-barrier", 5, "the mode in force", job
+        )
         learned_s = time.monotonic() - started
-        view = collector.server.view()
+        view, now_in_force = collector.server.view(), collector.server.in_force()
         assert learned_s < 2.0, f"took {learned_s:.2f} s to learn the mode in force"
-        assert view.requested == in_force.as_dict() == view.in_force
-        assert view.epoch_in_force == 1
+        assert view.requested == in_force.as_dict() == now_in_force.settings
+        assert now_in_force.epoch == 1
         wait_for(lambda: records2.last_iteration() > before_restart + 50 * STEP, 20, "workers going on", job)
 
         # rank 0 counted the rogue's messages by reason: in Hello.rejected (every heartbeat) and in the
@@ -266,7 +268,7 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         wait_for(lambda: logged() == counts, live_control.LOG_S + 5, f"the log to say {counts}", job)
         # still controllable through the new collector
         assert ctl.main(["--run", conn.path, "mode", "none"]) == 0, capsys.readouterr()
-        assert collector.server.view().in_force["mode"] == "none"
+        assert collector.server.in_force().settings["mode"] == "none"
     finally:
         job.stop()
         collector.close()
@@ -277,6 +279,6 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
 
 
 def _state(conn: connections.Connection, epoch: int, settings: Settings) -> dict:
-    from workers.rank.live_control import ctl_state_body
+    from workers.wire.control import ctl_state_body
 
     return ctl_state_body(conn.session, epoch, settings)

@@ -95,9 +95,8 @@ def test_publishes_nothing_until_the_workers_report_then_adopts_the_state_in_for
         in_force = Settings(mode="sync", copies=2)
         server.write(frozen_hello(0, 3, in_force))
         assert heard(listener) == (3, in_force)
-        view = server.view()
-        assert view.requested == in_force.as_dict() == view.in_force
-        assert view.epoch_in_force == 3
+        assert server.view().requested == in_force.as_dict() == server.in_force().settings
+        assert server.in_force().epoch == 3
     finally:
         listener.close()
 
@@ -116,14 +115,14 @@ def test_request_validates_and_bumps_the_epoch(conn, server):
         listener.close()
     # the workers switching: "switching at iteration N", then in force
     server.write(header(0, 0, 1, 640))
-    view = server.view()
-    assert (view.epoch_in_force, view.pending_epoch, view.apply_at) == (0, 1, 640)
+    now = server.in_force()
+    assert (now.epoch, now.pending_epoch, now.apply_at) == (0, 1, 640)
     server.write(header(0, 0, 1, 1280))  # re-issued after a late rank
     assert "re-issued" in server.view().note and "1280" in server.view().note
     server.write(header(0, 1))
-    view = server.view()
-    assert (view.epoch_in_force, view.pending_epoch) == (1, -1)
-    assert view.in_force["mode"] == "sync-barrier"
+    now = server.in_force()
+    assert (now.epoch, now.pending_epoch) == (1, -1)
+    assert now.settings["mode"] == "sync-barrier"
 
 
 def test_holds_while_workers_switch_to_an_epoch_it_does_not_know(conn, server):
@@ -257,8 +256,7 @@ def test_a_restarted_server_learns_the_mode_in_force_without_resetting_it(conn):
         second.write(header(1, 1))
         second.write(frozen_hello(1, 1, Settings(mode="none", copies=7), rejected={"signature": 2}))
         assert heard(listener) == (1, Settings(mode="none", copies=7))
-        view = second.view()
-        assert view.in_force["mode"] == "none" and view.requested["copies"] == 7
+        assert second.in_force().settings["mode"] == "none" and second.view().requested["copies"] == 7
         with ctl.CtlClient(conn) as client:
             assert client.status()["worker_rejected"] == 2
     finally:

@@ -29,10 +29,10 @@ from tui.model.sources import LiveSource  # noqa: E402
 from workers import monitor  # noqa: E402
 from workers.monitor import patch as monitor_patch
 from workers.monitor.records import OP_INDEX, OPS, MonitorBatcher, bus_factors  # noqa: E402
-from workers.rank.live_control import ctl_state_body  # noqa: E402
 from workers.rank.publisher import NullPublisher  # noqa: E402
 from workers.wire import connection as connections  # noqa: E402
 from workers.wire import protocol
+from workers.wire.control import ctl_state_body  # noqa: E402
 from workers.wire.settings import Settings  # noqa: E402
 
 N = 256  # float32 elements per tensor
@@ -351,15 +351,15 @@ def test_the_tuis_mode_key_through_the_real_control_server_moves_the_mode_knob(r
         first = seen.index("sync")
         assert set(seen[:first]) == {"overlap"} and set(seen[first:]) == {"sync"}
         until = time.monotonic() + 5  # the next Hello (1 s) tells the collector what is in force
-        while time.monotonic() < until and server.view().in_force.get("knobs") != {"offload": "sync"}:
+        while time.monotonic() < until and server.in_force().settings.get("knobs") != {"offload": "sync"}:
             with mon.step(step):  # the job goes on (batch headers say which epoch is in force)
                 dist.all_reduce(t)
             step += 1
             for message in source.poll(0.01):
                 server.write(message)
-        view = server.view()
-        assert view.in_force["knobs"] == {"offload": "sync"} and view.in_force["mode"] == "sync"
-        assert view.epoch_in_force == 1
+        now = server.in_force()
+        assert now.settings["knobs"] == {"offload": "sync"} and now.settings["mode"] == "sync"
+        assert now.epoch == 1
     finally:
         server.close()
 

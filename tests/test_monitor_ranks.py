@@ -22,9 +22,9 @@ import zmq
 
 from tui.model.sources import LiveSource  # noqa: E402
 from workers.monitor.records import OPS  # noqa: E402
-from workers.rank.live_control import ctl_state_body  # noqa: E402
 from workers.wire import connection as connections  # noqa: E402
 from workers.wire import protocol  # noqa: E402
+from workers.wire.control import ctl_state_body  # noqa: E402
 from workers.wire.settings import Settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

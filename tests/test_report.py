@@ -288,8 +288,7 @@ def test_plot_without_matplotlib_is_one_line(run, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1
     assert (
-        proc.stderr
-        == "commtop report: error: --plot needs matplotlib: pip install 'commtop[plot]' "
+        proc.stderr == "commtop report: error: --plot needs matplotlib: pip install 'commtop[plot]' "
         "(in a checkout: pip install -e '.[plot]'; or pip install matplotlib)\n"
     )
     assert not (tmp_path / "p.png").exists()

@@ -7,7 +7,14 @@ import argparse
 import pytest
 
 from workers.wire.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args, config_from_dict
-from workers.wire.settings import Settings, SettingsError, parse_assignment
+from workers.wire.settings import (
+    MAX_KNOB_TEXT,
+    MAX_KNOBS,
+    Settings,
+    SettingsError,
+    parse_assignment,
+    settings_from_wire,
+)
 
 
 def test_settings_accept_valid_changes() -> None:
@@ -96,3 +103,30 @@ def test_config_round_trips_through_argv_and_dict() -> None:
     add_loop_arguments(parser)
     assert config_from_args(parser.parse_args(cfg.to_argv()), cpu=False) == cfg
     assert config_from_dict(cfg.as_dict()) == cfg
+
+
+def test_settings_from_wire_validates_like_a_change():
+    assert settings_from_wire({"mode": "sync", "copies": 3, "other": 1}) == Settings(mode="sync", copies=3)
+    with pytest.raises(SettingsError):
+        settings_from_wire({"copies": 17})
+    with pytest.raises(SettingsError):
+        settings_from_wire(["mode"])
+
+
+def test_settings_from_wire_checks_knobs_against_declared_choices_when_known():
+    choices = {"offload": ("none", "sync")}
+    assert settings_from_wire({"knobs": {"offload": "sync"}}, choices).knobs == {"offload": "sync"}
+    with pytest.raises(SettingsError):
+        settings_from_wire({"knobs": {"offload": "later"}}, choices)
+    with pytest.raises(SettingsError):
+        settings_from_wire({"knobs": {"unknown": "x"}}, choices)
+
+
+def test_settings_from_wire_keeps_reported_knobs_within_bounds_when_choices_are_unknown():
+    assert settings_from_wire({"mode": "none", "knobs": {"offload": "sync"}}).knobs == {"offload": "sync"}
+    with pytest.raises(SettingsError):
+        settings_from_wire({"knobs": {f"k{i}": "v" for i in range(MAX_KNOBS + 1)}})
+    with pytest.raises(SettingsError):
+        settings_from_wire({"knobs": {"k": "v" * (MAX_KNOB_TEXT + 1)}})
+    with pytest.raises(SettingsError):
+        settings_from_wire({"knobs": ["offload"]})

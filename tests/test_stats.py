@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from tui.model.stats import AxisScale, LogHistogram, Ring, RunAggregate, nice_ceiling, percentile, weighted_rate
+from tui.model.stats import AxisScale, LogHistogram, Ring, RunAggregate, nice_ceiling, weighted_rate
+from workers.wire.stats import percentile, percentiles, percentiles_and_max
 
 
 def test_ring_keeps_the_newest_rows_in_order_across_the_wrap() -> None:
@@ -30,11 +31,35 @@ def test_ring_view_is_a_copy() -> None:
     assert got.tolist() == [1, 2]
 
 
-def test_percentile_is_nearest_rank() -> None:
+def test_percentile_is_numpys_linear_definition_bit_for_bit() -> None:
     values = np.array([4.0, 1.0, 3.0, 2.0])
-    assert percentile(values, 50) == 2.0
-    assert percentile(values, 99) == 4.0
+    assert percentile(values, 50) == 2.5
+    assert percentile(values, 99) == pytest.approx(3.97)
     assert math.isnan(percentile(np.array([]), 50))
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 7, 100, 4099):
+        d32 = rng.lognormal(4.0, 1.0, n).astype(np.float32)
+        qs = [0, 1, 50, 90, 99, 99.9, 100]
+        got, top = percentiles_and_max(d32, qs)
+        assert got == np.percentile(d32.astype(np.float64), qs).tolist()
+        assert top == float(d32.max()) and max(got) <= top
+    with_zero = np.array([0.0, -0.0, 1.0], dtype=np.float32)
+    assert percentiles(with_zero, [50]) == np.percentile(with_zero.astype(np.float64), [50]).tolist()
+
+
+def test_run_aggregate_percentiles_equal_the_reports_while_exact_and_never_exceed_max_after() -> None:
+    rng = np.random.default_rng(5)
+    values = rng.lognormal(7.0, 0.5, RunAggregate.EXACT_CAP).astype(np.float32)
+    agg = RunAggregate()
+    for part in np.array_split(values, 9):
+        agg.add(part)
+    st = agg.stats()
+    assert st.exact
+    want = np.percentile(values.astype(np.float64), [50, 99]) / 1e3
+    assert (st.p50_ms, st.p99_ms) == (want[0], want[1])
+    agg.add(np.array([1.0]))  # one past the cap: histogram, clamped to the exact min and max
+    st = agg.stats()
+    assert not st.exact and st.min_ms <= st.p50_ms <= st.p99_ms <= st.max_ms
 
 
 def test_weighted_rate_is_the_rate_at_the_average_duration() -> None:

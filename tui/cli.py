@@ -17,9 +17,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workers.wire import connection as connections
+
+if TYPE_CHECKING:  # the parts are imported when used, so `commtop -h` stays fast
+    from tui.model.interfaces import Sink, Source
+    from tui.model.run_model import RunModel
+    from tui.recordings.format import Recorder
+    from tui.run.control_server import ControlServer
 from workers.wire.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args
 
 CPU_RANKS = 2
@@ -136,16 +142,16 @@ class Collector:
     """Everything on the receiving side of one run: sockets, model, control, recorder."""
 
     connection: connections.Connection
-    source: Any
-    model: Any
-    controller: Any = None
-    recorder: Any = None
+    source: Source
+    model: RunModel
+    controller: ControlServer | None = None
+    recorder: Recorder | None = None
     lock_fd: int = -1
     #: remove the run's folder when closed (a run this process created; not a re-attached one)
     owns_run: bool = False
 
     @property
-    def sinks(self) -> list[Any]:
+    def sinks(self) -> list[Sink]:
         """Who gets every accepted message after the model: the control server, the recorder."""
         return [part for part in (self.controller, self.recorder) if part is not None]
 
@@ -160,15 +166,18 @@ class Collector:
             remove_run(self.connection)
 
     def close(self) -> None:
-        for part in (self.recorder, self.controller, self.source):
-            close = getattr(part, "close", None) if part is not None else None
-            if close is None and part is not None:
-                close = getattr(part, "stop", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception as exc:  # closing must go on for the other parts
-                    print(f"commtop: while closing {type(part).__name__}: {exc}", file=sys.stderr)
+        closers = [
+            self.recorder.stop if self.recorder is not None else None,
+            self.controller.close if self.controller is not None else None,
+            self.source.close,
+        ]
+        for close in closers:
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception as exc:  # closing must go on for the other parts
+                print(f"commtop: while closing {close.__qualname__.split('.')[0]}: {exc}", file=sys.stderr)
         if self.owns_run and self.connection is not None:
             from tui.run.run_dirs import remove_run
 
@@ -201,7 +210,7 @@ def open_collector(
     from tui.run.control_server import ControlServer
 
     try:
-        collector.controller = ControlServer(conn)
+        collector.controller = ControlServer(conn, in_force=collector.model.in_force)
     except Exception as exc:
         collector.close()
         raise CollectorError(str(exc)) from None

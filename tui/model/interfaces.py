@@ -11,15 +11,19 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from workers.wire.protocol import Message
+
 
 @runtime_checkable
 class Source(Protocol):
     """Where messages come from: live ZeroMQ sockets, or a recording being replayed."""
 
-    #: Frames refused so far, by ProtocolError.reason ("signature", "malformed", ...).
-    rejected: Counter[str]
+    @property
+    def rejected(self) -> Counter[str]:
+        """Frames refused so far, by ProtocolError.reason ("signature", "malformed", ...)."""
+        ...
 
-    def poll(self, timeout_s: float) -> list[Any]:
+    def poll(self, timeout_s: float) -> list[Message | ResetModel]:
         """Every message ready now (waiting at most ``timeout_s`` for the first one).
         Must drain what is queued without blocking once something arrived."""
         ...
@@ -68,7 +72,7 @@ class ResetModel:
 class Sink(Protocol):
     """Receives every accepted message after the model applied it (the recorder is one)."""
 
-    def write(self, message: Any) -> None:
+    def write(self, message: Message) -> None:
         """Must not block for long: called on the ingest thread."""
         ...
 
@@ -94,13 +98,10 @@ class RecorderLike(Sink, Protocol):
 
 @dataclass(frozen=True)
 class ControlView:
-    """What the header shows about live control (requested vs in force)."""
+    """What the header shows about live control beyond the snapshot: the settings requested
+    (the snapshot says which are in force), refusals and the latest note."""
 
     requested: dict[str, Any]
-    in_force: dict[str, Any]
-    epoch_in_force: int
-    pending_epoch: int = -1
-    apply_at: int = -1
     rejected: int = 0  # control/telemetry messages refused (bad signature, replay, ...)
     note: str = ""  # e.g. "re-issued: rank 3 was past iteration 640"
 

@@ -29,8 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from tui.model.stats import RING_SIZE, Ring, RunAggregate, RunStats, percentiles, weighted_rate
-from workers.wire.protocol import COLL, COPY, MODES, TELEM, TELEM_CAPS, Batch, Bye, Hello
+from tui.model.in_force import InForceTracker
+from tui.model.stats import RING_SIZE, Ring, RunAggregate, RunStats, weighted_rate
+from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
+from workers.wire.protocol import COLL, COPY, MODES, TELEM, TELEM_CAPS, Batch, Bye, Hello, Message
+from workers.wire.stats import percentiles
 
 #: A rank silent for longer than this is shown as stale (it may be stopped or hung).
 STALE_AFTER_S = 2.0
@@ -172,7 +175,7 @@ class Snapshot:
     #: which coincide across the ranks of one collective. Empty with one host.
     clock_offsets_ms: dict[str, float] = field(default_factory=dict)
     clock_ref: str = ""
-    telemetry: Any = None  # tui.model.telemetry.TelemetrySnapshot when available
+    telemetry: TelemetrySnapshot | None = None  # node telemetry (None before any TELEM)
     version: int = 0  # model changes applied so far
 
     @property
@@ -205,8 +208,6 @@ class _RankState:
         self.max_seq = {COLL: -1, COPY: -1}
         self.batches = {COLL: 0, COPY: 0}
         self.sent_hint = {COLL: 0, COPY: 0}  # batches sent so far, from the hello
-        self.ctl = (0, -1, -1)  # epoch_in_force, pending_epoch, apply_at of the newest batch
-        self.ctl_t_ns = -1
         self.version = 0  # bumped by every message of this rank (snapshot caching)
         self.view_cache: tuple[int, int, RankView] | None = None  # (version, computed at ns, view)
         self.run_cache: tuple[int, tuple[RunStats, dict[str, RunStats], RunStats]] | None = None
@@ -240,7 +241,8 @@ class RunModel:
     def __init__(self, clock: Callable[[], int] = time.time_ns, stale_after_s: float = STALE_AFTER_S) -> None:
         self.clock = clock
         self.stale_after_ns = int(stale_after_s * 1e9)
-        self._telemetry_cls: Any = _load_telemetry_model()
+        #: The settings in force; the control server reads the same tracker (one owner).
+        self.in_force = InForceTracker()
         self.reset()
 
     def reset(self) -> None:
@@ -255,7 +257,8 @@ class RunModel:
         self.version = 0
         self.modes_seen: set[int] = set()
         self.worst_skew: SkewEvent | None = None
-        self.telemetry = self._telemetry_cls() if self._telemetry_cls is not None else None
+        self.telemetry = TelemetryModel()
+        self.in_force.reset()
 
     def set_rejected(self, counts: Counter[str] | dict[str, int]) -> None:
         """Frames the source refused, by reason (the source counts, the model reports)."""
@@ -270,11 +273,13 @@ class RunModel:
             state = self.ranks[rank] = _RankState(rank)
         return state
 
-    def apply(self, message: Any, now_ns: int | None = None) -> None:
+    def apply(self, message: Message, now_ns: int | None = None) -> None:
         """Apply one decoded message (Batch, Hello, Bye, or a TELEM/TELEM_CAPS dict)."""
         now = self.clock() if now_ns is None else now_ns
-        if isinstance(message, (Batch, Hello, Bye)) and self._refuse_rank(message):
-            return
+        if isinstance(message, (Batch, Hello, Bye)):
+            if self._refuse_rank(message):
+                return
+            self.in_force.note(message)
         if isinstance(message, Batch):
             self._apply_batch(message, now)
         elif isinstance(message, Hello):
@@ -285,9 +290,6 @@ class RunModel:
             state.last_seen_ns = now
             state.version += 1
         elif isinstance(message, dict) and message.get("k") in (TELEM, TELEM_CAPS):
-            if self.telemetry is None:
-                self.ignored += 1
-                return
             self.telemetry.apply(message)
         else:
             self.ignored += 1
@@ -318,9 +320,6 @@ class RunModel:
         state.max_seq[kind] = max(state.max_seq[kind], batch.seq)
         state.batches[kind] += 1
         state.dropped = max(state.dropped, batch.dropped)
-        if batch.t_ns >= state.ctl_t_ns:
-            state.ctl = (batch.epoch_in_force, batch.pending_epoch, batch.apply_at)
-            state.ctl_t_ns = batch.t_ns
         n = len(batch)
         if n == 0:
             return
@@ -390,11 +389,7 @@ class RunModel:
         lead = self._lead_hello()
         config = dict(lead.config) if lead else {}
         rates = [v.iter_rate for v in ranks if math.isfinite(v.iter_rate)]
-        pend = [s.ctl for s in self.ranks.values() if s.ctl[1] >= 0]
-        lead_state = self.ranks.get(lead.rank) if lead else (self.ranks[order[0]] if order else None)
-        epoch = (
-            lead_state.ctl[0] if lead_state is not None and lead_state.ctl_t_ns >= 0 else (lead.epoch if lead else -1)
-        )
+        in_force = self.in_force.state()
         straggler = None
         if shares is not None and len(ranks) > 1:
             best = int(np.argmax(shares))
@@ -413,10 +408,10 @@ class RunModel:
             dtype=str(config.get("dtype", "")),
             tensor_bytes=int(config.get("tensor_bytes", 0) or 0),
             config=config,
-            settings=_settings_in_force(lead, lead_state),
-            epoch_in_force=epoch,
-            pending_epoch=max((p[1] for p in pend), default=-1),
-            apply_at=max((p[2] for p in pend), default=-1),
+            settings=in_force.settings,
+            epoch_in_force=in_force.epoch,
+            pending_epoch=in_force.pending_epoch,
+            apply_at=in_force.apply_at,
             started_ns=min((s.hello.started_ns for s in self.ranks.values() if s.hello), default=0),
             iter_rate=float(np.median(rates)) if rates else math.nan,
             drops=sum(v.drops for v in ranks),
@@ -434,10 +429,8 @@ class RunModel:
             version=self.version,
         )
 
-    def _telemetry_snapshot(self, now: int, offsets_ms: dict[str, float]) -> Any:
+    def _telemetry_snapshot(self, now: int, offsets_ms: dict[str, float]) -> TelemetrySnapshot:
         """Node telemetry on the reference host's clock (the offsets estimated from collectives)."""
-        if self.telemetry is None:
-            return None
         if not offsets_ms:
             return self.telemetry.snapshot(now)
         return self.telemetry.snapshot(now, {h: round(v * 1e6) for h, v in offsets_ms.items()})
@@ -528,17 +521,6 @@ class RunModel:
             copy_run=copy_run,
             copies=s.copy_run.count,
         )
-
-
-def _settings_in_force(lead: Hello | None, state: _RankState | None) -> dict[str, Any]:
-    """The lead rank's settings from its hello (<= 1 s old), with the mode of its newest
-    record (fresher: it changes at an iteration, the hello only once a second)."""
-    settings = dict(lead.settings) if lead else {}
-    if state is not None and len(state.coll):
-        m = int(state.coll.view(1, copy=False)["mode"][0])
-        if m < len(MODES):
-            settings["mode"] = MODES[m]
-    return settings
 
 
 def _window(view: dict[str, np.ndarray], time_col: str) -> dict[str, np.ndarray]:
@@ -686,12 +668,3 @@ def _clock_offsets(order: list[int], ranks: dict[int, _RankState]) -> tuple[str,
         if len(i) >= 8:
             offsets[host] = float(np.median(end[i] - ref_end[j])) / 1e6
     return ref, offsets
-
-
-def _load_telemetry_model() -> Any:
-    """The telemetry helper's model class, or None while it does not exist."""
-    try:
-        from tui.model.telemetry import TelemetryModel
-    except ImportError:
-        return None
-    return TelemetryModel

@@ -15,8 +15,9 @@ from typing import Any
 
 import zmq
 
+from tui.model.interfaces import ResetModel
 from workers.wire.connection import Connection
-from workers.wire.protocol import MAX_BODY_BYTES, ProtocolError, decode, open_frames
+from workers.wire.protocol import MAX_BODY_BYTES, Message, ProtocolError, decode, open_frames
 
 #: Messages taken per ``poll`` at most; the rest stay queued for the next call.
 MAX_PER_POLL = 2000
@@ -86,11 +87,11 @@ class LiveSource:
         self._poller.register(sock, zmq.POLLIN)
         self._closed = False
 
-    def poll(self, timeout_s: float) -> list[Any]:
+    def poll(self, timeout_s: float) -> list[Message | ResetModel]:
         """Messages ready now, waiting at most ``timeout_s`` for the first one."""
         if self._closed:
             return []
-        out: list[Any] = []
+        out: list[Message | ResetModel] = []
         if not self._poller.poll(max(0, int(timeout_s * 1000))):
             return out
         for _ in range(self._max_per_poll):

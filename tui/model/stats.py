@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from workers.wire.stats import percentiles
+
 #: Records kept per rank (and per kind) for windowed statistics and sparklines.
 RING_SIZE = 4096
 
@@ -111,7 +113,8 @@ class LogHistogram:
         return int(self.counts.sum())
 
     def quantile(self, q: float) -> float:
-        """The value below which a fraction ``q`` of the values lie (NaN when empty)."""
+        """The value below which a fraction ``q`` of the values lie (NaN when empty), to the
+        histogram's resolution; :class:`RunAggregate` clamps it to the exact min and max."""
         total = self.counts.sum()
         if total == 0:
             return math.nan
@@ -133,10 +136,16 @@ class RunStats:
     p50_ms: float = math.nan
     p99_ms: float = math.nan
     busbw_gbps: float = math.nan  # at the run's average duration, like nccl-tests
+    exact: bool = True  # percentiles exact (workers.wire.stats); else from the log histogram (+/-1.2 %)
 
 
 class RunAggregate:
     """count / sum / min / max / log-histogram of durations (us), plus bandwidth sums.
+
+    Percentiles are exact (:func:`workers.wire.stats.percentiles`, the definition the report
+    uses) while the run has at most ``EXACT_CAP`` values: those are kept as float32 (64 KB).
+    Past that, they come from the log histogram (+/-1.2 %), clamped to the exact min and max,
+    and ``RunStats.exact`` says so.
 
     ``bw_weighted`` accumulates busbw x duration so ``busbw = bw_weighted / sum`` is the
     bandwidth at the average duration (nccl-tests reports busbw of the average time).
@@ -148,6 +157,7 @@ class RunAggregate:
 
     FOLD_RECORDS = 2048
     FOLD_BATCHES = 32
+    EXACT_CAP = 16384
 
     def __init__(self) -> None:
         self._count = 0
@@ -156,6 +166,7 @@ class RunAggregate:
         self.max_us = -math.inf
         self.bw_weighted = 0.0
         self.hist = LogHistogram()
+        self._exact: list[np.ndarray] | None = []  # every value while count <= EXACT_CAP
         self._pending: list[tuple[np.ndarray, np.ndarray | None]] = []
         self._pending_n = 0
 
@@ -189,6 +200,17 @@ class RunAggregate:
             dd = d if len(with_bw) == len(pending) else np.concatenate([p[0] for p in with_bw])
             self.bw_weighted += float(np.dot(bw, dd))
         self.hist.add(d)
+        self._keep_exact([d])
+
+    def _keep_exact(self, parts: list[np.ndarray]) -> None:
+        if self._exact is None:
+            return
+        if self._count > self.EXACT_CAP:
+            self._exact = None
+            return
+        self._exact.extend(part.astype(np.float32) for part in parts)
+        if len(self._exact) > 8:
+            self._exact = [np.concatenate(self._exact)]
 
     def merge(self, other: RunAggregate) -> None:
         self._fold()
@@ -199,36 +221,30 @@ class RunAggregate:
         self.max_us = max(self.max_us, other.max_us)
         self.bw_weighted += other.bw_weighted
         self.hist.merge(other.hist)
+        if other._exact is None:
+            self._exact = None
+        else:
+            self._keep_exact(other._exact)
 
     def stats(self) -> RunStats:
         self._fold()
         if self._count == 0:
             return RunStats()
+        if self._exact is not None:
+            values = self._exact[0] if len(self._exact) == 1 else np.concatenate(self._exact)
+            p50, p99 = percentiles(values, (50, 99))
+        else:
+            p50, p99 = (min(self.max_us, max(self.min_us, self.hist.quantile(q))) for q in (0.50, 0.99))
         return RunStats(
             count=self._count,
             mean_ms=self.sum_us / self._count / 1e3,
             min_ms=self.min_us / 1e3,
             max_ms=self.max_us / 1e3,
-            p50_ms=self.hist.quantile(0.50) / 1e3,
-            p99_ms=self.hist.quantile(0.99) / 1e3,
+            p50_ms=p50 / 1e3,
+            p99_ms=p99 / 1e3,
             busbw_gbps=self.bw_weighted / self.sum_us if self.sum_us > 0 else math.nan,
+            exact=self._exact is not None,
         )
-
-
-def percentile(values: np.ndarray, q: float) -> float:
-    """Exact nearest-rank percentile (q in 0..100) of a window; NaN when empty."""
-    return percentiles(values, (q,))[0]
-
-
-def percentiles(values: np.ndarray, qs: tuple[float, ...]) -> tuple[float, ...]:
-    """Nearest-rank percentiles (like ``np.percentile(method="inverted_cdf")``) with one
-    partial sort, which is several times cheaper than numpy's general path."""
-    n = len(values)
-    if n == 0:
-        return tuple(math.nan for _ in qs)
-    ks = [min(n - 1, max(0, math.ceil(q / 100.0 * n) - 1)) for q in qs]
-    part = np.partition(values, sorted(set(ks)))
-    return tuple(float(part[k]) for k in ks)
 
 
 def weighted_rate(amount: np.ndarray, dur_us: np.ndarray) -> float:

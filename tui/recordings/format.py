@@ -47,6 +47,7 @@ import numpy as np
 from tui.model.interfaces import RecordingStatus
 from workers.wire import protocol as p
 from workers.wire.busbw import algbw_gbps
+from workers.wire.telemetry import Tick, decode_tick
 
 MAGIC = b"\x89CMTREC\n"
 FORMAT_VERSION = 1
@@ -544,7 +545,7 @@ class Recorder:
         self._stop = threading.Event()
 
     # ---- Sink (ingest thread)
-    def write(self, message: Any) -> None:
+    def write(self, message: p.Message) -> None:
         if isinstance(message, p.Hello):
             self._hellos[message.rank] = message
         elif isinstance(message, dict) and message.get("k") == p.TELEM_CAPS:
@@ -686,7 +687,8 @@ class Tables:
     copy: dict[str, np.ndarray]
     hellos: list[tuple[int, p.Hello]] = field(default_factory=list)
     byes: list[tuple[int, p.Bye]] = field(default_factory=list)
-    other: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # TELEM, TELEM_CAPS, ...
+    ticks: list[tuple[int, Tick]] = field(default_factory=list)  # node telemetry, decoded once
+    other: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # TELEM_CAPS, ...
 
 
 class Recording:
@@ -908,6 +910,11 @@ class Recording:
                         tables.hellos.append((t, msg))
                     elif isinstance(msg, p.Bye):
                         tables.byes.append((t, msg))
+                    elif isinstance(msg, dict) and msg.get("k") == p.TELEM:
+                        try:
+                            tables.ticks.append((t, decode_tick(msg)))
+                        except p.ProtocolError as exc:
+                            self.problems.append(f"telemetry tick skipped at byte {info.offset}: {exc}")
                     else:
                         tables.other.append((t, msg))
         tables.coll = {n: arr[: fill["coll"]] for n, arr in out["coll"].items()}

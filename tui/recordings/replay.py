@@ -22,6 +22,7 @@ import numpy as np
 
 from tui.model.interfaces import ReplayPosition, ResetModel
 from tui.recordings.format import Recording, chunk_messages, open_recording
+from workers.wire.protocol import Message
 
 MIN_SPEED = 0.25
 MAX_SPEED = 64.0
@@ -61,7 +62,7 @@ class ReplaySource:
         self._base_pos = 0.0
         self._base_wall = clock()
         self._chunk = 0  # next chunk to decode
-        self._queue: list[tuple[int, Any]] = []  # decoded, not yet delivered (of chunk - 1)
+        self._queue: list[tuple[int, Message]] = []  # decoded, not yet delivered (of chunk - 1)
         self._qi = 0
         self._delivered_ns = self._t0 - 1
         self._reset = False
@@ -101,7 +102,7 @@ class ReplaySource:
         self._base_wall = self._clock()
 
     # ---- Source
-    def poll(self, timeout_s: float) -> list[Any]:
+    def poll(self, timeout_s: float) -> list[Message | ResetModel]:
         self._wake.clear()  # a control call from now on ends the wait below early
         out = self._take()
         if out or timeout_s <= 0 or self._closed:
@@ -131,11 +132,11 @@ class ReplaySource:
             self._qi = 0
         return self._queue[self._qi][0]
 
-    def _take(self) -> list[Any]:
+    def _take(self) -> list[Message | ResetModel]:
         with self._lock:
             if self._closed:
                 return []
-            out: list[Any] = []
+            out: list[Message | ResetModel] = []
             if self._reset:
                 out.append(ResetModel())
                 self._reset = False

@@ -27,6 +27,8 @@ import numpy as np
 
 from tui.recordings.format import Recording, RecordingError, Tables, open_recording, run_metadata
 from workers.wire import protocol as p
+from workers.wire.stats import percentiles, percentiles_and_max
+from workers.wire.telemetry import Tick
 
 TRACE_WARN_BYTES = 500_000_000
 REPORT_COLUMNS = ("epoch", "mode", "op", "nbytes", "start_ns", "dur_us", "algbw", "busbw")
@@ -168,40 +170,10 @@ def _mode_of(values: np.ndarray) -> int:
     return int(uniq[np.argmax(counts)]) if len(uniq) else 0
 
 
-def _percentiles(d32: np.ndarray, qs: Sequence[float]) -> list[float]:
-    """Exactly ``np.percentile(d32.astype(np.float64), qs).tolist()``; see _percentiles_max."""
-    return _percentiles_max(d32, qs)[0]
-
-
-def _percentiles_max(d32: np.ndarray, qs: Sequence[float]) -> tuple[list[float], float]:
-    """(exactly ``np.percentile(d32.astype(np.float64), qs).tolist()`` (method 'linear'), the
-    maximum), from the float32 values sorted (half the memory traffic of float64): the
-    order statistics are the same values, and the interpolation
-    below is numpy's, operation for operation. NaN, or a zero at an interpolation point (±0
-    sort as equals), falls back to numpy."""
-    n = len(d32)
-    plan = []
-    for q in qs:
-        v = (n - 1) * (q / 100)
-        prev = -1 if v >= n - 1 else math.floor(v)
-        plan.append((v, prev, n - 1 if prev < 0 else prev, n - 1 if prev < 0 else prev + 1))
-    kth = sorted({n - 1} | {i for _, _, a, b in plan for i in (a, b)})
-    part = np.sort(d32)  # SIMD sorts beat a partition at 5-7 kth values (4x for 10 M float32 on AVX-512)
-    vals = dict(zip(kth, part[kth].astype(np.float64).tolist(), strict=True))
-    if vals[n - 1] != vals[n - 1] or any(vals[a] == 0 or vals[b] == 0 for _, _, a, b in plan):
-        return np.percentile(d32.astype(np.float64), qs).tolist(), float(d32.max())
-    out = []
-    for v, prev, a, b in plan:
-        lo, hi, t = vals[a], vals[b], v - prev
-        diff = hi - lo
-        out.append(hi - diff * (1 - t) if t >= 0.5 else lo + diff * t)
-    return out, vals[n - 1]
-
-
 def _median(d32: np.ndarray) -> float:
     """Exactly ``float(np.median(d32.astype(np.float64)))``, from the sorted float32 values."""
     n = len(d32)
-    part = np.sort(d32)  # see _percentiles_max
+    part = np.sort(d32)  # see workers.wire.stats.percentiles_and_max
     lo, hi, last = part[[(n - 1) // 2, n // 2, n - 1]].astype(np.float64).tolist()
     if last != last or lo == 0 or hi == 0:
         return float(np.median(d32.astype(np.float64)))
@@ -316,28 +288,17 @@ def _combo_codes(op: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, list[i
 class _Telemetry:
     """Node ticks as per-host arrays: times and metric[tick, gpu] matrices, GPUs by uuid."""
 
-    def __init__(self, other: Sequence[tuple[int, dict[str, Any]]]) -> None:
-        by_host: dict[str, list[tuple[int, tuple[str, ...], dict[str, Any]]]] = {}
-        for _, body in other:
-            if body.get("k") != p.TELEM or not isinstance(body.get("m"), dict):
-                continue
-            uuids = tuple(body.get("uuids") or ())
-            if isinstance(body.get("t"), int) and uuids:
-                by_host.setdefault(str(body.get("host", "")), []).append((body["t"], uuids, body["m"]))
+    def __init__(self, ticks: Sequence[tuple[int, Tick]]) -> None:
+        by_host: dict[str, list[Tick]] = {}
+        for _, tick in ticks:
+            if tick.uuids:
+                by_host.setdefault(tick.host, []).append(tick)
         self.hosts: dict[str, tuple[np.ndarray, tuple[str, ...], dict[str, np.ndarray]]] = {}
-        for host, ticks in by_host.items():
-            uuids = Counter(u for _, u, _ in ticks).most_common(1)[0][0]
-            ticks = sorted((t for t in ticks if t[1] == uuids), key=lambda t: t[0])
-            n = len(uuids)
-            mats = {}
-            for name in LINK_METRICS:
-                mat = np.full((len(ticks), n), np.nan)
-                for i, (_, _, m) in enumerate(ticks):
-                    raw = m.get(name)
-                    if isinstance(raw, bytes) and len(raw) == 8 * n:
-                        mat[i] = np.frombuffer(raw, dtype="<f8")
-                mats[name] = mat
-            self.hosts[host] = (np.array([t for t, _, _ in ticks], dtype=np.int64), uuids, mats)
+        for host, host_ticks in by_host.items():
+            uuids = Counter(t.uuids for t in host_ticks).most_common(1)[0][0]
+            kept = sorted((t for t in host_ticks if t.uuids == uuids), key=lambda t: t.t_ns)
+            mats = {name: np.array([t.metrics[name] for t in kept]) for name in LINK_METRICS}
+            self.hosts[host] = (np.array([t.t_ns for t in kept], dtype=np.int64), uuids, mats)
 
     def mean(self, name: str, t0: int, t1: int, gpu: tuple[str, str] | None) -> float:
         """Mean of ``name`` over ticks in [t0, t1], for one (host, uuid) or every GPU."""
@@ -390,14 +351,14 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     t_base = int(coll["start_ns"].min()) if len(coll["start_ns"]) else rec.first_ns
     settings = _settings_by_epoch(tables.hellos)
     gpu_of = {h.rank: (h.host, h.gpu_uuid) for _, h in tables.hellos}
-    telemetry = _Telemetry(tables.other)
+    telemetry = _Telemetry(tables.ticks)
 
     # Sorted once by (epoch, rank), only the columns that need a slice per row: durations (for
     # exact percentiles), modes and (op, size) codes. Sums per row come from per-group sums over
     # the columns in file order, time windows from a blocked pass: no full-size temporaries.
     g = _group(coll["epoch"], coll["rank"])
     order = g.order
-    dur32 = coll["dur_us"][order]  # percentiles partition these (see _percentiles_max)
+    dur32 = coll["dur_us"][order]  # percentiles sort these (workers.wire.stats)
     mode = coll["mode"][order]
     codes, combos = _combo_codes(coll["op"], coll["nbytes"])
     code = codes[order]
@@ -455,7 +416,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
         for key, a, b in eruns:  # key = epoch << 20 | rank
             groups.append((key & 0xFFFFF, a, b, [gid_of[key]], cspan.get(key, (0, 0))))
         for rank, a, b, gids, (ga, gb) in groups:
-            (p50, p90, p99), top = _percentiles_max(dur32[a:b], [50, 90, 99])
+            (p50, p90, p99), top = percentiles_and_max(dur32[a:b], [50, 90, 99])
             n = b - a
             base = base_all.get(k) if rank is None else base_rank.get((rank, k))
             gpu = None if rank is None else gpu_of.get(rank, ("", ""))
@@ -488,16 +449,16 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
             )
             if rank is None:
                 knobs = " ".join(f"{k}={v}" for k, v in sorted(dict(s.get("knobs") or {}).items()))
-                key = SettingsKey(rows[-1].mode, copies, copy_bytes, pinned, direction, knobs)
-                spans.setdefault(key, []).append((a_e, b_e, rows[-1]))
+                settings_key = SettingsKey(rows[-1].mode, copies, copy_bytes, pinned, direction, knobs)
+                spans.setdefault(settings_key, []).append((a_e, b_e, rows[-1]))
     by_settings = []
-    for key, parts_of in spans.items():
+    for settings_key, parts_of in spans.items():
         durations = np.concatenate([dur32[a:b] for a, b, _ in parts_of])
-        p50, p99 = _percentiles(durations, [50, 99])
+        p50, p99 = percentiles(durations, [50, 99])
         epoch_rows = [r for _, _, r in parts_of]
         by_settings.append(
             SettingsRow(
-                key=key,
+                key=settings_key,
                 epochs=tuple(r.epoch for r in epoch_rows),
                 count=len(durations),
                 p50_us=p50,
@@ -514,7 +475,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
             continue
         sel = slice(None) if count == len(mode) else mode == m
         dm, cm = dur32[sel], code[sel]
-        p50, p99 = _percentiles(dm, [50, 99])
+        p50, p99 = percentiles(dm, [50, 99])
         ratios, weights = [], []  # slowdown per (op, size) with a baseline, weighted by records
         for k, base in base_code.items():
             both = cm == k
@@ -789,9 +750,6 @@ def main(argv: list[str] | None = None) -> int:
     return run(ns)
 
 
-report_main = main
-
-
 def _err(message: str) -> int:
     print(f"commtop report: error: {message}", file=sys.stderr)
     return 1
@@ -821,8 +779,8 @@ def window_tables(tables: Tables, window: tuple[float, float]) -> Tables:
         keep = (table["start_ns"] >= lo) & (table["start_ns"] <= hi)
         return {name: col[keep] for name, col in table.items()}
 
-    other = [(t, b) for t, b in tables.other if not isinstance(b.get("t"), int) or lo <= b["t"] <= hi]
-    return Tables(cut(tables.coll), cut(tables.copy), tables.hellos, tables.byes, other)
+    ticks = [(t, tick) for t, tick in tables.ticks if lo <= tick.t_ns <= hi]
+    return Tables(cut(tables.coll), cut(tables.copy), tables.hellos, tables.byes, ticks, tables.other)
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -109,20 +109,14 @@ def _changes(coll: dict[str, np.ndarray], base: int) -> list[tuple[float, str]]:
 def _links(ax, tables: Tables, base: int) -> None:
     """Mean per GPU of each link metric over time, from the TELEM ticks."""
     series: dict[str, tuple[list[float], list[float]]] = {}
-    for _, body in tables.other:
-        m = body.get("m") if body.get("k") == p.TELEM else None
-        if not isinstance(m, dict) or not isinstance(body.get("t"), int):
-            continue
-        n = len(body.get("uuids") or [])
-        t = (body["t"] - base) / 1e9
+    for _, tick in tables.ticks:
+        t = (tick.t_ns - base) / 1e9
         for name in ("pcie_tx_gbps", "pcie_rx_gbps", "nvlink_tx_gbps", "nvlink_rx_gbps"):
-            raw = m.get(name)
-            if isinstance(raw, bytes) and n and len(raw) == 8 * n:
-                v = np.frombuffer(raw, dtype="<f8")
-                if np.isfinite(v).any():
-                    xs, ys = series.setdefault(name, ([], []))
-                    xs.append(t)
-                    ys.append(float(np.nanmean(v)))
+            v = tick.metrics[name]
+            if np.isfinite(v).any():
+                xs, ys = series.setdefault(name, ([], []))
+                xs.append(t)
+                ys.append(float(np.nanmean(v)))
     for name, (xs, ys) in sorted(series.items()):
         order = np.argsort(xs)
         ax.plot(np.asarray(xs)[order], np.asarray(ys)[order], lw=1, label=name.replace("_gbps", "").replace("_", " "))

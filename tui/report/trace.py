@@ -19,6 +19,7 @@ import numpy as np
 
 from tui.recordings.format import Recording, Tables
 from workers.wire import protocol as p
+from workers.wire.telemetry import Tick
 
 COLL_TID, COPY_TID = 1, 2
 NODE_PID = 1_000_000  # + host index: GPUs no rank claimed
@@ -128,7 +129,7 @@ def write_trace(rec: Recording, tables: Tables, path: str) -> int:
         _settings_marks(out, coll, tables, base)
         _collectives(out, coll, base)
         _copies(out, copy, base)
-        _counters(out, tables.other, gpu_pid, base, offsets)
+        _counters(out, tables.ticks, gpu_pid, base, offsets)
         f.write("\n]}\n")
     return out.count
 
@@ -212,23 +213,16 @@ def _copies(out: _Out, copy: dict[str, np.ndarray], base: int) -> None:
 
 def _counters(
     out: _Out,
-    other: list[tuple[int, dict[str, Any]]],
+    ticks: list[tuple[int, Tick]],
     gpu_pid: dict[tuple[str, str], int],
     base: int,
     offsets: dict[str, int],
 ) -> None:
     node_pids: dict[str, int] = {}
-    for _, body in other:
-        if body.get("k") != p.TELEM or not isinstance(body.get("m"), dict) or not isinstance(body.get("t"), int):
-            continue
-        host = str(body.get("host", ""))
-        uuids = body.get("uuids") or []
-        n = len(uuids)
-        metrics = {}
-        for name, raw in body["m"].items():
-            if isinstance(raw, bytes) and len(raw) == 8 * n:
-                metrics[name] = np.frombuffer(raw, dtype="<f8").tolist()
-        ts = (body["t"] - offsets.get(host, 0) - base) / 1e3
+    for _, tick in ticks:
+        host, uuids = tick.host, tick.uuids
+        metrics = {name: values.tolist() for name, values in tick.metrics.items()}
+        ts = (tick.t_ns - offsets.get(host, 0) - base) / 1e3
         events = []
         for i, uuid in enumerate(uuids):
             pid = gpu_pid.get((host, uuid))

@@ -27,12 +27,13 @@ from typing import Any
 
 import zmq
 
+from tui.model.in_force import InForce, InForceTracker
 from tui.model.interfaces import ControlView
 from tui.model.sources import ipc_endpoint_in_use
-from workers.rank.live_control import ctl_state_body
 from workers.wire import protocol
 from workers.wire.connection import Connection
-from workers.wire.settings import Settings, SettingsError
+from workers.wire.control import ctl_reply_body, ctl_state_body
+from workers.wire.settings import Settings, SettingsError, settings_from_wire
 
 PUBLISH_S = 0.5
 POLL_MS = 50
@@ -48,28 +49,11 @@ class ControlServerError(RuntimeError):
 
 
 def settings_from_hello(data: Any) -> Settings | None:
-    """Settings a worker reports as in force; knobs are kept as reported (the collector
-    does not know their choices)."""
-    if not isinstance(data, dict):
-        return None
+    """Settings a worker reports as in force (knobs as reported), or None if malformed."""
     try:
-        base = Settings().updated({k: v for k, v in data.items() if k in _FIELDS})
+        return settings_from_wire(data)
     except SettingsError:
         return None
-    knobs = data.get("knobs") or {}
-    if not isinstance(knobs, dict):
-        return None
-    return Settings(
-        base.mode,
-        base.copies,
-        base.copy_scale,
-        base.pinned,
-        base.direction,
-        {str(k)[:64]: str(v)[:64] for k, v in list(knobs.items())[:32]},
-    )
-
-
-_FIELDS = ("mode", "copies", "copy_scale", "pinned", "direction")
 
 
 def knob_choices_from_config(config: Any) -> dict[str, tuple[str, ...]] | None:
@@ -88,14 +72,22 @@ class ControlServer:
     """interfaces.ControllerLike (TUI keys) and interfaces.Sink (fed by the ingest thread)."""
 
     def __init__(
-        self, connection: Connection, *, context: zmq.Context[Any] | None = None, publish_s: float = PUBLISH_S
+        self,
+        connection: Connection,
+        *,
+        in_force: InForceTracker | None = None,
+        context: zmq.Context[Any] | None = None,
+        publish_s: float = PUBLISH_S,
     ) -> None:
+        """``in_force``: the run model's tracker (the collector passes it, so the header and
+        ``ctl status`` read one fact); without one the server keeps and feeds its own."""
         self._key = connection.key
         self._session = connection.session
         self._publish_s = publish_s
         self._lock = threading.Lock()
         self._desired: tuple[int, Settings] | None = None
-        self._history: dict[int, Settings] = {}
+        self._in_force = in_force if in_force is not None else InForceTracker()
+        self._feeds_in_force = in_force is None
         self._hellos: dict[int, tuple[int, Settings | None, int]] = {}  # rank -> (epoch, settings, rejected)
         self._headers: dict[int, tuple[int, int, int]] = {}  # rank -> (epoch in force, pending, apply_at)
         self._apply_at_seen: dict[int, int] = {}  # pending epoch -> latest apply_at seen
@@ -106,7 +98,6 @@ class ControlServer:
         self._note = ""
         self._note_until = 0.0
         self._kick = False
-        self._published = 0
         # Its own context by default: close() terminates it, so the endpoints are free again
         # when close() returns (a restarted collector can bind them at once).
         self._own_ctx = context is None
@@ -158,20 +149,18 @@ class ControlServer:
             changes["mode"] = knob
         return changes
 
+    def in_force(self) -> InForce:
+        """The settings in force and the pending change, as the run model sees them."""
+        return self._in_force.state()
+
     def view(self) -> ControlView:
         with self._lock:
-            epoch_in_force, pending, apply_at = self._in_force_state()
-            in_force = self._settings_of(epoch_in_force)
             requested = self._desired[1].as_dict() if self._desired else {}
             note = self._note if time.monotonic() < self._note_until else ""
             if self._desired is None:
                 note = note or "waiting for the workers to report the settings in force"
             return ControlView(
                 requested=requested,
-                in_force=in_force.as_dict() if in_force is not None else {},
-                epoch_in_force=epoch_in_force,
-                pending_epoch=pending,
-                apply_at=apply_at,
                 rejected=sum(self.rejected.values()),  # workers' refusals come in their Hello
                 note=note,
             )
@@ -188,8 +177,10 @@ class ControlServer:
 
     # ------------------------------------------------------------------ Sink
 
-    def write(self, message: Any) -> None:
+    def write(self, message: protocol.Message) -> None:
         """Learn what is in force from Hello and batch headers (called on the ingest thread)."""
+        if self._feeds_in_force:
+            self._in_force.note(message)
         if isinstance(message, protocol.Hello):
             settings = settings_from_hello(message.settings)
             rejected = sum(v for v in message.rejected.values() if isinstance(v, int) and v > 0)
@@ -202,7 +193,6 @@ class ControlServer:
                         self._mode_knob = mode_knob
                 self._hellos[message.rank] = (message.epoch, settings, rejected)
                 if settings is not None:
-                    self._remember(message.epoch, settings)
                     self._adopt(message.epoch, settings)
         elif isinstance(message, protocol.Batch):
             with self._lock:
@@ -213,11 +203,6 @@ class ControlServer:
                 self._headers.pop(message.rank, None)
 
     # ------------------------------------------------------------------ state (lock held)
-
-    def _remember(self, epoch: int, settings: Settings) -> None:
-        self._history[epoch] = settings
-        if len(self._history) > HISTORY:
-            del self._history[min(self._history)]
 
     def _adopt(self, epoch: int, settings: Settings) -> None:
         """Desired state = the newest state in force we heard of, unless ours is newer."""
@@ -243,24 +228,6 @@ class ControlServer:
         self._note = text
         self._note_until = time.monotonic() + NOTE_S
 
-    def _in_force_state(self) -> tuple[int, int, int]:
-        """(epoch in force, pending epoch, apply_at) as the workers report them."""
-        if self._headers:
-            epoch = max(h[0] for h in self._headers.values())
-            pendings = [(h[1], h[2]) for h in self._headers.values() if h[1] > epoch]
-        else:
-            epoch = max((h[0] for h in self._hellos.values()), default=-1)
-            pendings = []
-        if epoch < 0 and self._desired is not None:
-            epoch = self._desired[0]
-        if pendings:
-            pending, apply_at = max(pendings)
-            return epoch, pending, apply_at
-        return epoch, -1, -1
-
-    def _settings_of(self, epoch: int) -> Settings | None:
-        return self._history.get(epoch)
-
     def _workers_ahead(self) -> int:
         """The newest epoch the workers run or switch to (-1 if none heard)."""
         heard = [h[0] for h in self._hellos.values()]
@@ -285,7 +252,7 @@ class ControlServer:
         except SettingsError as exc:
             return -1, str(exc)
         self._desired = (epoch + 1, settings)
-        self._remember(epoch + 1, settings)
+        self._in_force.note_settings(epoch + 1, settings.as_dict())
         self._kick = True
         return epoch + 1, ""
 
@@ -320,7 +287,6 @@ class ControlServer:
         frames = protocol.seal(self._key, ctl_state_body(self._session, desired[0], desired[1]))
         try:
             self._pub.send_multipart(frames, flags=zmq.NOBLOCK)
-            self._published += 1
         except zmq.Again:
             pass
 
@@ -353,8 +319,7 @@ class ControlServer:
             with self._lock:
                 self.rejected[exc.reason] += 1
             return None
-        reply: dict[str, Any] = {"v": protocol.SCHEMA_VERSION, "k": protocol.CTL_REP, "s": self._session}
-        reply["nonce"] = nonce
+        reply = ctl_reply_body(self._session, nonce)
         with self._lock:
             if op == "set":
                 epoch, error = self._apply(body.get("changes"), expect)
@@ -370,17 +335,16 @@ class ControlServer:
         return reply
 
     def _status_fields(self) -> dict[str, Any]:
-        epoch_in_force, pending, apply_at = self._in_force_state()
-        in_force = self._settings_of(epoch_in_force)
+        in_force = self._in_force.state()
         note = self._note if time.monotonic() < self._note_until else ""
         return {
             "desired_epoch": self._desired[0] if self._desired else -1,
             "requested": self._desired[1].as_dict() if self._desired else {},
-            "in_force": in_force.as_dict() if in_force is not None else {},
-            "epoch_in_force": epoch_in_force,
-            "pending_epoch": pending,
-            "apply_at": apply_at,
-            "in_force_since": self._apply_at_seen.get(epoch_in_force, -1),
+            "in_force": in_force.settings,
+            "epoch_in_force": in_force.epoch,
+            "pending_epoch": in_force.pending_epoch,
+            "apply_at": in_force.apply_at,
+            "in_force_since": self._apply_at_seen.get(in_force.epoch, -1),
             "ranks": len(self._hellos),
             "rejected": dict(self.rejected),
             "worker_rejected": sum(r for _, _, r in self._hellos.values()),

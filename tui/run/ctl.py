@@ -30,6 +30,7 @@ import zmq
 
 from workers.wire import connection as connections
 from workers.wire import protocol
+from workers.wire.control import ctl_request_body
 from workers.wire.protocol import MODES
 from workers.wire.settings import Settings, SettingsError, parse_assignment
 
@@ -240,8 +241,7 @@ class CtlClient:
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         nonce = secrets.token_hex(16)
-        body = {"v": protocol.SCHEMA_VERSION, "k": protocol.CTL_REQ, "s": self.conn.session, "op": op}
-        body.update(fields, nonce=nonce, t=time.time_ns())
+        body = ctl_request_body(self.conn.session, op, nonce, **fields)
         self._sock.send_multipart(protocol.seal(self.conn.key, body))
         deadline = time.monotonic() + self.timeout_s
         while (left := deadline - time.monotonic()) > 0:

@@ -52,6 +52,10 @@ def _ms(value: float) -> str:
     return "-" if not math.isfinite(value) else f"{value:.3f}" if value < 10 else f"{value:.2f}"
 
 
+def _approx(exact: bool) -> str:
+    return "" if exact else "~"
+
+
 def _gbps(value: float) -> str:
     return "-" if not math.isfinite(value) else f"{value:.2f}"
 
@@ -73,7 +77,9 @@ def format_summary(snapshot: Snapshot) -> str:
     """The per-rank table printed at the end of a headless run.
 
     One row per rank and mode when the run saw several modes (so modes compare side by side).
-    Percentiles are whole-run, from a log-binned histogram (+/-1.2 %); max is exact.
+    Percentiles are whole-run, by commtop's one definition (workers.wire.stats), exact up to
+    RunAggregate.EXACT_CAP records per rank and mode, so they equal ``commtop report``'s; past
+    that they come from a log histogram (+/-1.2 %) and are marked "~". Max is exact.
     """
     s = snapshot
     cols: tuple[str, ...] = ("rank", "host:gpu", "mode", "count", "missing", "p50 ms", "p99 ms", "max ms")
@@ -93,8 +99,8 @@ def format_summary(snapshot: Snapshot) -> str:
                     mode,
                     str(st.count),
                     str(r.missing) if first else "",
-                    _ms(st.p50_ms),
-                    _ms(st.p99_ms),
+                    _approx(st.exact) + _ms(st.p50_ms),
+                    _approx(st.exact) + _ms(st.p99_ms),
                     _ms(st.max_ms),
                     _gbps(st.busbw_gbps),
                     _gbps(r.copy_run.busbw_gbps) if first else "",

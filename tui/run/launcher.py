@@ -20,13 +20,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from tui.model.interfaces import ResetModel, Source
 from workers.wire.connection import CONNECTION_FILE_ENV, Connection
 from workers.wire.lifeline import env_for_child
-from workers.wire.protocol import Bye, Hello
+from workers.wire.protocol import Bye, Hello, Message
 
 #: torchrun's agent, the moment it sees a worker die: "failed (exitcode: -9) local_rank: 1 (pid: 123)".
 #: It names only the *first* failure of that poll (ties on a whole-second timestamp go to the lowest
@@ -192,7 +193,7 @@ class JobExitSource:
     """The live source, plus a Bye for each rank that torchrun saw die without saying Bye
     itself (SIGKILL, OOM killer, segfault): only the launcher knows such a rank's exit code."""
 
-    def __init__(self, source: Any, job: JobProcess) -> None:
+    def __init__(self, source: Source, job: JobProcess) -> None:
         self.source = source
         self.job = job
         self._rank_of_pid: dict[int, int] = {}
@@ -200,10 +201,10 @@ class JobExitSource:
         self._reported: set[int] = set()
 
     @property
-    def rejected(self) -> Any:
+    def rejected(self) -> Counter[str]:
         return self.source.rejected
 
-    def poll(self, timeout_s: float) -> list[Any]:
+    def poll(self, timeout_s: float) -> list[Message | ResetModel]:
         out = self.source.poll(timeout_s)
         for m in out:
             if isinstance(m, Hello):

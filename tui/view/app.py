@@ -35,6 +35,7 @@ from tui.model.interfaces import (
 from tui.model.run_model import RunModel, Snapshot
 from tui.view.messages import IngestError, SnapshotReady
 from tui.view.widgets.header import RunHeader
+from tui.view.widgets.links import LinksPanel
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from tui.view.widgets.status import ReplayBar, StatusLine
 from workers.wire.protocol import DIRECTIONS, MODES
@@ -46,15 +47,6 @@ REPLAY_SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 _CONTROL_ACTIONS = {"cycle_mode", "pick_mode", "copies", "cycle_scale", "toggle_pinned", "toggle_direction"}
 _REPLAY_ACTIONS = {"replay_pause", "replay_speed", "replay_seek", "replay_jump"}
-
-
-def _links_panel() -> Widget | None:
-    """The telemetry helper's links panel, if present (the app works without it)."""
-    try:
-        from tui.view.widgets.links import LinksPanel
-    except ImportError:
-        return None
-    return LinksPanel(id="links")
 
 
 class CommtopApp(App[None]):
@@ -151,9 +143,8 @@ class CommtopApp(App[None]):
         yield RunHeader(self.run_title, id="header")
         yield header
         yield RankGrid(header, id="grid")
-        links = _links_panel() if self.with_links else None
-        if links is not None:
-            yield links
+        if self.with_links:
+            yield LinksPanel(id="links")
         bar = ReplayBar(id="replay")
         bar.display = self.replay is not None
         yield bar

@@ -54,18 +54,16 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-import zmq
-
 from workers.monitor import patch as monitor_patch
 from workers.monitor.patch import Args, Kwargs, OpSpec
 from workers.monitor.records import OPS, MonitorBatcher
 from workers.rank.control import Control, StaticControl
-from workers.rank.heartbeat import Counters, Heartbeat, RunInfo, WorkerStatus, hello_body, reported_hostname
-from workers.rank.publisher import NullPublisher, RecordPublisher
+from workers.rank.heartbeat import RunInfo, WorkerStatus, reported_hostname
+from workers.rank.session import RankSession
 from workers.rank.timing import Anchor, CpuTimer, CudaTimer
 from workers.wire.connection import CONNECTION_FILE_ENV, Connection, ConnectionError_, find_by_endpoint, load
 from workers.wire.lifeline import arm_from_env
-from workers.wire.protocol import DIRECTIONS, MODES, Bye, bye_reason
+from workers.wire.protocol import DIRECTIONS, MODES, bye_reason
 from workers.wire.settings import MAX_KNOBS, Settings
 
 log = logging.getLogger("commtop.monitor")
@@ -220,28 +218,14 @@ class Monitor:
         self.control: Control | None = None
         self._step_block = _StepBlock(self)
         self.status = WorkerStatus(settings=self._raw)
-        info = self._run_info()  # rank and world size from the process group when it exists
-        self._ctx = zmq.Context()
-        self.publisher: RecordPublisher | NullPublisher = NullPublisher()
-        if conn is not None:
-            self.publisher = RecordPublisher(conn.data, conn.key, conn.session, self.rank, ctx=self._ctx)
+        # rank and world size from the process group when it exists
+        self.session = RankSession(conn, self._run_info(), self.status, sampler_gpus=self._gpus() if sampler else None)
+        self.publisher = self.session.publisher
         self.batcher = MonitorBatcher(self.publisher, self._control_status, batch_ms=batch_ms)
         self.cpu_coll = CpuTimer()
         self.cpu_copy = CpuTimer()
-        self.heartbeat = Heartbeat(
-            self._ctx,
-            conn.data if conn is not None else None,
-            conn.key if conn is not None else b"",
-            conn.session if conn is not None else "",
-            info,
-            self.status,
-            Counters(self.publisher),
-        )
-        self.sampler: Any = None
         if conn is not None:
             arm_from_env()  # under `commtop run -- ...`: end with the torchrun agent, however it ends
-            if sampler and self.local_rank == 0:
-                self.sampler = _start_sampler(conn, self.local_world_size)
             _hook_excepthook(self)
 
     # ------------------------------------------------------------------ user API
@@ -441,7 +425,7 @@ class Monitor:
         if self.conn is not None:
             # Hellos start now: the collector adopts the first settings it hears as the
             # state in force, so they must already hold the declared knobs.
-            self.heartbeat.start()
+            self.session.start_heartbeat()
         return control
 
     def _live_control(self, initial: Settings) -> Control:
@@ -457,7 +441,7 @@ class Monitor:
         desired = None
         if self.rank == 0:
             desired = DesiredListener(
-                self.conn.control, self.conn.key, self.conn.session, knob_choices=self.knobs, context=self._ctx
+                self.conn.control, self.conn.key, self.conn.session, knob_choices=self.knobs, context=self.session.ctx
             )
             desired.note_in_force(0, initial)
         return LiveControl(
@@ -539,7 +523,7 @@ class Monitor:
                 backend = str(dist.get_backend())
                 self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
             if self._cuda is not None or backend == "nccl":
-                from workers.synthetic.loop import gpu_uuid, nccl_version
+                from workers.rank.device import gpu_uuid, nccl_version
 
                 index = torch.cuda.current_device()
                 device, uuid, nccl = torch.cuda.get_device_name(index), gpu_uuid(index), nccl_version()
@@ -568,10 +552,18 @@ class Monitor:
             config=config,
         )
 
+    def _gpus(self) -> list[str]:
+        """This node's GPUs, for the node sampler (none seen yet: it watches every GPU)."""
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available():
+            return []
+        from workers.rank.device import gpu_uuid
+
+        return [gpu_uuid(i) for i in range(min(self.local_world_size, torch.cuda.device_count()))]
+
     def _refresh(self) -> None:
-        """A new frozen RunInfo for the heartbeat (a plain attribute swap, GIL-atomic)."""
-        self.heartbeat.info = self._run_info()
-        self.publisher.rank = self.rank  # type: ignore[union-attr]
+        """A new frozen RunInfo for the heartbeat (rank, backend, knobs as known now)."""
+        self.session.info = self._run_info()
         if self.control is None:
             self.status.settings = self._initial_settings()
 
@@ -609,23 +601,9 @@ class Monitor:
                         break
                     time.sleep(0.01)
                 self.batcher.flush()
-            self.heartbeat.stop()
             if self.control is not None:
                 self.control.close()
-            if self.conn is not None:
-                self.status.finished = True
-                self.publisher.send_body(
-                    hello_body(self.conn.session, self.heartbeat.info, self.status, Counters(self.publisher))
-                )
-                code, reason = self._exit
-                self.publisher.send_bye(Bye(self.rank, code, reason, time.time_ns()))
-            self.publisher.close(linger_ms=EXIT_LINGER_MS if self.conn is not None else 0)
-            if self.sampler is not None and self.sampler.poll() is None:
-                self.sampler.terminate()
-            if self.heartbeat.is_alive():
-                self._ctx.destroy(linger=0)
-            else:
-                self._ctx.term()
+            self.session.close(*self._exit)
         except Exception as exc:  # noqa: BLE001
             log.warning("commtop monitor: while closing: %r", exc)
 
@@ -724,22 +702,6 @@ def _env_int(name: str, default: int) -> int:
         return int(os.environ.get(name, default))
     except ValueError:
         return default
-
-
-def _start_sampler(conn: Connection, local_world_size: int) -> Any:
-    try:
-        from workers.telemetry import start_node_sampler
-
-        uuids: list[str] = []
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available():
-            from workers.synthetic.loop import gpu_uuid
-
-            uuids = [gpu_uuid(i) for i in range(min(local_world_size, torch.cuda.device_count()))]
-        return start_node_sampler(conn.path, uuids)
-    except Exception as exc:  # noqa: BLE001
-        log.warning("commtop monitor: node telemetry not started (%r)", exc)
-        return None
 
 
 def _hook_excepthook(mon: Monitor) -> None:

@@ -17,11 +17,11 @@ import numpy as np
 from workers.rank.publisher import NullPublisher, RecordBatcher, RecordPublisher
 from workers.wire import protocol
 from workers.wire.busbw import algbw_gbps
-from workers.wire.protocol import COLL_COLUMNS, COLLECTIVES
+from workers.wire.protocol import COLL_COLUMNS
 
 #: Every op the monitor names: protocol.COLLECTIVES first (same codes), then the others
-#: (protocol.OP_NAMES once the schema names them, so reports and traces can too).
-OPS: tuple[str, ...] = getattr(protocol, "OP_NAMES", (*COLLECTIVES, "reduce", "barrier", "gather", "scatter"))
+#: (the schema's names, so reports and traces can name them too).
+OPS: tuple[str, ...] = protocol.OP_NAMES
 OP_INDEX: dict[str, int] = {name: i for i, name in enumerate(OPS)}
 
 #: What a timer hands over per collective of a user's job.

@@ -47,7 +47,7 @@ from typing import Any
 import msgpack
 
 from workers.wire import protocol
-from workers.wire.settings import Settings, SettingsError
+from workers.wire.settings import Settings, SettingsError, settings_from_wire
 
 #: Seconds between store polls while nothing is in flight.
 POLL_S = 0.05
@@ -68,16 +68,6 @@ SWITCH_CHECK_S = 0.5
 LOG_S = 10.0
 
 
-def settings_from_wire(data: Any, knob_choices: Mapping[str, tuple[str, ...]] | None = None) -> Settings:
-    """Settings sent by a peer, validated like a change (raises SettingsError)."""
-    if not isinstance(data, Mapping):
-        raise SettingsError("settings must be a map")
-    return Settings().updated({k: v for k, v in data.items() if k in _FIELDS}, knob_choices)
-
-
-_FIELDS = frozenset({"mode", "copies", "copy_scale", "pinned", "direction", "knobs"})
-
-
 @dataclass(frozen=True)
 class Proposal:
     """One attempt to switch every rank to ``settings`` (``epoch``) at ``apply_at``."""
@@ -93,14 +83,7 @@ class Proposal:
     @classmethod
     def unpack(cls, pid: int, raw: bytes) -> Proposal:
         data = msgpack.unpackb(raw, raw=False)
-        return cls(pid=pid, epoch=int(data["e"]), settings=_trusted_settings(data["s"]), apply_at=int(data["a"]))
-
-
-def _trusted_settings(data: Mapping[str, Any]) -> Settings:
-    """Settings written by rank 0 (already validated there); knobs kept as they are."""
-    knobs = {str(k): str(v) for k, v in dict(data.get("knobs") or {}).items()}
-    base = Settings().updated({k: v for k, v in data.items() if k in _FIELDS and k != "knobs"})
-    return Settings(base.mode, base.copies, base.copy_scale, base.pinned, base.direction, knobs)
+        return cls(pid=pid, epoch=int(data["e"]), settings=settings_from_wire(data["s"]), apply_at=int(data["a"]))
 
 
 class StoreKeys:
@@ -525,18 +508,6 @@ class DesiredListener:
 
     def close(self) -> None:
         self.sock.close(linger=0)
-
-
-def ctl_state_body(session: str, epoch: int, settings: Settings) -> dict[str, Any]:
-    """The desired-state message the collector publishes (signed with ``protocol.seal``)."""
-    return {
-        "v": protocol.SCHEMA_VERSION,
-        "k": protocol.CTL_STATE,
-        "s": session,
-        "epoch": epoch,
-        "settings": settings.as_dict(),
-        "t": time.time_ns(),
-    }
 
 
 def store_prefix(session: str) -> str:

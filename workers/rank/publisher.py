@@ -126,6 +126,7 @@ class NullPublisher:
     """No collector configured: records are discarded (and not counted as dropped)."""
 
     def __init__(self) -> None:
+        self.rank = -1
         self.seq = {COLL: 0, COPY: 0}
         self.dropped = 0
         self.sent = 0

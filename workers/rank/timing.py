@@ -21,6 +21,7 @@ import numpy as np
 
 from workers.rank.heartbeat import WorkerStatus
 from workers.rank.publisher import RecordBatcher
+from workers.wire.stats import percentiles
 
 Row = tuple[Any, ...]
 
@@ -174,26 +175,13 @@ class StepTimes:
         vals = self.values[: min(self.n, len(self.values))]
         if not len(vals):
             return {"steps": 0}
-        p50, p99 = _percentiles(np.sort(vals), (50, 99))
+        p50, p99 = percentiles(vals, (50, 99))
         return {
             "steps": self.n,
             "step_ms_mean": round(float(vals.mean()) / 1000, 4),
             "step_ms_p50": round(float(p50) / 1000, 4),
             "step_ms_p99": round(float(p99) / 1000, 4),
         }
-
-
-def _percentiles(ordered: np.ndarray, qs: tuple[float, ...]) -> list[float]:
-    """Linear-interpolated percentiles of sorted values. Not np.percentile: in numpy 2 its
-    first call imports numpy.ma, which took 0.3-3.6 s of a stopping worker on a busy host."""
-    last = len(ordered) - 1
-    out = []
-    for q in qs:
-        pos = q / 100 * last
-        lo = int(pos)
-        hi = min(lo + 1, last)
-        out.append(float(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)))
-    return out
 
 
 class StepClock:

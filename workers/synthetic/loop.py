@@ -23,11 +23,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import zmq
 
 from workers.rank.control import Control
-from workers.rank.heartbeat import Counters, Heartbeat, RunInfo, StopFlag, WorkerStatus, hello_body, reported_hostname
+from workers.rank.device import gpu_uuid, nccl_version
+from workers.rank.heartbeat import RunInfo, StopFlag, WorkerStatus, reported_hostname
 from workers.rank.publisher import NullPublisher, RecordBatcher, RecordPublisher
+from workers.rank.session import RankSession
 from workers.rank.timing import (
     Anchor,
     BareInstrumentation,
@@ -40,14 +41,13 @@ from workers.rank.timing import (
 from workers.wire.busbw import bus_factor, collective_bytes
 from workers.wire.config import LoopConfig
 from workers.wire.connection import Connection
-from workers.wire.protocol import COLLECTIVES, DIRECTIONS, MODES, Bye, bye_reason
+from workers.wire.protocol import COLLECTIVES, DIRECTIONS, MODES, bye_reason
 from workers.wire.settings import COPY_SCALES, Settings
 
 COLL_RING = 4096
 COPY_RING = 1024
 STEP_RING = 256
 CONNECT_WAIT_S = 1.0  # at start-up, how long to wait for a collector's handshake
-EXIT_LINGER_MS = 500  # at a clean exit, how long the queued tail may take to go out
 #: Steps of copies that may be queued and unfinished (side stream or copier thread). Copies
 #: slower than a step's collectives would otherwise pile up without bound; past this the
 #: loop waits for the oldest step's copies, as a full CUDA launch queue would make it do.
@@ -317,23 +317,6 @@ def run_info(config: LoopConfig, rt: Runtime) -> RunInfo:
     )
 
 
-def gpu_uuid(index: int) -> str:
-    """The GPU's UUID in NVML's spelling ("GPU-xxxxxxxx-..."), so samplers can match it."""
-    try:
-        text = str(torch.cuda.get_device_properties(index).uuid)
-    except (AttributeError, RuntimeError):  # torch without .uuid: the sampler then watches every GPU
-        return ""
-    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
-
-
-def nccl_version() -> str:
-    try:
-        version = torch.cuda.nccl.version()
-    except Exception:
-        return ""
-    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
-
-
 def _make_instrumentation(
     config: LoopConfig,
     work: Workload,
@@ -384,35 +367,26 @@ def run_worker(
     bare: bool = False,
     stop: StopFlag | None = None,
     dead_man: bool = False,
-    before_hard_exit: Any = None,
+    sampler_gpus: list[str] | None = None,
 ) -> WorkerResult:
     """Run one rank's loop in an initialised process group; publish to ``conn`` if given.
 
     ``dead_man`` (the real worker process, not tests) lets the heartbeat thread end the
-    process if the launcher vanishes or a stop does not complete in time.
+    process if the launcher vanishes or a stop does not complete in time; ``sampler_gpus``
+    starts the node sampler on local rank 0 (see :class:`workers.rank.session.RankSession`).
     """
     stop = stop or StopFlag()
     status = WorkerStatus(settings=config.initial_settings(), rejected=getattr(control, "rejected", None))
-    info = run_info(config, rt)
-    ctx = zmq.Context()
-    publisher: RecordPublisher | NullPublisher = NullPublisher()
-    if conn is not None and not bare:
-        publisher = RecordPublisher(conn.data, conn.key, conn.session, rt.rank, ctx=ctx)
-    counters = Counters(publisher)
-    heartbeat = Heartbeat(
-        ctx,
-        conn.data if conn is not None and not bare else None,
-        conn.key if conn is not None else b"",
-        conn.session if conn is not None else "",
-        info,
+    session = RankSession(
+        None if bare else conn,
+        run_info(config, rt),
         status,
-        counters,
         stop=stop,
-        stop_grace_s=5.0 if dead_man else None,
-        watch_parent=dead_man,
-        before_hard_exit=before_hard_exit,
+        dead_man=dead_man,
+        sampler_gpus=None if bare else sampler_gpus,
     )
-    heartbeat.start()
+    publisher = session.publisher
+    session.start_heartbeat()
     work: Workload | None = None
     instr: Instrumentation | BareInstrumentation | None = None
     iterations = 0
@@ -448,18 +422,9 @@ def run_worker(
             except Exception:
                 pass
     finally:
-        status.finished = True
-        heartbeat.stop()
         if work is not None:
             work.close()
-        if conn is not None and not bare:
-            publisher.send_body(hello_body(conn.session, info, status, counters))
-            publisher.send_bye(Bye(rt.rank, code, reason, time.time_ns()))
-        publisher.close(linger_ms=EXIT_LINGER_MS)
-        if heartbeat.is_alive():
-            ctx.destroy(linger=0)
-        else:
-            ctx.term()
+        session.close(code, reason)
     summary: dict[str, Any] = {"rank": rt.rank, "bare": bare, "iterations": iterations}
     if instr is not None:
         summary |= instr.steps.times.summary()

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 from typing import Any
@@ -112,32 +111,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_sampler(conn: Connection | None, gpu_uuids: list[str]) -> subprocess.Popen[Any] | None:
-    """The node's telemetry sampler (local rank 0 only), if that part is installed."""
-    if conn is None:
-        return None
-    try:
-        from workers.telemetry import start_node_sampler
-    except ImportError as exc:
-        print(f"{PROG}: node telemetry not started ({exc})", file=sys.stderr)
-        return None
-    try:
-        return start_node_sampler(conn.path, gpu_uuids)
-    except Exception as exc:
-        print(f"{PROG}: node telemetry not started ({type(exc).__name__}: {exc})", file=sys.stderr)
-        return None
-
-
-def stop_sampler(proc: subprocess.Popen[Any] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=1.0)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
 def main(argv: list[str] | None = None) -> int:
     arm_from_env()  # `commtop run` asked: end with the torchrun agent, even if it is SIGKILLed
     ns = build_parser().parse_args(argv)
@@ -156,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # after the cheap checks: importing torch takes seconds
     import torch.distributed as dist
 
+    from workers.rank.device import gpu_uuid
     from workers.rank.heartbeat import StopFlag
-    from workers.synthetic.loop import Runtime, gpu_uuid, run_worker
+    from workers.synthetic.loop import Runtime, run_worker
 
     cuda = torch.cuda.is_available()
     backend = ns.backend if ns.backend != "auto" else ("nccl" if cuda else "gloo")
@@ -202,14 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         dist.init_process_group("gloo")
 
-    sampler = None
-    if local_rank == 0 and not ns.bare:  # --bare: nothing of commtop's running beside the loop
-        uuids = [gpu_uuid(i) for i in range(min(local_world_size, torch.cuda.device_count()))] if rt.cuda else []
-        sampler = start_sampler(conn, uuids)
+    # the node sampler (started by local rank 0's session) watches this node's GPUs
+    uuids = [gpu_uuid(i) for i in range(min(local_world_size, torch.cuda.device_count()))] if rt.cuda else []
     try:
         control = make_control(config, None if ns.bare else conn, rank)
     except Exception as exc:
-        stop_sampler(sampler)
         print(f"{PROG} rank {rank}: live control not started ({type(exc).__name__}: {exc})", file=sys.stderr)
         return 1
     try:
@@ -221,11 +192,10 @@ def main(argv: list[str] | None = None) -> int:
             bare=ns.bare,
             stop=stop,
             dead_man=True,
-            before_hard_exit=lambda: stop_sampler(sampler),
+            sampler_gpus=uuids,
         )
     finally:
         control.close()
-        stop_sampler(sampler)
     # NCCL's teardown can hang when a peer died mid-collective: bound it.
     guard = threading.Timer(3.0, os._exit, args=(result.exit_code,))
     guard.daemon = True

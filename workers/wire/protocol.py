@@ -398,7 +398,14 @@ def decode_bye(body: Mapping[str, Any]) -> Bye:
 # --------------------------------------------------------------------------- helpers
 
 
-def decode(body: Mapping[str, Any]) -> Any:
+#: A body whose typed decoder lives with its owner: TELEM and TELEM_CAPS
+#: (:mod:`workers.wire.telemetry`), CTL_* (:mod:`workers.wire.control`).
+RawBody = dict[str, Any]
+#: What :func:`decode` returns, and what sources, the model and sinks pass along.
+Message = Batch | Hello | Bye | RawBody
+
+
+def decode(body: Mapping[str, Any]) -> Message:
     """Decode a verified body into its typed message (Batch, Hello, Bye, or the raw map for
     kinds whose typed decoders live with their owners: TELEM, TELEM_CAPS, CTL_*)."""
     kind = body["k"]

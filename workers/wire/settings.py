@@ -67,13 +67,36 @@ class Settings:
             raise SettingsError(f"at most {MAX_KNOBS} knobs")
         return replace(self, knobs=knobs, **values)
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Settings:
-        """Rebuild settings sent by a peer (validated like a change)."""
-        return cls().updated({k: v for k, v in data.items() if k in _FIELDS})
+
+#: The fields a peer may send; anything else in a wire dict is ignored.
+FIELDS = ("mode", "copies", "copy_scale", "pinned", "direction", "knobs")
+#: Longest knob name or value a peer may report.
+MAX_KNOB_TEXT = 64
 
 
-_FIELDS = frozenset({"mode", "copies", "copy_scale", "pinned", "direction", "knobs"})
+def settings_from_wire(data: Any, knob_choices: Mapping[str, tuple[str, ...]] | None = None) -> Settings:
+    """The one conversion of settings sent by a peer (a control message, a Hello, a store
+    proposal) into :class:`Settings`; every field is validated like a change, and names
+    outside :data:`FIELDS` are ignored. Raises SettingsError.
+
+    With ``knob_choices`` (a worker, which declared its knobs) each knob must be one of its
+    choices. Without (the collector, which only hears knobs from Hellos) knobs are kept as
+    reported, within :data:`MAX_KNOBS` names of at most :data:`MAX_KNOB_TEXT` characters.
+    """
+    if not isinstance(data, Mapping):
+        raise SettingsError("settings must be a map")
+    base = Settings().updated({k: v for k, v in data.items() if k in FIELDS and k != "knobs"})
+    knobs = data.get("knobs") or {}
+    if not isinstance(knobs, Mapping):
+        raise SettingsError("knobs must be a map of name -> value")
+    if knob_choices is not None:
+        return base.updated({"knobs": knobs}, knob_choices)
+    if len(knobs) > MAX_KNOBS:
+        raise SettingsError(f"at most {MAX_KNOBS} knobs")
+    reported = {str(k): str(v) for k, v in knobs.items()}
+    if any(len(k) > MAX_KNOB_TEXT or len(v) > MAX_KNOB_TEXT for k, v in reported.items()):
+        raise SettingsError(f"knob names and values are at most {MAX_KNOB_TEXT} characters")
+    return replace(base, knobs=reported)
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:

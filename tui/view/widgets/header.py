@@ -106,14 +106,13 @@ def header_text(
         t.append(clocks, style=style(MUTED))
     t.append("\n")
 
-    in_force = dict(control.in_force) if control and control.in_force else dict(snap.settings)
+    in_force = dict(snap.settings)
     mode = str(in_force.get("mode", "?"))
     t.append("mode ", style=style(MUTED))
     t.append(f" {mode} ", style=style("#000000", MODE_COLORS.get(mode, TEXT), bold=True))
     t.append(f"  {_settings_text(in_force)}", style=style(TEXT))
-    epoch = control.epoch_in_force if control else snap.epoch_in_force
-    t.append(f"  epoch {epoch}", style=style(MUTED))
-    pending, apply_at = (control.pending_epoch, control.apply_at) if control else (snap.pending_epoch, snap.apply_at)
+    t.append(f"  epoch {snap.epoch_in_force}", style=style(MUTED))
+    pending, apply_at = snap.pending_epoch, snap.apply_at
     if control and control.requested and pending < 0:
         diff = {k: v for k, v in control.requested.items() if in_force.get(k) != v}
         if diff:

@@ -1,7 +1,7 @@
 """Rank rows and the latency heat map as lists of rich Segments (no Textual here).
 
-The grid widget calls :func:`render_rows` or :func:`render_heatmap` once per snapshot (or
-resize) and keeps the resulting lines; ``render_line`` then only hands them out. Latency
+The grid widget builds a :class:`RowsView` or a :class:`HeatView` once per snapshot (or
+resize); its ``render_line`` asks the view for each visible line. Latency
 cells are bucketed by iteration (aligned to multiples of the bucket size, so the picture
 does not shimmer as new iterations arrive) and share one y-axis across ranks.
 """
@@ -37,6 +37,7 @@ from tui.view.widgets.palette import (
     mode_color,
     style,
 )
+from workers.wire.stats import percentile
 
 #: Fixed columns left of the sparkline: state, rank, host:gpu, last, p50, p99, busbw, copy.
 HOST_W = 15
@@ -95,7 +96,7 @@ def visible_top(cells: Cells) -> float:
     finite = cells.ms[np.isfinite(cells.ms)]
     if len(finite) == 0:
         return math.nan
-    return float(np.percentile(finite, 99))
+    return percentile(finite, 99)
 
 
 # --------------------------------------------------------------------------- rows
@@ -237,19 +238,6 @@ class RowsView:
             band = self.row_h - 1 - line  # 0 = bottom line of the rank
             segs += _spark(self.levels[i], self.cells.mode[i], r, note, band, self.row_h)
         return _fit(segs, self.width)
-
-
-def render_rows(
-    snap: Snapshot,
-    cells: Cells,
-    top: float,
-    width: int,
-    procs: dict[int, str | None] | None = None,
-    row_h: int = 1,
-) -> list[list[Segment]]:
-    """Every line of the rows view (see RowsView)."""
-    view = RowsView(snap, cells, top, width, procs, row_h)
-    return [view.line(i) for i in range(view.n_lines)]
 
 
 def _numbers(snap: Snapshot, r: RankView) -> list[Segment]:
@@ -451,12 +439,6 @@ def _worst(ranks: list[RankView]) -> RankView:
             if pred(r):
                 return r
     return ranks[0]
-
-
-def render_heatmap(snap: Snapshot, cells: Cells, top: float, width: int, max_lines: int) -> list[list[Segment]]:
-    """Every line of the heat map (see HeatView)."""
-    view = HeatView(snap, cells, top, width, max_lines)
-    return [view.line(i) for i in range(view.n_lines)]
 
 
 def _heat_index(ms: np.ndarray, top: float) -> np.ndarray:

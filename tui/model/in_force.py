@@ -1,0 +1,105 @@
+"""Which settings are in force, and which change is pending: one rule for the whole viewer.
+
+The run model (hence the header, the headless summary and snapshots) and the control server
+(hence ``commtop ctl status`` and the refusal of changes while one is pending) read the same
+:class:`InForceTracker`, fed once per message, so they cannot disagree.
+
+The rule: the *lead* rank (rank 0, else the lowest rank that said Hello) names the epoch in
+force (its newest batch header, else its Hello). That epoch's settings are those the workers
+reported for it in a Hello or, until a Hello says so (once a second), those the collector
+published for it; the mode is that of the lead's newest collective record, which changes at
+an iteration. A change is pending while any rank reports a pending epoch newer than that.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.wire.protocol import COLL, MODES, Batch, Bye, Hello
+
+#: Epochs whose settings are remembered.
+HISTORY = 256
+
+
+@dataclass(frozen=True)
+class InForce:
+    """The settings in force (a wire dict), their epoch, and the pending change if any."""
+
+    settings: dict[str, Any] = field(default_factory=dict)
+    epoch: int = -1
+    pending_epoch: int = -1
+    apply_at: int = -1
+
+
+@dataclass
+class _RankControl:
+    hello: Hello | None = None
+    header: tuple[int, int, int] = (-1, -1, -1)  # epoch in force, pending epoch, apply_at
+    header_t_ns: int = -1
+    mode: int = -1  # mode of the newest collective record
+
+
+class InForceTracker:
+    """Fed with every accepted message (``note``); ``state()`` from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ranks: dict[int, _RankControl] = {}
+        self._by_epoch: dict[int, dict[str, Any]] = {}
+
+    def note_settings(self, epoch: int, settings: Mapping[str, Any]) -> None:
+        """The settings of ``epoch`` (the collector published them, or a Hello reported them)."""
+        with self._lock:
+            self._remember(epoch, settings)
+
+    def _remember(self, epoch: int, settings: Mapping[str, Any]) -> None:
+        self._by_epoch[epoch] = dict(settings)
+        if len(self._by_epoch) > HISTORY:
+            del self._by_epoch[min(self._by_epoch)]
+
+    def note(self, message: object) -> None:
+        if isinstance(message, Batch):
+            with self._lock:
+                rank = self._ranks.setdefault(message.rank, _RankControl())
+                if message.t_ns >= rank.header_t_ns:
+                    rank.header = (message.epoch_in_force, message.pending_epoch, message.apply_at)
+                    rank.header_t_ns = message.t_ns
+                    if message.kind == COLL and len(message):
+                        rank.mode = int(message.columns["mode"][-1])
+        elif isinstance(message, Hello):
+            with self._lock:
+                self._ranks.setdefault(message.rank, _RankControl()).hello = message
+                if isinstance(message.settings, dict):
+                    self._remember(message.epoch, message.settings)
+        elif isinstance(message, Bye):
+            with self._lock:
+                gone = self._ranks.get(message.rank)
+                if gone is not None:  # an exited rank no longer holds a change pending
+                    gone.header = (gone.header[0], -1, -1)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._ranks.clear()
+            self._by_epoch.clear()
+
+    def state(self) -> InForce:
+        with self._lock:
+            lead = self._lead()
+            if lead is None:
+                return InForce()
+            epoch = lead.header[0] if lead.header_t_ns >= 0 else (lead.hello.epoch if lead.hello else -1)
+            settings = dict(self._by_epoch.get(epoch) or (lead.hello.settings if lead.hello else {}))
+            if 0 <= lead.mode < len(MODES):
+                settings["mode"] = MODES[lead.mode]
+            pending = [(r.header[1], r.header[2]) for r in self._ranks.values() if r.header[1] > epoch]
+        pending_epoch, apply_at = max(pending) if pending else (-1, -1)
+        return InForce(settings=settings, epoch=epoch, pending_epoch=pending_epoch, apply_at=apply_at)
+
+    def _lead(self) -> _RankControl | None:
+        with_hello = sorted(r for r, s in self._ranks.items() if s.hello is not None)
+        if with_hello:
+            return self._ranks[with_hello[0]]
+        return self._ranks[min(self._ranks)] if self._ranks else None
