@@ -240,7 +240,8 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         )
         learned_s = time.monotonic() - started
         view, now_in_force = collector.server.view(), collector.server.in_force()
-        assert learned_s < 2.0, f"took {learned_s:.2f} s to learn the mode in force"
+        # the ranks say Hello as soon as they connect (else every 1 s): 4 s allows for a loaded machine
+        assert learned_s < 4.0, f"took {learned_s:.2f} s to learn the mode in force"
         assert view.requested == in_force.as_dict() == now_in_force.settings
         assert now_in_force.epoch == 1
         wait_for(lambda: records2.last_iteration() > before_restart + 50 * STEP, 20, "workers going on", job)
