@@ -365,8 +365,8 @@ def _job_finished(job: Any) -> Callable[[], bool]:
         if not ended_at:
             ended_at.append(time.monotonic())
         waited = time.monotonic() - ended_at[0]
-        # drain what is still in flight, and read torchrun's last lines (which rank died of what),
-        # unless a surviving grandchild holds the output pipe open
+        # drain what is still in flight, and read torchrun's last lines (which rank died of what)
+        # from job.log to its end
         return waited > 0.5 and (job.output_done() or waited > 3.0)
 
     return finished
