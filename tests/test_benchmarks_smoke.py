@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = ("overhead", "ingest_rate", "render_scale", "e2e_latency", "recordings", "cuda_timer_costs")
+BENCHMARKS = (
+    "overhead",
+    "ingest_rate",
+    "render_scale",
+    "e2e_latency",
+    "recordings",
+    "cuda_timer_costs",
+    "prometheus_export",
+)
 ROW_WITH_NUMBER = re.compile(r"^\|[^\n]*\d[^\n]*\|$", re.M)
 
 

@@ -20,7 +20,7 @@ from synthetic_ranks import PY, REPO, child_env, short_runtime_dir
 
 from tui.run import ctl
 from tui.run.run_dirs import LOCK_NAME, has_live_collector, lock_run, prune_runs
-from workers.wire.connection import FILE_NAME, create_run
+from workers.wire.connection import FILE_NAME, create_run, load
 
 pytestmark = pytest.mark.timeout(120)
 COMMTOP = [PY, "-m", "tui.cli"]
@@ -126,3 +126,22 @@ def test_ctl_options_work_before_and_after_the_subcommand() -> None:
     for ns in (after, before):
         assert (ns.no_wait, ns.run, ns.json, ns.mode) == (True, "abc", True, "sync")
     assert (neither.no_wait, neither.run, neither.json, neither.timeout) == (False, None, False, ctl.REPLY_TIMEOUT_S)
+
+
+def test_a_folder_with_a_lingering_prometheus_exporter_stays_until_it_ends(rt) -> None:
+    """`--prometheus` exporters serve a last scrape after the run: their folder waits for them."""
+    import json
+
+    from tui.run.run_dirs import remove_run
+    from workers.wire.exporter_address import URL_FILE
+
+    root, _env = rt
+    run_dir = _dead_owner_run("prom")  # its commtop has ended; its exporter (this process) has not
+    conn = load(run_dir / FILE_NAME)
+    url_file = run_dir / URL_FILE.format(host="h")
+    url_file.write_text(json.dumps({"url": "http://127.0.0.1:1/metrics", "host": "h", "pid": os.getpid()}))
+    remove_run(conn)
+    _age(run_dir, 120)
+    assert prune_runs().removed == [] and run_dir.exists()
+    url_file.unlink()  # what the exporter does when it ends
+    assert prune_runs().removed == [run_dir.name] and list(root.iterdir()) == []

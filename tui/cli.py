@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--nproc", type=int, default=None, help="ranks (default: one per visible GPU, or 2 on CPU)")
     run.add_argument("--headless", action="store_true", help="no TUI: run, then print the per-rank summary")
     run.add_argument("--record", nargs="?", const="", default=None, metavar="PATH", help=RECORD_HELP)
+    _add_prometheus_argument(run)
     add_loop_arguments(run)
     run.set_defaults(func=cmd_run)
 
@@ -109,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--connection-file", default=None, help="re-attach to this run (default: a new run)")
     watch.add_argument("--record", nargs="?", const="", default=None, metavar="PATH", help=RECORD_HELP)
     watch.add_argument("--headless", action="store_true", help="collect without a TUI until Ctrl-C")
+    _add_prometheus_argument(watch)
     watch.set_defaults(func=cmd_watch)
 
     replay = sub.add_parser(
@@ -128,6 +130,31 @@ def build_parser() -> argparse.ArgumentParser:
         "ctl", help="change a running job's settings: commtop ctl status | mode MODE | set NAME=VALUE ... (ctl -h)"
     )
     return parser
+
+
+def _add_prometheus_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prometheus",
+        metavar="[HOST:]PORT",
+        default="",
+        help="every node's sampler serves its ranks' metrics there (127.0.0.1 unless HOST; 0 = any free port); "
+        "the URLs are in the run directory and `commtop ctl status`",
+    )
+
+
+def prometheus_setting(text: str) -> str:
+    """Checked ``--prometheus`` (one-line error), with one line of warning when it binds wider."""
+    from workers.wire import exporter_address
+
+    if not text:
+        return ""
+    try:
+        host, _ = exporter_address.parse(text)
+    except exporter_address.AddressError as exc:
+        raise ConfigError(str(exc)) from None
+    if exporter_address.is_wide(host):
+        print(f"commtop: {exporter_address.warning(text)}", file=sys.stderr)
+    return text
 
 
 # --------------------------------------------------------------------------- collector
@@ -240,6 +267,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from tui.run.gpus import visible_gpus
     from tui.run.launcher import torchrun_argv
 
+    prometheus = prometheus_setting(ns.prometheus)  # a bad address fails before anything is said
     gpus = visible_gpus()
     cpu = gpus.count == 0 or ns.backend == "gloo"
     if ns.backend == "nccl" and gpus.count == 0:
@@ -254,7 +282,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if cpu:
         why = gpus.reason if gpus.count == 0 else "--backend gloo"
         print(f"commtop: no GPU ({why}): running {nproc} gloo ranks on the CPU (backend gloo/cpu)", file=sys.stderr)
-    conn = connections.create_run(label=config.collective)
+    conn = connections.create_run(label=config.collective, prometheus=prometheus)
     collector = open_collector(conn, ns.record, config.collective)
     title = f"commtop run · {nproc} ranks · {'gloo/cpu' if cpu else 'nccl'}"
     return supervise(collector, torchrun_argv(nproc, config.to_argv(), conn), nproc, ns.headless, title)
@@ -291,7 +319,10 @@ def cmd_run_script(ns: argparse.Namespace) -> int:
     if nproc < 1:
         raise ConfigError("--nproc must be at least 1")
     argv = script_argv(ns.script, nproc)
-    conn = connections.create_run(label=next((Path(a).stem for a in ns.script if a.endswith(".py")), "script"))
+    conn = connections.create_run(
+        label=next((Path(a).stem for a in ns.script if a.endswith(".py")), "script"),
+        prometheus=prometheus_setting(ns.prometheus),
+    )
     collector = open_collector(conn, ns.record, "monitor")
     return supervise(collector, argv, nproc, ns.headless, f"commtop run · {' '.join(ns.script)[:60]}")
 
@@ -389,6 +420,9 @@ def run_tui(collector: Collector, *, job: Any = None, title: str = "commtop", hi
 
 
 def cmd_watch(ns: argparse.Namespace) -> int:
+    prometheus = prometheus_setting(ns.prometheus)
+    if ns.connection_file and prometheus:
+        raise ConfigError("--prometheus is set when a run is created; it cannot be added to an existing run")
     if ns.listen:
         data, control, request = connections.tcp_endpoints(ns.listen)
         host = connections.tcp_host(ns.listen) or ""
@@ -398,11 +432,11 @@ def cmd_watch(ns: argparse.Namespace) -> int:
                 "signed with this run's key, so keep its connection file private",
                 file=sys.stderr,
             )
-        conn = connections.create_run(data=data, control=control, request=request, label="watch")
+        conn = connections.create_run(data=data, control=control, request=request, label="watch", prometheus=prometheus)
     elif ns.connection_file:
         conn = connections.load(ns.connection_file)
     else:
-        conn = connections.create_run(label="watch")
+        conn = connections.create_run(label="watch", prometheus=prometheus)
     try:
         collector = open_collector(conn, ns.record, owns_run=not ns.connection_file)
     except CollectorError:

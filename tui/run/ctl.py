@@ -331,4 +331,7 @@ def format_status(conn: connections.Connection, reply: dict[str, Any]) -> str:
     rejected = dict(reply.get("rejected") or {})
     by_reason = " ".join(f"{k}={v}" for k, v in sorted(rejected.items())) or "0"
     lines.append(f"refused control messages: collector {by_reason}; workers {reply.get('worker_rejected', 0)}")
+    from workers.wire.exporter_address import endpoints
+
+    lines += [f"prometheus {url}" for url in endpoints(conn.run_dir)]
     return "\n".join(lines)

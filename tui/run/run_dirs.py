@@ -12,6 +12,7 @@ its creator may not have taken the lock yet.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.wire import connection as connections
+from workers.wire import exporter_address
 
 LOCK_NAME = "collector.lock"
 MIN_AGE_S = 30.0
@@ -88,15 +90,31 @@ def _lock_held(run_dir: Path) -> bool:
         return _pid_alive(owner_pid(run_dir))  # no /proc/locks: trust the pid
 
 
+def lingering_exporter(run_dir: Path) -> bool:
+    """Whether a node's Prometheus exporter (``--prometheus``) still serves from this folder:
+    it outlives the job by $COMMTOP_PROMETHEUS_LINGER_S for a last scrape, and removes its own
+    URL file when it ends; the folder goes with the next prune after that."""
+    for path in run_dir.glob(exporter_address.URL_FILE.format(host="*")):
+        try:
+            pid = json.loads(path.read_text()).get("pid")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(pid, int) and _pid_alive(pid):
+            return True
+    return False
+
+
 def remove_run(conn: connections.Connection) -> None:
     """Remove a run's folder when its run ends (only a folder of this user's runtime root
-    holding a connection file: never anything else)."""
+    holding a connection file: never anything else; kept while an exporter lingers there)."""
     run_dir = conn.run_dir
     try:
         root = connections.runtime_root()
     except connections.ConnectionError_:
         return
-    if run_dir.parent.resolve() == root.resolve() and (run_dir / connections.FILE_NAME).is_file():
+    if run_dir.parent.resolve() != root.resolve() or not (run_dir / connections.FILE_NAME).is_file():
+        return
+    if not lingering_exporter(run_dir):
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -122,7 +140,7 @@ def prune_runs(min_age_s: float = MIN_AGE_S) -> Pruned:
             age = now - (run_dir / connections.FILE_NAME).stat().st_mtime
         except OSError:
             continue
-        if age < min_age_s:
+        if age < min_age_s or lingering_exporter(run_dir):
             live += 1
             continue
         lock = run_dir / LOCK_NAME

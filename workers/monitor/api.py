@@ -219,7 +219,13 @@ class Monitor:
         self._step_block = _StepBlock(self)
         self.status = WorkerStatus(settings=self._raw)
         # rank and world size from the process group when it exists
-        self.session = RankSession(conn, self._run_info(), self.status, sampler_gpus=self._gpus() if sampler else None)
+        self.session = RankSession(
+            conn,
+            self._run_info(),
+            self.status,
+            sampler_gpus=self._gpus() if sampler else None,
+            prometheus=conn.prometheus if conn is not None else "",  # `commtop run --prometheus -- ...`
+        )
         self.publisher = self.session.publisher
         self.batcher = MonitorBatcher(self.publisher, self._control_status, batch_ms=batch_ms)
         self.cpu_coll = CpuTimer()

@@ -20,6 +20,9 @@ from workers.wire.busbw import algbw_gbps
 from workers.wire.protocol import COLL, COLL_COLUMNS, COPY, COPY_COLUMNS, Batch, Bye
 
 DEFAULT_HWM = 64
+#: Batches a rank holds for its node exporter (--prometheus) while the node sampler is still
+#: starting (about 13 s of 50 ms batches); bounded, then dropped and counted in ``tap_dropped``.
+TAP_HWM = 256
 MAX_RECORDS = 4096
 
 #: What the timers hand over per collective: (iteration, step, epoch, mode, host_ns, start_ns, dur_us).
@@ -62,7 +65,10 @@ class RecordPublisher:
         *,
         ctx: zmq.Context | None = None,
         hwm: int = DEFAULT_HWM,
+        tap: str | None = None,
     ) -> None:
+        """``tap``: the node exporter's ipc endpoint (``--prometheus``): every sealed message
+        goes there too, NOBLOCK, the same frames (no second packing or signing)."""
         self.key = key
         self.session = session
         self.rank = rank
@@ -76,6 +82,15 @@ class RecordPublisher:
         self._sock.setsockopt(zmq.IMMEDIATE, 1)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(endpoint)
+        self.tap_dropped = 0  # records the node exporter's queue could not take
+        self._tap: zmq.Socket[Any] | None = None
+        if tap:
+            # no ZMQ_IMMEDIATE: the pipe exists from connect() on, so the batches sent before the
+            # node sampler has bound its socket wait in the bounded queue instead of being lost
+            self._tap = self._ctx.socket(zmq.PUSH)
+            self._tap.setsockopt(zmq.SNDHWM, max(hwm, TAP_HWM))
+            self._tap.setsockopt(zmq.LINGER, 0)
+            self._tap.connect(tap)
 
     def wait_connected(self, timeout_s: float) -> bool:
         """At start-up only: wait (bounded) until a collector is connected, so the first
@@ -91,8 +106,10 @@ class RecordPublisher:
         self.seq[kind] = seq + 1  # gaps in seq tell the receiver a batch was lost
         try:
             batch = Batch(kind, self.rank, seq, self.dropped, columns, status[0], status[1], status[2], time.time_ns())
-            body = protocol.batch_body(kind, self.session, batch)
-            self._sock.send_multipart(protocol.seal(self.key, body), flags=zmq.NOBLOCK, copy=False)
+            frames = protocol.seal(self.key, protocol.batch_body(kind, self.session, batch))
+            if self._tap is not None:
+                self._tap_send(frames, n)
+            self._sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except Exception:  # zmq.Again, a closed context, anything: telemetry never breaks the loop
             self.dropped += n
             self.stuck = True
@@ -106,16 +123,30 @@ class RecordPublisher:
 
     def send_body(self, body: dict[str, Any]) -> bool:
         try:
-            self._sock.send_multipart(protocol.seal(self.key, body), flags=zmq.NOBLOCK)
+            frames = protocol.seal(self.key, body)
+            if self._tap is not None:
+                self._tap_send(frames, 0)
+            self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
         except Exception:
             self.stuck = True
             return False
         self.stuck = False
         return True
 
+    def _tap_send(self, frames: list[bytes], n: int) -> None:
+        try:
+            self._tap.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)  # type: ignore[union-attr]
+        except Exception:  # full or closed: the exporter sees the gap in seq; the loop goes on
+            self.tap_dropped += n
+
     def close(self, linger_ms: int = 0) -> None:
         """``linger_ms`` > 0 at a clean exit lets the queued tail go out, bounded in time;
         not when the last send found the queue full: a frozen collector takes nothing more."""
+        if self._tap is not None:
+            try:
+                self._tap.close(linger=linger_ms)
+            except zmq.ZMQError:
+                pass
         try:
             self._sock.close(linger=0 if self.stuck else linger_ms)
         except zmq.ZMQError:

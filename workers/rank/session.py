@@ -15,6 +15,7 @@ from typing import Any
 
 import zmq
 
+from workers.export.tap import tap_endpoint
 from workers.rank.heartbeat import Counters, Heartbeat, RunInfo, StopFlag, WorkerStatus, hello_body
 from workers.rank.publisher import NullPublisher, RecordPublisher
 from workers.telemetry import start_node_sampler
@@ -33,6 +34,8 @@ class RankSession:
     ``dead_man`` (a real worker process, not tests) lets the heartbeat end the process if the
     launcher vanishes or a requested stop does not complete within 5 s (after a Bye).
     ``sampler_gpus`` starts this node's sampler watching those GPUs (local rank 0 only).
+    ``prometheus`` ([HOST:]PORT, needs ``conn``): that sampler serves the node's metrics, and the
+    publisher pushes a copy of every batch to it (workers.export.tap).
     """
 
     def __init__(
@@ -44,17 +47,21 @@ class RankSession:
         stop: StopFlag | None = None,
         dead_man: bool = False,
         sampler_gpus: list[str] | None = None,
+        prometheus: str = "",
     ) -> None:
         self.conn = conn
         self.status = status
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.publisher: RecordPublisher | NullPublisher = NullPublisher()
+        # a sampler that exports ends by itself after this rank, once $COMMTOP_PROMETHEUS_LINGER_S is over
+        self.exporting = bool(prometheus) and conn is not None
         if conn is not None:
-            self.publisher = RecordPublisher(conn.data, conn.key, conn.session, info.rank, ctx=self.ctx)
+            tap = tap_endpoint(conn.session, info.host) if self.exporting else None
+            self.publisher = RecordPublisher(conn.data, conn.key, conn.session, info.rank, ctx=self.ctx, tap=tap)
         self.counters = Counters(self.publisher)
         self.sampler: subprocess.Popen[bytes] | None = None
         if conn is not None and sampler_gpus is not None and info.local_rank == 0:
-            self.sampler = start_node_sampler(str(conn.path), sampler_gpus)  # None (one line) if it fails
+            self.sampler = start_node_sampler(str(conn.path), sampler_gpus, prometheus if self.exporting else "")
         self.heartbeat = Heartbeat(
             self.ctx,
             conn.data if conn is not None else None,
@@ -106,7 +113,7 @@ class RankSession:
 
     def stop_sampler(self) -> None:
         proc = self.sampler
-        if proc is None or proc.poll() is not None:
+        if proc is None or proc.poll() is not None or self.exporting:
             return
         proc.terminate()
         try:

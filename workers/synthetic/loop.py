@@ -368,12 +368,14 @@ def run_worker(
     stop: StopFlag | None = None,
     dead_man: bool = False,
     sampler_gpus: list[str] | None = None,
+    prometheus: str = "",
 ) -> WorkerResult:
     """Run one rank's loop in an initialised process group; publish to ``conn`` if given.
 
     ``dead_man`` (the real worker process, not tests) lets the heartbeat thread end the
     process if the launcher vanishes or a stop does not complete in time; ``sampler_gpus``
-    starts the node sampler on local rank 0 (see :class:`workers.rank.session.RankSession`).
+    starts the node sampler on local rank 0 (see :class:`workers.rank.session.RankSession`);
+    ``prometheus`` ([HOST:]PORT) makes it serve this node's metrics, fed a copy of every batch.
     """
     stop = stop or StopFlag()
     status = WorkerStatus(settings=config.initial_settings(), rejected=getattr(control, "rejected", None))
@@ -384,6 +386,7 @@ def run_worker(
         stop=stop,
         dead_man=dead_man,
         sampler_gpus=None if bare else sampler_gpus,
+        prometheus="" if bare else prometheus,
     )
     publisher = session.publisher
     session.start_heartbeat()
@@ -430,4 +433,6 @@ def run_worker(
         summary |= instr.steps.times.summary()
         if isinstance(instr, Instrumentation):
             summary |= {"sent": publisher.sent, "dropped": publisher.dropped, "untimed": status.untimed}
+            if prometheus and not bare:
+                summary["tap_dropped"] = getattr(publisher, "tap_dropped", 0)
     return WorkerResult(code, reason, iterations, summary)

@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from workers.rank.control import Control, StaticControl
+from workers.wire import exporter_address
 from workers.wire.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args
 from workers.wire.connection import CONNECTION_FILE_ENV, Connection, ConnectionError_, find_by_endpoint, load
 from workers.wire.lifeline import arm_from_env
@@ -33,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("where to send timings")
     g.add_argument("--connection-file", help=f"the run's connection file (else ${CONNECTION_FILE_ENV})")
     g.add_argument("--connect", metavar="ENDPOINT", help="the collector's data endpoint, e.g. tcp://head:5555")
+    g.add_argument(
+        "--prometheus",
+        metavar="[HOST:]PORT",
+        default=None,
+        help="serve this node's metrics to Prometheus (local rank 0's sampler; 127.0.0.1 unless HOST; 0 = any port)",
+    )
     parser.add_argument(
         "--bare", action="store_true", help="the same loop with commtop's instrumentation off (overhead A/B)"
     )
@@ -111,6 +118,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def prometheus_from_args(ns: argparse.Namespace, conn: Connection | None, local_rank: int) -> str:
+    """--prometheus, else the run's connection file's setting; "" when off. Needs a connection:
+    its key signs what the ranks push to their node's exporter."""
+    address = ns.prometheus if ns.prometheus is not None else (conn.prometheus if conn is not None else "")
+    if not address:
+        return ""
+    try:
+        host, _ = exporter_address.parse(address)
+    except exporter_address.AddressError as exc:
+        raise UsageError(str(exc)) from None
+    if conn is None:
+        raise UsageError("--prometheus needs the run's connection file (its key signs the ranks' records)")
+    if local_rank == 0 and exporter_address.is_wide(host):
+        print(f"{PROG}: {exporter_address.warning(address)}", file=sys.stderr)
+    return address
+
+
 def main(argv: list[str] | None = None) -> int:
     arm_from_env()  # `commtop run` asked: end with the torchrun agent, even if it is SIGKILLed
     ns = build_parser().parse_args(argv)
@@ -120,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         world_size = _env_int("WORLD_SIZE", 1)
         local_rank = _env_int("LOCAL_RANK", 0)
         local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
+        prometheus = "" if ns.bare else prometheus_from_args(ns, conn, local_rank)
     except UsageError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
@@ -193,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             stop=stop,
             dead_man=True,
             sampler_gpus=uuids,
+            prometheus=prometheus,
         )
     finally:
         control.close()

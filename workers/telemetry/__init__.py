@@ -15,17 +15,25 @@ CONNECTION_FILE_ENV = "COMMTOP_CONNECTION_FILE"  # same name as workers.wire.con
 LOG_NAME = "telemetry-{host}.log"
 
 
-def start_node_sampler(connection_path: str, gpu_uuids: list[str]) -> subprocess.Popen[bytes] | None:
+def start_node_sampler(
+    connection_path: str, gpu_uuids: list[str], prometheus: str = ""
+) -> subprocess.Popen[bytes] | None:
     """Spawn this node's sampler (call on local rank 0). Its stderr goes to a log in the run
     directory; the key travels in the connection file, never on the command line.
-    Returns None (after one line on stderr) when it cannot start: the run goes on without it."""
+    Returns None (after one line on stderr) when it cannot start: the run goes on without it.
+    With ``prometheus`` it also serves the node's metrics, in its own session so that it may
+    outlive the job's process group for $COMMTOP_PROMETHEUS_LINGER_S (it still ends with its parent)."""
     import socket
 
-    from workers.wire.lifeline import env_for_child
+    from workers.wire.lifeline import DIE_WITH_PARENT_ENV, env_for_child
 
     env = env_for_child(dict(os.environ), direct=True)  # it dies with this rank (PR_SET_PDEATHSIG)
+    if prometheus:  # it serves a last scrape after this rank ends (its loop still sees the rank go)
+        env.pop(DIE_WITH_PARENT_ENV, None)
     env[CONNECTION_FILE_ENV] = str(connection_path)
     argv = [sys.executable, "-m", "workers.telemetry", "--gpus", ",".join(u for u in gpu_uuids if u)]
+    if prometheus:
+        argv += ["--prometheus", prometheus]
     root = Path(__file__).resolve().parent.parent.parent
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
     log_path = Path(connection_path).parent / LOG_NAME.format(
@@ -43,6 +51,7 @@ def start_node_sampler(connection_path: str, gpu_uuids: list[str]) -> subprocess
             stdout=subprocess.DEVNULL,
             stderr=log if log is not None else subprocess.DEVNULL,
             close_fds=True,
+            start_new_session=bool(prometheus),
         )
     except OSError as exc:
         print(f"commtop: node telemetry sampler not started: {exc}", file=sys.stderr)

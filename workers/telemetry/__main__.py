@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.telemetry", description=__doc__)
     parser.add_argument("--gpus", default="", help="comma-separated GPU UUIDs (default: every NVML device)")
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between ticks (default 0.1)")
+    parser.add_argument("--prometheus", default="", metavar="[HOST:]PORT", help="serve this node's metrics there")
     args = parser.parse_args(argv)
     if not 0.02 <= args.interval <= 10:
         print("commtop telemetry: --interval must be between 0.02 and 10 seconds", file=sys.stderr)
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from workers.telemetry.sampler import run
 
     uuids = [u.strip() for u in args.gpus.split(",") if u.strip()]
-    return run(conn, uuids, args.interval)
+    return run(conn, uuids, args.interval, args.prometheus)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import time
 from typing import Any
 
@@ -172,8 +173,9 @@ def sample_for(sampler: NodeSampler, seconds: float) -> list[Tick]:
     return ticks
 
 
-def run(connection: Any, gpu_uuids: list[str], interval_s: float = INTERVAL_S) -> int:
-    """Sample and push until the parent dies or SIGTERM/SIGINT arrives; returns an exit code."""
+def run(connection: Any, gpu_uuids: list[str], interval_s: float = INTERVAL_S, prometheus: str = "") -> int:
+    """Sample and push until the parent dies or SIGTERM/SIGINT arrives; returns an exit code.
+    ``prometheus`` ([HOST:]PORT): also serve this node's ranks and ticks there (workers.export)."""
     import zmq  # only the live sampler needs pyzmq (the H200 capture runs without it)
 
     stop = {"flag": False}
@@ -192,6 +194,14 @@ def run(connection: Any, gpu_uuids: list[str], interval_s: float = INTERVAL_S) -
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(connection.data)
     key, session = connection.key, connection.session
+    exporter = None
+    if prometheus:
+        from workers.export.server import NodeExporter
+
+        try:
+            exporter = NodeExporter(connection, sampler.host, prometheus)
+        except (OSError, zmq.ZMQError) as exc:  # port in use, ...: telemetry goes on without it
+            print(f"commtop: prometheus endpoint {prometheus} not started: {exc}", file=sys.stderr, flush=True)
 
     def send(body: dict[str, Any]) -> bool:
         try:
@@ -209,6 +219,8 @@ def run(connection: Any, gpu_uuids: list[str], interval_s: float = INTERVAL_S) -
                 tick = sampler.tick()
                 if not send(tick_body(session, tick)):
                     sampler.dropped += 1
+                if exporter is not None:
+                    exporter.metrics.add_tick(tick)
                 now = time.monotonic()
                 if now >= next_caps:
                     send(caps_body(session, sampler.caps()))
@@ -222,7 +234,11 @@ def run(connection: Any, gpu_uuids: list[str], interval_s: float = INTERVAL_S) -
             if deadline < now:  # fell behind (suspended, slow NVML): do not burst to catch up
                 deadline = now
             time.sleep(max(0.0, deadline - time.monotonic()))
+        if exporter is not None and not stop["flag"]:
+            exporter.linger(lambda: stop["flag"])
     finally:
+        if exporter is not None:
+            exporter.close()
         sampler.close()
         sock.close(0)
         nvml.shutdown()

@@ -42,6 +42,9 @@ class Connection:
     request: str
     host: str
     created_ns: int
+    #: ``[HOST:]PORT`` where every node's sampler serves Prometheus metrics ("" = off); set by
+    #: `commtop run/watch --prometheus`, so workers started with this file export without the option.
+    prometheus: str = ""
     path: str = ""
 
     @property
@@ -114,6 +117,7 @@ def create_run(
     control: str | None = None,
     request: str | None = None,
     label: str = "run",
+    prometheus: str = "",
 ) -> Connection:
     """Make a run directory and its connection file; endpoints default to ipc:// in it."""
     root = runtime_root()
@@ -139,6 +143,7 @@ def create_run(
         request=request or f"ipc://{run_dir / 'request.sock'}",
         host=socket.gethostname(),
         created_ns=time.time_ns(),
+        prometheus=prometheus,
         path=str(run_dir / FILE_NAME),
     )
     write(conn)
@@ -167,7 +172,9 @@ def load(path: str | os.PathLike[str]) -> Connection:
         raise ConnectionError_(f"connection file {file} must be yours and mode 0600")
     try:
         data = json.loads(text)
-        conn = Connection(**{k: data[k] for k in Connection.__dataclass_fields__ if k != "path"}, path=str(file))
+        optional = ("prometheus", "path")  # absent from files written before these fields existed
+        required = {k: data[k] for k in Connection.__dataclass_fields__ if k not in optional}
+        conn = Connection(**required, prometheus=str(data.get("prometheus") or ""), path=str(file))
         bytes.fromhex(conn.key_hex)
     except (ValueError, KeyError, TypeError) as exc:
         raise ConnectionError_(f"connection file {file} is not a commtop connection file ({exc})") from None
