@@ -170,11 +170,25 @@ class FakePublisher:
         self.sock.close()
 
 
-def frozen_snapshot(world: int = 8, iterations: int = 600, *, stale: int | None = None, exited: int | None = None):
+def frozen_snapshot(
+    world: int = 8,
+    iterations: int = 600,
+    *,
+    stale: int | None = None,
+    exited: int | None = None,
+    gpus: int = 0,
+    nvlink: bool = False,
+):
     """A model fed ``frozen_run`` and snapshotted at a fixed time: the same picture every run.
 
     ``stale``: this rank stops reporting at 80 % of the run; ``exited``: this rank says Bye.
+    ``gpus``: ranks 0..gpus-1 sit on H200s whose NVML ticks (tests/frozen_links.py) end with
+    the run, so the links panel has something to draw.
     """
+    from dataclasses import replace
+
+    from frozen_links import fixture_ticks, gpu_uuid
+
     from tui.model.run_model import RunModel
 
     clock_t = [T0]
@@ -185,7 +199,14 @@ def frozen_snapshot(world: int = 8, iterations: int = 600, *, stale: int | None 
             continue
         if isinstance(m, p.Batch) and m.kind == p.COLL:
             clock_t[0] = max(clock_t[0], int(m.columns["start_ns"][-1]))
+        if isinstance(m, p.Hello) and m.rank < gpus:
+            m = replace(m, backend="nccl", device="NVIDIA H200", device_index=m.rank, gpu_uuid=gpu_uuid(m.rank))
         model.apply(m)
+    if gpus:
+        from workers.wire.telemetry import Caps, caps_body, tick_body
+
+        for m in fixture_ticks("node-a", clock_t[0], gpus, nvlink=nvlink):  # as the wire delivers them
+            model.apply(caps_body("s", m) if isinstance(m, Caps) else tick_body("s", m))
     if exited is not None:
         model.apply(p.Bye(rank=exited, exit_code=1, reason="RuntimeError: NCCL timeout", t_ns=clock_t[0] + 1))
     return model.snapshot(clock_t[0] + 1_000_000_000)

@@ -79,7 +79,7 @@ async def test_live_source_to_two_rank_rows(connection: Connection) -> None:
         grid = app.query_one(RankGrid)
         assert len(lines) == 2 * grid.row_h and grid.row_h > 1  # room for taller bars
         rows = lines[:: grid.row_h]
-        assert lines[1].strip().startswith("whole run max")
+        assert lines[1].strip().startswith("whole run") and " max " in lines[1]
         assert rows[0].startswith("●     0  node-a:cpu") and rows[1].startswith("●     1◀ node-a:cpu")
         assert any(ch in rows[0] for ch in "▁▂▃▄▅▆▇█")
         header = app.query_one("#header").render().plain
@@ -326,7 +326,7 @@ def test_header_text_without_data_and_with_pending_switch() -> None:
     )
     view = ControlView(requested={"mode": "sync", **base})
     text = header_text(snap, view).plain
-    assert "mode  overlap " in text and "epoch 3" in text and "switching to sync at iteration 640" in text
+    assert "mode  overlap " in text and "epoch 3" in text and "⇢ switching mode overlap → sync at iteration 640" in text
 
 
 def test_header_text_shows_hello_only_runs() -> None:
@@ -362,7 +362,7 @@ def test_header_shows_only_the_requested_changes_not_yet_in_force() -> None:
     snap = replace(frozen_snapshot(world=2), settings=base, epoch_in_force=3)
     view = ControlView(requested={**base, "mode": "sync", "pinned": False})
     text = header_text(snap, view).plain
-    assert "requested mode=sync pinned=off (not yet in force)" in text
+    assert "requested mode overlap → sync, pinned → pageable (not yet in force)" in text
     same = ControlView(requested=base)
     assert "requested" not in header_text(snap, same).plain
 

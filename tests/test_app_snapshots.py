@@ -1,5 +1,5 @@
 """Snapshot tests: the app drawn from FROZEN data (a constructed run fed through the real
-model, a fixed clock, no live source, no links panel: that one belongs to its own tests).
+model, a fixed clock, no live source; the links panel fed the H200's NVML ticks where named).
 
 Update after an intended visual change with: pytest tests/test_app_snapshots.py --snapshot-update
 (and look at the SVGs in tests/__snapshots__/ before committing them).
@@ -65,3 +65,43 @@ def test_sixty_four_ranks_switch_to_the_heat_map(snap_compare: Any) -> None:
 def test_heat_map_of_eight_ranks_on_v(snap_compare: Any) -> None:
     app, show = frozen_app(8, stale=4)
     assert snap_compare(app, terminal_size=(120, 36), run_before=show, press=["v"])
+
+
+def frozen_links_app(world: int, gpus: int, **kw: Any) -> tuple[CommtopApp, Any]:
+    """The app with its links panel, fed the H200's NVML ticks (tests/frozen_links.py) through
+    the same SnapshotReady message the ingest thread posts."""
+    app = CommtopApp(title="commtop run", controller=FrozenController())
+    snap = replace(
+        frozen_snapshot(world=world, gpus=gpus, **kw),
+        settings={"mode": "overlap", **SETTINGS},
+        epoch_in_force=1,
+        pending_epoch=2,
+        apply_at=640,
+    )
+
+    async def show(pilot: Any) -> None:
+        for _ in range(2):  # the second after the panel took the height it asked for
+            pilot.app.post_message(SnapshotReady(snap))
+            await pilot.pause()
+
+    return app, show
+
+
+def test_one_h200_links_share_the_time_axis_and_fill_the_room(snap_compare: Any) -> None:
+    app, show = frozen_links_app(1, 1)
+    assert snap_compare(app, terminal_size=(160, 42), run_before=show)
+
+
+def test_eight_gpus_with_nvlink_fall_back_to_one_line_each(snap_compare: Any) -> None:
+    app, show = frozen_links_app(8, 8, nvlink=True)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=show)
+
+
+def test_eight_gpus_on_a_tall_terminal_get_a_line_per_link(snap_compare: Any) -> None:
+    app, show = frozen_links_app(8, 8, nvlink=True)
+    assert snap_compare(app, terminal_size=(160, 64), run_before=show)
+
+
+def test_an_80x24_terminal_condenses_the_header_and_keeps_a_wide_chart(snap_compare: Any) -> None:
+    app, show = frozen_links_app(4, 1)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=show)

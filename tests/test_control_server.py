@@ -284,3 +284,20 @@ def test_knobs_of_a_monitored_job_are_validated_with_the_choices_it_declared(con
     assert "offload must be one of none, overlap, sync; got 'fast'; nothing changed" in capsys.readouterr().err
     assert server.request({"knob.colour": "red"}) == "unknown knob 'colour'"
     assert server.desired == (2, Settings(mode="overlap", copies=0, knobs={"offload": "none"}))
+
+
+def test_a_change_that_changes_nothing_starts_no_epoch(conn, server):
+    server.write(frozen_hello(0, 4, Settings(pinned=False)))
+    assert server.request({"pinned": False}) == ""  # accepted: it is already so
+    assert server.desired == (4, Settings(pinned=False))  # no epoch 5, nothing for the workers to do
+    assert server.request({"pinned": True}) == "" and server.desired == (5, Settings(pinned=True))
+
+
+def test_ctl_json_prints_the_status_without_the_envelope(conn, server, capsys):
+    import json
+
+    server.write(frozen_hello(0, 0, Settings()))
+    assert ctl.main(["--run", conn.run_id, "--json", "status"]) == 0
+    reply = json.loads(capsys.readouterr().out)
+    assert reply["epoch_in_force"] == 0 and reply["in_force"]["mode"] == Settings().mode
+    assert not {"nonce", "s", "v", "k"} & set(reply) and conn.session not in json.dumps(reply)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from frozen_run import T0, TENSOR_BYTES, frozen_coll, frozen_copy, frozen_hello, frozen_run
 
-from tui.model.run_model import HISTORY_ITERS, RunModel
+from tui.model.run_model import HISTORY_ITERS, RunModel, history_iters
 from tui.model.stats import RING_SIZE
 from workers.wire.protocol import Bye
 
@@ -150,23 +150,30 @@ def test_history_is_aligned_by_iteration_with_gaps_as_nan() -> None:
 
 
 def test_history_keeps_the_last_iterations_only() -> None:
-    n = HISTORY_ITERS + 100
+    n = history_iters(1) + 100
     model, _ = model_with(frozen_coll(0, 0, range(n), np.arange(n, dtype=float) + 1000))
     h = model.snapshot().history
-    assert h.first_iteration == 100 and h.ms.shape == (1, HISTORY_ITERS)
+    assert h.first_iteration == 100 and h.ms.shape == (1, history_iters(1))
     assert h.ms[0, 0] == pytest.approx(1.1)
 
 
 def test_a_rank_far_behind_has_an_empty_history_row_and_no_crash() -> None:
     """Regression: a rank more than the history window behind once killed the ingest thread."""
-    n = HISTORY_ITERS + 2500
+    n = history_iters(2) + 2500
     model, _ = model_with(
         frozen_coll(0, 0, range(n), np.full(n, 1000.0)),
         frozen_coll(1, 0, range(10), np.full(10, 1500.0)),
     )
     h = model.snapshot().history
-    assert h.ms.shape == (2, HISTORY_ITERS)
+    assert h.ms.shape == (2, history_iters(2))
     assert np.isnan(h.ms[1]).all() and not np.isnan(h.ms[0]).any()
+
+
+def test_small_worlds_keep_a_longer_history_within_a_bound() -> None:
+    """1 rank keeps its whole ring (a GPU at 2000 it/s: ~2 s of chart, ~20 NVML ticks under
+    it); many ranks keep HISTORY_ITERS each, so the snapshot's history stays bounded."""
+    assert history_iters(1) == 4096 and history_iters(8) == 2048
+    assert history_iters(64) == history_iters(512) == HISTORY_ITERS
 
 
 def test_run_stats_per_mode_and_modes_seen() -> None:

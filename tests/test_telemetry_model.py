@@ -13,7 +13,8 @@ import pynvml
 from textual.app import App, ComposeResult
 
 from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
-from tui.view.widgets.links import LinksPanel
+from tui.model.time_axis import TimeAxis
+from tui.view.widgets.links import LinksPanel, RankGpu
 from workers.telemetry import nvml
 from workers.telemetry.sampler import NodeSampler
 from workers.wire import protocol
@@ -129,11 +130,14 @@ class PanelApp(App[None]):
         yield LinksPanel(id="links")
 
 
-async def _rendered(snap: TelemetrySnapshot, size: tuple[int, int] = (180, 10), order=None) -> list[str]:
+async def _rendered(snap: TelemetrySnapshot, size: tuple[int, int] = (180, 10), order=(), max_lines=8) -> list[str]:
+    """The panel alone, on a time axis of 100 columns of 20 ms ending at the last tick."""
+    t1 = snap.t_ns
+    axis = TimeAxis(60, t1 - 2_000_000_000 + 20_000_000 * np.arange(101, dtype=np.int64))
     app = PanelApp()
     async with app.run_test(size=size) as pilot:
         panel = app.query_one(LinksPanel)
-        panel.update_snapshot(snap, order=order)
+        panel.update_snapshot(snap, axis, order, max_lines=max_lines)
         await pilot.pause()
         return [panel.render_line(y).text for y in range(panel.size.height)]
 
@@ -153,19 +157,21 @@ def test_panel_says_nvml_not_available_on_this_machine() -> None:
 
 
 def test_panel_shows_h200_row_with_no_nvlink() -> None:
-    lines = asyncio.run(_rendered(fixture_snapshot("d2h")))
-    assert len(lines) == 1
-    line = lines[0]
-    assert "n/a: no NVLink" in line and "GB/s" in line and "PCIe" in line and " W" in line
-    assert any(ch in line for ch in "▁▂▃▄▅▆▇█")
-    assert "NVL TX" not in line  # not a row of zeros
+    lines = asyncio.run(_rendered(fixture_snapshot("d2h"), max_lines=8))
+    text = "\n".join(lines)
+    assert lines[0].startswith(f"{HOST}:0  NVIDIA H200") and "NVIDIA H200" in lines[0] and "PCIe Gen5 x16" in lines[0]
+    assert "TX" in text and "RX" in text and "GB/s" in text and " W" in lines[0]
+    assert any(ch in text for ch in "▁▂▃▄▅▆▇█")
+    nvl = [line for line in lines if "NVLink" in line]
+    assert len(nvl) == 1 and "n/a: no NVLink" in nvl[0]  # one line saying why, never a row of zeros
+    assert not any(ch in nvl[0] for ch in "▁▂▃▄▅▆▇█")
 
 
 def test_panel_rows_follow_rank_order() -> None:
     snap = fixture_snapshot("h2d")
     gpu = snap.gpus[0]
-    order = [("r0", HOST, gpu.uuid), ("r1", HOST, str(gpu.index)), ("r2", "elsewhere", "0")]
-    lines = asyncio.run(_rendered(snap, order=order))
+    order = [RankGpu("r0", HOST, gpu.uuid), RankGpu("r1", HOST, str(gpu.index)), RankGpu("r2", "elsewhere", "0")]
+    lines = asyncio.run(_rendered(snap, order=order, max_lines=3))  # room for one line per GPU only
     assert [line[:3] for line in lines] == ["r0 ", "r1 ", "r2 "]
-    assert "GB/s" in lines[0] and "GB/s" in lines[1]
+    assert "PCIe" in lines[0] and "↑" in lines[0] and "PCIe" in lines[1]
     assert "no telemetry for this GPU" in lines[2]

@@ -10,15 +10,15 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tui.run.connect_help import connect_lines
 from workers.wire import connection as connections
 
 if TYPE_CHECKING:  # the parts are imported when used, so `commtop -h` stays fast
@@ -403,10 +403,12 @@ def _job_finished(job: Any) -> Callable[[], bool]:
     return finished
 
 
-def run_tui(collector: Collector, *, job: Any = None, title: str = "commtop", hint: str = "") -> int:
+def run_tui(
+    collector: Collector, *, job: Any = None, title: str = "commtop", hint: str = "", connect: Sequence[str] = ()
+) -> int:
     from tui.view.app import build_app
 
-    app = build_app(collector=collector, job=job, title=title, hint=hint)
+    app = build_app(collector=collector, job=job, title=title, hint=hint, connect=connect)
     app.run()
     if job is not None and job.exit_code() not in (None, 0):
         print(f"commtop: the job exited with code {job.exit_code()}; its last lines:", file=sys.stderr)
@@ -450,22 +452,10 @@ def cmd_watch(ns: argparse.Namespace) -> int:
     if ns.headless:  # before the lines below: a SIGTERM right after them must end it cleanly
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    # Printed once listening, so a failed start says one line only.
-    print(f"commtop: connection file {conn.path}", file=sys.stderr)
-    print(
-        f"commtop: start workers with: torchrun --nproc-per-node N -m workers --connection-file {conn.path}"
-        + (
-            f"   (other nodes: --connect tcp://{socket.gethostname()}:{conn.data.rsplit(':', 1)[-1]} "
-            "--connection-file <copy of that file>)"
-            if ns.listen
-            else ""
-        ),
-        file=sys.stderr,
-    )
-    print(
-        f"commtop: or your own script (workers.monitor): COMMTOP_CONNECTION_FILE={conn.path} torchrun ... train.py",
-        file=sys.stderr,
-    )
+    # Printed once listening, so a failed start says one line only; the TUI shows them too.
+    connect = connect_lines(conn, ns.listen)
+    for line in connect:
+        print(f"commtop: {line}", file=sys.stderr)
     try:
         if ns.headless:
             from tui.run.headless import format_summary
@@ -477,7 +467,7 @@ def cmd_watch(ns: argparse.Namespace) -> int:
                 )
             )
             return 0
-        return run_tui(collector, title=f"commtop watch · {conn.run_id}")
+        return run_tui(collector, title=f"commtop watch · {conn.run_id}", connect=connect)
     finally:
         collector.close()
 

@@ -32,6 +32,8 @@ class InForce:
     epoch: int = -1
     pending_epoch: int = -1
     apply_at: int = -1
+    #: What the pending epoch brings, when known ({}: no Hello / recording / collector said yet).
+    pending_settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -49,6 +51,14 @@ class InForceTracker:
         self._lock = threading.Lock()
         self._ranks: dict[int, _RankControl] = {}
         self._by_epoch: dict[int, dict[str, Any]] = {}
+        #: Settings per epoch known beforehand (a replay's whole recording); kept across reset().
+        self._known: dict[int, dict[str, Any]] = {}
+
+    def learn(self, settings: Mapping[int, Mapping[str, Any]]) -> None:
+        """Every epoch's settings at once (a replay reads them from the recording's hellos), so
+        a jump shows the settings of the epoch it lands in before that epoch's first Hello."""
+        with self._lock:
+            self._known = {int(e): dict(v) for e, v in list(settings.items())[-HISTORY:]}
 
     def note_settings(self, epoch: int, settings: Mapping[str, Any]) -> None:
         """The settings of ``epoch`` (the collector published them, or a Hello reported them)."""
@@ -91,12 +101,16 @@ class InForceTracker:
             if lead is None:
                 return InForce()
             epoch = lead.header[0] if lead.header_t_ns >= 0 else (lead.hello.epoch if lead.hello else -1)
-            settings = dict(self._by_epoch.get(epoch) or (lead.hello.settings if lead.hello else {}))
+            known = self._by_epoch.get(epoch) or self._known.get(epoch)
+            settings = dict(known or (lead.hello.settings if lead.hello else {}))
             if 0 <= lead.mode < len(MODES):
                 settings["mode"] = MODES[lead.mode]
             pending = [(r.header[1], r.header[2]) for r in self._ranks.values() if r.header[1] > epoch]
-        pending_epoch, apply_at = max(pending) if pending else (-1, -1)
-        return InForce(settings=settings, epoch=epoch, pending_epoch=pending_epoch, apply_at=apply_at)
+            pending_epoch, apply_at = max(pending) if pending else (-1, -1)
+            target = dict(self._by_epoch.get(pending_epoch) or self._known.get(pending_epoch) or {})
+        return InForce(
+            settings=settings, epoch=epoch, pending_epoch=pending_epoch, apply_at=apply_at, pending_settings=target
+        )
 
     def _lead(self) -> _RankControl | None:
         with_hello = sorted(r for r, s in self._ranks.items() if s.hello is not None)

@@ -41,6 +41,19 @@ STALE_AFTER_S = 2.0
 WINDOW_S = 5.0
 #: Iterations of per-rank history handed to the UI in every snapshot (sparklines, heat map).
 HISTORY_ITERS = 1024
+#: Small worlds keep more iterations (up to the ring) in the chart's history, so a GPU at
+#: 2000 it/s shows ~2 s instead of 0.5 s, and the links panel under it ~20 NVML ticks, not 5.
+HISTORY_CELLS = 16_384
+
+
+def history_iters(n_ranks: int) -> int:
+    """Iterations of history for ``n_ranks`` ranks: HISTORY_CELLS in all, HISTORY_ITERS at
+    least, never more than a rank's ring holds."""
+    return max(HISTORY_ITERS, min(RING_SIZE, HISTORY_CELLS // max(1, n_ranks)))
+
+
+#: Iterations left out of the straggler headline when the run does not say its step length.
+SETTLE_ITERS = 32
 #: Complete iterations (all ranks reported) used to name the straggler.
 STRAGGLER_ITERS = 256
 COPY_RING_SIZE = 1024
@@ -160,6 +173,8 @@ class Snapshot:
     epoch_in_force: int = -1
     pending_epoch: int = -1
     apply_at: int = -1
+    #: The settings the pending epoch brings, when a hello (or the recording) told them ({} = unknown).
+    pending_settings: dict[str, Any] = field(default_factory=dict)
     started_ns: int = 0
     iter_rate: float = math.nan  # median over ranks with data
     drops: int = 0
@@ -259,6 +274,18 @@ class RunModel:
         self.worst_skew: SkewEvent | None = None
         self.telemetry = TelemetryModel()
         self.in_force.reset()
+
+    def _settle_iters(self) -> int:
+        """Iterations of the first step: left out of the straggler headline (warm-up is not
+        reported, but the first step after it still carries the ranks' start-up skew)."""
+        lead = self._lead_hello()
+        per_step = (lead.config.get("collectives_per_step") if lead else None) or SETTLE_ITERS
+        return int(per_step) if isinstance(per_step, int) and per_step > 0 else SETTLE_ITERS
+
+    def learn_epoch_settings(self, settings: dict[int, dict[str, Any]]) -> None:
+        """Settings per epoch known before the messages arrive (a replay's whole recording), so
+        the header shows the settings of the epoch in force even before its first hello."""
+        self.in_force.learn(settings)
 
     def set_rejected(self, counts: Counter[str] | dict[str, int]) -> None:
         """Frames the source refused, by reason (the source counts, the model reports)."""
@@ -377,7 +404,7 @@ class RunModel:
         order = sorted(self.ranks)
         history = _history(order, self.ranks)
         shares = _straggler_shares(history)
-        skew = _worst_skew(history, order)
+        skew = _worst_skew(history, order, self._settle_iters())
         if skew is not None and (self.worst_skew is None or skew.skew_ms > self.worst_skew.skew_ms):
             self.worst_skew = skew
         clock_ref, offsets = _clock_offsets(order, self.ranks)
@@ -411,6 +438,7 @@ class RunModel:
             settings=in_force.settings,
             epoch_in_force=in_force.epoch,
             pending_epoch=in_force.pending_epoch,
+            pending_settings=in_force.pending_settings,
             apply_at=in_force.apply_at,
             started_ns=min((s.hello.started_ns for s in self.ranks.values() if s.hello), default=0),
             iter_rate=float(np.median(rates)) if rates else math.nan,
@@ -544,14 +572,15 @@ def _history(order: list[int], ranks: dict[int, _RankState]) -> History:
             mode=np.zeros((len(order), 0), dtype=np.uint8),
             start_ns=np.zeros(0, dtype=np.int64),
         )
-    first = max(0, last - HISTORY_ITERS + 1)
+    keep = history_iters(len(order))
+    first = max(0, last - keep + 1)
     width = last - first + 1
     ms = np.full((len(order), width), np.nan, dtype=np.float32)
     mode = np.full((len(order), width), NO_MODE, dtype=np.uint8)
     start = np.zeros(width, dtype=np.int64)
     need_start = True
     for row, r in enumerate(order):
-        v = ranks[r].coll.view(HISTORY_ITERS, copy=False, columns=_HISTORY_COLUMNS)
+        v = ranks[r].coll.view(keep, copy=False, columns=_HISTORY_COLUMNS)
         it = v["iteration"]
         n = len(it)
         if n and int(it[-1]) - int(it[0]) == n - 1 and bool((np.diff(it) == 1).all()):
@@ -616,12 +645,14 @@ def _clearly_last(count: int, total: int, n: int) -> bool:
     return tail < 1e-4 / n
 
 
-def _worst_skew(history: History, order: list[int]) -> SkewEvent | None:
-    """The complete iteration of the history window whose ranks arrived furthest apart."""
+def _worst_skew(history: History, order: list[int], settle: int = 0) -> SkewEvent | None:
+    """The complete iteration of the history window whose ranks arrived furthest apart,
+    iterations before ``settle`` left out (the first step still carries the ranks' start-up)."""
     ms = history.ms
     if ms.shape[0] < 2 or ms.shape[1] == 0:
         return None
-    cols = np.flatnonzero(~np.isnan(ms).any(axis=0))
+    its = history.first_iteration + np.arange(ms.shape[1])
+    cols = np.flatnonzero(~np.isnan(ms).any(axis=0) & (its >= settle))
     if len(cols) == 0:
         return None
     sub = ms[:, cols]

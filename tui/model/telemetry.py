@@ -129,8 +129,9 @@ class TelemetrySnapshot:
     events: tuple[TelemEvent, ...] = ()
     nvml_note: str = NO_TELEMETRY  # "" when at least one node reads GPUs through NVML
 
-    def host_line(self) -> str:
-        """One line for the header: CPU %, host memory, sampler cost per node."""
+    def host_line(self, short: bool = False) -> str:
+        """One line for the header: CPU %, host memory, and what the node sampler costs (its
+        wall time per tick: NVML + psutil + encode) and could not send, per node."""
         if not self.hosts:
             return "host: no telemetry yet"
         parts = []
@@ -138,8 +139,13 @@ class TelemetrySnapshot:
             mem = f"{h.mem_used_bytes / 2**30:.1f}/{h.mem_total_bytes / 2**30:.0f} GiB"
             cpu = "n/a" if math.isnan(h.cpu_pct) else f"{h.cpu_pct:.0f}%"
             stale = " (stale)" if h.stale else ""
-            drops = f" drop {h.dropped}" if h.dropped else ""
-            parts.append(f"{h.host}: cpu {cpu} mem {mem} tick {h.cost_us / 1e3:.1f} ms{drops}{stale}")
+            drops = f" · {h.dropped} sampler tick{'s' if h.dropped != 1 else ''} dropped" if h.dropped else ""
+            if short:  # a narrow header: load and memory, the sampler's drops only when there are some
+                who = f"{h.host}: " if len(self.hosts) > 1 else ""
+                dropped = f" · {h.dropped} ticks dropped" if h.dropped else ""
+                parts.append(f"{who}cpu {cpu} mem {mem}{dropped}{stale}")
+                continue
+            parts.append(f"{h.host}: cpu {cpu} mem {mem} · sampler {h.cost_us / 1e3:.1f} ms/tick{drops}{stale}")
         return " | ".join(parts)
 
     def proc_status(self, host: str, pid: int) -> str | None:

@@ -11,6 +11,8 @@ The clock is injectable, so tests drive it without sleeping.
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import threading
 import time
@@ -89,7 +91,19 @@ class ReplaySource:
             return ()
         top = np.maximum.accumulate(epochs)
         rises = np.flatnonzero(top[1:] > top[:-1]) + 1
-        return tuple(sorted({round((int(recv[i]) - self._t0) / 1e9, 6) for i in rises}))
+        # Rounded UP to the microsecond: a jump lands just after the epoch's first record, never
+        # just before it (then a paused replay showed the previous epoch and `n` seemed to skip).
+        return tuple(sorted({math.ceil((int(recv[i]) - self._t0) / 1e3) / 1e6 for i in rises}))
+
+    @functools.cached_property
+    def epoch_settings(self) -> dict[int, dict[str, Any]]:
+        """Settings per epoch from the recording's hellos (its first hello of each epoch), so a
+        jump shows the settings in force at once, not those of the last hello before it."""
+        out: dict[int, dict[str, Any]] = {}
+        for _t, hello in self.recording.tables(coll_columns=("epoch",)).hellos:
+            if hello.settings:
+                out.setdefault(hello.epoch, dict(hello.settings))
+        return out
 
     # ---- clock
     def _pos(self) -> float:

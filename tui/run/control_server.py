@@ -30,6 +30,7 @@ import zmq
 from tui.model.in_force import InForce, InForceTracker
 from tui.model.interfaces import ControlView
 from tui.model.sources import ipc_endpoint_in_use
+from tui.run.job_knobs import refusal
 from workers.wire import protocol
 from workers.wire.connection import Connection
 from workers.wire.control import ctl_reply_body, ctl_state_body
@@ -92,6 +93,7 @@ class ControlServer:
         self._headers: dict[int, tuple[int, int, int]] = {}  # rank -> (epoch in force, pending, apply_at)
         self._apply_at_seen: dict[int, int] = {}  # pending epoch -> latest apply_at seen
         self._knob_choices: dict[str, tuple[str, ...]] | None = None  # a monitored job's knobs (Hello.config)
+        self._job = ""  # a monitored job's script name (for refusals)
         self._mode_knob = ""  # the knob a monitored job colours its records by (Hello.config["mode_knob"])
         self.rejected: Counter[str] = Counter()
         self.reissues = 0
@@ -186,9 +188,11 @@ class ControlServer:
             rejected = sum(v for v in message.rejected.values() if isinstance(v, int) and v > 0)
             knobs = knob_choices_from_config(message.config)
             mode_knob = message.config.get("mode_knob") if isinstance(message.config, dict) else None
+            job = str(message.config.get("collective", "")).removeprefix("monitor: ") if knobs is not None else ""
             with self._lock:
                 if knobs is not None:
                     self._knob_choices = knobs
+                    self._job = job[:64]
                     if isinstance(mode_knob, str) and mode_knob in knobs:
                         self._mode_knob = mode_knob
                 self._hellos[message.rank] = (message.epoch, settings, rejected)
@@ -235,7 +239,8 @@ class ControlServer:
         return max(heard, default=-1)
 
     def _apply(self, changes: Any, expect: int | None) -> tuple[int, str]:
-        """Validate and apply a change; returns (new epoch or -1, "" or a reason)."""
+        """Validate and apply a change; returns (new epoch or -1, "" or a reason). A change that
+        changes nothing starts no epoch: it returns the desired epoch as it is."""
         if self._desired is None:
             return -1, "the workers have not reported their settings yet; try again in a moment"
         epoch, current = self._desired
@@ -245,12 +250,18 @@ class ControlServer:
             return -1, f"stale request: settings epoch is {epoch}, request expected {expect - 1}; try again"
         if not isinstance(changes, dict) or not changes or len(changes) > MAX_CHANGES:
             return -1, f"expected 1..{MAX_CHANGES} settings to change"
+        if self._knob_choices is not None:  # a monitored job: only what it declared
+            why = refusal({str(k): v for k, v in changes.items()}, self._knob_choices, self._mode_knob, self._job)
+            if why:
+                return -1, why
         try:
             settings = current.updated(
                 self._with_mode_knob({str(k): v for k, v in changes.items()}), self._knob_choices
             )
         except SettingsError as exc:
             return -1, str(exc)
+        if settings == current:  # nothing changes (`set pinned=false` while pageable): no new epoch
+            return epoch, ""
         self._desired = (epoch + 1, settings)
         self._in_force.note_settings(epoch + 1, settings.as_dict())
         self._kick = True

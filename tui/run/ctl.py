@@ -110,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Envelope fields of a reply (request nonce, session id, schema, kind): plumbing, not status.
+ENVELOPE = ("nonce", "s", "v", "k", "t")
+
+
+def as_json(reply: dict[str, Any]) -> str:
+    """The reply for scripts: the collector's answer without the envelope that authenticated it."""
+    return json.dumps({k: v for k, v in reply.items() if k not in ENVELOPE}, indent=1, sort_keys=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -118,17 +127,17 @@ def main(argv: list[str] | None = None) -> int:
         with CtlClient(conn, timeout_s=ns.timeout) as client:
             if changes is None:
                 reply = client.status()
-                print(json.dumps(reply, indent=1, sort_keys=True) if ns.json else format_status(conn, reply))
+                print(as_json(reply) if ns.json else format_status(conn, reply))
                 return 0
             reply = client.set(changes)
             epoch = int(reply["epoch"])
             shown = " ".join(f"{k}={_fmt(v)}" for k, v in changes.items())
             if ns.no_wait:
-                print(reply if ns.json else f"requested {shown} (epoch {epoch})")
+                print(as_json(reply) if ns.json else f"requested {shown} (epoch {epoch})")
                 return 0
             reply, apply_at = client.wait_in_force(epoch, ns.wait_s)
             if ns.json:
-                print(json.dumps(reply, indent=1, sort_keys=True))
+                print(as_json(reply))
             else:
                 where = f" from iteration {apply_at}" if apply_at >= 0 else ""
                 print(f"{shown}: in force{where} (epoch {epoch})")

@@ -11,14 +11,16 @@ tests), or directly with ``CommtopApp(source, model, ...)``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.app import App, ComposeResult, SystemCommand
 from textual.css.query import NoMatches
-from textual.widget import Widget
+from textual.screen import Screen
 from textual.widgets import Footer
 
 from tui.model.ingest import IngestLoop
@@ -33,9 +35,12 @@ from tui.model.interfaces import (
     Source,
 )
 from tui.model.run_model import RunModel, Snapshot
+from tui.view.keys import KEYS, bindings
 from tui.view.messages import IngestError, SnapshotReady
-from tui.view.widgets.header import RunHeader
-from tui.view.widgets.links import LinksPanel
+from tui.view.widgets.connect import ConnectPanel
+from tui.view.widgets.header import RunHeader, settings_change
+from tui.view.widgets.help import HelpScreen, key_name
+from tui.view.widgets.links import LinksPanel, RankGpu
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from tui.view.widgets.status import ReplayBar, StatusLine
 from workers.wire.protocol import DIRECTIONS, MODES
@@ -70,30 +75,9 @@ class CommtopApp(App[None]):
 
     CSS_PATH = "app.tcss"
     TITLE = "commtop"
-    ENABLE_COMMAND_PALETTE = False
+    ENABLE_COMMAND_PALETTE = True
 
-    BINDINGS = [
-        Binding("q", "quit", "quit"),
-        Binding("v", "toggle_view", "rows/heat"),
-        Binding("o", "cycle_mode", "mode"),
-        Binding("1", "pick_mode(0)", "none", show=False),
-        Binding("2", "pick_mode(1)", "overlap", show=False),
-        Binding("3", "pick_mode(2)", "sync", show=False),
-        Binding("4", "pick_mode(3)", "sync-barrier", show=False),
-        Binding("c", "copies(-1)", "copies-", show=False),
-        Binding("C,shift+c", "copies(1)", "copies±"),
-        Binding("s", "cycle_scale", "size"),
-        Binding("h", "toggle_pinned", "pinned"),
-        Binding("d", "toggle_direction", "dir"),
-        Binding("r", "toggle_record", "rec"),
-        Binding("space", "replay_pause", "pause"),
-        Binding("plus,equals_sign", "replay_speed(1)", "faster", show=False),
-        Binding("minus", "replay_speed(-1)", "speed±"),
-        Binding("left", "replay_seek(-5)", "-5s", show=False),
-        Binding("right", "replay_seek(5)", "seek±5s"),
-        Binding("n", "replay_jump(1)", "next change"),
-        Binding("p", "replay_jump(-1)", "prev", show=False),
-    ]
+    BINDINGS = bindings()
 
     def __init__(
         self,
@@ -110,6 +94,7 @@ class CommtopApp(App[None]):
         interval_s: float = 0.08,
         owns_source: bool = False,
         links: bool = True,
+        connect: Sequence[str] = (),
     ) -> None:
         super().__init__()
         self.source = source
@@ -125,7 +110,13 @@ class CommtopApp(App[None]):
         self.interval_s = interval_s
         self.owns_source = owns_source
         self.with_links = links
+        #: How to reach this run (``commtop watch``): shown until the first rank arrives, and on i.
+        self.connect_lines = list(connect)
+        self._connect_auto = bool(connect)  # still shown automatically (no rank has arrived yet)
         self.replay: ReplayControls | None = source if isinstance(source, ReplayControls) else None
+        known = getattr(source, "epoch_settings", None)  # a replay knows every epoch's settings
+        if isinstance(known, dict):
+            self.model.learn_epoch_settings(known)
         self.ingest: IngestLoop | None = None
         self.snapshot: Snapshot | None = None
         #: Snapshots applied to the widgets so far (tests wait on it).
@@ -135,6 +126,7 @@ class CommtopApp(App[None]):
         self._errors: list[str] = []
         self._control: ControlView | None = None
         self._recording: RecordingStatus | None = None
+        self._sigterm_set = False
 
     # ----------------------------------------------------------------------- layout
 
@@ -142,6 +134,8 @@ class CommtopApp(App[None]):
         header = GridHeader(id="grid-header")
         yield RunHeader(self.run_title, id="header")
         yield header
+        if self.connect_lines:
+            yield ConnectPanel(self.connect_lines, id="connect")
         yield RankGrid(header, id="grid")
         if self.with_links:
             yield LinksPanel(id="links")
@@ -152,6 +146,7 @@ class CommtopApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self._catch_sigterm()
         self.query_one(StatusLine).show([], self.hint)
         if self.source is not None:
             self.ingest = IngestLoop(
@@ -167,7 +162,21 @@ class CommtopApp(App[None]):
         self.set_interval(SIDE_POLL_S, self._side_poll)
         self._side_poll()
 
+    def _catch_sigterm(self) -> None:
+        """SIGTERM ends the app the way q does: from the event loop, so Textual's driver puts
+        the terminal back (alternate screen, mouse, raw mode) instead of dying mid-frame."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.exit)
+        except (NotImplementedError, RuntimeError, ValueError):  # no signals here (not the main loop)
+            return
+        self._sigterm_set = True
+
     def on_unmount(self) -> None:
+        if self._sigterm_set:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
         if self.ingest is not None:
             self.ingest.stop()
             self.ingest.join(2.0)
@@ -202,26 +211,36 @@ class CommtopApp(App[None]):
         """Apply one snapshot to every widget (UI thread)."""
         self.snapshot = snap
         with self.batch_update():
+            if self._connect_auto and snap.ranks:  # the first rank found its way: the panel may go
+                self._connect_auto = False
+                self._show_connect(False)
             grid = self.query_one(RankGrid)
             grid.show(snap)
             self.query_one(RunHeader).show(snap, self._control, self._recording)
             links = self._links()
             if links is not None and snap.telemetry is not None:
-                update = getattr(links, "update_snapshot", None)
-                if update is not None:
-                    window = (grid.window_start_ns or snap.now_ns - 30 * 10**9, snap.now_ns)
-                    try:
-                        update(
-                            snap.telemetry,
-                            window,
-                            order=[(f"r{r.rank}", r.host, r.gpu_uuid) for r in snap.ranks if r.gpu_uuid],
-                        )
-                    except Exception as exc:  # the panel must not take the app down
-                        self._note_error(f"links panel: {type(exc).__name__}: {exc}")
+                try:
+                    links.update_snapshot(
+                        snap.telemetry,
+                        grid.time_axis,
+                        [RankGpu(f"r{r.rank}", r.host, r.gpu_uuid, r.copy_gbps) for r in snap.ranks if r.gpu_uuid],
+                        max_lines=self._links_budget(snap, links),
+                    )
+                except Exception as exc:  # the panel must not take the app down
+                    self._note_error(f"links panel: {type(exc).__name__}: {exc}")
         self.applied += 1
 
-    def _links(self) -> Widget | None:
-        found = self.query("#links")
+    def _links_budget(self, snap: Snapshot, links: LinksPanel) -> int:
+        """Lines the links panel may use: what is left when the rank rows have what they need
+        (three lines a rank, so every rank shows its numbers; at most half when ranks are many)."""
+        grid = self.query_one(RankGrid)
+        body = grid.size.height + links.size.height  # the two share what header, bars and footer leave
+        n = max(1, len(snap.ranks))
+        need = min(3 * n, max(min(n, body - 4), body // 2))
+        return max(1, body - need - 1)  # - 1: the panel's top border
+
+    def _links(self) -> LinksPanel | None:
+        found = self.query(LinksPanel)
         return found.first() if found else None
 
     def _side_poll(self) -> None:
@@ -288,7 +307,39 @@ class CommtopApp(App[None]):
             return self.replay is not None
         if action == "toggle_record":
             return self.recorder is not None
+        if action == "toggle_connect":
+            return bool(self.connect_lines)
         return True
+
+    def _available(self, action: str) -> bool:
+        name = action.partition("(")[0]
+        return self.check_action(name, ()) is not False
+
+    def action_help(self) -> None:
+        """Every key, grouped; the ones this session cannot use are marked."""
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self._available))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The command palette (ctrl+p): every action of the keys, by name, plus Textual's own."""
+        yield from super().get_system_commands(screen)
+        for k in KEYS:
+            if self._available(k.action):
+                yield SystemCommand(
+                    f"{k.help} [{key_name(k.keys, k.display)}]",
+                    f"{k.group}: {k.label}",
+                    lambda action=k.action: self.call_later(self.run_action, action),
+                )
+
+    def _show_connect(self, show: bool) -> None:
+        for panel in self.query(ConnectPanel):
+            panel.display = show
+
+    def action_toggle_connect(self) -> None:
+        """Show or hide how to connect workers (``commtop watch``)."""
+        self._connect_auto = False
+        for panel in self.query(ConnectPanel):
+            panel.display = not panel.display
 
     def action_toggle_view(self) -> None:
         self.query_one(RankGrid).toggle_view()
@@ -302,15 +353,15 @@ class CommtopApp(App[None]):
     def _request(self, changes: dict[str, Any]) -> None:
         if self.controller is None:
             return
+        before = self._current()
         try:
             error = self.controller.request(changes)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        text = ", ".join(f"{k}={v}" for k, v in changes.items())
         if error:
             self.notify(error, title="change refused", severity="error")
-        else:
-            self.notify(f"requested {text}", timeout=2)
+        else:  # the change made ("copies 5 → 6"), as the header's banner says it
+            self.notify(f"requested {settings_change(before, changes) or 'no change'}", timeout=2)
         self._side_poll()
 
     def action_cycle_mode(self) -> None:

@@ -39,7 +39,7 @@ def _settings_text(settings: dict[str, Any]) -> str:
     host = "pinned" if settings.get("pinned", True) else "pageable"
     knobs = " ".join(f"{k}={v}" for k, v in sorted(dict(settings.get("knobs") or {}).items()))
     if not copies and knobs:  # a monitored job: its own knobs are what matters
-        return knobs
+        return f"knobs {knobs}"
     return f"{copies} copies ×{scale:g} {settings.get('direction', '?')} {host}" + (f"  {knobs}" if knobs else "")
 
 
@@ -51,11 +51,33 @@ def _fmt_value(value: Any) -> str:
     return str(value)
 
 
-def skew_text(snap: Snapshot) -> str:
+def settings_change(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """What a settings change does, in the words of the keys: "copies 5 → 6", "pinned →
+    pageable", "size ×1 → ×2", "mode overlap → sync"; "" when nothing differs."""
+    parts = []
+    for key, new in after.items():
+        old = before.get(key)
+        if old == new or key == "knobs" and not new:
+            continue
+        if key == "pinned":
+            parts.append(f"{'pinned' if old else 'pageable'} → {'pinned' if new else 'pageable'}")
+        elif key == "copy_scale":
+            parts.append(f"size ×{_fmt_value(old)} → ×{_fmt_value(new)}")
+        elif key == "knobs":
+            old_k = dict(old or {})
+            parts += [f"{k} {old_k.get(k, '?')} → {v}" for k, v in dict(new).items() if old_k.get(k) != v]
+        else:
+            parts.append(f"{key} {_fmt_value(old) if old is not None else '?'} → {_fmt_value(new)}")
+    return ", ".join(parts)
+
+
+def skew_text(snap: Snapshot, compact: bool = False) -> str:
     """The run's worst arrival skew, when the others waited several typical collectives."""
     e = snap.worst_skew
     if e is None or not e.headline:
         return ""
+    if compact:
+        return f"⚠ straggler: rank {e.rank} {e.skew_ms:.1f} ms late at it {e.iteration}"
     return (
         f"⚠ straggler: rank {e.rank} arrived {e.skew_ms:.1f} ms late at iteration {e.iteration} "
         f"(the others waited {e.wait_ms:.1f} ms; typical {e.typical_ms:.2f} ms)"
@@ -79,29 +101,62 @@ def header_text(
     control: ControlView | None = None,
     recording: RecordingStatus | None = None,
     title: str = "commtop",
+    width: int = 0,
 ) -> Text:
-    """Three lines; pure (tested without an app)."""
+    """Three lines; pure (tested without an app). When a line is wider than ``width`` the
+    header is condensed (fewer words, the same facts first) instead of cut at the edge."""
+    full = _header_text(snap, control, recording, title, compact=False)
+    if width <= 0 or all(len(line) <= width for line in full.plain.split("\n")):
+        return full
+    return _header_text(snap, control, recording, title, compact=True)
+
+
+def _short_title(title: str, most: int = 34) -> str:
+    """ "commtop replay · h200-nccl-1gpu…modes.commtop": the start and the end survive."""
+    if len(title) <= most:
+        return title
+    keep = most - 1
+    return title[: keep - keep // 3] + "…" + title[-(keep // 3) :]
+
+
+def _header_text(
+    snap: Snapshot | None,
+    control: ControlView | None,
+    recording: RecordingStatus | None,
+    title: str,
+    compact: bool,
+) -> Text:
     t = Text(no_wrap=True, overflow="ellipsis")
-    t.append(f"{title}  ", style=style(ACCENT, bold=True))
+    t.append(f"{_short_title(title) if compact else title}  ", style=style(ACCENT, bold=True))
     if snap is None or not snap.ranks:
         t.append("waiting for ranks to connect…", style=style(MUTED))
         t.append("\n\n")
         if snap is not None:
-            _health(t, snap, recording, control)
+            _health(t, snap, recording, control, compact)
         return t
     backend = snap.backend or "?"
     if backend.startswith("gloo") and "cpu" not in backend:
         backend = f"{backend}/cpu" if snap.device in ("", "cpu") else backend
     device = "" if snap.device in ("", "cpu") else f" on {snap.device}"
-    _kv(t, "backend", backend + device, WARN if "cpu" in backend else TEXT, bold=True)
+    if compact:  # "nccl H200": the value says what it is
+        t.append(
+            backend + device.replace(" on NVIDIA", "").replace(" on", ""),
+            style=style(WARN if "cpu" in backend else TEXT, bold=True),
+        )
+        t.append("  ")
+    else:
+        _kv(t, "backend", backend + device, WARN if "cpu" in backend else TEXT, bold=True)
     _kv(t, "world", str(snap.world_size), bold=True)
-    shape = "x".join(map(str, snap.shape)) or "?"
-    _kv(t, snap.collective or "?", f"{shape} {snap.dtype}", bold=True)
-    if snap.tensor_bytes:
+    if snap.config.get("source") == "monitor":  # a user's job: its script, not a tensor shape
+        _kv(t, "monitor", str(snap.collective).removeprefix("monitor: ") or "?", bold=True)
+    else:
+        shape = "x".join(map(str, snap.shape)) or "?"
+        _kv(t, snap.collective or "?", f"{shape} {snap.dtype}".strip(), bold=True)
+    if snap.tensor_bytes and not compact:
         _kv(t, "tensor", fmt_bytes(snap.tensor_bytes))
     if snap.started_ns:
         _kv(t, "up", fmt_duration((snap.now_ns - snap.started_ns) / 1e9))
-    clocks = clock_text(snap)
+    clocks = clock_text(snap) if not compact else ""
     if clocks:
         t.append(clocks, style=style(MUTED))
     t.append("\n")
@@ -114,31 +169,42 @@ def header_text(
     t.append(f"  epoch {snap.epoch_in_force}", style=style(MUTED))
     pending, apply_at = snap.pending_epoch, snap.apply_at
     if control and control.requested and pending < 0:
-        diff = {k: v for k, v in control.requested.items() if in_force.get(k) != v}
-        if diff:
-            wanted = " ".join(f"{k}={_fmt_value(v)}" for k, v in diff.items())
+        wanted = settings_change(in_force, dict(control.requested))
+        if wanted:
             t.append(f"  requested {wanted} (not yet in force)", style=style(WARN))
     if pending >= 0:
         at = f" at iteration {apply_at}" if apply_at >= 0 else ""
-        want = control.requested.get("mode", "") if control and control.requested else ""
-        t.append(f"  ⇢ switching{' to ' + want if want else ''}{at}", style=style(WARN, bold=True))
-    if control and control.note:
+        target = dict(control.requested) if control and control.requested else dict(snap.pending_settings)
+        change = settings_change(in_force, target) if target else ""
+        what = change or f"to epoch {pending}"
+        if compact:  # "⇢ mode overlap → none at it 640"
+            t.append(f"  ⇢ {what}{at.replace('iteration', 'it')}", style=style(WARN, bold=True))
+        else:
+            t.append(f"  ⇢ switching {what}{at}", style=style(WARN, bold=True))
+    if control and control.note and not compact:
         t.append(f"  {control.note}", style=style(MUTED))
-    skew = skew_text(snap)
+    skew = skew_text(snap, compact)
     if skew:
         t.append(f"  {skew}", style=style(WARN, bold=True))
     t.append("\n")
-    _health(t, snap, recording, control)
+    _health(t, snap, recording, control, compact)
     return t
 
 
-def _health(t: Text, snap: Snapshot, recording: RecordingStatus | None, control: ControlView | None = None) -> None:
+def _health(
+    t: Text,
+    snap: Snapshot,
+    recording: RecordingStatus | None,
+    control: ControlView | None = None,
+    compact: bool = False,
+) -> None:
     rate = f"{snap.iter_rate:,.0f}" if math.isfinite(snap.iter_rate) else "-"
     _kv(t, "it/s", rate, bold=True)
     live = snap.live_ranks
     total = max(snap.world_size, len(snap.ranks))
     _kv(t, "ranks", f"{live}/{total}", LIVE if live == total and total else WARN, bold=True)
-    _kv(t, "drops", f"{snap.drops:,}", WARN if snap.drops else TEXT)
+    if snap.drops or not compact:  # condensed: a zero is not news
+        _kv(t, "drops", f"{snap.drops:,}", WARN if snap.drops else TEXT)
     by_collector = control.rejected if control is not None else 0
     rejected = snap.rejected_total + snap.worker_rejected + by_collector
     why = dict(snap.rejected)
@@ -147,19 +213,20 @@ def _health(t: Text, snap: Snapshot, recording: RecordingStatus | None, control:
     if by_collector:
         why["control requests"] = by_collector
     detail = " (" + ", ".join(f"{k} {v}" for k, v in sorted(why.items())) + ")" if rejected else ""
-    _kv(t, "rejected", f"{rejected:,}{detail}", EXITED if rejected else TEXT)
+    if rejected or not compact:
+        _kv(t, "rejected", f"{rejected:,}{detail}", EXITED if rejected else TEXT)
     if recording is not None:
         if recording.error:
             t.append(f"REC ✗ {recording.error}  ", style=style(EXITED, bold=True))
         elif recording.active:
             t.append("● REC ", style=style(EXITED, bold=True))
             t.append(f"{fmt_bytes(recording.bytes_written)} {fmt_duration(recording.elapsed_s)}  ", style=style(TEXT))
-        else:
+        elif not compact:
             t.append("rec off  ", style=style(MUTED))
     host_line = getattr(snap.telemetry, "host_line", None)
     if callable(host_line):
         try:
-            t.append(str(host_line()), style=style(MUTED))
+            t.append(str(host_line(short=compact)), style=style(MUTED))
         except Exception:
             pass
 
@@ -173,9 +240,14 @@ class RunHeader(Widget):
         super().__init__(id=id)
         self.title_text = title
         self._text = header_text(None, title=title)
+        self._last: tuple[Snapshot | None, ControlView | None, RecordingStatus | None] = (None, None, None)
+
+    def on_resize(self) -> None:
+        self.show(*self._last)
 
     def show(self, snap: Snapshot | None, control: ControlView | None, recording: RecordingStatus | None) -> None:
-        text = header_text(snap, control, recording, self.title_text)
+        self._last = (snap, control, recording)
+        text = header_text(snap, control, recording, self.title_text, self.content_size.width)
         if text.plain != self._text.plain or text.spans != self._text.spans:
             self._text = text
             self.refresh()

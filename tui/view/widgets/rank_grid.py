@@ -19,8 +19,8 @@ from textual.widget import Widget
 
 from tui.model.run_model import Snapshot
 from tui.model.stats import AxisScale
+from tui.model.time_axis import TimeAxis
 from tui.view.widgets.rank_rows import (
-    FIXED_W,
     HEAT_LABEL_W,
     MIN_SPARK,
     Cells,
@@ -28,11 +28,12 @@ from tui.view.widgets.rank_rows import (
     RowsView,
     bucket,
     column_header,
+    fixed_width,
     visible_top,
 )
 
 #: Iterations per cell the grid may use; chosen so the screen covers ~ZOOM_TARGET_S.
-ZOOMS = (1, 2, 4, 8, 16)
+ZOOMS = (1, 2, 4, 8, 16, 32)
 ZOOM_TARGET_S = 10.0
 ZOOM_HOLD_S = 3.0
 #: Lines per rank when there is room (taller bars: 8 levels per line).
@@ -84,8 +85,8 @@ class RankGrid(ScrollView):
         #: segment style -> line style + segment style (Style.__add__ costs ~4 µs a call; a heat
         #: frame at 64 ranks has ~5 k segments, from a few dozen distinct styles)
         self._styled: dict[int, tuple[Style | None, Style]] = {}
-        #: Host time of the first visible iteration (the links panel shows the same window).
-        self.window_start_ns = 0
+        #: Which wall-clock interval each chart column covers (the links panel uses the same).
+        self.time_axis = TimeAxis()
 
     # ----------------------------------------------------------------------- inputs
 
@@ -133,14 +134,14 @@ class RankGrid(ScrollView):
             self._k_changed_s = -math.inf  # a new layout may pick its zoom at once
         self.shown_view = view
         self._built_width = width
-        label_w = HEAT_LABEL_W if view == "heat" else FIXED_W
+        label_w = HEAT_LABEL_W if view == "heat" else fixed_width(width)
         n_cells = max(0, width - label_w - self.scrollbar_size_vertical)
         if view == "rows" and n_cells < MIN_SPARK:
             n_cells = 0
         now_s = snap.now_ns / 1e9
         k = self._choose_k(snap, n_cells, now_s)
         cells: Cells = bucket(snap.history, n_cells, k)
-        self.window_start_ns = cells.first_start_ns
+        self.time_axis = TimeAxis(label_w, cells.edges_ns) if n_cells else TimeAxis(label_w)
         self.top = self.axis.update(visible_top(cells), now_s)
         procs = self._proc_states(snap)
         if view == "heat":

@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from rich.cells import cell_len
 from rich.segment import Segment
 
 from tui.model.run_model import NO_MODE, History, RankView, Snapshot
+from tui.model.time_axis import iteration_edges
 from tui.view.widgets.palette import (
     ACCENT,
     CLIPPED,
@@ -45,6 +46,19 @@ NUM_W = 8
 FIXED_W = 2 + 5 + 2 + HOST_W + 5 * NUM_W + 2
 HEAT_LABEL_W = 8
 MIN_SPARK = 8
+#: Without host:gpu and copy columns (terminals narrower than NARROW_BELOW): more chart columns.
+NARROW_W = 2 + 5 + 2 + 4 * NUM_W + 2
+NARROW_BELOW = FIXED_W + 40
+
+
+def is_narrow(width: int) -> bool:
+    """An 80-column terminal drops host:gpu and copy: 14 chart columns become 37."""
+    return 0 < width < NARROW_BELOW
+
+
+def fixed_width(width: int) -> int:
+    """Columns left of the latency chart at this terminal width."""
+    return NARROW_W if is_narrow(width) else FIXED_W
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,8 @@ class Cells:
     k: int
     first_iteration: int  # iteration of the first cell's first column
     first_start_ns: int  # host time of the first visible iteration (0 = unknown)
+    #: Host time where each cell starts, plus the end of the last (cells + 1; empty = unknown).
+    edges_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def bucket(history: History, cells: int, k: int) -> Cells:
@@ -87,7 +103,8 @@ def bucket(history: History, cells: int, k: int) -> Cells:
         visible = history.start_ns[src]
         nz = visible[visible > 0]
         first_start = int(nz[0]) if len(nz) else 0
-    return Cells(out_ms, out_mode, k, start_it, first_start)
+    edges = iteration_edges(history.start_ns, history.first_iteration, start_it, cells, k)
+    return Cells(out_ms, out_mode, k, start_it, first_start, edges)
 
 
 def visible_top(cells: Cells) -> float:
@@ -132,13 +149,14 @@ def column_header(
         second.append("   █ above", style(CLIPPED))
         second.append("   v: rows", unit)
     else:
-        names = f"  {'rank':>5}  {'host:gpu':<{HOST_W}}" + "".join(
-            f"{c:>{NUM_W}}" for c in ("last", "p50", "p99", "busbw", "copy")
-        )
+        narrow = is_narrow(width)
+        cols = ("last", "p50", "p99", "busbw") if narrow else ("last", "p50", "p99", "busbw", "copy")
+        host = "" if narrow else f"{'host:gpu':<{HOST_W}}"
+        names = f"  {'rank':>5}  {host}" + "".join(f"{c:>{NUM_W}}" for c in cols)
         first.append(names + "  ", head)
         first.append(f"latency per iteration · 0–{_axis(top)} ms · {k} it/cell", head)
-        second.append(" " * (2 + 5 + 2 + HOST_W))
-        second.append("".join(f"{u:>{NUM_W}}" for u in ("ms", "ms", "ms", "GB/s", "GB/s")) + "  ", unit)
+        second.append(" " * (2 + 5 + 2 + len(host)))
+        second.append("".join(f"{u:>{NUM_W}}" for u in ("ms", "ms", "ms", "GB/s", "GB/s")[: len(cols)]) + "  ", unit)
         for mode, color in MODE_COLORS.items():
             second.append("■", style(color))
             second.append(f"{mode} ", unit)
@@ -219,6 +237,7 @@ class RowsView:
     ) -> None:
         self.snap, self.cells, self.width, self.procs = snap, cells, width, procs or {}
         self.row_h = max(1, row_h)
+        self.narrow = is_narrow(width)
         self.levels = _levels(cells.ms, top, 8 * self.row_h)
         self.n_lines = len(snap.ranks) * self.row_h
 
@@ -226,13 +245,13 @@ class RowsView:
         i, line = divmod(index, self.row_h)
         r = self.snap.ranks[i]
         if line == 0:
-            segs = _numbers(self.snap, r)
+            segs = _numbers(self.snap, r, self.narrow)
         elif line == 1:
-            segs = _run_numbers(r)
+            segs = _run_numbers(r, self.narrow)
         elif line == 2:
-            segs = _counts(r)
+            segs = _counts(r, self.narrow)
         else:
-            segs = [Segment(" " * FIXED_W)]
+            segs = [Segment(" " * fixed_width(self.width))]
         if self.cells.ms.ndim == 2 and self.cells.ms.shape[1]:
             note = state_note(r, self.procs.get(r.rank)) if line == 0 else ""
             band = self.row_h - 1 - line  # 0 = bottom line of the rank
@@ -240,7 +259,7 @@ class RowsView:
         return _fit(segs, self.width)
 
 
-def _numbers(snap: Snapshot, r: RankView) -> list[Segment]:
+def _numbers(snap: Snapshot, r: RankView, narrow: bool = False) -> list[Segment]:
     glyph, gcolor = _state_glyph(r)
     color = _row_text_color(r)
     num = style(color)
@@ -252,37 +271,44 @@ def _numbers(snap: Snapshot, r: RankView) -> list[Segment]:
         Segment(f"{glyph} ", style(gcolor)),
         Segment(f"{r.rank:>5}", style(STRAGGLER if straggler else color, bold=True)),
         Segment("◀ " if straggler else "  ", style(STRAGGLER, bold=True)),
-        Segment(f"{where:<{HOST_W}}", style(MUTED if r.state == "live" else color)),
+        *([] if narrow else [Segment(f"{where:<{HOST_W}}", style(MUTED if r.state == "live" else color))]),
         Segment(fmt_ms(r.last_ms, NUM_W), style(color, bold=r.state == "live")),
         Segment(fmt_ms(r.p50_ms, NUM_W) + fmt_ms(r.p99_ms, NUM_W), num),
         Segment(fmt_gbps(r.busbw_gbps, NUM_W), style(ACCENT if r.state == "live" else color)),
-        Segment(fmt_gbps(r.copy_gbps, NUM_W), num),
+        *([] if narrow else [Segment(fmt_gbps(r.copy_gbps, NUM_W), num)]),
         Segment("  "),
     ]
 
 
-def _run_numbers(r: RankView) -> list[Segment]:
-    """Whole-run p50 / p99 / max, busbw and copy GB/s under the windowed ones (dim)."""
+def _run_numbers(r: RankView, narrow: bool = False) -> list[Segment]:
+    """Whole-run max, p50, p99, busbw and copy GB/s under the windowed ones (dim)."""
     dim = style(STALE)
-    label = f"{'whole run max':>{HOST_W}}"
+    # "whole run" over all its columns; the first is the run's max (under "last"), so it says so.
+    if narrow:  # no host column: "run" where the rank number stands
+        lead = [Segment(f"  {'run':<5}", dim)]
+    else:
+        lead = [Segment(" " * (2 + 5 + 2)), Segment(f"{'whole run':>{HOST_W - 4}}", dim)]
+    copy = "" if narrow else fmt_gbps(r.copy_run.busbw_gbps, NUM_W)
     return [
-        Segment(" " * (2 + 5 + 2)),
-        Segment(label, dim),
-        Segment(fmt_ms(r.run.max_ms, NUM_W), dim),
+        *lead,
+        Segment(f"{'max ' + fmt_ms(r.run.max_ms, 0):>{NUM_W + (4 if not narrow else 2)}}", dim),
         Segment(fmt_ms(r.run.p50_ms, NUM_W) + fmt_ms(r.run.p99_ms, NUM_W), dim),
-        Segment(fmt_gbps(r.run.busbw_gbps, NUM_W) + fmt_gbps(r.copy_run.busbw_gbps, NUM_W), dim),
+        Segment(fmt_gbps(r.run.busbw_gbps, NUM_W) + copy, dim),
         Segment("  "),
     ]
 
 
-def _counts(r: RankView) -> list[Segment]:
+def _counts(r: RankView, narrow: bool = False) -> list[Segment]:
     """Collectives received, rate, missing and dropped records of one rank (dim)."""
     rate = f"{r.iter_rate:,.0f}/s" if math.isfinite(r.iter_rate) else "-/s"
     text = f"{r.count:,} it · {rate} · missing {r.missing:,} · drops {r.drops:,}"
+    room = (NARROW_W if narrow else FIXED_W) - 11
+    if narrow:
+        text = f"{r.count:,} it · {rate} · miss {r.missing:,} · drop {r.drops:,}"
     bad = r.missing or r.drops
     return [
         Segment(" " * (2 + 5 + 2)),
-        Segment(f"{text[: FIXED_W - 11]:>{FIXED_W - 11}}", style(WARN if bad else STALE)),
+        Segment(f"{text[:room]:>{room}}", style(WARN if bad else STALE)),
         Segment("  "),
     ]
 
