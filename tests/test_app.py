@@ -113,6 +113,9 @@ async def test_control_keys_request_changes_and_show_refusals() -> None:
     async with app.run_test(size=SIZE) as pilot:
         app.show_snapshot(frozen_snapshot(world=2))
         await pilot.press("o", "3", "C", "C", "c", "s", "h", "d")
+        # every key handled before the app closes (one pause was not enough on a loaded machine: a
+        # key still queued met an app without screens, ScreenStackError)
+        await wait_for(pilot, lambda: len(ctl.requests) == 8)
         await pilot.pause()
     assert ctl.requests == [
         {"mode": "sync"},
