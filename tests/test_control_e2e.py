@@ -239,8 +239,16 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         records2 = Records()
         started = time.monotonic()
         collector = TestCollector(conn, records2)
+        # both what is in force and what was requested are learned from the ranks (on a loaded machine
+        # not always from the same message): wait for both, then check them
         wait_for(
-            lambda: collector.server.in_force().settings.get("mode") == "sync-barrier", 5, "the mode in force", job
+            lambda: (
+                collector.server.in_force().settings.get("mode") == "sync-barrier"
+                and collector.server.view().requested == in_force.as_dict()
+            ),
+            5,
+            "the mode in force and the request",
+            job,
         )
         learned_s = time.monotonic() - started
         view, now_in_force = collector.server.view(), collector.server.in_force()
