@@ -341,7 +341,8 @@ def script_argv(script: list[str], nproc: int) -> list[str]:
         raise ConfigError(f"nothing to run in {' '.join(script)!r}; expected e.g. `-- python train.py`")
     from tui.run.launcher import torchrun_prefix
 
-    return [*torchrun_prefix(nproc), *rest]
+    # The bootstrap captures collectives and copies of the unmodified script, then runs it as __main__.
+    return [*torchrun_prefix(nproc), "-m", "workers.capture.bootstrap", *rest]
 
 
 def check_memory(config: LoopConfig, nproc: int, cpu: bool, gpu_memory: tuple[int, ...]) -> None:

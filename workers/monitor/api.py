@@ -217,6 +217,11 @@ class Monitor:
         self._waiter: queue.SimpleQueue[tuple[Any, _Ender] | None] | None = None
         self.control: Control | None = None
         self._step_block = _StepBlock(self)
+        self._publish_lock = threading.RLock()  # harvest vs rows from a capture thread (add_records)
+        #: Copies are captured underneath (CUPTI, workers.capture): ``copy()`` blocks only set the stream.
+        self.copies_captured = False
+        #: How records are captured, for Hello.config (workers.capture sets it; "" = this API's hooks).
+        self.capture = ""
         self.status = WorkerStatus(settings=self._raw)
         # rank and world size from the process group when it exists
         self.session = RankSession(
@@ -370,21 +375,38 @@ class Monitor:
             self.fail(exc)
 
     def harvest(self) -> None:
-        """Move finished records into the batcher; send a batch if one is due. Never waits."""
+        """Move finished records into the batcher; send a batch if one is due. Never waits
+        (the lock is only contended by a capture thread's add_records, a list extend)."""
         self._since_harvest = 0
         if self.control is None and not self._closed:  # a job that never calls step(): Hellos anyway
             self._make_control()
-        b = self.batcher
-        self.cpu_coll.harvest(b.coll_rows)
-        self.cpu_copy.harvest(b.copy_rows)
-        cuda = self._cuda
-        if cuda is not None:
-            cuda.coll.harvest(b.coll_rows)
-            cuda.copy.harvest(b.copy_rows)
-        if b.due():
-            b.flush()
+        with self._publish_lock:
+            b = self.batcher
+            self.cpu_coll.harvest(b.coll_rows)
+            self.cpu_copy.harvest(b.copy_rows)
+            cuda = self._cuda
             if cuda is not None:
-                self.status.untimed = cuda.coll.untimed + cuda.copy.untimed
+                cuda.coll.harvest(b.coll_rows)
+                cuda.copy.harvest(b.copy_rows)
+            if b.due():
+                b.flush()
+                if cuda is not None:
+                    self.status.untimed = cuda.coll.untimed + cuda.copy.untimed
+
+    def add_records(self, coll_rows: list[tuple[Any, ...]], copy_rows: list[tuple[Any, ...]]) -> None:
+        """Rows captured off the job's thread (workers.capture): batched and sent from the
+        caller's thread. Never raises."""
+        if not self.on or self._closed:
+            return
+        try:
+            with self._publish_lock:
+                b = self.batcher
+                b.coll_rows.extend(coll_rows)
+                b.copy_rows.extend(copy_rows)
+                if b.due():
+                    b.flush()
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
 
     # ------------------------------------------------------------------ steps and knobs
 
@@ -541,6 +563,7 @@ class Monitor:
             "mode_knob": self.mode_knob,
             "copy_names": list(self.copy_names),
             "control_unit": "step",
+            "capture": self.capture or "monitor hooks",
         }
         return RunInfo(
             rank=self.rank,
@@ -606,7 +629,8 @@ class Monitor:
                     if cuda is None or (not cuda.coll.count and not cuda.copy.count) or time.monotonic() > deadline:
                         break
                     time.sleep(0.01)
-                self.batcher.flush()
+                with self._publish_lock:
+                    self.batcher.flush()
             if self.control is not None:
                 self.control.close()
             self.session.close(*self._exit)
@@ -653,7 +677,7 @@ class _CopyBlock:
             self._ctx = torch.cuda.stream(self.stream)
             self._ctx.__enter__()
         mon = self.mon
-        if not mon.on or mon._in_copy:
+        if not mon.on or mon._in_copy or mon.copies_captured:
             return self
         try:
             if self.name not in mon.copy_names and len(mon.copy_names) < 32:

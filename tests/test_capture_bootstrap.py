@@ -1,0 +1,119 @@
+"""The bootstrap runs a script as python would, and the capture thread's reading of the Flight
+Recorder: every record once, nothing left behind at the end."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from workers.capture.bootstrap import split_target
+from workers.capture.cuda_capture import CaptureThread, FlightRecorderSource
+from workers.capture.rows import StepTimeline
+
+ROOT = Path(__file__).resolve().parent.parent
+FR_DUMP = ROOT / "tests" / "fixtures" / "h200" / "fr_dump_h200_torch2.11_nccl2.28.9.pkl"
+
+
+def test_the_script_keeps_its_argv_main_exit_code_and_signal_handlers(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import signal, sys
+            print("argv", sys.argv)
+            print("name", __name__, sys.modules["__main__"].__file__ == __file__)
+            print("path0", sys.path[0])
+            print("sigterm default", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+            sys.exit(3)
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if k != "COMMTOP_CONNECTION_FILE"}
+    env["PYTHONPATH"] = str(ROOT)
+    p = subprocess.run(
+        [sys.executable, "-m", "workers.capture.bootstrap", str(script), "--lr", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert p.returncode == 3, p.stderr
+    assert f"argv ['{script}', '--lr', '1']" in p.stdout
+    assert "name __main__ True" in p.stdout
+    assert f"path0 {tmp_path}" in p.stdout
+    assert "sigterm default True" in p.stdout
+    assert "commtop monitor: off" in p.stderr  # no collector: said once, the script still ran
+
+
+def test_a_missing_script_is_one_clear_line(tmp_path: Path) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "workers.capture.bootstrap", str(tmp_path / "nope.py")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+    )
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        f"commtop: cannot run {str(tmp_path / 'nope.py')!r}: no such file"
+    ]
+
+
+def test_split_target() -> None:
+    assert split_target(["train.py", "-x"]) == ("path", "train.py", ["train.py", "-x"])
+    assert split_target(["-m", "pkg.train", "-x"]) == ("module", "pkg.train", ["pkg.train", "-x"])
+
+
+class FakeMonitor:
+    """Stands in for workers.monitor.api.Monitor: what CaptureThread reads and calls."""
+
+    def __init__(self) -> None:
+        self._epoch = 0
+        self._mode = 0
+        self.status = SimpleNamespace(iteration=0, untimed=0)
+        self.coll: list[tuple[Any, ...]] = []
+
+    def add_records(self, coll: list[tuple[Any, ...]], copies: list[tuple[Any, ...]]) -> None:
+        self.coll.extend(coll)
+
+
+def test_capture_thread_reads_each_collective_once_and_waits_at_stop_for_unretired_ones() -> None:
+    real = pickle.loads(FR_DUMP.read_bytes())  # a real H200 dump; the dump function is a fake
+    early = copy.deepcopy(real)
+    for e in early["entries"][12:]:
+        e["retired"] = False  # finished, not yet retired by torch's watchdog: no duration yet
+        e.pop("duration_ms")
+    dumps = [early, early, real]
+
+    def fake_dump(**_kw: Any) -> bytes:
+        return pickle.dumps(dumps.pop(0) if len(dumps) > 1 else dumps[0])
+
+    mon = FakeMonitor()
+    thread = CaptureThread(mon, StepTimeline(), FlightRecorderSource(fake_dump), None)
+    thread.drain(force_fr=True)
+    assert len(mon.coll) == 12 and thread.fr is not None and thread.fr.cursor.pending == 5
+    thread.stop(settle_s=5.0)  # the final read waits until the watchdog has retired them
+    assert [row[0] for row in mon.coll] == list(range(17))  # iteration: each collective once
+    assert thread.fr.cursor.pending == 0 and thread.fr.cursor.untimed == 0
+    assert mon.status.iteration == 17
+
+
+def test_cupti_is_left_to_a_profiler_that_holds_it(monkeypatch) -> None:
+    import torch
+
+    from workers.capture.bootstrap import cupti_holder
+
+    monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
+    monkeypatch.delenv("NSYS_PROFILING_SESSION_ID", raising=False)
+    assert cupti_holder() == ""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert cupti_holder() == "torch.profiler"
+    monkeypatch.setenv("CUDA_INJECTION64_PATH", "/opt/nsight/libToolsInjection64.so")
+    assert cupti_holder() == "Nsight"

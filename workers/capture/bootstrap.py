@@ -1,0 +1,257 @@
+"""Run a user's script, unmodified, with commtop watching it.
+
+    torchrun ... -m workers.capture.bootstrap train.py ARGS      # `commtop run -- python train.py ARGS`
+    torchrun ... -m workers.capture.bootstrap -m package.mod ARGS
+
+Before the script: ``TORCH_NCCL_ENABLE_TIMING=1`` (NCCL groups then time every collective on
+their own stream, into the Flight Recorder), the monitor (connection, heartbeat, publisher),
+a global optimizer step hook (steps), and a wrapper of ``init_process_group`` that picks the
+capture once the backend is known: NCCL with a Flight Recorder -> :mod:`.cuda_capture`
+(plus CUPTI copies when ``cupti-python`` loads); anything else -> :mod:`.fallback`, said in
+one line. ``COMMTOP_CAPTURE=hooks`` forces the fallback, ``=off`` captures nothing.
+
+Then the script runs through :mod:`runpy` as ``__main__`` with its own ``sys.argv``, so its
+exit code, exceptions and signal handling are its own; the bootstrap adds no signal handler.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+import runpy
+import sys
+import time
+from typing import Any
+
+CAPTURE_ENV = "COMMTOP_CAPTURE"
+log = logging.getLogger("commtop.capture")
+
+
+class Capture:
+    """What the bootstrap installed in this rank (one per process)."""
+
+    def __init__(self) -> None:
+        from workers.capture.rows import StepTimeline
+
+        self.mode = os.environ.get(CAPTURE_ENV, "auto")
+        self.timeline = StepTimeline()
+        self.mon: Any = None
+        self.step = 0
+        self.block: Any = None
+        self.thread: Any = None
+        self.how = ""
+        self.user_steps = False  # the script drives steps itself (``with mon.step(n):``)
+        self._mon_step: Any = None
+
+    # ---------------------------------------------------------------- install
+
+    def install(self) -> None:
+        if self.mode == "off":
+            return
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        from workers import monitor
+
+        self.mon = monitor.start()
+        if not self.mon.on:
+            return
+        if self.mode != "hooks":
+            os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")  # read when each NCCL group is made
+        register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._mon_step = self.mon.step
+        self.mon.step = self._user_step  # a script that names its steps takes over from the optimizer hook
+        self._mon_close = self.mon.close
+        self.mon.close = self._close_monitor  # a script's monitor.stop() comes after our last read
+        init, destroy = self._wrap_init(c10d.init_process_group), self._wrap_destroy(c10d.destroy_process_group)
+        for module in (c10d, dist):
+            setattr(module, "init_process_group", init)  # noqa: B010 - torch.distributed's stub hides it
+            setattr(module, "destroy_process_group", destroy)  # noqa: B010
+        atexit.register(self.finish)
+
+    def _wrap_init(self, original: Any) -> Any:
+        original = getattr(original, "__commtop_original__", original)
+
+        @functools.wraps(original)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            try:
+                self._start_capture()
+            except Exception as exc:  # noqa: BLE001 - never into the job
+                log.warning("commtop capture: off (%r)", exc)
+            return result
+
+        init_process_group.__commtop_original__ = original  # type: ignore[attr-defined]
+        return init_process_group
+
+    def _wrap_destroy(self, original: Any) -> Any:
+        original = getattr(original, "__commtop_original__", original)
+
+        @functools.wraps(original)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            if not args and kwargs.get("group") is None:  # the whole job's groups: read them first
+                self.finish()
+            return original(*args, **kwargs)
+
+        destroy_process_group.__commtop_original__ = original  # type: ignore[attr-defined]
+        return destroy_process_group
+
+    def _start_capture(self) -> None:
+        if self.how:
+            return
+        import torch.distributed as dist
+
+        backend = str(dist.get_backend())
+        self.how = "hooks"
+        if self.mode != "hooks" and backend == "nccl":
+            self.how = self._start_cuda() or "hooks"
+        if self.how == "hooks":
+            from workers.capture import fallback
+
+            fallback.install()
+            if self.mon.rank == 0:
+                why = "forced by $COMMTOP_CAPTURE" if self.mode == "hooks" else f"{backend}: no Flight Recorder timing"
+                print(
+                    f"commtop: {why}; timing collectives with Python hooks (DDP through a comm hook)", file=sys.stderr
+                )
+        self.mon.capture = {"hooks": "python hooks"}.get(self.how, self.how)
+        self.mon._refresh()  # Hello: backend, world size, device, capture
+        self._begin_step()
+
+    def _start_cuda(self) -> str:
+        """Flight Recorder collectives (+ CUPTI copies); '' when the Flight Recorder cannot serve."""
+        from workers.capture.cuda_capture import CaptureThread, CuptiCopies, FlightRecorderSource, fr_dump_function
+
+        dump = fr_dump_function()
+        ring = os.environ.get("TORCH_FR_BUFFER_SIZE", os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", ""))
+        if dump is None or ring == "0" or os.environ.get("TORCH_NCCL_ENABLE_TIMING") in ("0", ""):
+            return ""
+        copies: CuptiCopies | None = None
+        note = "copies from CUPTI"
+        held = cupti_holder()
+        if held:
+            note = f"copies not captured (CUPTI is held by {held}: one CUPTI client per process)"
+        else:
+            try:
+                copies = CuptiCopies()
+                copies.start()
+            except Exception as exc:  # noqa: BLE001 - no cupti-python, or CUPTI held by a profiler
+                copies = None
+                note = f"copies not captured (CUPTI: {type(exc).__name__}: {str(exc)[:80]})"
+        self.thread = CaptureThread(self.mon, self.timeline, FlightRecorderSource(dump), copies)
+        self.thread.start()
+        self._monitor_api_uses_this_capture(copies is not None)
+        if self.mon.rank == 0:
+            print(f"commtop: collectives from torch's Flight Recorder (NCCL timing on); {note}", file=sys.stderr)
+        return "flight recorder + CUPTI copies" if copies is not None else "flight recorder"
+
+    def _monitor_api_uses_this_capture(self, copies: bool) -> None:
+        """A script that also uses ``workers.monitor`` gets each record once: its
+        ``patch_distributed()`` becomes a no-op (the Flight Recorder sees every collective) and,
+        with CUPTI, its ``mon.copy()`` blocks only set the stream."""
+        import workers.monitor as monitor_pkg
+        from workers.monitor import api
+
+        def patch_distributed() -> list[str]:
+            return []
+
+        monitor_pkg.unpatch_distributed()
+        monitor_pkg.patch_distributed = patch_distributed  # type: ignore[assignment]
+        api.patch_distributed = patch_distributed  # type: ignore[assignment]
+        self.mon.copies_captured = copies
+
+    # ---------------------------------------------------------------- steps
+
+    def _begin_step(self) -> None:
+        self.timeline.mark(time.time_ns(), self.step)
+        self.block = self._mon_step(self.step)
+        self.block.__enter__()
+
+    def _user_step(self, step: int) -> Any:
+        if not self.user_steps:
+            self.user_steps = True
+            block, self.block = self.block, None
+            if block is not None:
+                block.__exit__(None, None, None)
+        self.timeline.mark(time.time_ns(), step)
+        return self._mon_step(step)
+
+    def _on_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        if self.block is None or self.user_steps:
+            return
+        self.block.__exit__(None, None, None)
+        self.step += 1
+        self._begin_step()
+
+    def _close_monitor(self) -> None:
+        """The script closes the monitor (``monitor.stop()``): read what is left first, else
+        the records since the last periodic read are lost (seen on the H200: half of a
+        50-step run's collectives)."""
+        self.finish()
+        self._mon_close()
+
+    def finish(self) -> None:
+        """Read what is left (before the groups go away, or at exit). Idempotent."""
+        thread, self.thread = self.thread, None
+        if thread is not None:
+            try:
+                import torch
+
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()  # end of the job: its last collectives finish
+            except Exception:  # noqa: BLE001
+                pass
+            thread.stop()
+        block, self.block = self.block, None
+        if block is not None:
+            block.__exit__(None, None, None)
+
+
+def cupti_holder() -> str:
+    """Who already uses CUPTI in this process ('' if nobody we can see): Nsight Systems/Compute
+    inject themselves through CUDA_INJECTION64_PATH; torch.profiler (Kineto) when it is on."""
+    if os.environ.get("CUDA_INJECTION64_PATH") or os.environ.get("NSYS_PROFILING_SESSION_ID"):
+        return "Nsight"
+    try:
+        import torch
+
+        if torch.autograd.profiler._is_profiler_enabled:
+            return "torch.profiler"
+    except Exception:  # noqa: BLE001
+        pass
+    return ""
+
+
+def split_target(argv: list[str]) -> tuple[str, str, list[str]]:
+    """("path"|"module", target, argv for the script) from the bootstrap's arguments."""
+    if not argv:
+        raise SystemExit("usage: python -m workers.capture.bootstrap SCRIPT [ARGS] | -m MODULE [ARGS]")
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise SystemExit("usage: python -m workers.capture.bootstrap -m MODULE [ARGS]")
+        return "module", argv[1], [argv[1], *argv[2:]]
+    return "path", argv[0], list(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    kind, target, script_argv = split_target(list(sys.argv[1:] if argv is None else argv))
+    if kind == "path" and not os.path.exists(target):
+        raise SystemExit(f"commtop: cannot run {target!r}: no such file")
+    sys.argv = script_argv  # the monitor names the run after the script
+    capture = Capture()
+    try:
+        capture.install()
+    except Exception as exc:  # noqa: BLE001 - the job runs even if commtop cannot watch it
+        print(f"commtop: not watching this job ({type(exc).__name__}: {exc})", file=sys.stderr)
+    if kind == "module":
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        runpy.run_path(target, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

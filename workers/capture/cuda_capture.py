@@ -1,0 +1,190 @@
+"""Drain torch's Flight Recorder and CUPTI memcpy records on a background thread (CUDA/NCCL).
+
+Nothing runs per collective or per copy on the job's thread: NCCL process groups time their
+collectives themselves (``TORCH_NCCL_ENABLE_TIMING=1``, set by the bootstrap before any group
+exists: CUDA events on the NCCL stream, in C++) and record them in the Flight Recorder ring;
+CUPTI records every memcpy. This thread reads both and hands rows to the monitor.
+
+Costs measured on the H200 (benchmarks/results/capture_probe_h200.log): a Flight Recorder
+dump holds the GIL for its whole length, ~7.5 us per ring entry plus ~2.4 us to unpickle
+(15 + 5 ms for torch's default ring of 2000), whatever is new. So dumps are spaced so that
+they take at most ``FR_DUTY`` of the time (with the default ring, one every ~4 s); what the
+ring overwrote before a dump is counted as dropped. CUPTI's buffer callback runs on CUPTI's
+thread and keeps only DtoH/HtoD records as 6 integers each.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from workers.capture.cupti_copies import DTOH, HTOD, ClockMap, decode_copy
+from workers.capture.flight_recorder import FrCursor
+from workers.capture.rows import RowMaker, StepTimeline
+
+log = logging.getLogger("commtop.capture")
+
+#: Largest share of wall time spent dumping the Flight Recorder (the dump holds the GIL).
+FR_DUTY = 0.005
+#: Shortest and longest time between two dumps.
+FR_MIN_PERIOD_S = 0.5
+FR_MAX_PERIOD_S = 10.0
+#: How often CUPTI buffers are flushed and copies handed over.
+TICK_S = 0.5
+#: Copies kept between two ticks at most (beyond: dropped and counted).
+COPY_QUEUE = 1 << 16
+CUPTI_BUFFER_BYTES = 4 << 20
+
+
+def fr_dump_function() -> Any:
+    """torch's Flight Recorder dump (NCCL), or None on a torch without one."""
+    import torch
+
+    c10d = getattr(torch._C, "_distributed_c10d", None)
+    return getattr(c10d, "_dump_nccl_trace", None) if c10d is not None else None
+
+
+class FlightRecorderSource:
+    """New finished collectives of the Flight Recorder ring, read at a GIL-bounded rate."""
+
+    def __init__(self, dump_fn: Any) -> None:
+        self.dump_fn = dump_fn
+        self.cursor = FrCursor()
+        self.next_at = 0.0
+        self.last_cost_s = 0.0
+        self.dumps = 0
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_at
+
+    def read(self) -> list[Any]:
+        t0 = time.perf_counter()
+        raw = self.dump_fn(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+        rows = self.cursor.read(pickle.loads(raw))
+        cost = time.perf_counter() - t0
+        self.last_cost_s = cost
+        self.dumps += 1
+        self.next_at = t0 + min(FR_MAX_PERIOD_S, max(FR_MIN_PERIOD_S, cost / FR_DUTY))
+        return rows
+
+
+class CuptiCopies:
+    """CUPTI MEMCPY activity: DtoH/HtoD records as (copy_kind, src, dst, bytes, start, end).
+
+    One CUPTI client per process: if torch.profiler or Nsight holds CUPTI, ``start`` raises
+    and the caller reports copies as not captured."""
+
+    def __init__(self) -> None:
+        from cupti import cupti
+
+        self.cupti = cupti
+        self.queue: deque[tuple[int, int, int, int, int, int]] = deque(maxlen=COPY_QUEUE)
+        self.seen = 0
+        self.clock = ClockMap()
+        self._memcpy = int(cupti.ActivityKind.MEMCPY)
+
+    def start(self) -> None:
+        c = self.cupti
+        c.activity_register_callbacks(self._requested, self._completed)
+        c.activity_enable(c.ActivityKind.MEMCPY)
+        c.activity_flush_period(int(TICK_S * 1000))  # records arrive live, not only when a buffer fills
+        self.sync_clock()
+
+    def _requested(self) -> tuple[int, int]:
+        return CUPTI_BUFFER_BYTES, 0
+
+    def _completed(self, activities: list[Any]) -> None:
+        q = self.queue
+        kind = self._memcpy
+        for a in activities:
+            if a.kind == kind:
+                ck = a.copy_kind
+                if ck == DTOH or ck == HTOD:
+                    q.append((ck, a.src_kind, a.dst_kind, a.bytes, a.start, a.end))
+        self.seen += len(activities)
+
+    def sync_clock(self) -> None:
+        a = time.time_ns()
+        c = int(self.cupti.get_timestamp())
+        b = time.time_ns()
+        self.clock.update(c, (a + b) // 2)
+
+    def flush(self) -> None:
+        self.cupti.activity_flush_all(0)
+
+    def stop(self) -> None:
+        try:
+            self.cupti.activity_flush_all(1)
+            self.cupti.activity_disable(self.cupti.ActivityKind.MEMCPY)
+        except Exception:  # noqa: BLE001 - at exit, best effort
+            pass
+
+
+class CaptureThread:
+    """Every TICK_S: CUPTI copies, and the Flight Recorder when its dump is due, to the monitor."""
+
+    def __init__(
+        self, mon: Any, timeline: StepTimeline, fr: FlightRecorderSource | None, copies: CuptiCopies | None
+    ) -> None:
+        self.mon = mon
+        self.fr = fr
+        self.copies = copies
+        self.rows = RowMaker(timeline)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one drain at a time (thread vs final drain)
+        self.thread = threading.Thread(target=self._run, name="commtop-capture", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(TICK_S):
+            try:
+                self.drain(force_fr=False)
+            except Exception as exc:  # noqa: BLE001 - never into the job
+                log.warning("commtop capture: stopped after an internal error: %r", exc)
+                return
+
+    def drain(self, force_fr: bool) -> None:
+        with self._lock:
+            mon = self.mon
+            epoch, mode = mon._epoch, mon._mode
+            coll: list[tuple[Any, ...]] = []
+            copy: list[tuple[Any, ...]] = []
+            fr = self.fr
+            if fr is not None and (force_fr or fr.due(time.perf_counter())):
+                coll = [self.rows.coll_row(c, epoch, mode) for c in fr.read()]
+                mon.status.iteration = self.rows.iteration
+                mon.status.untimed = fr.cursor.untimed
+            cp = self.copies
+            if cp is not None:
+                cp.flush()
+                cp.sync_clock()
+                q = cp.queue
+                while q:
+                    c = decode_copy(q.popleft(), cp.clock)
+                    if c is not None:
+                        copy.append(self.rows.copy_row(c, epoch))
+            mon.add_records(coll, copy)
+
+    def stop(self, settle_s: float = 1.0) -> None:
+        """Stop the thread and read what finished meanwhile (at destroy_process_group / exit)."""
+        self._stop.set()
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(timeout=TICK_S + 5.0)
+        deadline = time.monotonic() + settle_s
+        while True:  # the watchdog retires finished works within ~0.1 s
+            try:
+                self.drain(force_fr=True)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("commtop capture: final read failed: %r", exc)
+                break
+            if self.fr is None or self.fr.cursor.pending == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if self.copies is not None:
+            self.copies.stop()

@@ -1,0 +1,56 @@
+"""Captured collectives and copies as the rows :mod:`workers.monitor.records` batches (torch-free).
+
+Rows get their step from the time they started: the optimizer's step hook notes
+``(time_ns, step)`` at each step boundary in a :class:`StepTimeline`, and a record takes the
+step in force at its host time, so a record drained seconds later still lands in its step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import deque
+from typing import Any
+
+from workers.capture.cupti_copies import CopyRecord
+from workers.capture.flight_recorder import FrCollective
+from workers.monitor.records import OP_INDEX
+from workers.wire.protocol import DIRECTIONS
+
+#: Step boundaries kept (older records than this many steps get the oldest step known).
+TIMELINE = 4096
+
+
+class StepTimeline:
+    """Step boundaries by time; ``mark`` runs on the job's thread (one deque append)."""
+
+    def __init__(self, capacity: int = TIMELINE) -> None:
+        self._marks: deque[tuple[int, int]] = deque(maxlen=capacity)
+        self._lock = threading.Lock()
+
+    def mark(self, time_ns: int, step: int) -> None:
+        self._marks.append((time_ns, step))
+
+    def step_at(self, time_ns: int) -> int:
+        """The step in force at ``time_ns`` (-1 before the first mark)."""
+        marks = list(self._marks)  # a copy: the job's thread may append meanwhile
+        i = bisect.bisect_right(marks, (time_ns, 1 << 62)) - 1
+        return marks[i][1] if i >= 0 else -1
+
+
+class RowMaker:
+    """FR collectives and CUPTI copies -> MONITOR_COLL_ROW / COPY_ROW tuples."""
+
+    def __init__(self, timeline: StepTimeline) -> None:
+        self.timeline = timeline
+        self.iteration = 0
+
+    def coll_row(self, c: FrCollective, epoch: int, mode: int) -> tuple[Any, ...]:
+        it = self.iteration
+        self.iteration = it + 1
+        step = self.timeline.step_at(c.host_ns)
+        return (it, step, epoch, mode, OP_INDEX[c.op], c.nbytes, c.ranks, c.host_ns, c.host_ns, c.dur_us)
+
+    def copy_row(self, c: CopyRecord, epoch: int) -> tuple[Any, ...]:
+        step = self.timeline.step_at(c.start_ns)
+        return (step, epoch, c.nbytes, DIRECTIONS.index(c.direction), int(c.pinned), c.start_ns, c.dur_us)
