@@ -85,7 +85,7 @@ def test_invalid_options_fail_before_any_rank_starts(runtime_env: dict[str, str]
         )
         assert proc.returncode == 2, (argv, proc.stderr)
         err = proc.stderr.strip().splitlines()
-        assert err[-1].startswith("commtop: error:") and needle in err[-1], err
+        assert err[-1].startswith("commtop run: error:") and needle in err[-1], err
         assert "torch.distributed.run" not in proc.stderr
 
 

@@ -76,11 +76,41 @@ def test_table_names_what_differs_and_a_mode_missing_from_the_reference(capsys, 
     differs = next(ln for ln in lines if ln.strip().startswith("differs:"))
     assert "world 2 | 4" in differs
     overlap_b = next(ln for ln in lines if ln.startswith("overlap") and " B " in ln)
-    assert overlap_b.split()[-2:] == ["n/a", "n/a"]  # C (the reference) has no overlap epoch
+    assert overlap_b.split()[-4:] == ["n/a", "n/a", "no", "A"]  # C (the reference) has no overlap epoch
     sync_b = next(ln for ln in lines if ln.startswith("sync") and " B " in ln)
-    assert sync_b.split()[-1].endswith("x")
+    assert sync_b.split()[-3].endswith("x") and sync_b.endswith("same settings")
     rc, out, _ = call(capsys, runs["a"], runs["a"])
     assert "same backend, world, collective, size, dtype, GPU, torch and NCCL" in out
+
+
+def test_rows_are_grouped_by_the_full_settings_and_say_what_differs(capsys, tmp_path: Path) -> None:
+    """Issue 16: sync with 5 pinned D2H copies in A against sync with 6 pageable H2D copies in B
+    was one "sync" row pair under "same backend, world, collective, size"."""
+    a_epochs = (Epoch(0.0, "none", copies=0), Epoch(2.0, "sync"))
+    b_epochs = (
+        Epoch(0.0, "none", copies=0),
+        Epoch(2.0, "sync"),
+        Epoch(4.0, "sync", copies=6, pinned=False, direction="h2d"),
+    )
+    paths = []
+    for name, epochs, seconds in (("a", a_epochs, 4.0), ("b", b_epochs, 6.0)):
+        paths.append(tmp_path / f"{name}.commtop")
+        write_recording(paths[-1], list(synth_run(duration_s=seconds, world=2, epochs=epochs, seed=4)))
+    rc, out, _ = call(capsys, *paths, "--format", "json")
+    assert rc == 0
+    rows = [(m["mode"], m["settings"], m["label"], m["versus"]) for m in json.loads(out)["modes"]]
+    same = "5 copies x 128MiB, pinned, d2h"
+    assert rows == [
+        ("none", "-", "A", ""),
+        ("none", "-", "B", ""),
+        ("sync", same, "A", ""),
+        ("sync", same, "B", ""),
+        ("sync", "6 copies x 128MiB, pageable, h2d", "B", "copies 6 (A 5), pageable (A pinned), h2d (A d2h)"),
+    ]
+    rc, out, _ = call(capsys, *paths)
+    changed = next(ln for ln in out.splitlines() if "6 copies" in ln)
+    assert changed.endswith("copies 6 (A 5), pageable (A pinned), h2d (A d2h)")
+    assert next(ln for ln in out.splitlines() if ln.startswith("sync") and " B " in ln).endswith("same settings")
 
 
 def test_csv_has_one_row_per_mode_and_recording(capsys, runs, tmp_path: Path) -> None:
@@ -102,7 +132,7 @@ def test_compare_errors_are_one_line(capsys, runs, tmp_path: Path) -> None:
     bogus = tmp_path / "not.commtop"
     bogus.write_bytes(b"hello")
     rc, out, err = call(capsys, runs["a"], bogus)
-    assert rc == 1 and out == "" and err.startswith("commtop: error:") and err.count("\n") == 1
+    assert rc == 1 and out == "" and err.startswith("commtop report: error:") and err.count("\n") == 1
 
 
 def test_modes_carry_p50_per_overlap_class(capsys, runs) -> None:

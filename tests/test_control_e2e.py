@@ -239,12 +239,21 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         records2 = Records()
         started = time.monotonic()
         collector = TestCollector(conn, records2)
+        # both what is in force and what was requested are learned from the ranks (on a loaded machine
+        # not always from the same message): wait for both, then check them
         wait_for(
-            lambda: collector.server.in_force().settings.get("mode") == "sync-barrier", 5, "the mode in force", job
+            lambda: (
+                collector.server.in_force().settings.get("mode") == "sync-barrier"
+                and collector.server.view().requested == in_force.as_dict()
+            ),
+            5,
+            "the mode in force and the request",
+            job,
         )
         learned_s = time.monotonic() - started
         view, now_in_force = collector.server.view(), collector.server.in_force()
-        assert learned_s < 2.0, f"took {learned_s:.2f} s to learn the mode in force"
+        # the ranks say Hello as soon as they connect (else every 1 s): 4 s allows for a loaded machine
+        assert learned_s < 4.0, f"took {learned_s:.2f} s to learn the mode in force"
         assert view.requested == in_force.as_dict() == now_in_force.settings
         assert now_in_force.epoch == 1
         wait_for(lambda: records2.last_iteration() > before_restart + 50 * STEP, 20, "workers going on", job)

@@ -7,6 +7,7 @@ DesiredListener. The end-to-end tests with torchrun ranks are in test_control_e2
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -15,6 +16,7 @@ import zmq
 
 from tui.run import ctl
 from tui.run.control_server import ControlServer
+from tui.run.run_dirs import lock_run
 from workers.rank.live_control import DesiredListener
 from workers.wire import connection as connections
 from workers.wire import protocol
@@ -30,9 +32,11 @@ def conn(tmp_path, monkeypatch):
 
 @pytest.fixture()
 def server(conn):
+    lock = lock_run(conn.run_dir)  # the run's collector holds its lock (what `ctl` looks for)
     srv = ControlServer(conn, publish_s=0.1)
     yield srv
     srv.close()
+    os.close(lock)
 
 
 def frozen_hello(
@@ -175,9 +179,9 @@ def test_ctl_out_of_range_is_a_clear_error_exit_2_and_changes_nothing(conn, serv
     server.write(frozen_hello(0, 0, Settings()))
     for argv in (["set", "copies=99"], ["mode", "fast"], ["set", "copy_scale=3"], ["set", "colour=red"]):
         assert ctl.main(argv) == 2, argv
-        err = capsys.readouterr().err
-        assert err.startswith("commtop ctl: error: ") and err.count("\n") == 1, err
-        assert "nothing changed" in err
+        *note, err = capsys.readouterr().err.splitlines()  # checked locally, or: which run it asked, then why
+        assert note in ([], [f"commtop ctl: run {conn.run_id} (collector pid {os.getpid()})"]), note
+        assert err.startswith("commtop ctl: error: ") and "nothing changed" in err, err
     # the collector refuses it too (a ctl that skipped its own check)
     with ctl.CtlClient(conn) as client:
         reply = client.call("set", changes={"copies": 99}, expect=1)
@@ -186,7 +190,9 @@ def test_ctl_out_of_range_is_a_clear_error_exit_2_and_changes_nothing(conn, serv
 
 
 def test_ctl_without_a_collector_says_so(conn, capsys):
-    assert ctl.main(["--timeout", "0.3", "status"]) == 1
+    assert ctl.main(["--timeout", "0.3", "status"]) == 2  # the only run has no collector: not a candidate
+    assert "no running commtop run of yours" in capsys.readouterr().err
+    assert ctl.main(["--timeout", "0.3", "--run", conn.run_id, "status"]) == 1  # named: it is asked, and says nothing
     assert "no reply from the collector" in capsys.readouterr().err
     assert ctl.main(["--run", "no-such-run", "status"]) == 2
 

@@ -165,13 +165,18 @@ def test_tui_sigkilled_and_restarted_five_times_never_stalls_the_workers(run, tm
         + ", ".join(f"{x:.0f}" for x in outages_ms)
         + " ms"
     )
-    # Records flow within 1 s of the app being up (the workers reconnect every 100 ms). Painting them
-    # is Textual's work on a starved core: 1044 ms after the app was up was seen under load (the
-    # first record had been ingested 264 ms after it), so the screen gets 2 s.
-    assert max(to_data_ms) < 1000.0 and max(shown_ms) < 2000.0
-    # No stall: a worker that waited for the dead collector would stop for a whole outage.
-    assert during_all.max() < max(0.5 * min(outages_ms), before.max() + 150.0)
-    assert max(gap_ms_per_iter) < 3 * before.mean() + 2.0
+    # Records flow soon after the app is up (the workers reconnect every 100 ms; ~100-300 ms when the
+    # machine is idle). How soon also depends on how much CPU the new TUI gets: 1110 ms was seen at load
+    # 4.5 on 2 cores against a 1000 ms bound (issue 16). The bound catches workers that stopped
+    # reconnecting or back off for seconds, not a starved scheduler: 3 s for data, 5 s to paint it.
+    # End-to-end latency is measured in benchmarks/e2e_latency.py.
+    assert max(to_data_ms) < 3000.0 and max(shown_ms) < 5000.0
+    # No stall: a worker that waited for the dead collector would stop for a whole outage (>= 0.8 s
+    # here), one iteration as long as the outage and a few iterations across it. The bounds leave
+    # room for a loaded 2-core machine's scheduling (the baseline ran at another moment's load) and
+    # still sit far below what a stall gives.
+    assert during_all.max() < max(0.9 * min(outages_ms), before.max() + 150.0)
+    assert max(gap_ms_per_iter) < 10 * before.mean() + 5.0
     summaries = worker_summaries(job)
     assert sorted(summaries) == [0, 1]
     assert all(s["dropped"] > 0 for s in summaries.values())  # records of the outages: dropped, not queued
@@ -249,7 +254,8 @@ def test_tui_frozen_for_10_s_workers_keep_speed_memory_bounded_drops_counted_onc
         f"by sequence number: {lost_line!r}"
     )
     assert lost_line and int(lost_line.rsplit(" ", 1)[1]) > 0  # batches missing from the seq numbers
-    assert len(it_frozen) > 100 and it_frozen.max() < 1000.0  # waiting on the frozen peer would take 10 s
+    # waiting on the frozen collector would take the whole 10 s; 3 s leaves room for a loaded machine
+    assert len(it_frozen) > 100 and it_frozen.max() < 3000.0
     for r in (0, 1):
         # A worker that waited on the frozen collector would stall 10 s of this 12 s window (rate
         # <= 0.17x); 0.35x leaves room for the noise of a shared 2-core CI machine (0.52x seen).
@@ -298,7 +304,9 @@ def test_worker_exits_within_2_s_with_no_tui_at_all_and_with_its_send_queue_full
     )
     assert lonely_sum["iterations"] > 0 and lonely_sum["sent"] == 0
     assert full_sum["iterations"] > 0 and full_sum["dropped"] > 0  # the queue really was full
-    assert max(exit_s.values()) < 2.0
+    # a worker that waited for its queue would run into its 5 s hard-exit grace; under load a clean
+    # stop (finish the step, close the sockets, interpreter exit) takes up to a few seconds
+    assert max(exit_s.values()) < 4.5
 
 
 def test_rank_sigkilled_is_marked_with_its_exit_code_run_fails_and_the_recording_is_whole(run, tmp_path: Path) -> None:
@@ -339,7 +347,7 @@ def test_rank_sigkilled_is_marked_with_its_exit_code_run_fails_and_the_recording
     assert code != 0
     assert "the job exited with code" in err and "-9" in err
     assert byes[1][1].exit_code == -9 and "SIGKILL" in byes[1][1].reason
-    assert marked_s < 3.0
+    assert marked_s < 6.0  # torchrun polls every 0.2 s; the rest is a loaded machine's scheduling
     assert rows[1]["state"] == "exited (-9)" and rows[0]["state"].startswith("exited")
     # The others' history is kept, and the recording holds everything the collector got.
     for r in (0, 1):
@@ -423,4 +431,4 @@ def test_rank_sigstopped_is_shown_stalled_by_the_sampler_not_lost(run) -> None:
     # Its peer waits in the collective: heartbeat alive, loop blocked -> "stalled", not "live".
     assert found["state0"] == "stalled" and "stalled" in str(found["row0"])
     assert "exited" not in str(found["row1"]) and "gone" not in str(found["row1"])
-    assert float(found["stopped_after_s"]) < 4.0
+    assert float(found["stopped_after_s"]) < 8.0  # stale after 2 s without a heartbeat, plus load

@@ -7,7 +7,6 @@ module. It must never import torch (the workers run in torchrun's processes).
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import shutil
 import signal
@@ -17,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from tui.run.connect_help import connect_lines
 from workers.wire import connection as connections
@@ -53,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, script = argv[:cut], argv[cut + 1 :]
         if not script:
-            print("commtop: error: nothing to run after `--` (e.g. commtop run -- python train.py)", file=sys.stderr)
+            print(
+                "commtop run: error: nothing to run after `--` (e.g. commtop run -- python train.py)", file=sys.stderr
+            )
             return 2
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -64,33 +65,46 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(ns.func(ns))
     except (ConfigError, connections.ConnectionError_, CollectorError) as exc:
-        print(f"commtop: error: {exc}", file=sys.stderr)
+        print(f"commtop {ns.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad value is one line: the usage block printed before it buried it."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+RUN_USAGE = "commtop run [options]\n       commtop run [--nproc N] [--headless] [--record [PATH]] -- CMD [ARGS ...]"
+RUN_EPILOG = """the second form runs your own script (instrumented with workers.monitor) under torchrun:
+  commtop run -- python examples/train_ddp.py
+  commtop run --nproc 4 --headless -- python -m mypkg.train --lr 3e-4
+recordings go to recordings/<date>-<time>-<host>-<collective>.commtop unless --record names a PATH"""
+RECORD_HELP = "record to PATH (default: recordings/<date>-<time>-<host>-<collective>.commtop)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="commtop", description=ABOUT)
-    parser.add_argument("--version", action="version", version=f"commtop {_version()}")
+    from tui.args import DefaultsFormatter, OneLineParser, version
+
+    parser = OneLineParser(prog="commtop", description=ABOUT)
+    parser.add_argument("--version", action="version", version=f"commtop {version()}")
     sub = parser.add_subparsers(dest="command", metavar="{run,watch,replay,report,ctl,ab}")
 
-    run = sub.add_parser("run", help="start torchrun workers on this node and watch them live")
+    run = sub.add_parser(
+        "run",
+        help="start torchrun workers on this node (or your script: run -- CMD) and watch them live",
+        usage=RUN_USAGE,
+        epilog=RUN_EPILOG,
+        formatter_class=DefaultsFormatter,
+    )
     run.add_argument("--nproc", type=int, default=None, help="ranks (default: one per visible GPU, or 2 on CPU)")
     run.add_argument("--headless", action="store_true", help="no TUI: run, then print the per-rank summary")
-    run.add_argument("--record", nargs="?", const="", default=None, metavar="PATH", help="record to PATH")
+    run.add_argument("--record", nargs="?", const="", default=None, metavar="PATH", help=RECORD_HELP)
     _add_prometheus_argument(run)
     add_loop_arguments(run)
     run.set_defaults(func=cmd_run)
 
-    watch = sub.add_parser("watch", help="TUI only, for workers started by hand (torchrun ... -m workers)")
+    watch = sub.add_parser(
+        "watch",
+        help="TUI only, for workers started by hand (torchrun ... -m workers)",
+        formatter_class=DefaultsFormatter,
+    )
     watch.add_argument(
         "--listen",
         default=None,
@@ -98,31 +112,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="listen on TCP for multi-node runs (uses PORT, PORT+1, PORT+2)",
     )
     watch.add_argument("--connection-file", default=None, help="re-attach to this run (default: a new run)")
-    watch.add_argument("--record", nargs="?", const="", default=None, metavar="PATH")
+    watch.add_argument("--record", nargs="?", const="", default=None, metavar="PATH", help=RECORD_HELP)
     watch.add_argument("--headless", action="store_true", help="collect without a TUI until Ctrl-C")
     _add_prometheus_argument(watch)
     watch.set_defaults(func=cmd_watch)
 
-    replay = sub.add_parser("replay", help="replay a recording in the TUI")
-    replay.add_argument("file")
-    replay.add_argument("--speed", type=float, default=1.0)
+    replay = sub.add_parser(
+        "replay",
+        help="replay a recording in the TUI (commtop replay FILE [--speed X])",
+        formatter_class=DefaultsFormatter,
+        epilog="keys: space pause, + / - speed, left / right seek 5 s, n / p next / previous settings change",
+    )
+    replay.add_argument("file", metavar="FILE", help="a .commtop recording (commtop run --record, or r in the TUI)")
+    replay.add_argument("--speed", type=float, default=1.0, help="playback speed, e.g. 4 for four times as fast")
     replay.set_defaults(func=cmd_replay)
 
     sub.add_parser(
         "report", help="per-mode tables, CSV, Perfetto traces and plots from a recording (commtop report -h)"
     )
-    sub.add_parser("ctl", help="change a running job's settings (commtop ctl -h)")
+    sub.add_parser(
+        "ctl", help="change a running job's settings: commtop ctl status | mode MODE | set NAME=VALUE ... (ctl -h)"
+    )
     sub.add_parser("ab", help="A/B experiment with a 95 %% confidence interval (commtop ab -h)")
     return parser
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("commtop")
-    except PackageNotFoundError:  # a source tree that was never installed
-        return "unknown (not installed)"
 
 
 def _add_prometheus_argument(parser: argparse.ArgumentParser) -> None:
@@ -167,11 +179,23 @@ class Collector:
     controller: ControlServer | None = None
     recorder: Recorder | None = None
     lock_fd: int = -1
+    #: remove the run's folder when closed (a run this process created; not a re-attached one)
+    owns_run: bool = False
 
     @property
     def sinks(self) -> list[Sink]:
         """Who gets every accepted message after the model: the control server, the recorder."""
         return [part for part in (self.controller, self.recorder) if part is not None]
+
+    def close_on_hangup(self) -> None:
+        """What can be done safely from a signal handler on the main thread while the ingest
+        thread may be inside a socket call: finish the recording, remove the run's folder."""
+        if self.recorder is not None:
+            self.recorder.close()
+        if self.owns_run and self.connection is not None:
+            from tui.run.run_dirs import remove_run
+
+            remove_run(self.connection)
 
     def close(self) -> None:
         closers = [
@@ -186,37 +210,35 @@ class Collector:
                 close()
             except Exception as exc:  # closing must go on for the other parts
                 print(f"commtop: while closing {close.__qualname__.split('.')[0]}: {exc}", file=sys.stderr)
+        if self.owns_run and self.connection is not None:
+            from tui.run.run_dirs import remove_run
+
+            remove_run(self.connection)
+            self.owns_run = False
         if self.lock_fd >= 0:
             os.close(self.lock_fd)
             self.lock_fd = -1
 
 
-def _lock_run(conn: connections.Connection) -> int:
-    """One collector per run: a second `watch` on the same run gets a clear error."""
-    path = conn.run_dir / "collector.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = Path(path).read_text().strip() or "?"
-        os.close(fd)
-        raise CollectorError(f"run {conn.run_id} is already being watched (pid {holder})") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    return fd
-
-
-def open_collector(conn: connections.Connection, record: str | None, collective: str = "") -> Collector:
+def open_collector(
+    conn: connections.Connection, record: str | None, collective: str = "", *, owns_run: bool = True
+) -> Collector:
+    """The collector of ``conn`` (one per run); ``owns_run``: its folder goes when it closes."""
     from tui.model.run_model import RunModel
     from tui.model.sources import LiveSource
+    from tui.run.run_dirs import RunBusy, lock_run, prune_runs
 
-    lock_fd = _lock_run(conn)
+    try:
+        lock_fd = lock_run(conn.run_dir)
+    except RunBusy as exc:
+        raise CollectorError(f"run {conn.run_id} is already being watched ({exc})") from None
+    prune_runs()  # folders of runs whose owner is gone (killed, crashed); this one is locked
     try:
         source = LiveSource(conn)
     except Exception as exc:
         os.close(lock_fd)
         raise CollectorError(str(exc)) from None
-    collector = Collector(connection=conn, source=source, model=RunModel(), lock_fd=lock_fd)
+    collector = Collector(connection=conn, source=source, model=RunModel(), lock_fd=lock_fd, owns_run=owns_run)
     from tui.run.control_server import ControlServer
 
     try:
@@ -281,15 +303,19 @@ def cmd_run(ns: argparse.Namespace) -> int:
 def supervise(collector: Collector, argv: list[str], nproc: int, headless: bool, title: str) -> int:
     """Start the job (the collector's sockets are already bound), show it headless or in the
     TUI, and stop the whole job and the collector however that ends."""
+    from tui.run.hangup import on_hangup
     from tui.run.launcher import JobExitSource, JobProcess
 
     job = JobProcess(argv, collector.connection)
     collector.source = JobExitSource(collector.source, job)  # a SIGKILLed rank's exit code
+    # A closed terminal (tmux kill-session, a dropped SSH): stop the job before anything else.
+    restore = on_hangup(job.stop, lambda: collector.close_on_hangup())
     try:
         if headless:
             return run_headless(collector, job, nproc)
         return run_tui(collector, job=job, title=title)
     finally:
+        restore()
         job.stop()
         collector.close()
 
@@ -383,8 +409,8 @@ def _job_finished(job: Any) -> Callable[[], bool]:
         if not ended_at:
             ended_at.append(time.monotonic())
         waited = time.monotonic() - ended_at[0]
-        # drain what is still in flight, and read torchrun's last lines (which rank died of what),
-        # unless a surviving grandchild holds the output pipe open
+        # drain what is still in flight, and read torchrun's last lines (which rank died of what)
+        # from job.log to its end
         return waited > 0.5 and (job.output_done() or waited > 3.0)
 
     return finished
@@ -417,7 +443,7 @@ def cmd_watch(ns: argparse.Namespace) -> int:
         host = connections.tcp_host(ns.listen) or ""
         if host not in ("127.0.0.1", "localhost", "::1"):
             print(
-                f"commtop: warning: listening on {ns.listen} is reachable from the network; every message is "
+                f"commtop watch: warning: listening on {ns.listen} is reachable from the network; every message is "
                 "signed with this run's key, so keep its connection file private",
                 file=sys.stderr,
             )
@@ -427,11 +453,18 @@ def cmd_watch(ns: argparse.Namespace) -> int:
     else:
         conn = connections.create_run(label="watch", prometheus=prometheus)
     try:
-        collector = open_collector(conn, ns.record)
+        collector = open_collector(conn, ns.record, owns_run=not ns.connection_file)
     except CollectorError:
         if not ns.connection_file:  # a run that never listened must not become the "newest run"
             shutil.rmtree(conn.run_dir, ignore_errors=True)
         raise
+    from tui.run.hangup import on_hangup
+
+    on_hangup(lambda: collector.close_on_hangup())
+    stop = threading.Event()
+    if ns.headless:  # before the lines below: a SIGTERM right after them must end it cleanly
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
     # Printed once listening, so a failed start says one line only; the TUI shows them too.
     connect = connect_lines(conn, ns.listen)
     for line in connect:
@@ -441,9 +474,6 @@ def cmd_watch(ns: argparse.Namespace) -> int:
             from tui.run.headless import format_summary
             from tui.run.headless import run_headless as collect
 
-            stop = threading.Event()
-            signal.signal(signal.SIGINT, lambda *_: stop.set())
-            signal.signal(signal.SIGTERM, lambda *_: stop.set())
             print(
                 format_summary(
                     collect(collector.source, collector.model, stop, until=lambda: False, sinks=collector.sinks)
@@ -465,11 +495,11 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     try:
         source = open_replay(ns.file, speed=ns.speed)
     except (OSError, ValueError) as exc:
-        print(f"commtop: error: {exc}", file=sys.stderr)
+        print(f"commtop replay: error: {exc}", file=sys.stderr)
         return 1
     warning = getattr(source, "warning", "")
     if warning:
-        print(f"commtop: warning: {warning}", file=sys.stderr)
+        print(f"commtop replay: warning: {warning}", file=sys.stderr)
     collector = Collector(connection=None, source=source, model=RunModel())  # type: ignore[arg-type]
     try:
         return run_tui(collector, title=f"commtop replay · {Path(ns.file).name}", hint=warning)

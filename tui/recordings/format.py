@@ -923,5 +923,11 @@ class Recording:
 
 
 def open_recording(path: str | os.PathLike[str]) -> Recording:
-    """Open a recording for reading; raises RecordingError (one line) if it is not one."""
-    return Recording(path)
+    """Open a recording for reading; raises RecordingError (one line) if it is not one, or if
+    it ends before its header did (nothing in it to report or replay)."""
+    rec = Recording(path)
+    if not rec.header and not rec.chunks:
+        where = f"at byte {rec.truncated_at}" if rec.truncated_at is not None else "damaged"
+        rec.close()
+        raise RecordingError(f"{rec.path} ends inside its header ({where} of {rec.size}): no records to read")
+    return rec

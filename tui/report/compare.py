@@ -1,9 +1,12 @@
-"""`commtop report A B [C ...]`: recordings side by side, per offload mode, each against the first.
+"""`commtop report A B [C ...]`: recordings side by side, each against the first.
 
 The question after a change (a driver, an NCCL version, a fix in the offload code, another
-node) is "did the modes get faster or slower?". Each recording is summarised by
-:func:`tui.report.compute.build_report`; this module only lines the per-mode numbers up, says which
-run facts differ, and prints the ratios. Plain Python: no Textual, no torch.
+node) is "did the modes get faster or slower?". Rows are grouped by the full settings (mode,
+copies, copy size, host memory, direction, knobs), not by mode alone: sync with 5 pinned D2H
+copies and sync with 6 pageable H2D copies are different experiments. Each recording is
+summarised by :func:`tui.report.compute.build_report`; this module lines the rows up, says
+which run facts differ and, per row, which settings differ from the row of A it is compared
+with, and prints the ratios. Plain Python: no Textual, no torch.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tui.report.compute import Report, aligned_table, fmt_bytes, fmt_num, json_clean
+from tui.report.compute import Report, SettingsKey, SettingsRow, aligned_table, fmt_bytes, fmt_num, json_clean
+from workers.wire.protocol import MODES
 
 #: Run facts printed per recording and checked for differences, in this order.
 FACTS = ("backend", "world", "collective", "size", "dtype", "gpu", "hosts", "torch", "nccl")
@@ -24,17 +28,20 @@ FACTS = ("backend", "world", "collective", "size", "dtype", "gpu", "hosts", "tor
 
 @dataclass(frozen=True)
 class ModeRun:
-    """One offload mode in one recording (all ranks, every epoch in that mode)."""
+    """One set of settings (mode, copies, copy size, host memory, direction, knobs) in one
+    recording: all ranks, every epoch that ran with exactly those settings."""
 
     mode: str
+    settings: str  # the rest of the settings, e.g. "5 copies x 1MiB, pinned, d2h"
     run: int  # index into the recordings compared; 0 is the reference
     count: int
     p50_us: float
     p99_us: float
-    busbw_gbps: float  # record-weighted mean of the epochs in this mode
+    busbw_gbps: float  # record-weighted mean of the epochs with these settings
     copy_gbps: float  # copy-weighted mean
-    p50_ratio: float  # p50 / the first recording's p50 of the same mode (NaN if it has none)
+    p50_ratio: float  # p50 / p50 of A's row it is compared with (NaN when A has none of that mode)
     p99_ratio: float
+    versus: str  # what differs from that row of A: "" (the same settings), "copies 6 (A 5), h2d (A d2h)"
     during_p50_us: float = math.nan  # p50 per overlap class (during copies / after / no copies)
     after_p50_us: float = math.nan
     none_p50_us: float = math.nan
@@ -45,7 +52,7 @@ class Comparison:
     reports: tuple[Report, ...]
     facts: tuple[dict[str, str], ...]
     differs: tuple[str, ...]  # names of FACTS that are not the same in every recording
-    rows: tuple[ModeRun, ...]  # by mode (in protocol order), then run
+    rows: tuple[ModeRun, ...]  # by mode (in protocol order), then settings, then run
 
 
 def run_facts(report: Report) -> dict[str, str]:
@@ -67,43 +74,89 @@ def run_facts(report: Report) -> dict[str, str]:
     }
 
 
-def _weighted(pairs: Sequence[tuple[float, int]]) -> float:
-    """Mean of per-epoch means weighted by their counts, over the finite ones."""
-    ok = [(v, n) for v, n in pairs if n > 0 and math.isfinite(v)]
-    total = sum(n for _, n in ok)
-    return sum(v * n for v, n in ok) / total if total else math.nan
+def settings_label(key: SettingsKey) -> str:
+    """The settings beside the mode, short: "5 copies x 1MiB, pinned, d2h" ("-" in mode none
+    with no copies, where they say nothing)."""
+    parts = []
+    if key.copies is not None:
+        size = f" x {fmt_bytes(key.copy_bytes)}" if key.copy_bytes else ""
+        parts.append(f"{key.copies:g} copies{size}")
+    if key.pinned is not None:
+        parts.append("pinned" if key.pinned else "pageable")
+    if key.direction:
+        parts.append(key.direction)
+    if key.knobs:
+        parts.append(key.knobs)
+    return ", ".join(parts) or "-"
+
+
+def _differences(key: SettingsKey, ref: SettingsKey) -> str:
+    """What ``key`` changes against A's ``ref`` (same mode), e.g. "copies 6 (A 5), h2d (A d2h)"."""
+    out = []
+    if key.copies != ref.copies:
+        out.append(f"copies {_opt(key.copies)} (A {_opt(ref.copies)})")
+    if key.copy_bytes != ref.copy_bytes:
+        out.append(f"size {fmt_bytes(key.copy_bytes)} (A {fmt_bytes(ref.copy_bytes)})")
+    if key.pinned != ref.pinned:
+        out.append(f"{_memory(key.pinned)} (A {_memory(ref.pinned)})")
+    if key.direction != ref.direction:
+        out.append(f"{key.direction or '-'} (A {ref.direction or '-'})")
+    if key.knobs != ref.knobs:
+        out.append(f"{key.knobs or 'no knobs'} (A {ref.knobs or 'no knobs'})")
+    return ", ".join(out)
+
+
+def _opt(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _memory(pinned: bool | None) -> str:
+    return "-" if pinned is None else ("pinned" if pinned else "pageable")
+
+
+def _reference(key: SettingsKey, reference: Sequence[SettingsRow]) -> SettingsRow | None:
+    """A's row with the same settings, else A's row of the same mode with the most records."""
+    same = [r for r in reference if r.key == key]
+    if same:
+        return same[0]
+    mode = [r for r in reference if r.key.mode == key.mode]
+    return max(mode, key=lambda r: r.count) if mode else None
 
 
 def compare(reports: Sequence[Report]) -> Comparison:
-    """Per mode and recording: counts, p50/p99, busbw and copy GB/s, and ratios to the first."""
+    """Per settings and recording: counts, p50/p99, busbw and copy GB/s, and ratios to A's
+    row with the same settings (else A's main row of the same mode, saying what differs)."""
     facts = tuple(run_facts(r) for r in reports)
     differs = tuple(name for name in FACTS if len({f[name] for f in facts}) > 1)
-    order: list[str] = []
+    keys: list[SettingsKey] = []
     for report in reports:
-        order += [m.mode for m in report.modes if m.mode not in order]
-    reference = {m.mode: m for m in reports[0].modes} if reports else {}
+        keys += [row.key for row in report.settings if row.key not in keys]
+    mode_rank = {m: i for i, m in enumerate(MODES)}
+    keys.sort(key=lambda k: mode_rank.get(k.mode, len(MODES)))  # stable: first seen first within a mode
+    reference = reports[0].settings if reports else ()
     rows = []
-    for mode in order:
+    for key in keys:
         for i, report in enumerate(reports):
-            m = next((x for x in report.modes if x.mode == mode), None)
-            if m is None:
+            mine = next((x for x in report.settings if x.key == key), None)
+            if mine is None:
                 continue
-            epochs = [r for r in report.rows if r.rank is None and r.mode == mode]
-            ref = reference.get(mode)
+            ref = _reference(key, reference)
             rows.append(
                 ModeRun(
-                    mode=mode,
+                    mode=key.mode,
+                    settings=settings_label(key),
                     run=i,
-                    count=m.count,
-                    p50_us=m.p50_us,
-                    p99_us=m.p99_us,
-                    busbw_gbps=_weighted([(r.busbw_gbps, r.count) for r in epochs]),
-                    copy_gbps=_weighted([(r.copy_gbps, r.copy_count) for r in epochs]),
-                    p50_ratio=m.p50_us / ref.p50_us if ref is not None and ref.p50_us > 0 else math.nan,
-                    p99_ratio=m.p99_us / ref.p99_us if ref is not None and ref.p99_us > 0 else math.nan,
-                    during_p50_us=m.during_p50_us,
-                    after_p50_us=m.after_p50_us,
-                    none_p50_us=m.none_p50_us,
+                    count=mine.count,
+                    p50_us=mine.p50_us,
+                    p99_us=mine.p99_us,
+                    busbw_gbps=mine.busbw_gbps,
+                    copy_gbps=mine.copy_gbps,
+                    p50_ratio=mine.p50_us / ref.p50_us if ref is not None and ref.p50_us > 0 else math.nan,
+                    p99_ratio=mine.p99_us / ref.p99_us if ref is not None and ref.p99_us > 0 else math.nan,
+                    versus="" if ref is None or i == 0 else _differences(key, ref.key),
+                    during_p50_us=mine.during_p50_us,
+                    after_p50_us=mine.after_p50_us,
+                    none_p50_us=mine.none_p50_us,
                 )
             )
     return Comparison(tuple(reports), facts, differs, tuple(rows))
@@ -132,6 +185,7 @@ def format_table(cmp: Comparison) -> str:
         lines.append("  same backend, world, collective, size, dtype, GPU, torch and NCCL")
     head = (
         "mode",
+        "settings",
         "run",
         "n",
         "p50 ms",
@@ -141,10 +195,12 @@ def format_table(cmp: Comparison) -> str:
         "p50 during/after/no copies",
         "p50 vs A",
         "p99 vs A",
+        "vs A",
     )
     body = [
         (
             row.mode,
+            row.settings,
             _label(row.run),
             f"{row.count:,}",
             fmt_num(row.p50_us / 1e3, "{:.3f}"),
@@ -157,15 +213,18 @@ def format_table(cmp: Comparison) -> str:
             ),
             "-" if row.run == 0 else fmt_num(row.p50_ratio, "{:.2f}x"),
             "-" if row.run == 0 else fmt_num(row.p99_ratio, "{:.2f}x"),
+            "-" if row.run == 0 else (row.versus or "same settings") if math.isfinite(row.p50_ratio) else "no A",
         )
         for row in cmp.rows
     ]
-    lines += ["", *aligned_table(head, body, [row.mode for row in cmp.rows], left={0, 1})]
+    groups = [f"{row.mode} {row.settings}" for row in cmp.rows]
+    lines += ["", *(line.rstrip() for line in aligned_table(head, body, groups, left={0, 1, 2, 10}))]
     sizes = sorted({r.copy_bytes for rep in cmp.reports for r in rep.rows if r.copy_bytes})
     lines += [
         "",
-        "p50/p99 = collective latency over all ranks of the mode; ratios > 1 mean slower than A."
-        + (f" Copy sizes seen: {', '.join(fmt_bytes(s) for s in sizes)}." if sizes else ""),
+        "p50/p99 = collective latency over all ranks and epochs with those settings; ratios > 1 mean slower "
+        "than A's row with the same settings (or, where A has none, A's main row of that mode: 'vs A' says "
+        "what differs)." + (f" Copy sizes seen: {', '.join(fmt_bytes(s) for s in sizes)}." if sizes else ""),
     ]
     return "\n".join(lines) + "\n"
 

@@ -127,6 +127,34 @@ class ModeRow:
 
 
 @dataclass(frozen=True)
+class SettingsKey:
+    """Everything the workers were told to do in an epoch (what `report A B` lines up)."""
+
+    mode: str
+    copies: float | None
+    copy_bytes: int | None
+    pinned: bool | None
+    direction: str
+    knobs: str  # "name=value ..." of a monitored job's knobs; "" for the synthetic loop
+
+
+@dataclass(frozen=True)
+class SettingsRow:
+    """All ranks of every epoch that ran with the same settings."""
+
+    key: SettingsKey
+    epochs: tuple[int, ...]
+    count: int
+    p50_us: float
+    p99_us: float
+    busbw_gbps: float  # record-weighted mean over the epochs
+    copy_gbps: float  # copy-weighted mean
+    during_p50_us: float = math.nan  # p50 per overlap class (tui.report.overlap_report)
+    after_p50_us: float = math.nan
+    none_p50_us: float = math.nan
+
+
+@dataclass(frozen=True)
 class Report:
     path: str
     complete: bool
@@ -136,6 +164,7 @@ class Report:
     records: int
     rows: tuple[Row, ...]
     modes: tuple[ModeRow, ...]
+    settings: tuple[SettingsRow, ...] = ()
     ab: tuple[Any, ...] = ()  # tui.model.ab_stats.ABResult of each A/B experiment recorded
     peaks: Peaks = Peaks()
 
@@ -408,11 +437,12 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     base_all = {combos[k]: v for k, v in base_code.items()}
 
     rows: list[Row] = []
+    spans: dict[SettingsKey, list[tuple[int, int, Row]]] = {}  # epochs per settings, all ranks
     for e, a_e, b_e, eruns in _epochs(g.runs):
         s = settings.get(e, {})
         ca, cb = cepoch.get(e, (0, 0))
         if "copies" in s:
-            copies: float | None = float(s["copies"])
+            copies: float | None = int(s["copies"])  # a setting: an integer (CSV "5", not "5.0")
         else:  # count them: copy records per (rank, step)
             steps = len(_counts((c["rank"][ca:cb].astype(np.int64) << 40) | c["step"][ca:cb])[0])
             copies = (cb - ca) / steps if steps else 0.0
@@ -422,6 +452,8 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
         k = combos[_mode_of(code[a_e:b_e])]
         op, nbytes = k >> 48, k & ((1 << 48) - 1)
         m = _mode_of(mode[a_e:b_e])
+        if m == p.MODES.index("none") and cb == ca:  # no copies ran: their settings say nothing
+            copies, pinned, direction, copy_bytes = None, None, "", None
         t0, t1 = windows[e]
         ids = [gid_of[key] for key, _, _ in eruns]
         groups: list[tuple[int | None, int, int, list[int], tuple[int, int]]] = [(None, a_e, b_e, ids, (ca, cb))]
@@ -463,6 +495,33 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                     ),
                 )
             )
+            if rank is None:
+                knobs = " ".join(f"{k}={v}" for k, v in sorted(dict(s.get("knobs") or {}).items()))
+                settings_key = SettingsKey(rows[-1].mode, copies, copy_bytes, pinned, direction, knobs)
+                spans.setdefault(settings_key, []).append((a_e, b_e, rows[-1]))
+    by_settings = []
+    for settings_key, parts_of in spans.items():
+        durations = np.concatenate([dur32[a:b] for a, b, _ in parts_of])
+        p50, p99 = percentiles(durations, [50, 99])
+        epoch_rows = [r for _, _, r in parts_of]
+        by_settings.append(
+            SettingsRow(
+                key=settings_key,
+                epochs=tuple(r.epoch for r in epoch_rows),
+                count=len(durations),
+                p50_us=p50,
+                p99_us=p99,
+                busbw_gbps=_weighted_mean([(r.busbw_gbps, r.count) for r in epoch_rows]),
+                copy_gbps=_weighted_mean([(r.copy_gbps, r.copy_count) for r in epoch_rows]),
+                **dict(
+                    zip(
+                        ("during_p50_us", "after_p50_us", "none_p50_us"),
+                        class_p50s(durations, np.concatenate([ocls[a:b] for a, b, _ in parts_of])),
+                        strict=True,
+                    )
+                ),
+            )
+        )
 
     modes = []
     mcounts = np.bincount(mode) if len(mode) else np.zeros(0, dtype=np.int64)
@@ -493,7 +552,15 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
         modes=tuple(modes),
         ab=ab,
         peaks=peaks,
+        settings=tuple(by_settings),
     )
+
+
+def _weighted_mean(pairs: Sequence[tuple[float, int]]) -> float:
+    """Mean of per-epoch means weighted by their counts, over the finite ones."""
+    ok = [(v, n) for v, n in pairs if n > 0 and math.isfinite(v)]
+    total = sum(n for _, n in ok)
+    return sum(v * n for v, n in ok) / total if total else math.nan
 
 
 # --------------------------------------------------------------------------- output
@@ -580,7 +647,7 @@ def format_table(report: Report) -> str:
             (
                 str(r.epoch),
                 r.mode,
-                fmt_num(r.copies, "{:g}"),
+                "-" if r.copies is None else fmt_num(r.copies, "{:g}"),
                 fmt_bytes(r.copy_bytes),
                 "-" if r.pinned is None else ("yes" if r.pinned else "no"),
                 r.direction or "-",
@@ -612,10 +679,23 @@ def format_table(report: Report) -> str:
     for result in report.ab:
         lines += ["", *ab_table(result, report.peaks.copy_share(result.copy_gbps[1])).splitlines()]
     lines.append("")
-    lines.append("latency = collective duration per rank (CUDA events on GPU); algbw/busbw GB/s as nccl-tests;")
-    lines.append("PCIe/NVLink GB/s, SM clock and power = mean per GPU of the node telemetry during the epoch")
+    lines += footnote(str(meta.get("backend") or ""))
     lines.append(peaks_line(report.peaks))
     return "\n".join(lines) + "\n"
+
+
+def footnote(backend: str) -> list[str]:
+    """How the numbers were measured: CUDA events on a GPU run, the host clock on gloo/CPU."""
+    if backend.startswith("nccl") or "cuda" in backend:
+        return [
+            "latency = collective duration per rank (CUDA events on the GPU); algbw/busbw GB/s as nccl-tests;",
+            "PCIe/NVLink GB/s, SM clock and power = mean per GPU of the node telemetry during the epoch",
+        ]
+    return [
+        f"latency = collective duration per rank (host clock around each call: {backend or 'no GPU'}); "
+        "algbw/busbw GB/s as nccl-tests;",
+        "no GPU: no PCIe/NVLink, clock or power telemetry (n/a)",
+    ]
 
 
 def json_clean(value: Any) -> Any:
@@ -655,7 +735,8 @@ def format_csv(report: Report) -> str:
     writer.writerow(names)
     for r in report.rows:
         values = asdict(r)
-        writer.writerow(["all" if n == "rank" and values[n] is None else _csv_value(values[n]) for n in names])
+        # rank is empty on the all-ranks rows: one type per column (pandas reads it as a number)
+        writer.writerow([_csv_value(values[n]) for n in names])
     return out.getvalue()
 
 
@@ -704,7 +785,9 @@ def write_records_csv(tables: Tables, out: IO[str], block: int = 100_000) -> int
 
 
 def build_parser(prog: str = "commtop report") -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    from tui.args import OneLineParser
+
+    ap = OneLineParser(
         prog=prog,
         description="Summarise a commtop recording per settings epoch and rank; export CSV, a Perfetto trace or a plot; "
         "or compare recordings per offload mode (commtop report A B).",
@@ -736,7 +819,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _err(message: str) -> int:
-    print(f"commtop: error: {message}", file=sys.stderr)
+    print(f"commtop report: error: {message}", file=sys.stderr)
     return 1
 
 
@@ -788,8 +871,8 @@ def run(ns: argparse.Namespace) -> int:
     except RecordingError as exc:
         return _err(str(exc))
     with rec:
-        if rec.summary():
-            print(f"commtop: warning: {rec.summary()}", file=sys.stderr)
+        if rec.summary() and not (fmt == "table" and not ns.output):  # the table on stdout says it itself
+            print(f"commtop report: warning: {rec.summary()}", file=sys.stderr)
         wanted = None if ns.records or ns.trace else REPORT_COLUMNS
         tables = rec.tables(coll_columns=wanted)
         if ns.window:
@@ -800,13 +883,13 @@ def run(ns: argparse.Namespace) -> int:
 
                 events = write_trace(rec, tables, ns.trace)
                 print(
-                    f"commtop: wrote {events:,} trace events to {ns.trace} (open in https://ui.perfetto.dev)",
+                    f"commtop report: wrote {events:,} trace events to {ns.trace} (open in https://ui.perfetto.dev)",
                     file=sys.stderr,
                 )
                 size = os.path.getsize(ns.trace)
                 if size > TRACE_WARN_BYTES:
                     print(
-                        f"commtop: warning: the trace is {size / 1e9:.1f} GB; browsers give up near 1 GB: "
+                        f"commtop report: warning: the trace is {size / 1e9:.1f} GB; browsers give up near 1 GB: "
                         "pick a part with --window FROM:TO (seconds)",
                         file=sys.stderr,
                     )
@@ -814,7 +897,7 @@ def run(ns: argparse.Namespace) -> int:
                 from tui.report.plot import plot_recording
 
                 plot_recording(rec, tables, ns.plot)
-                print(f"commtop: wrote {ns.plot}", file=sys.stderr)
+                print(f"commtop report: wrote {ns.plot}", file=sys.stderr)
             if fmt is None:
                 return 0
             out = open(ns.output, "w", newline="") if ns.output else sys.stdout  # noqa: SIM115
@@ -849,7 +932,7 @@ def run_compare(ns: argparse.Namespace) -> int:
             return _err(str(exc))
         with rec:
             if rec.summary():
-                print(f"commtop: warning: {path}: {rec.summary()}", file=sys.stderr)
+                print(f"commtop report: warning: {path}: {rec.summary()}", file=sys.stderr)
             tables = rec.tables(coll_columns=REPORT_COLUMNS)
             if ns.window:
                 tables = window_tables(tables, ns.window)

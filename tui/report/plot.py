@@ -18,7 +18,10 @@ def matplotlib_missing() -> str:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        return "--plot needs matplotlib: pip install 'commtop[plot]' (or pip install matplotlib)"
+        return (
+            "--plot needs matplotlib: pip install 'commtop[plot]' (in a checkout: pip install -e '.[plot]'; "
+            "or pip install matplotlib)"
+        )
     return ""
 
 
@@ -64,23 +67,43 @@ def plot_recording(rec: Recording, tables: Tables, path: str) -> None:
     title = f"{rec.path}: {n:,} collectives, ranks {len(np.unique(coll['rank'])) if n else 0}"
     top.set_title(title + ("" if rec.complete else " (incomplete recording)"), fontsize=10)
     _links(bottom, tables, base)
+    changes = _changes(coll, base)
     for ax in (top, bottom):
-        for x in _changes(coll, base):
+        for x, _ in changes:
             ax.axvline(x, color="grey", ls="--", lw=0.8)
         ax.grid(alpha=0.3)
+    for x, label in changes:  # what the settings became, at the top of each line
+        top.annotate(
+            label,
+            (x, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(2, -2),
+            textcoords="offset points",
+            rotation=90,
+            va="top",
+            fontsize=7,
+            color="dimgrey",
+        )
     bottom.set_xlabel("time (s)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def _changes(coll: dict[str, np.ndarray], base: int) -> list[float]:
+def _changes(coll: dict[str, np.ndarray], base: int) -> list[tuple[float, str]]:
+    """(seconds, "epoch N: MODE") where a new settings epoch starts."""
     if not len(coll["epoch"]):
         return []
     order = np.argsort(coll["start_ns"], kind="stable")
     top = np.maximum.accumulate(coll["epoch"][order])
     rises = np.flatnonzero(top[1:] > top[:-1]) + 1
-    return ((coll["start_ns"][order][rises] - base) / 1e9).tolist()
+    times = ((coll["start_ns"][order][rises] - base) / 1e9).tolist()
+    modes = coll["mode"][order][rises].tolist()
+    epochs = top[rises].tolist()
+    return [
+        (t, f"epoch {e}: {p.MODES[m] if m < len(p.MODES) else f'mode {m}'}")
+        for t, e, m in zip(times, epochs, modes, strict=True)
+    ]
 
 
 def _links(ax, tables: Tables, base: int) -> None:

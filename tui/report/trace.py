@@ -124,7 +124,7 @@ def write_trace(rec: Recording, tables: Tables, path: str) -> int:
         out = _Out(f)
         for r in ranks:
             h = hellos.get(r)
-            name = f"rank {r}" + (f" · {h.host} · {h.device} {h.device_index}" if h else "")
+            name = f"rank {r}" + (f" · {h.host} · {_device_name(h.device, h.device_index)}" if h else "")
             out.put(_meta(r, name, r, {COLL_TID: "collectives", COPY_TID: "copies"}))
         _settings_marks(out, coll, tables, base)
         _collectives(out, coll, base)
@@ -237,3 +237,8 @@ def _counters(
                 if args:
                     events.append(json.dumps({"name": prefix + title, "ph": "C", "ts": ts, "pid": pid, "args": args}))
         out.put_many(events)
+
+
+def _device_name(device: str, index: int) -> str:
+    """ "cuda 0", or "cpu" (a CPU rank has no device index: -1 is not a name)."""
+    return f"{device} {index}" if index >= 0 else device

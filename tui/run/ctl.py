@@ -48,23 +48,65 @@ class CtlError(RuntimeError):
         self.code = code
 
 
+EPILOG = f"""examples:
+  commtop ctl status                      what is requested and in force
+  commtop ctl mode sync-barrier           MODE: {", ".join(MODES)}
+  commtop ctl set copies=3 pinned=false   names: mode, copies, copy_scale, pinned, direction, a job's knobs
+  commtop ctl --run 20261202-1530 status  a run id (or prefix) or a connection file
+The options work before or after the subcommand (commtop ctl mode sync --no-wait)."""
+
+
+def _add_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """The shared options; on the subcommands with SUPPRESSed defaults, so that an option
+    given before the subcommand is not reset by the subcommand's own default."""
+
+    def default(value: Any) -> Any:
+        return value if top else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--run", default=default(None), help="run id or connection file (default: your newest live run)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=default(REPLY_TIMEOUT_S),
+        metavar="SECONDS",
+        help=f"seconds to wait for a reply (default: {REPLY_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--no-wait", action="store_true", default=default(False), help="return once accepted, not once in force"
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=default(WAIT_S),
+        dest="wait_s",
+        metavar="SECONDS",
+        help=f"seconds to wait until in force (default: {WAIT_S:g})",
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=default(False), help="print the collector's reply as JSON"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="commtop ctl", description="change a running commtop job's settings")
-    parser.add_argument("--run", default=None, help="run id or connection file (default: your newest run)")
-    parser.add_argument(
-        "--timeout", type=float, default=REPLY_TIMEOUT_S, metavar="SECONDS", help="seconds to wait for a reply"
+    from tui.args import OneLineParser
+
+    parser = OneLineParser(
+        prog="commtop ctl",
+        description="change a running commtop job's settings",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--no-wait", action="store_true", help="return once accepted, not once in force")
-    parser.add_argument(
-        "--wait", type=float, default=WAIT_S, dest="wait_s", metavar="SECONDS", help="seconds to wait until in force"
-    )
-    parser.add_argument("--json", action="store_true", help="print the collector's reply as JSON")
-    sub = parser.add_subparsers(dest="op", required=True, metavar="{status,mode,set}")
-    sub.add_parser("status", help="settings requested and in force, pending switch, refused messages")
-    mode = sub.add_parser("mode", help=f"switch the offload mode: {', '.join(MODES)}")
-    mode.add_argument("mode", metavar="MODE")
+    _add_options(parser, top=True)
+    sub = parser.add_subparsers(dest="op", required=True, metavar="{status,mode,set}", parser_class=OneLineParser)
+    status = sub.add_parser("status", help="settings requested and in force, pending switch, refused messages")
+    mode = sub.add_parser("mode", help=f"switch the offload mode: commtop ctl mode MODE ({', '.join(MODES)})")
+    mode.add_argument("mode", metavar="MODE", help=", ".join(MODES))
     setp = sub.add_parser("set", help="set name=value ... (mode, copies, copy_scale, pinned, direction)")
     setp.add_argument("assignments", nargs="+", metavar="NAME=VALUE")
+    for p in (status, mode, setp):
+        _add_options(p, top=False)
     return parser
 
 
@@ -131,10 +173,13 @@ def _changes(ns: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def resolve_run(run: str | None) -> connections.Connection:
-    """A run id (or unique prefix) of this user, a connection file, or the newest run."""
+    """A run id (or unique prefix) of this user, a connection file, $COMMTOP_CONNECTION_FILE,
+    or the newest live run (its collector alive and answering; said on stderr)."""
     try:
-        if run is None:
+        if run is None and os.environ.get(connections.CONNECTION_FILE_ENV):
             return connections.resolve(None)
+        if run is None:
+            return newest_live_run()
         path = Path(run)
         if path.is_file() or "/" in run or run.endswith(".json"):
             return connections.load(path)
@@ -151,6 +196,34 @@ def resolve_run(run: str | None) -> connections.Connection:
         raise CtlError(f"no run {run!r} in {root}", 2)
     except connections.ConnectionError_ as exc:
         raise CtlError(str(exc), 2) from None
+
+
+def newest_live_run(ping_s: float = 1.0) -> connections.Connection:
+    """The newest run whose collector is alive (holds the run's lock) and answers a status
+    request; folders of runs whose owner is gone are pruned on the way. Says which on stderr."""
+    from tui.run.run_dirs import live_runs, owner_pid, prune_runs
+
+    pruned = prune_runs()
+    candidates = live_runs()
+    silent: list[str] = []
+    for path in candidates:
+        try:
+            conn = connections.load(path)
+        except connections.ConnectionError_:
+            continue
+        try:
+            with CtlClient(conn, timeout_s=ping_s) as client:
+                client.status()
+        except CtlError:
+            silent.append(conn.run_id)
+            continue
+        print(f"commtop ctl: run {conn.run_id} (collector pid {owner_pid(path.parent) or '?'})", file=sys.stderr)
+        return conn
+    root = connections.runtime_root()
+    why = f"{len(silent)} live but not answering ({', '.join(silent[:3])})" if silent else "none live"
+    if pruned.removed:
+        why += f"; removed {len(pruned.removed)} folder(s) of ended runs"
+    raise CtlError(f"no running commtop run of yours in {root} ({why}); start one with `commtop run`", 2)
 
 
 class CtlClient:

@@ -2,7 +2,11 @@
 
 `commtop run` owns the workers: quitting the TUI (or Ctrl-C in headless mode) stops the
 whole group; a SIGKILLed `commtop` takes torchrun with it (PR_SET_PDEATHSIG), and torchrun
-stops its workers. The last lines the job printed are kept (bounded) for the status line.
+stops its workers; the ranks and their sampler end with their own parent too
+(`workers.wire.lifeline`, asked for through the environment). torchrun writes into the run's
+job.log, never into a pipe: a pipe whose reader (this process) died turns every later write
+of torchrun or a rank into an error at the worst moment (while shutting down). The last lines
+the job printed are read back from that file (bounded) for the status line.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from tui.model.interfaces import ResetModel, Source
 from workers.wire.connection import CONNECTION_FILE_ENV, Connection
+from workers.wire.lifeline import env_for_child
 from workers.wire.protocol import Bye, Hello, Message
 
 #: torchrun's agent, the moment it sees a worker die: "failed (exitcode: -9) local_rank: 1 (pid: 123)".
@@ -32,13 +38,23 @@ _FAILURE_ROW = re.compile(r"^\s*exitcode\s*: (-?\d+) \(pid: (\d+)\)")
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 5.0
+#: How often the job's log is read for new lines (the status line's latency).
+OUTPUT_POLL_S = 0.05
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
+def _die_with(parent_pid: int) -> Callable[[], None]:
+    """Between fork and exec: SIGTERM when the forking thread (the main thread) ends, and no
+    start at all if the parent already died before that was armed."""
+
+    def arm() -> None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return arm
 
 
 def torchrun_prefix(nproc: int) -> list[str]:
@@ -70,39 +86,56 @@ class JobProcess:
         #: pid -> exit code of workers torchrun saw die (a SIGKILLed rank cannot say Bye itself).
         self.worker_exits: dict[int, int] = {}
         self._lock = threading.Lock()
-        child_env = dict(os.environ if env is None else env)
+        # The ranks (and their sampler) end with their torchrun agent: PR_SET_PDEATHSIG, armed
+        # by each rank at start. Only asked from the main thread, whose end is the process's.
+        child_env = env_for_child(dict(os.environ if env is None else env), direct=False)
         child_env[CONNECTION_FILE_ENV] = connection.path
         child_env.setdefault("PYTHONUNBUFFERED", "1")
         log_path = Path(connection.run_dir) / "job.log"
         self.log_path = str(log_path)
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in _pump
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=child_env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
+        with open(log_path, "ab") as log:
+            start = log.tell()
+            main_thread = threading.current_thread() is threading.main_thread()
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env,
+                start_new_session=True,
+                preexec_fn=_die_with(os.getpid()) if main_thread else None,
+            )
         self.started = time.monotonic()
-        self._pump_thread = threading.Thread(target=self._pump, name="job-output", daemon=True)
+        self._pump_thread = threading.Thread(target=self._pump, args=(start,), name="job-output", daemon=True)
         self._pump_thread.start()
 
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        try:
-            for raw in self.proc.stdout:
-                self._log.write(raw)
-                line = raw.decode(errors="replace").rstrip()
-                if line:
-                    failed = _FAILED.search(line) or _FAILURE_ROW.match(line)
-                    with self._lock:
-                        self._tail.append(line)
-                        if failed:
-                            self.worker_exits[int(failed.group(2))] = int(failed.group(1))
-        finally:
-            self._log.close()
+    def _pump(self, start: int) -> None:
+        """Follow job.log from ``start`` until torchrun has exited and the file is read to its end."""
+        with open(self.log_path, "rb") as log:
+            log.seek(start)
+            partial = b""
+            while True:
+                exited = self.proc.poll() is not None  # before reading: what it wrote is in the file
+                chunk = log.read(65536)
+                if chunk:
+                    *lines, partial = (partial + chunk).split(b"\n")
+                    for raw in lines:
+                        self._take(raw)
+                    continue
+                if exited:
+                    if partial:
+                        self._take(partial)
+                    return
+                time.sleep(OUTPUT_POLL_S)
+
+    def _take(self, raw: bytes) -> None:
+        line = raw.decode(errors="replace").rstrip()
+        if line:
+            failed = _FAILED.search(line) or _FAILURE_ROW.match(line)
+            with self._lock:
+                self._tail.append(line)
+                if failed:
+                    self.worker_exits[int(failed.group(2))] = int(failed.group(1))
 
     # ProcessWatch (tui.model.interfaces): what the app's status line reads
     def lines(self) -> list[str]:

@@ -62,6 +62,7 @@ from workers.rank.heartbeat import RunInfo, WorkerStatus, reported_hostname
 from workers.rank.session import RankSession
 from workers.rank.timing import Anchor, CpuTimer, CudaTimer
 from workers.wire.connection import CONNECTION_FILE_ENV, Connection, ConnectionError_, find_by_endpoint, load
+from workers.wire.lifeline import arm_from_env
 from workers.wire.protocol import DIRECTIONS, MODES, bye_reason
 from workers.wire.settings import MAX_KNOBS, Settings
 
@@ -235,6 +236,7 @@ class Monitor:
         self.cpu_coll = CpuTimer()
         self.cpu_copy = CpuTimer()
         if conn is not None:
+            arm_from_env()  # under `commtop run -- ...`: end with the torchrun agent, however it ends
             _hook_excepthook(self)
 
     # ------------------------------------------------------------------ user API

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from typing import Any
 import zmq
 
 from workers.wire import protocol
+from workers.wire.lifeline import write_stderr
 from workers.wire.protocol import COLL, COPY, Bye, Hello
 from workers.wire.settings import Settings
 
@@ -229,17 +229,21 @@ class Heartbeat(threading.Thread):
             self._hard_exit(0, f"{stop.reason}; the step did not finish in time (blocked in a collective?)")
 
     def _hard_exit(self, code: int, reason: str) -> None:
-        print(f"commtop worker rank {self.info.rank}: {reason}", file=sys.stderr, flush=True)
-        self._send(protocol.bye_body(self.session, Bye(self.info.rank, code, reason, time.time_ns())))
-        if self.before_hard_exit is not None:
-            try:
+        """Say why, send a Bye, stop the sampler, and end the process whatever fails on the way:
+        an orphaned rank's stderr is often the pipe of a closed terminal (a print there raised
+        BrokenPipeError and ended this thread instead of the process, leaving the rank running)."""
+        try:
+            write_stderr(f"commtop worker rank {self.info.rank}: {reason}")
+            self._send(protocol.bye_body(self.session, Bye(self.info.rank, code, reason, time.time_ns())))
+            if self.before_hard_exit is not None:
                 self.before_hard_exit()
-            except Exception:
-                pass
-        if self._sock is not None:
-            self._sock.close(linger=200)
-        time.sleep(0.2)  # let the IO thread hand the Bye over
-        os._exit(code)
+            if self._sock is not None:
+                self._sock.close(linger=200)
+            time.sleep(0.2)  # let the IO thread hand the Bye over
+        except BaseException:
+            pass
+        finally:
+            os._exit(code)
 
     def stop(self, timeout_s: float = 1.0) -> None:
         self._done.set()

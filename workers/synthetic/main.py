@@ -19,6 +19,7 @@ from workers.rank.control import Control, StaticControl
 from workers.wire import exporter_address
 from workers.wire.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args
 from workers.wire.connection import CONNECTION_FILE_ENV, Connection, ConnectionError_, find_by_endpoint, load
+from workers.wire.lifeline import arm_from_env
 
 PROG = "commtop worker"
 
@@ -135,6 +136,7 @@ def prometheus_from_args(ns: argparse.Namespace, conn: Connection | None, local_
 
 
 def main(argv: list[str] | None = None) -> int:
+    arm_from_env()  # `commtop run` asked: end with the torchrun agent, even if it is SIGKILLed
     ns = build_parser().parse_args(argv)
     try:
         conn = connection_from_args(ns)

@@ -25,7 +25,11 @@ def start_node_sampler(
     outlive the job's process group for $COMMTOP_PROMETHEUS_LINGER_S (it still ends with its parent)."""
     import socket
 
-    env = dict(os.environ)
+    from workers.wire.lifeline import DIE_WITH_PARENT_ENV, env_for_child
+
+    env = env_for_child(dict(os.environ), direct=True)  # it dies with this rank (PR_SET_PDEATHSIG)
+    if prometheus:  # it serves a last scrape after this rank ends (its loop still sees the rank go)
+        env.pop(DIE_WITH_PARENT_ENV, None)
     env[CONNECTION_FILE_ENV] = str(connection_path)
     argv = [sys.executable, "-m", "workers.telemetry", "--gpus", ",".join(u for u in gpu_uuids if u)]
     if prometheus:

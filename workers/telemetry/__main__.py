@@ -12,9 +12,11 @@ import os
 import sys
 
 from workers.wire.connection import CONNECTION_FILE_ENV, ConnectionError_, load
+from workers.wire.lifeline import arm_from_env
 
 
 def main(argv: list[str] | None = None) -> int:
+    arm_from_env()  # its rank asked: end with it (the loop also watches the parent pid)
     parser = argparse.ArgumentParser(prog="python -m workers.telemetry", description=__doc__)
     parser.add_argument("--gpus", default="", help="comma-separated GPU UUIDs (default: every NVML device)")
     parser.add_argument("--interval", type=float, default=0.1, help="seconds between ticks (default 0.1)")

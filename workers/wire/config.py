@@ -136,7 +136,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
 def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by `commtop run` and `-m workers` (defaults resolved per backend)."""
     g = parser.add_argument_group("workload (the forum loop)")
-    g.add_argument("--collective", choices=COLLECTIVES, default="all_gather")
+    g.add_argument("--collective", choices=COLLECTIVES, default="all_gather", help="the timed collective")
     g.add_argument(
         "--shape", default=None, help="per-rank tensor shape, e.g. 8192x8192 (GPU default; 1024x1024 on CPU)"
     )
@@ -148,12 +148,16 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--copy-scale", type=float, default=1.0, help="copy size as a multiple of the tensor: 0.25, 0.5, 1, 2"
     )
-    g.add_argument("--host-memory", choices=("pinned", "pageable"), default="pinned")
-    g.add_argument("--direction", choices=DIRECTIONS, default="d2h")
-    g.add_argument("--collectives-per-step", type=int, default=32)
+    g.add_argument("--host-memory", choices=("pinned", "pageable"), default="pinned", help="host side of the copies")
+    g.add_argument("--direction", choices=DIRECTIONS, default="d2h", help="copy direction: device to host or back")
+    g.add_argument(
+        "--collectives-per-step", type=int, default=32, help="collectives per step (the copies go once per step)"
+    )
     g.add_argument("--iters", type=int, default=0, help="collectives per rank, then stop (0: until stopped)")
     g.add_argument("--warmup", type=int, default=5, help="iterations run first and not reported")
-    g.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
+    g.add_argument(
+        "--backend", choices=("auto", "nccl", "gloo"), default="auto", help="auto: nccl with a GPU, else gloo"
+    )
     g.add_argument("--batch-ms", type=float, default=50.0, help=argparse.SUPPRESS)
 
 

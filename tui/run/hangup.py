@@ -1,0 +1,44 @@
+"""SIGHUP: the terminal is gone (tmux kill-session, a closed window, a dropped SSH connection).
+
+Python's default for SIGHUP ends the process on the spot: no `finally`, no job.stop(), the
+run's folder left behind, the torchrun agent left to PR_SET_PDEATHSIG alone. Here a hang-up
+runs the given cleanups in order (stop the job first: it holds the GPUs), each bounded and
+each allowed to fail, then exits 129. There is no terminal to restore or to print to.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+#: The most the cleanups may take before the process exits anyway (job.stop waits up to 5 s
+#: for the job's graceful end before it SIGKILLs the rest).
+HANGUP_DEADLINE_S = 10.0
+
+
+def on_hangup(*cleanups: Callable[[], Any], deadline_s: float = HANGUP_DEADLINE_S) -> Callable[[], None]:
+    """Install the SIGHUP handler (main thread only); returns a function restoring the old one."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a second hang-up must not cut this short
+        guard = threading.Timer(deadline_s, os._exit, args=(128 + signum,))
+        guard.daemon = True
+        guard.start()
+        for cleanup in cleanups:
+            try:
+                cleanup()
+            except BaseException:  # a closed terminal makes any print fail: go on regardless
+                pass
+        os._exit(128 + signum)
+
+    previous = signal.signal(signal.SIGHUP, handler)
+
+    def restore() -> None:
+        signal.signal(signal.SIGHUP, previous)
+
+    return restore

@@ -1,0 +1,173 @@
+"""Run folders (connection file, ipc sockets, job and sampler logs): who owns one, which are
+live, and removing them when their run ends, so they do not pile up.
+
+A run's owner is the collector that holds an exclusive ``flock`` on its ``collector.lock``
+(the lock file also names its pid). The kernel drops the lock when that process ends however
+it ends, so "owner gone" needs no pid guessing: a folder whose lock can be taken is dead.
+A folder without a lock file (its collector never started) is dead once the process named in
+its run id ("DATE-TIME-PID-LABEL") is gone. A folder younger than ``MIN_AGE_S`` is never pruned:
+its creator may not have taken the lock yet.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.wire import connection as connections
+from workers.wire import exporter_address
+
+LOCK_NAME = "collector.lock"
+MIN_AGE_S = 30.0
+
+
+class RunBusy(RuntimeError):
+    """The run already has a live collector."""
+
+
+def lock_run(run_dir: Path) -> int:
+    """Become the run's owner (one collector per run); returns the lock's fd, held until closed."""
+    path = run_dir / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunBusy(f"pid {owner_pid(run_dir) or '?'}") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def owner_pid(run_dir: Path) -> int | None:
+    """The pid the lock file names (the collector that took it last), if any."""
+    try:
+        text = (run_dir / LOCK_NAME).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def creator_pid(run_dir: Path) -> int | None:
+    """The pid in the run id (``create_run`` puts its process's pid there)."""
+    parts = run_dir.name.split("-")
+    return int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if pid is None or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def has_live_collector(run_dir: Path) -> bool:
+    """Whether a process holds the run's lock right now (its owner is alive), without taking it."""
+    if not (run_dir / LOCK_NAME).exists():
+        return False
+    pid = owner_pid(run_dir)
+    return _pid_alive(pid) and _lock_held(run_dir)
+
+
+def _lock_held(run_dir: Path) -> bool:
+    """Read /proc/locks for a FLOCK on the lock file's inode (taking the lock to test it would
+    make a collector starting at that moment fail)."""
+    try:
+        inode = (run_dir / LOCK_NAME).stat().st_ino
+        with open("/proc/locks") as fh:
+            return any(line.split()[1] == "FLOCK" and line.split()[5].endswith(f":{inode}") for line in fh)
+    except (OSError, IndexError):
+        return _pid_alive(owner_pid(run_dir))  # no /proc/locks: trust the pid
+
+
+def lingering_exporter(run_dir: Path) -> bool:
+    """Whether a node's Prometheus exporter (``--prometheus``) still serves from this folder:
+    it outlives the job by $COMMTOP_PROMETHEUS_LINGER_S for a last scrape, and removes its own
+    URL file when it ends; the folder goes with the next prune after that."""
+    for path in run_dir.glob(exporter_address.URL_FILE.format(host="*")):
+        try:
+            pid = json.loads(path.read_text()).get("pid")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(pid, int) and _pid_alive(pid):
+            return True
+    return False
+
+
+def remove_run(conn: connections.Connection) -> None:
+    """Remove a run's folder when its run ends (only a folder of this user's runtime root
+    holding a connection file: never anything else; kept while an exporter lingers there)."""
+    run_dir = conn.run_dir
+    try:
+        root = connections.runtime_root()
+    except connections.ConnectionError_:
+        return
+    if run_dir.parent.resolve() != root.resolve() or not (run_dir / connections.FILE_NAME).is_file():
+        return
+    if not lingering_exporter(run_dir):
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Pruned:
+    removed: list[str]
+    kept_live: int
+
+
+def prune_runs(min_age_s: float = MIN_AGE_S) -> Pruned:
+    """Remove this user's run folders whose owner process is gone; returns what was removed."""
+    try:
+        root = connections.runtime_root()
+    except connections.ConnectionError_:
+        return Pruned([], 0)
+    removed: list[str] = []
+    live = 0
+    now = time.time()
+    for run_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        if not (run_dir / connections.FILE_NAME).exists():
+            continue  # not a run folder: never ours to remove
+        try:
+            age = now - (run_dir / connections.FILE_NAME).stat().st_mtime
+        except OSError:
+            continue
+        if age < min_age_s or lingering_exporter(run_dir):
+            live += 1
+            continue
+        lock = run_dir / LOCK_NAME
+        if lock.exists():
+            try:
+                fd = os.open(lock, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                live += 1  # a collector holds it
+                os.close(fd)
+                continue
+            try:  # ours now: nobody can start collecting on it while it goes
+                shutil.rmtree(run_dir, ignore_errors=True)
+                removed.append(run_dir.name)
+            finally:
+                os.close(fd)
+        elif not _pid_alive(creator_pid(run_dir)):
+            shutil.rmtree(run_dir, ignore_errors=True)
+            removed.append(run_dir.name)
+        else:
+            live += 1
+    return Pruned(removed, live)
+
+
+def live_runs() -> list[Path]:
+    """Connection files of runs with a live collector, newest first."""
+    return [p for p in connections.list_runs() if has_live_collector(p.parent)]
