@@ -302,10 +302,10 @@ def summary_table(text: str) -> dict[int, dict[str, str]]:
     rows: dict[int, dict[str, str]] = {}
     for line in lines[i + 1 :]:
         first = line[: spans[0][1]].strip()
+        if not line.strip():
+            break  # the per-rank table ends here (the overlap-class table follows)
         if not first.isdigit():
-            if not line.strip() or line.startswith(("rejected", "batches", "commtop")):
-                continue
-            continue  # a continuation row (another mode of the same rank)
+            continue  # a continuation row (another mode of the same rank), or a note
         cells = [line[a : (spans[k + 1][0] if k + 1 < len(spans) else None)].strip() for k, (a, _b) in enumerate(spans)]
         rows[int(first)] = dict(zip(names, cells, strict=True))
     return rows

@@ -105,3 +105,26 @@ def test_eight_gpus_on_a_tall_terminal_get_a_line_per_link(snap_compare: Any) ->
 def test_an_80x24_terminal_condenses_the_header_and_keeps_a_wide_chart(snap_compare: Any) -> None:
     app, show = frozen_links_app(4, 1)
     assert snap_compare(app, terminal_size=(80, 24), run_before=show)
+
+
+def test_verdict_line_after_an_ab_experiment(snap_compare: Any) -> None:
+    """The line under the header shows a finished A/B's verdict with its interval."""
+    import numpy as np
+
+    from tui.model.ab_experiment import Progress
+    from tui.model.ab_stats import Block, analyse
+
+    rng = np.random.default_rng(4)
+    blocks, durs, epochs, classes = [], [], [], []
+    for pair in range(6):
+        for i, arm in enumerate("AB" if pair % 2 else "BA"):
+            epoch = 10 + 2 * pair + i
+            blocks.append(Block(epoch, arm, pair))
+            durs.append(2700.0 * (1.05 if arm == "B" else 1.0) * np.exp(rng.normal(0, 0.02, 100)))
+            epochs.append(np.full(100, epoch))
+            classes.append(np.where(np.arange(100) < 60, 1, 2) if arm == "B" else np.zeros(100))
+    coll = {"epoch": np.concatenate(epochs), "dur_us": np.concatenate(durs), "cls": np.concatenate(classes)}
+    result = analyse(blocks, coll, a="mode=none", b="mode=overlap")
+    app, show = frozen_app(2, iterations=1000)
+    app.ab._final = Progress("done", 6, 12, 14.0, 14.0, "", result)
+    assert snap_compare(app, terminal_size=(160, 20), run_before=show)

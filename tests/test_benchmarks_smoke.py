@@ -24,6 +24,7 @@ BENCHMARKS = (
     "e2e_latency",
     "recordings",
     "cuda_timer_costs",
+    "overlap_ingest",
     "prometheus_export",
 )
 ROW_WITH_NUMBER = re.compile(r"^\|[^\n]*\d[^\n]*\|$", re.M)

@@ -133,3 +133,26 @@ def test_compare_errors_are_one_line(capsys, runs, tmp_path: Path) -> None:
     bogus.write_bytes(b"hello")
     rc, out, err = call(capsys, runs["a"], bogus)
     assert rc == 1 and out == "" and err.startswith("commtop report: error:") and err.count("\n") == 1
+
+
+def test_modes_carry_p50_per_overlap_class(capsys, runs) -> None:
+    """Each mode's p50 per overlap class equals numpy's on the records CSV's class column."""
+    rc, out, _ = call(capsys, runs["a"], "--format", "csv", "--records")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    modes = np.array([r["mode"] for r in rows])
+    classes = np.array([r["overlap"] for r in rows])
+    dur = np.array([r["dur_us"] for r in rows], dtype=np.float64).astype(np.float32).astype(np.float64)
+    rc, out, _ = call(capsys, runs["a"], runs["b"], "--format", "json")
+    assert rc == 0
+    seen = 0
+    for row in json.loads(out)["modes"]:
+        if row["label"] != "A":
+            continue
+        for key in ("during", "after", "none"):
+            sel = (modes == row["mode"]) & (classes == key)
+            if sel.any():
+                assert row[f"{key}_p50_us"] == pytest.approx(float(np.median(dur[sel])), rel=1e-9)
+                seen += 1
+            else:
+                assert row[f"{key}_p50_us"] is None
+    assert seen >= 3

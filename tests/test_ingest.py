@@ -272,10 +272,17 @@ def test_headless_collects_until_done_and_prints_a_summary(ipc_dir: Path) -> Non
     assert lines[0].startswith("commtop summary: backend gloo/cpu · world size 2 · all_gather 1024x1024 float32")
     assert "mode(s) none, overlap" in lines[0]
     assert lines[1].split()[:3] == ["rank", "host:gpu", "mode"]
-    rank0 = [ln for ln in lines if ln.startswith("0 ")]
+    table = lines[: lines.index("")]  # the per-rank table; the overlap-class table follows
+    rank0 = [ln for ln in table if ln.startswith("0 ")]
     assert len(rank0) == 1 and "node-a:cpu" in rank0[0]
     # two rows per rank (one per mode), the second row only has the per-mode numbers
-    assert len([ln for ln in lines[3:] if ln.strip()]) == 4
+    assert len(table[3:]) == 4
+    # per rank and overlap class: every collective in exactly one class
+    classes = lines[lines.index("") + 1 :]
+    assert classes[0].split()[:3] == ["rank", "overlap", "class"]
+    for rank in ("0", "1"):
+        counts = [int(ln[len("rank  overlap class  ") :].split()[0]) for ln in classes[2:] if ln.startswith(rank + " ")]
+        assert sum(counts) == 400 and len(counts) >= 2
 
 
 def test_headless_stops_on_the_event() -> None:

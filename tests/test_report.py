@@ -39,8 +39,10 @@ def records_from_csv(text: str) -> dict[str, np.ndarray]:
     out = {}
     for name in rows[0]:
         values = [r[name] for r in rows]
-        if name in ("mode", "op"):
+        if name in ("mode", "op", "overlap"):
             out[name] = np.array(values)
+        elif name == "overlapped":
+            out[name] = np.array(values, dtype=np.float64)
         elif name in ("dur_us", "algbw", "busbw"):
             # 9 significant digits name a float32 exactly; widen the float32 for arithmetic
             out[name] = np.array(values, dtype=np.float64).astype(np.float32).astype(np.float64)
@@ -103,6 +105,31 @@ def test_report_numbers_match_numpy_on_the_csv_export(capsys, run) -> None:
     assert slow["none"] == 1.0 and 2.8 < slow["overlap"] < 3.2 and 1.5 < slow["sync"] < 1.7
 
 
+def test_overlap_class_columns_match_the_records_csv(capsys, run) -> None:
+    """json rows: n / p50 / p99 per overlap class equal numpy's on the records CSV's class column."""
+    path, _ = run
+    rec = records_from_csv(call(capsys, str(path), "--format", "csv", "--records")[1])
+    assert set(rec["overlap"].tolist()) <= {"during", "after", "none"}
+    assert ((rec["overlapped"] > 0) == (rec["overlap"] == "during")).all()
+    doc = json.loads(call(capsys, str(path), "--format", "json")[1])
+    for row in doc["rows"]:
+        sel = (rec["epoch"] == row["epoch"]) & ((rec["rank"] == row["rank"]) if row["rank"] is not None else True)
+        assert row["during_n"] + row["after_n"] + row["none_n"] == row["count"]
+        for key in ("during", "after", "none"):
+            d = rec["dur_us"][sel & (rec["overlap"] == key)]
+            assert row[f"{key}_n"] == len(d)
+            if len(d):
+                assert row[f"{key}_p50_us"] == pytest.approx(np.percentile(d, 50), rel=1e-6)
+                assert row[f"{key}_p99_us"] == pytest.approx(np.percentile(d, 99), rel=1e-6)
+        if row["during_n"]:
+            frac = rec["overlapped"][sel & (rec["overlap"] == "during")]
+            assert row["during_overlap"] == pytest.approx(frac.mean(), rel=1e-3)
+    header = call(capsys, str(path), "--format", "csv")[1].splitlines()[0].split(",")
+    assert {"during_n", "during_p50_us", "during_p99_us", "during_overlap", "after_p50_us", "none_p99_us"} <= set(
+        header
+    )
+
+
 def test_settings_copies_and_links_per_epoch(capsys, run) -> None:
     path, items = run
     doc = json.loads(call(capsys, str(path), "--format", "json")[1])
@@ -147,7 +174,7 @@ def test_table_and_summary_csv(capsys, run) -> None:
     lines = out.splitlines()
     assert lines[0] == f"commtop report: {path}"
     assert "p50 ms" in out and "slowdown" in out and "per mode (all ranks)" in out
-    overlap = [line for line in lines if " overlap " in line and " all " in line]
+    overlap = [line for line in lines if " overlap " in line and " all " in line and "MiB" in line]
     assert len(overlap) == 1 and "128MiB" in overlap[0] and "d2h" in overlap[0]
     rc, out, _ = call(capsys, str(path), "--format", "csv")
     rows = list(csv.DictReader(io.StringIO(out)))
@@ -402,3 +429,41 @@ def test_combo_codes_cover_rare_and_many_sizes() -> None:
         codes, combos = report._combo_codes(op, nbytes)
         assert np.array_equal(np.array(combos, dtype=np.int64)[codes], (op.astype(np.int64) << 48) | nbytes)
         assert combos == sorted(set(combos))  # codes ascend with the combo
+
+
+def test_copy_bandwidth_as_a_share_of_the_pcie_peak_on_the_h200_recording(capsys) -> None:
+    """The committed H200 recording (PCIe Gen5 x16, no NVLink): pinned copies at ~87 % of the
+    theoretical 63 GB/s, pageable far below; no NVLink share (n/a, not 0)."""
+    path = Path(__file__).resolve().parent.parent / "recordings" / "h200-nccl-1gpu-all_gather-modes.commtop"
+    rc, out, _ = call(capsys, str(path), "--format", "json")
+    assert rc == 0
+    rows = {r["epoch"]: r for r in json.loads(out)["rows"] if r["rank"] is None}
+    for epoch, row in rows.items():
+        assert row["busbw_pct_nvlink"] is None
+        if row["copy_gbps"] is None:
+            assert row["copy_pct_pcie"] is None
+        else:  # Gen5 x16: 16 lanes x 32 GT/s x 128/130 / 8 = 63.0 GB/s
+            assert row["copy_pct_pcie"] == pytest.approx(row["copy_gbps"] / 63.015 * 100, rel=1e-3), epoch
+    assert 80 < rows[1]["copy_pct_pcie"] < 95 and rows[5]["copy_pct_pcie"] < 30  # pinned / pageable
+    text = call(capsys, str(path))[1]
+    assert "link peaks (theoretical, from NVML): PCIe 63.0 GB/s per direction; no NVLink" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "printed"),
+    [
+        # what `commtop ab` printed on the H200 (benchmarks/h200_ab.sh, 2026-12-02), verdict without the peak
+        ("overlap", "mode=overlap vs mode=none: p50 +1.8 % [+1.7, +1.8] · during copies +1.8 % · copies 55.1 GB/s"),
+        (
+            "sync",
+            "mode=sync vs mode=none: p50 +1.1 % [-0.2, +2.5] no detectable difference · after +1.1 % · copies 55.2 GB/s",
+        ),
+    ],
+)
+def test_h200_ab_recordings_reproduce_the_verdict_printed_live(capsys, name: str, printed: str) -> None:
+    path = Path(__file__).resolve().parent.parent / "recordings" / f"h200-nccl-1gpu-ab-none-{name}.commtop"
+    rc, out, _ = call(capsys, str(path), "--format", "json")
+    assert rc == 0
+    (ab,) = json.loads(out)["ab"]
+    assert ab["verdict"] == printed + " · 15 pairs"
+    assert ab["pairs"] == 15 and ab["classes"]["all"]["p50"]["pairs"] == 15

@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         from tui.run import ctl
 
         return ctl.main(argv[1:])
+    if argv and argv[0] == "ab":
+        from tui.run import ab
+
+        return ab.main(argv[1:], ab_launch())
     if argv and argv[0] == "report":
         from tui.report import compute as report
 
@@ -80,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = OneLineParser(prog="commtop", description=ABOUT)
     parser.add_argument("--version", action="version", version=f"commtop {version()}")
-    sub = parser.add_subparsers(dest="command", metavar="{run,watch,replay,report,ctl}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,watch,replay,report,ctl,ab}")
 
     run = sub.add_parser(
         "run",
@@ -129,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "ctl", help="change a running job's settings: commtop ctl status | mode MODE | set NAME=VALUE ... (ctl -h)"
     )
+    sub.add_parser("ab", help="A/B experiment with a 95 %% confidence interval (commtop ab -h)")
     return parser
 
 
@@ -250,6 +255,13 @@ def open_collector(
             raise CollectorError(error)
         print(f"commtop: recording to {path}", file=sys.stderr)
     return collector
+
+
+def ab_launch() -> Any:
+    """What `commtop ab` (tui.run.ab, a layer below) needs to start a run like `run --headless`."""
+    from tui.run.ab import Launch
+
+    return Launch(open_collector, CollectorError, check_memory, script_argv, _job_finished, CPU_RANKS)
 
 
 def make_recorder(collective: str) -> Any:

@@ -30,8 +30,10 @@ from typing import Any
 import numpy as np
 
 from tui.model.in_force import InForceTracker
+from tui.model.overlap_live import RankOverlap
 from tui.model.stats import RING_SIZE, Ring, RunAggregate, RunStats, weighted_rate
 from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
+from tui.model.verdict import EpochComparison, compare_epochs
 from workers.wire.protocol import COLL, COPY, MODES, TELEM, TELEM_CAPS, Batch, Bye, Hello, Message
 from workers.wire.stats import percentiles
 
@@ -117,6 +119,9 @@ class RankView:
     run_by_mode: dict[str, RunStats] = field(default_factory=dict)
     copy_run: RunStats = field(default_factory=RunStats)  # busbw_gbps = copy GB/s
     copies: int = 0
+    #: Whole run per overlap class (workers.wire.overlap.CLASSES), settled collectives only.
+    run_by_class: dict[str, RunStats] = field(default_factory=dict)
+    overlapped: float = math.nan  # mean overlapped fraction of the collectives during copies
 
 
 @dataclass(frozen=True)
@@ -192,6 +197,8 @@ class Snapshot:
     clock_ref: str = ""
     telemetry: TelemetrySnapshot | None = None  # node telemetry (None before any TELEM)
     version: int = 0  # model changes applied so far
+    #: The two newest settings epochs compared, for the verdict line (tui.model.verdict).
+    epochs: EpochComparison | None = None
 
     @property
     def live_ranks(self) -> int:
@@ -226,6 +233,8 @@ class _RankState:
         self.version = 0  # bumped by every message of this rank (snapshot caching)
         self.view_cache: tuple[int, int, RankView] | None = None  # (version, computed at ns, view)
         self.run_cache: tuple[int, tuple[RunStats, dict[str, RunStats], RunStats]] | None = None
+        self.overlap = RankOverlap()
+        self.class_cache: tuple[int, dict[str, RunStats]] | None = None
 
     @property
     def missing(self) -> int:
@@ -272,6 +281,7 @@ class RunModel:
         self.version = 0
         self.modes_seen: set[int] = set()
         self.worst_skew: SkewEvent | None = None
+        self._epochs_cache: tuple[int, EpochComparison | None] | None = None
         self.telemetry = TelemetryModel()
         self.in_force.reset()
 
@@ -355,6 +365,7 @@ class RunModel:
         if kind == COLL:
             state.last_record_ns = now
             state.coll.append(cols)
+            state.overlap.add_coll(cols)
             it = cols["iteration"]
             lo, hi = int(it.min()), int(it.max())
             state.first_iteration = lo if state.first_iteration < 0 else min(state.first_iteration, lo)
@@ -373,6 +384,7 @@ class RunModel:
         else:
             state.copy.append(cols)
             state.copy_run.add(cols["dur_us"], cols["gbps"])
+            state.overlap.add_copy(cols)
 
     @staticmethod
     def _agg(state: _RankState, mode: int) -> RunAggregate:
@@ -402,6 +414,9 @@ class RunModel:
         """
         now = self.clock() if now_ns is None else now_ns
         order = sorted(self.ranks)
+        if fresh_run_stats:  # the final summary: no copy can still come for what is pending
+            for state in self.ranks.values():
+                state.overlap.flush()
         history = _history(order, self.ranks)
         shares = _straggler_shares(history)
         skew = _worst_skew(history, order, self._settle_iters())
@@ -455,6 +470,7 @@ class RunModel:
             clock_ref=clock_ref,
             telemetry=self._telemetry_snapshot(now, offsets),
             version=self.version,
+            epochs=self._epochs(now, fresh_run_stats),
         )
 
     def _telemetry_snapshot(self, now: int, offsets_ms: dict[str, float]) -> TelemetrySnapshot:
@@ -462,6 +478,19 @@ class RunModel:
         if not offsets_ms:
             return self.telemetry.snapshot(now)
         return self.telemetry.snapshot(now, {h: round(v * 1e6) for h, v in offsets_ms.items()})
+
+    def _epochs(self, now: int, fresh: bool = False) -> EpochComparison | None:
+        """The verdict line's comparison of the two newest epochs, at most once a second."""
+        cached = self._epochs_cache
+        if cached is not None and not fresh and 0 <= now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+            return cached[1]
+        states = list(self.ranks.values())
+        result = compare_epochs(
+            (s.overlap for s in states),
+            (s.copy.view(copy=False, columns=("epoch", "nbytes", "dur_us")) for s in states),
+        )
+        self._epochs_cache = (now, result)
+        return result
 
     def _lead_hello(self) -> Hello | None:
         if 0 in self.ranks and self.ranks[0].hello is not None:
@@ -548,7 +577,17 @@ class RunModel:
             run_by_mode=run_by_mode,
             copy_run=copy_run,
             copies=s.copy_run.count,
+            run_by_class=self._class_stats(s, now, fresh),
+            overlapped=s.overlap.overlapped(),
         )
+
+    def _class_stats(self, s: _RankState, now: int, fresh: bool) -> dict[str, RunStats]:
+        cached = s.class_cache
+        if cached is not None and not fresh and now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+            return cached[1]
+        stats = s.overlap.stats()
+        s.class_cache = (now, stats)
+        return stats
 
 
 def _window(view: dict[str, np.ndarray], time_col: str) -> dict[str, np.ndarray]:

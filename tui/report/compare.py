@@ -42,6 +42,9 @@ class ModeRun:
     p50_ratio: float  # p50 / p50 of A's row it is compared with (NaN when A has none of that mode)
     p99_ratio: float
     versus: str  # what differs from that row of A: "" (the same settings), "copies 6 (A 5), h2d (A d2h)"
+    during_p50_us: float = math.nan  # p50 per overlap class (during copies / after / no copies)
+    after_p50_us: float = math.nan
+    none_p50_us: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,9 @@ def compare(reports: Sequence[Report]) -> Comparison:
                     p50_ratio=mine.p50_us / ref.p50_us if ref is not None and ref.p50_us > 0 else math.nan,
                     p99_ratio=mine.p99_us / ref.p99_us if ref is not None and ref.p99_us > 0 else math.nan,
                     versus="" if ref is None or i == 0 else _differences(key, ref.key),
+                    during_p50_us=mine.during_p50_us,
+                    after_p50_us=mine.after_p50_us,
+                    none_p50_us=mine.none_p50_us,
                 )
             )
     return Comparison(tuple(reports), facts, differs, tuple(rows))
@@ -177,7 +183,20 @@ def format_table(cmp: Comparison) -> str:
         )
     else:
         lines.append("  same backend, world, collective, size, dtype, GPU, torch and NCCL")
-    head = ("mode", "settings", "run", "n", "p50 ms", "p99 ms", "busbw", "copy GB/s", "p50 vs A", "p99 vs A", "vs A")
+    head = (
+        "mode",
+        "settings",
+        "run",
+        "n",
+        "p50 ms",
+        "p99 ms",
+        "busbw",
+        "copy GB/s",
+        "p50 during/after/no copies",
+        "p50 vs A",
+        "p99 vs A",
+        "vs A",
+    )
     body = [
         (
             row.mode,
@@ -188,6 +207,10 @@ def format_table(cmp: Comparison) -> str:
             fmt_num(row.p99_us / 1e3, "{:.3f}"),
             fmt_num(row.busbw_gbps),
             fmt_num(row.copy_gbps),
+            "/".join(
+                fmt_num(v / 1e3, "{:.3f}").replace("n/a", "-")
+                for v in (row.during_p50_us, row.after_p50_us, row.none_p50_us)
+            ),
             "-" if row.run == 0 else fmt_num(row.p50_ratio, "{:.2f}x"),
             "-" if row.run == 0 else fmt_num(row.p99_ratio, "{:.2f}x"),
             "-" if row.run == 0 else (row.versus or "same settings") if math.isfinite(row.p50_ratio) else "no A",

@@ -25,13 +25,18 @@ from typing import IO, Any
 
 import numpy as np
 
+from tui.model.ab_stats import as_json as ab_json
+from tui.model.ab_stats import format_table as ab_table
 from tui.recordings.format import Recording, RecordingError, Tables, open_recording, run_metadata
+from tui.report.overlap_report import ab_sections, class_fields, class_p50s, classify_tables, format_class_table
+from tui.report.peaks import Peaks, link_peaks, peak_fields, peaks_line
 from workers.wire import protocol as p
+from workers.wire.overlap import CLASS_KEYS
 from workers.wire.stats import percentiles, percentiles_and_max
 from workers.wire.telemetry import Tick
 
 TRACE_WARN_BYTES = 500_000_000
-REPORT_COLUMNS = ("epoch", "mode", "op", "nbytes", "start_ns", "dur_us", "algbw", "busbw")
+REPORT_COLUMNS = ("epoch", "step", "mode", "op", "nbytes", "start_ns", "dur_us", "algbw", "busbw")
 LINK_METRICS = (
     "pcie_tx_gbps",
     "pcie_rx_gbps",
@@ -55,6 +60,8 @@ RECORD_FIELDS = (
     "algbw",
     "busbw",
     "recv_ns",
+    "overlap",  # overlap class (workers.wire.overlap.CLASS_KEYS): during / after / none
+    "overlapped",  # fraction of the collective's time a copy of its GPU ran
 )
 
 
@@ -91,6 +98,20 @@ class Row:
     mem_clock_mhz: float
     power_w: float
     slowdown: float  # p50 / p50 of mode none (same rank, op, size); NaN without a baseline
+    # overlap classes (tui.report.overlap_report.class_fields)
+    during_n: int = 0
+    during_p50_us: float = math.nan
+    during_p99_us: float = math.nan
+    during_overlap: float = math.nan  # mean overlapped fraction of the collectives during copies
+    after_n: int = 0
+    after_p50_us: float = math.nan
+    after_p99_us: float = math.nan
+    none_n: int = 0
+    none_p50_us: float = math.nan
+    none_p99_us: float = math.nan
+    # share of the link's theoretical peak (tui.report.peaks)
+    copy_pct_pcie: float = math.nan
+    busbw_pct_nvlink: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -100,6 +121,9 @@ class ModeRow:
     p50_us: float
     p99_us: float
     slowdown: float
+    during_p50_us: float = math.nan  # p50 per overlap class (tui.report.overlap_report)
+    after_p50_us: float = math.nan
+    none_p50_us: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -125,6 +149,9 @@ class SettingsRow:
     p99_us: float
     busbw_gbps: float  # record-weighted mean over the epochs
     copy_gbps: float  # copy-weighted mean
+    during_p50_us: float = math.nan  # p50 per overlap class (tui.report.overlap_report)
+    after_p50_us: float = math.nan
+    none_p50_us: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -138,6 +165,8 @@ class Report:
     rows: tuple[Row, ...]
     modes: tuple[ModeRow, ...]
     settings: tuple[SettingsRow, ...] = ()
+    ab: tuple[Any, ...] = ()  # tui.model.ab_stats.ABResult of each A/B experiment recorded
+    peaks: Peaks = Peaks()
 
 
 # --------------------------------------------------------------------------- computing
@@ -344,6 +373,17 @@ def _meta_with_hellos(meta: dict[str, Any], hellos: Sequence[tuple[int, p.Hello]
     return {**meta, **{k: seen[k] for k in _FROM_HELLOS if not meta.get(k) and seen.get(k)}}
 
 
+def _link_tx(telemetry: _Telemetry, t0: int, t1: int) -> float:
+    """Link tx GB/s per GPU over [t0, t1]: PCIe, plus NVLink where there is any (A/B results)."""
+    pcie = telemetry.mean("pcie_tx_gbps", t0, t1, None)
+    nvl = telemetry.mean("nvlink_tx_gbps", t0, t1, None)
+    return (0.0 if math.isnan(pcie) else pcie) + nvl if math.isfinite(nvl) and nvl > 0 else pcie
+
+
+def _link_means(telemetry: Any, t0: int, t1: int, gpu: Any) -> dict[str, Any]:
+    return {name: telemetry.mean(name, t0, t1, gpu) for name in LINK_METRICS}
+
+
 def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     """Every number of the report, from a recording (``tables`` when already loaded)."""
     tables = tables or rec.tables(coll_columns=REPORT_COLUMNS)
@@ -352,6 +392,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     settings = _settings_by_epoch(tables.hellos)
     gpu_of = {h.rank: (h.host, h.gpu_uuid) for _, h in tables.hellos}
     telemetry = _Telemetry(tables.ticks)
+    peaks = link_peaks(tables.ticks)
 
     # Sorted once by (epoch, rank), only the columns that need a slice per row: durations (for
     # exact percentiles), modes and (op, size) codes. Sums per row come from per-group sums over
@@ -359,6 +400,9 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     g = _group(coll["epoch"], coll["rank"])
     order = g.order
     dur32 = coll["dur_us"][order]  # percentiles sort these (workers.wire.stats)
+    ocls, ofrac = classify_tables(coll, copy)
+    ab = tuple(ab_sections(tables, ocls, ofrac, lambda t0, t1: _link_tx(telemetry, t0, t1)))
+    ocls, ofrac = ocls[order], ofrac[order]
     mode = coll["mode"][order]
     codes, combos = _combo_codes(coll["op"], coll["nbytes"])
     code = codes[order]
@@ -444,7 +488,11 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                     copy_count=gb - ga,
                     copy_gbps=float(gbps[ga:gb].mean()) if gb > ga else math.nan,
                     slowdown=p50 / base if base else math.nan,
-                    **{name: telemetry.mean(name, t0, t1, gpu) for name in LINK_METRICS},
+                    **_link_means(telemetry, t0, t1, gpu),
+                    **class_fields(dur32[a:b], ocls[a:b], ofrac[a:b]),
+                    **peak_fields(
+                        float(gbps[ga:gb].mean()) if gb > ga else math.nan, float(bus_sum[gids].sum()) / n, peaks
+                    ),
                 )
             )
             if rank is None:
@@ -465,6 +513,13 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                 p99_us=p99,
                 busbw_gbps=_weighted_mean([(r.busbw_gbps, r.count) for r in epoch_rows]),
                 copy_gbps=_weighted_mean([(r.copy_gbps, r.copy_count) for r in epoch_rows]),
+                **dict(
+                    zip(
+                        ("during_p50_us", "after_p50_us", "none_p50_us"),
+                        class_p50s(durations, np.concatenate([ocls[a:b] for a, b, _ in parts_of])),
+                        strict=True,
+                    )
+                ),
             )
         )
 
@@ -483,7 +538,9 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                 ratios.append(_median(dm[both]) / base)
                 weights.append(int(np.count_nonzero(both)))
         slow = float(np.average(ratios, weights=weights)) if ratios else math.nan
-        modes.append(ModeRow(p.MODES[m] if m < len(p.MODES) else f"mode{m}", count, p50, p99, slow))
+        modes.append(
+            ModeRow(p.MODES[m] if m < len(p.MODES) else f"mode{m}", count, p50, p99, slow, *class_p50s(dm, ocls[sel]))
+        )
     return Report(
         path=rec.path,
         complete=rec.complete,
@@ -493,6 +550,8 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
         records=len(dur32),
         rows=tuple(rows),
         modes=tuple(modes),
+        ab=ab,
+        peaks=peaks,
         settings=tuple(by_settings),
     )
 
@@ -616,8 +675,12 @@ def format_table(report: Report) -> str:
                 f"  {m.mode:18} {m.count:>9}  {fmt_num(m.p50_us / 1e3, '{:.3f}'):>8}  {fmt_num(m.p99_us / 1e3, '{:.3f}'):>8}"
                 f"   {fmt_num(m.slowdown, '{:.2f}x')}"
             )
+    lines += format_class_table(report.rows)
+    for result in report.ab:
+        lines += ["", *ab_table(result, report.peaks.copy_share(result.copy_gbps[1])).splitlines()]
     lines.append("")
     lines += footnote(str(meta.get("backend") or ""))
+    lines.append(peaks_line(report.peaks))
     return "\n".join(lines) + "\n"
 
 
@@ -660,6 +723,7 @@ def format_json(report: Report) -> str:
         "meta": {k: report.meta.get(k) for k in meta_keys},
         "rows": [asdict(r) for r in report.rows],
         "modes": [asdict(m) for m in report.modes],
+        "ab": [ab_json(result) for result in report.ab],
     }
     return json.dumps(json_clean(doc), indent=1) + "\n"
 
@@ -690,8 +754,10 @@ def write_records_csv(tables: Tables, out: IO[str], block: int = 100_000) -> int
     out.write(",".join(RECORD_FIELDS) + "\n")
     names = np.array(list(p.MODES) + ["?"] * (256 - len(p.MODES)), dtype=object)
     ops = np.array(list(p.OP_NAMES) + [f"op{i}" for i in range(len(p.OP_NAMES), 256)], dtype=object)
-    fmt = "%d,%d,%d,%d,%s,%s,%d,%d,%d,%.9g,%.9g,%.9g,%d\n"
+    fmt = "%d,%d,%d,%d,%s,%s,%d,%d,%d,%.9g,%.9g,%.9g,%d,%s,%.4g\n"
     n = len(coll["dur_us"])
+    ocls, ofrac = classify_tables(coll, tables.copy)
+    classes = np.array(CLASS_KEYS, dtype=object)
     for a in range(0, n, block):
         s = slice(a, a + block)
         cols = (
@@ -708,6 +774,8 @@ def write_records_csv(tables: Tables, out: IO[str], block: int = 100_000) -> int
             coll["algbw"][s].tolist(),
             coll["busbw"][s].tolist(),
             coll["recv_ns"][s].tolist(),
+            classes[ocls[s]].tolist(),
+            ofrac[s].tolist(),
         )
         out.write("".join(fmt % row for row in zip(*cols, strict=True)))
     return n

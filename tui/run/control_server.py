@@ -134,10 +134,10 @@ class ControlServer:
 
     # ------------------------------------------------------------------ ControllerLike
 
-    def request(self, changes: dict[str, Any]) -> str:
+    def request(self, changes: dict[str, Any], *, new_epoch: bool = False) -> str:
         """Ask for a change (TUI keys); "" if accepted, else a one-line reason."""
         with self._lock:
-            return self._apply(changes, expect=None)[1]
+            return self._apply(changes, expect=None, new_epoch=new_epoch)[1]
 
     def _with_mode_knob(self, changes: dict[str, Any]) -> dict[str, Any]:
         """A monitored job's mode knob and ``mode`` move together, so requested == in force."""
@@ -238,7 +238,7 @@ class ControlServer:
         heard += [max(h[0], h[1]) for h in self._headers.values()]
         return max(heard, default=-1)
 
-    def _apply(self, changes: Any, expect: int | None) -> tuple[int, str]:
+    def _apply(self, changes: Any, expect: int | None, new_epoch: bool = False) -> tuple[int, str]:
         """Validate and apply a change; returns (new epoch or -1, "" or a reason). A change that
         changes nothing starts no epoch: it returns the desired epoch as it is."""
         if self._desired is None:
@@ -260,7 +260,9 @@ class ControlServer:
             )
         except SettingsError as exc:
             return -1, str(exc)
-        if settings == current:  # nothing changes (`set pinned=false` while pageable): no new epoch
+        # nothing changes (`set pinned=false` while pageable): no new epoch, unless asked for one
+        # (an A/B block is exactly one epoch, also when both arms are the same: tui.model.ab_experiment)
+        if settings == current and not new_epoch:
             return epoch, ""
         self._desired = (epoch + 1, settings)
         self._in_force.note_settings(epoch + 1, settings.as_dict())

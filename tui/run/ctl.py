@@ -37,7 +37,7 @@ from workers.wire.settings import Settings, SettingsError, parse_assignment
 REPLY_TIMEOUT_S = 3.0
 WAIT_S = 20.0
 STALE_RETRIES = 5
-BUILTIN = frozenset({"mode", "copies", "copy_scale", "pinned", "direction"})
+BUILTIN = frozenset({"mode", "copies", "copy_scale", "pinned", "direction", "delay_ms", "delay_rank", "delay_on"})
 
 
 class CtlError(RuntimeError):

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from tui.model.ingest import IngestLoop
 from tui.model.interfaces import Sink, Source
 from tui.model.run_model import RankView, RunModel, Snapshot
+from tui.model.verdict import epochs_text, pcie_peak
 
 #: At the end, drain until one poll this long brings nothing, for at most DRAIN_MAX_S.
 DRAIN_QUIET_S = 0.1
@@ -134,8 +135,32 @@ def format_summary(snapshot: Snapshot) -> str:
     if s.clock_offsets_ms:
         offsets = ", ".join(f"{h} {v:+.3f} ms" for h, v in sorted(s.clock_offsets_ms.items()) if h != s.clock_ref)
         extra.append(f"clock offsets vs {s.clock_ref} (from collective end times): {offsets}")
+    lines += format_class_summary(s)
+    if s.epochs is not None:
+        extra.append("verdict: " + epochs_text(s.epochs, pcie_peak(s.telemetry)))
     lines += extra
     return "\n".join(lines)
+
+
+def format_class_summary(s: Snapshot) -> list[str]:
+    """Per rank and overlap class (during copies / after copies / no copies): n, p50, p99."""
+    rows = [
+        (str(r.rank), name, str(st.count), _ms(st.p50_ms), _ms(st.p99_ms))
+        + ((f"{r.overlapped * 100:.0f} %" if math.isfinite(r.overlapped) else "-") if name == "during copies" else "",)
+        for r in s.ranks
+        for name, st in r.run_by_class.items()
+    ]
+    if not rows or all(name == "no copies" for _, name, *_ in rows):
+        return []
+    cols = ("rank", "overlap class", "count", "p50 ms", "p99 ms", "overlapped")
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
+
+    def fmt(row: tuple[str, ...]) -> str:
+        return "  ".join(
+            v.ljust(w) if i in (0, 1) else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True))
+        )
+
+    return ["", fmt(cols).rstrip(), "  ".join("-" * w for w in widths), *(fmt(r).rstrip() for r in rows)]
 
 
 def _state(r: RankView) -> str:

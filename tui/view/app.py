@@ -23,6 +23,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer
 
+from tui.model.ab_experiment import ABSlot
 from tui.model.ingest import IngestLoop
 from tui.model.interfaces import (
     ControllerLike,
@@ -35,6 +36,7 @@ from tui.model.interfaces import (
     Source,
 )
 from tui.model.run_model import RunModel, Snapshot
+from tui.model.verdict import pcie_peak, verdict_text
 from tui.view.keys import KEYS, bindings
 from tui.view.messages import IngestError, SnapshotReady
 from tui.view.widgets.connect import ConnectPanel
@@ -43,6 +45,7 @@ from tui.view.widgets.help import HelpScreen, key_name
 from tui.view.widgets.links import LinksPanel, RankGpu
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from tui.view.widgets.status import ReplayBar, StatusLine
+from tui.view.widgets.verdict import VerdictLine
 from workers.wire.protocol import DIRECTIONS, MODES
 from workers.wire.settings import COPY_SCALES, MAX_COPIES
 
@@ -126,6 +129,9 @@ class CommtopApp(App[None]):
         self._errors: list[str] = []
         self._control: ControlView | None = None
         self._recording: RecordingStatus | None = None
+        #: The A/B experiment slot (key a); a sink, so it sees every message.
+        self.ab = ABSlot()
+        self.sinks.append(self.ab)
         self._sigterm_set = False
 
     # ----------------------------------------------------------------------- layout
@@ -133,6 +139,7 @@ class CommtopApp(App[None]):
     def compose(self) -> ComposeResult:
         header = GridHeader(id="grid-header")
         yield RunHeader(self.run_title, id="header")
+        yield VerdictLine(id="verdict")
         yield header
         if self.connect_lines:
             yield ConnectPanel(self.connect_lines, id="connect")
@@ -217,6 +224,7 @@ class CommtopApp(App[None]):
             grid = self.query_one(RankGrid)
             grid.show(snap)
             self.query_one(RunHeader).show(snap, self._control, self._recording)
+            self._show_verdict()
             links = self._links()
             if links is not None and snap.telemetry is not None:
                 try:
@@ -271,6 +279,8 @@ class CommtopApp(App[None]):
             self.query_one(RunHeader).show(self.snapshot, self._control, self._recording)
         if self.replay is not None:
             self.query_one(ReplayBar).show(self.replay.position())
+        self.ab.tick()
+        self._show_verdict()
         self._update_status()
 
     def _update_status(self) -> None:
@@ -307,6 +317,8 @@ class CommtopApp(App[None]):
             return self.replay is not None
         if action == "toggle_record":
             return self.recorder is not None
+        if action == "ab":
+            return self.controller is not None
         if action == "toggle_connect":
             return bool(self.connect_lines)
         return True
@@ -387,6 +399,35 @@ class CommtopApp(App[None]):
     def action_toggle_direction(self) -> None:
         cur = self._current().get("direction", DIRECTIONS[0])
         self._request({"direction": DIRECTIONS[1] if cur == DIRECTIONS[0] else DIRECTIONS[0]})
+
+    def _show_verdict(self) -> None:
+        snap = self.snapshot
+        peak = pcie_peak(snap.telemetry) if snap else None
+        self.query_one(VerdictLine).show(verdict_text(self.ab.progress(), snap.epochs if snap else None, peak))
+
+    def action_ab(self) -> None:
+        """Start an A/B of the current settings against none (a dialog lets you change both);
+        while one runs, stop it (the blocks so far still give a result)."""
+        if self.controller is None:
+            return
+        if self.ab.running:
+            self.ab.stop()
+            self.notify("A/B stopped early", timeout=2)
+            self._show_verdict()
+            return
+        from tui.view.widgets.ab_dialog import ABDialog
+
+        mode = str(self._current().get("mode", "overlap"))
+        b = f"mode={mode if mode != 'none' else 'overlap'}"
+        self.push_screen(ABDialog("mode=none", b), self._start_ab)
+
+    def _start_ab(self, choice: Any) -> None:
+        if choice is None or self.controller is None:
+            return
+        mark = self.recorder.write if self.recorder is not None else None
+        self.ab.start(self.controller, choice.a, choice.b, duration_s=choice.duration_s, mark=mark)
+        self.notify("A/B started: a again stops it", timeout=3)
+        self._show_verdict()
 
     def action_toggle_record(self) -> None:
         if self.recorder is None:

@@ -45,6 +45,13 @@ KEYS: tuple[Key, ...] = (
     Key("h", "toggle_pinned", "pinned", "Copies to/from pinned or pageable host memory", "live settings"),
     Key("d", "toggle_direction", "dir", "Copy direction: device→host (d2h) or host→device (h2d)", "live settings"),
     Key("r", "toggle_record", "rec", "Start or stop recording to a .commtop file", "app"),
+    Key(
+        "a",
+        "ab",
+        "A/B",
+        "A/B experiment: current settings vs none in random AB/BA blocks, B/A with a 95 % interval; a again stops it",
+        "live settings",
+    ),
     Key("space", "replay_pause", "pause", "Pause or resume the replay", "replay"),
     Key(
         "plus,equals_sign", "replay_speed(1)", "faster", "Replay faster (×2 a press, up to ×64)", "replay", display="+"

@@ -38,6 +38,7 @@ from workers.rank.timing import (
     NullTimer,
     Timer,
 )
+from workers.synthetic.delay import Delayer, delay_s
 from workers.wire.busbw import bus_factor, collective_bytes
 from workers.wire.config import LoopConfig
 from workers.wire.connection import Connection
@@ -262,11 +263,14 @@ def run_steps(
     copy_timer = instr.copy_timer
     it = 0
     step = 0
+    delayer = Delayer(torch, work.cuda)
+    wait = 0.0
     while not stop.requested and (iters == 0 or it < iters):
         settings, epoch = control.begin_step(it)
         if settings is not status.settings:
             status.settings = settings
             status.epoch = epoch
+            wait = delay_s(settings, work.rt.rank, work.rt.world_size)
         mode = settings.mode
         mode_index = MODE_INDEX[mode]
         instr.step_begin(step)
@@ -278,6 +282,8 @@ def run_steps(
                     dist.barrier()
         n = per_step if iters == 0 else min(per_step, iters - it)
         for _ in range(n):
+            if wait:
+                delayer.wait(wait, settings.delay_on)
             token = instr.coll_begin(it, step, epoch, mode_index)
             collective()
             instr.coll_end(token)

@@ -6,6 +6,7 @@ Only the fields of :class:`Settings` can be changed, each with a validated value
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -15,6 +16,9 @@ from workers.wire.protocol import DIRECTIONS, MODES
 MAX_COPIES = 16
 COPY_SCALES: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
 MAX_KNOBS = 32
+#: Longest injected straggler delay (ms) and where it can run (workers.synthetic.delay).
+MAX_DELAY_MS = 10_000.0
+DELAY_ON: tuple[str, ...] = ("host", "gpu")
 
 
 class SettingsError(ValueError):
@@ -29,6 +33,11 @@ class Settings:
     pinned: bool = True  # pinned (True) or pageable host memory
     direction: str = "d2h"  # one of DIRECTIONS
     knobs: dict[str, str] = field(default_factory=dict)  # user-declared knobs (workers.monitor)
+    #: A straggler on demand: rank ``delay_rank`` (-1: every rank r, r/(n-1) of it) waits
+    #: ``delay_ms`` before each collective, on the host or on the GPU (``delay_on``).
+    delay_ms: float = 0.0
+    delay_rank: int = 0
+    delay_on: str = "host"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,6 +59,12 @@ class Settings:
                 values["pinned"] = _bool(name, raw)
             elif name == "direction":
                 values["direction"] = _choice(name, raw, DIRECTIONS)
+            elif name == "delay_ms":
+                values["delay_ms"] = _float_in(name, raw, 0.0, MAX_DELAY_MS)
+            elif name == "delay_rank":
+                values["delay_rank"] = _int_in(name, raw, -1, 1 << 20)
+            elif name == "delay_on":
+                values["delay_on"] = _choice(name, raw, DELAY_ON)
             elif name == "knobs":
                 if not isinstance(raw, Mapping):
                     raise SettingsError("knobs must be a map of name -> value")
@@ -59,7 +74,7 @@ class Settings:
                 knob = name.removeprefix("knob.")
                 knobs[knob] = _knob(knob, raw, knob_choices)
             else:
-                allowed = "mode, copies, copy_scale, pinned, direction" + (
+                allowed = "mode, copies, copy_scale, pinned, direction, delay_ms, delay_rank, delay_on" + (
                     ", " + ", ".join(sorted(knob_choices)) if knob_choices else ""
                 )
                 raise SettingsError(f"unknown setting {name!r} (allowed: {allowed})")
@@ -69,7 +84,7 @@ class Settings:
 
 
 #: The fields a peer may send; anything else in a wire dict is ignored.
-FIELDS = ("mode", "copies", "copy_scale", "pinned", "direction", "knobs")
+FIELDS = ("mode", "copies", "copy_scale", "pinned", "direction", "knobs", "delay_ms", "delay_rank", "delay_on")
 #: Longest knob name or value a peer may report.
 MAX_KNOB_TEXT = 64
 
@@ -122,6 +137,16 @@ def _int_in(name: str, raw: Any, lo: int, hi: int) -> int:
         raise SettingsError(f"{name} must be an integer in {lo}..{hi}; got {raw!r}") from None
     if isinstance(raw, bool) or not lo <= value <= hi:
         raise SettingsError(f"{name} must be an integer in {lo}..{hi}; got {raw!r}")
+    return value
+
+
+def _float_in(name: str, raw: Any, lo: float, hi: float) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(raw, bool) or not lo <= value <= hi:
+        raise SettingsError(f"{name} must be a number in {lo:g}..{hi:g}; got {raw!r}")
     return value
 
 

@@ -1,0 +1,101 @@
+"""The A/B schedule alone: a fake controller (numbers epochs, no workers) and a hand-driven
+clock, with record batches made here: pairs in random AB/BA order, marks, the restore at the
+end, --until-ci, and link throughput per arm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tui.model.ab_experiment import ABExperiment, arm_link
+from tui.model.ab_stats import AB_MARK, Block, blocks_from_marks
+from tui.model.interfaces import ControlView
+from workers.wire.protocol import COLL, COLL_COLUMNS, Batch
+
+
+class FakeController:
+    """Test-only: accepts every change and numbers the epochs like the control server."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.epoch = 7
+
+    def request(self, changes: dict[str, Any], new_epoch: bool = False) -> str:
+        self.requests.append(dict(changes))
+        self.epoch += 1
+        return ""
+
+    @property
+    def desired(self) -> tuple[int, Any]:
+        return (self.epoch, None)
+
+    def view(self) -> ControlView:
+        return ControlView(requested={"mode": "overlap", "copies": 5})
+
+
+def batch(epoch: int, n: int, dur_us: float, t0: int) -> Batch:
+    cols = {name: np.zeros(n, dtype=dt) for name, dt in COLL_COLUMNS.items()}
+    cols["epoch"][:] = epoch
+    cols["step"][:] = np.arange(n) // 4
+    cols["start_ns"][:] = t0 + np.arange(n) * 1_000_000
+    cols["dur_us"][:] = dur_us * np.exp(np.random.default_rng(epoch).normal(0, 0.01, n))
+    return Batch(COLL, 0, 0, 0, cols)
+
+
+def drive(exp: ABExperiment, ctl: FakeController, effect: float, max_ticks: int = 400) -> None:
+    """Tick the experiment; after each new block, deliver that epoch's records (B slower)."""
+    now = [0.0]
+    exp.clock = lambda: now[0]
+    delivered: set[int] = set()
+    for _ in range(max_ticks):
+        if exp.tick():
+            return
+        for blk in exp.blocks:
+            if blk.epoch not in delivered:
+                delivered.add(blk.epoch)
+                exp.write(batch(blk.epoch, 200, 100.0 * (effect if blk.arm == "B" else 1.0), int(now[0] * 1e9)))
+        now[0] += 0.25
+    raise AssertionError("the experiment never ended")
+
+
+def test_pairs_in_random_order_marks_and_restore() -> None:
+    ctl = FakeController()
+    marks: list[dict[str, Any]] = []
+    exp = ABExperiment(
+        ctl, {"mode": "none"}, {"mode": "overlap"}, duration_s=10, block_s=1.0, seed=3, mark=marks.append
+    )
+    drive(exp, ctl, effect=1.1)
+    assert exp.state == "done"
+    pairs: dict[int, list[str]] = {}
+    for blk in exp.blocks:
+        pairs.setdefault(blk.pair, []).append(blk.arm)
+    orders = {"".join(arms) for arms in pairs.values()}
+    assert all(sorted(arms) == ["A", "B"] for arms in pairs.values())
+    assert orders == {"AB", "BA"}  # both orders occur (seeded)
+    assert ctl.requests[-1] == {"mode": "overlap"}  # the settings from before are back
+    assert [m["event"] for m in marks][0] == "start" and marks[-1]["event"] == "end"
+    assert all(m["k"] == AB_MARK for m in marks)
+    ((start, blocks),) = blocks_from_marks([(0, m) for m in marks])
+    assert blocks == exp.blocks and start["a"] == "mode=none" and start["b"] == "mode=overlap"
+    res = exp.result()
+    assert res.pairs == len(pairs) and res.overall.p50.detectable
+    assert abs(res.overall.p50.estimate - 1.1) < 0.01
+
+
+def test_until_ci_stops_once_the_interval_is_narrow() -> None:
+    ctl = FakeController()
+    exp = ABExperiment(ctl, {"mode": "none"}, {"mode": "sync"}, duration_s=1000, until_ci_pct=1.0, block_s=0.5, seed=1)
+    drive(exp, ctl, effect=1.05)
+    res = exp.result()
+    assert exp.state == "done" and res.pairs < 20  # long before 1000 s
+    assert res.overall.p50.half_width_pct <= 1.0
+
+
+def test_link_throughput_is_averaged_over_each_arms_blocks() -> None:
+    blocks = [Block(1, "A", 0), Block(2, "B", 0)]
+    windows = {1: (0, 10), 2: (20, 30)}
+    ticks = [(5, 1.0, float("nan")), (8, 3.0, float("nan")), (25, 50.0, float("nan")), (40, 99.0, float("nan"))]
+    assert arm_link(blocks, windows, ticks) == (2.0, 50.0)
+    with_nvlink = [(5, 1.0, 100.0), (25, 2.0, 0.0)]
+    assert arm_link(blocks, windows, with_nvlink) == (101.0, 2.0)  # NVLink adds where it carries traffic

@@ -1,0 +1,68 @@
+"""The verdict line's text: adjacent epochs (marked as not an A/B), an A/B's progress and
+result, and copy bandwidth as a share of the PCIe peak."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from test_overlap_live import coll_cols, copy_cols
+
+from tui.model.ab_experiment import Progress
+from tui.model.ab_stats import Block, analyse
+from tui.model.overlap_live import RankOverlap
+from tui.model.verdict import LinkPeak, compare_epochs, pcie_peak, verdict_text
+
+
+def test_adjacent_epochs_compare_copies_against_the_epoch_without() -> None:
+    ov = RankOverlap()
+    # epoch 0, mode overlap (1): 40 collectives of 120 us, the first 20 during a copy
+    cc = coll_cols([0] * 40, [i * 200_000 for i in range(40)], dur_us=120.0, epoch=0)
+    cc["mode"][:] = 1
+    ov.add_coll(cc)
+    ov.add_copy(copy_cols([0], [0], 4000.0) | {"epoch": np.zeros(1, dtype=np.int32)})
+    # epoch 1, mode none (0): 40 collectives of 100 us
+    cn = coll_cols([1] * 40, [10_000_000 + i * 200_000 for i in range(40)], dur_us=100.0, epoch=1)
+    cn["mode"][:] = 0
+    ov.add_coll(cn)
+    ov.flush()
+    c = compare_epochs([ov], [])
+    assert c is not None and (c.base_mode, c.other_mode) == ("none", "overlap")  # none is the baseline
+    text = verdict_text(None, c)
+    assert text.startswith("overlap vs none: p50 +20.0 % · during copies +20.0 % · after +20.0 %")
+    assert "not an A/B, no interval" in text
+
+
+def test_ab_progress_and_result_lines() -> None:
+    blocks = [Block(1, "A", 0), Block(2, "B", 0), Block(3, "B", 1), Block(4, "A", 1)]
+    coll = {
+        "epoch": np.repeat([1, 2, 3, 4], 10),
+        "dur_us": np.repeat([100.0, 110.0, 111.0, 101.0], 10),
+        "cls": np.repeat(np.array([0, 1, 1, 0], dtype=np.uint8), 10),
+    }
+    copy = {"epoch": np.array([2, 3]), "nbytes": np.array([55_000_000, 55_000_000]), "dur_us": np.array([1e3, 1e3])}
+    res = analyse(blocks, coll, copy, a="mode=none", b="mode=overlap")
+    peak = LinkPeak(63.0, "PCIe Gen5 x16")
+    running = Progress("running", 2, 4, 5.0, 30.0, "", res)
+    assert verdict_text(running, None, peak).startswith("A/B running: 4 blocks, 2 pairs, 5/30 s · so far mode=overlap")
+    done = verdict_text(Progress("done", 2, 4, 9.0, 30.0, "", res), None, peak)
+    assert done.startswith("A/B mode=overlap vs mode=none: p50 +10.0 % [+9.3, +10.6] · during copies +10.0 %")
+    assert "copies 55.0 GB/s = 87 % of PCIe Gen5 x16 (theoretical 63.0 GB/s)" in done
+    assert verdict_text(Progress("failed", 0, 1, 1.0, 30.0, "no records", None), None).startswith("A/B failed")
+
+
+def test_pcie_peak_from_telemetry_rows() -> None:
+    @dataclass
+    class Row:  # the fields of tui.model.telemetry.GpuRow that are read
+        pcie_peak_gbps: float
+        pcie_gen: int
+        pcie_width: int
+
+    @dataclass
+    class Tele:
+        gpus: tuple[Row, ...]
+
+    assert pcie_peak(None) is None
+    assert pcie_peak(Tele((Row(float("nan"), -1, -1),))) is None
+    peak = pcie_peak(Tele((Row(63.0, 5, 16),)))
+    assert peak == LinkPeak(63.0, "PCIe Gen5 x16") and peak.share(float("nan")) == ""

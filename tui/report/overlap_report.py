@@ -1,0 +1,123 @@
+"""Overlap classes in `commtop report`: per epoch and rank, n / p50 / p99 of the collectives
+that ran during copies (with the overlapped fraction), after their step's copies, and in
+steps without copies. The labels come from workers.wire.overlap, the one classifier the live
+model and `commtop ab` use too."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from workers.wire.overlap import AFTER, CLASS_KEYS, CLASSES, DURING, NO_COPIES, classify_ranks, end_ns
+from workers.wire.stats import percentile
+
+#: Flat fields added to every report row (json and csv get one column each).
+_ORDER = ((DURING, "during"), (AFTER, "after"), (NO_COPIES, "none"))
+
+
+def classify_tables(coll: Mapping[str, np.ndarray], copy: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(class, overlapped fraction) of every collective record of a recording's tables."""
+    return classify_ranks(
+        coll["rank"],
+        coll["start_ns"],
+        end_ns(coll["start_ns"], coll["dur_us"]),
+        coll["step"],
+        copy["rank"],
+        copy["start_ns"],
+        end_ns(copy["start_ns"], copy["dur_us"]),
+        copy["step"],
+    )
+
+
+def _p(values: np.ndarray, q: float) -> float:
+    return percentile(values, q)
+
+
+def class_fields(dur_us: np.ndarray, cls: np.ndarray, frac: np.ndarray) -> dict[str, Any]:
+    """{during_n, during_p50_us, during_p99_us, during_overlap, after_n, ..., none_p99_us}."""
+    out: dict[str, Any] = {}
+    for c, key in _ORDER:
+        sel = cls == c
+        d = dur_us[sel]
+        out[f"{key}_n"] = int(len(d))
+        out[f"{key}_p50_us"] = _p(d, 50)
+        out[f"{key}_p99_us"] = _p(d, 99)
+        if c == DURING:
+            out["during_overlap"] = float(frac[sel].mean()) if len(d) else math.nan
+    return out
+
+
+def class_p50s(dur_us: np.ndarray, cls: np.ndarray) -> tuple[float, float, float]:
+    """p50 of the collectives during copies, after copies, with no copies (NaN where none)."""
+    return (_p(dur_us[cls == DURING], 50), _p(dur_us[cls == AFTER], 50), _p(dur_us[cls == NO_COPIES], 50))
+
+
+def format_class_table(rows: Sequence[Any]) -> list[str]:
+    """Lines of the per-class section of the report table (rows: tui.report.compute.Row)."""
+    from tui.report.compute import aligned_table, fmt_num
+
+    head = ("epoch", "mode", "rank", "class", "n", "p50 ms", "p99 ms", "overlapped")
+    body: list[tuple[str, ...]] = []
+    keys: list[int] = []
+    for r in rows:
+        for c, key in _ORDER:
+            n = getattr(r, f"{key}_n", 0)
+            if not n:
+                continue
+            body.append(
+                (
+                    str(r.epoch),
+                    r.mode,
+                    "all" if r.rank is None else str(r.rank),
+                    CLASSES[c],
+                    str(n),
+                    fmt_num(getattr(r, f"{key}_p50_us") / 1e3, "{:.3f}"),
+                    fmt_num(getattr(r, f"{key}_p99_us") / 1e3, "{:.3f}"),
+                    fmt_num(r.during_overlap * 100, "{:.0f} %") if c == DURING else "",
+                )
+            )
+            keys.append(r.epoch)
+    if not body:
+        return []
+    return [
+        "",
+        "per overlap class (during copies: overlapped by a copy of the same GPU, with the mean overlapped fraction;",
+        "after copies: its step's copies had all finished; no copies: neither)",
+        *aligned_table(head, body, keys, left={1, 3}),
+    ]
+
+
+def ab_sections(
+    tables: Any, cls: np.ndarray, frac: np.ndarray, link: Callable[[int, int], float] | None = None
+) -> list[Any]:
+    """The A/B experiments recorded in ``tables`` (their marks), re-analysed from the records.
+    ``link(t0, t1)``: link tx GB/s over a time window, averaged per arm over its blocks."""
+    from tui.model.ab_stats import analyse, blocks_from_marks
+
+    out = []
+    coll = {"epoch": tables.coll["epoch"], "dur_us": tables.coll["dur_us"], "cls": cls, "frac": frac}
+    for start, blocks in blocks_from_marks(tables.other):
+        link_gbps = (math.nan, math.nan)
+        if link is not None and blocks:
+            epochs = np.asarray(tables.coll["epoch"])
+            starts = np.asarray(tables.coll["start_ns"])
+            per_arm: dict[str, list[float]] = {"A": [], "B": []}
+            for blk in blocks:
+                sel = epochs == blk.epoch
+                if sel.any():
+                    per_arm[blk.arm].append(link(int(starts[sel].min()), int(starts[sel].max())))
+            a_vals = [v for v in per_arm["A"] if math.isfinite(v)]
+            b_vals = [v for v in per_arm["B"] if math.isfinite(v)]
+            link_gbps = (
+                sum(a_vals) / len(a_vals) if a_vals else math.nan,
+                sum(b_vals) / len(b_vals) if b_vals else math.nan,
+            )
+        a, b = str(start.get("a", "A")), str(start.get("b", "B"))
+        out.append(analyse(blocks, coll, tables.copy, a=a, b=b, link_gbps=link_gbps))
+    return out
+
+
+__all__ = ["CLASS_KEYS", "ab_sections", "class_fields", "class_p50s", "classify_tables", "format_class_table"]

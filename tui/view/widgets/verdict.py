@@ -1,0 +1,44 @@
+"""The verdict line under the header: the latest answer (an A/B's, with its interval), a
+running A/B's progress, or the two newest epochs compared (marked: no interval)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from tui.view.widgets.palette import ACCENT, MUTED, TEXT, WARN, style
+
+
+class VerdictLine(Widget):
+    """One line; the text comes from tui.model.verdict.verdict_text."""
+
+    DEFAULT_CSS = "VerdictLine { height: 1; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._text = ""
+
+    def show(self, text: str) -> None:
+        if text != self._text:
+            self._text = text
+            self.refresh()
+
+    def render(self) -> Text:
+        text = self._text
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if text.startswith("A/B running"):
+            t.append("◔ ", style=style(WARN, bold=True))
+            t.append(text, style=style(TEXT))
+        elif text.startswith("A/B failed"):
+            t.append("✗ ", style=style(WARN, bold=True))
+            t.append(text, style=style(WARN))
+        elif text.startswith("A/B "):
+            t.append("◆ ", style=style(ACCENT, bold=True))
+            t.append(text, style=style(ACCENT, bold=True))
+        else:
+            head, sep, tail = text.partition("  (")
+            t.append("≈ ", style=style(MUTED))
+            t.append(head, style=style(TEXT))
+            if sep:
+                t.append("  (" + tail, style=style(MUTED))
+        return t
