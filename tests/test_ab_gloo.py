@@ -17,7 +17,7 @@ import pytest
 
 from tui.cli import ab_launch
 from tui.model.ab_stats import Block, analyse
-from tui.report import compute as report
+from tui.report import command
 from tui.run import ab
 from workers.wire import connection
 
@@ -77,10 +77,10 @@ def test_aa_experiment_interval_contains_one(
         covered += not analyse(blocks, coll, copy).overall.p50.detectable
     assert covered >= 18
     capsys.readouterr()
-    assert report.main([str(path), "--format", "json"]) == 0
+    assert command.main([str(path), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [x["verdict"] for x in doc["ab"]] == [res.verdict()]
-    assert report.main([str(path)]) == 0
+    assert command.main([str(path)]) == 0
     assert f"verdict: {res.verdict()}" in capsys.readouterr().out
 
 

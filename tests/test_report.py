@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from recording_synth import DEFAULT_EPOCHS, TENSOR, Epoch, synth_run, write_recording
 
+from tui.report import command
 from tui.report import compute as report
 from workers.wire import protocol as p
 
@@ -29,7 +30,7 @@ def run(tmp_path_factory) -> tuple[Path, list]:
 
 
 def call(capsys, *argv: str) -> tuple[int, str, str]:
-    rc = report.main(list(argv))
+    rc = command.main(list(argv))
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -208,7 +209,7 @@ def test_the_command_line_exit_code(tmp_path: Path) -> None:
     bad = tmp_path / "x.txt"
     bad.write_text("not a recording\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "tui.report.compute", str(bad)], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "tui.report.command", str(bad)], capture_output=True, text=True, cwd=ROOT
     )
     assert proc.returncode == 1 and proc.stderr == f"commtop report: error: {bad} is not a commtop recording\n"
 
@@ -258,7 +259,7 @@ def test_window_limits_every_output(capsys, run, tmp_path: Path) -> None:
     events = json.loads(out.read_text())["traceEvents"]
     assert {e["args"]["epoch"] for e in events if e["ph"] == "X"} == {1, 2}
     with pytest.raises(SystemExit) as exc:
-        report.main([str(path), "--window", "5:1"])
+        command.main([str(path), "--window", "5:1"])
     assert exc.value.code == 2
     assert "expected FROM:TO in seconds" in capsys.readouterr().err
 
@@ -309,8 +310,8 @@ def test_plot_without_matplotlib_is_one_line(run, tmp_path: Path) -> None:
     path, _ = run
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"
-        "from tui.report import compute as report\n"
-        f"raise SystemExit(report.main([{str(path)!r}, '--plot', {str(tmp_path / 'p.png')!r}]))"
+        "from tui.report import command\n"
+        f"raise SystemExit(command.main([{str(path)!r}, '--plot', {str(tmp_path / 'p.png')!r}]))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1

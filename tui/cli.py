@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return ab.main(argv[1:], ab_launch())
     if argv and argv[0] == "report":
-        from tui.report import compute as report
+        from tui.report import command as report
 
         return report.main(argv[1:])
     script: list[str] = []

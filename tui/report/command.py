@@ -1,0 +1,180 @@
+"""``commtop report``: the command line over the report's parts (compute, compare, trace, plot).
+
+It sits above both :mod:`tui.report.compute` and :mod:`tui.report.compare`, so neither
+imports the other's caller (compare builds on compute; compute knows nothing of compare).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+from tui.recordings.format import RecordingError, open_recording
+from tui.report import compare
+from tui.report.compute import (
+    REPORT_COLUMNS,
+    TRACE_WARN_BYTES,
+    build_report,
+    format_csv,
+    format_json,
+    format_table,
+    window_tables,
+    write_records_csv,
+)
+
+
+def build_parser(prog: str = "commtop report") -> argparse.ArgumentParser:
+    from tui.args import OneLineParser
+
+    ap = OneLineParser(
+        prog=prog,
+        description="Summarise a commtop recording per settings epoch and rank; export CSV, a Perfetto trace or a plot; "
+        "or compare recordings per offload mode (commtop report A B).",
+    )
+    ap.add_argument(
+        "file",
+        nargs="+",
+        help="a .commtop recording; two or more: compare them per offload mode, each against the first",
+    )
+    ap.add_argument("--format", choices=("table", "json", "csv"), default=None, help="report format (default table)")
+    ap.add_argument("--records", action="store_true", help="with --format csv: one row per collective record")
+    ap.add_argument("--trace", metavar="OUT.json", help="write a Chrome/Perfetto trace (open in ui.perfetto.dev)")
+    ap.add_argument("--plot", metavar="OUT.png", help="plot latency per rank by mode, and link throughput (matplotlib)")
+    ap.add_argument("-o", "--output", metavar="PATH", help="write the report here instead of stdout")
+    ap.add_argument(
+        "--window",
+        metavar="FROM:TO",
+        type=_window_arg,
+        help="only records that start FROM..TO seconds after the first one (either may be empty), e.g. 60:90 "
+        "(large recordings make traces too big for a browser)",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`commtop report ...`: 0 on success, 1 on a file that is not a recording or a failed write."""
+    ns = build_parser().parse_args(argv)
+    return run(ns)
+
+
+def _err(message: str) -> int:
+    print(f"commtop report: error: {message}", file=sys.stderr)
+    return 1
+
+
+def _window_arg(text: str) -> tuple[float, float]:
+    lo, sep, hi = text.partition(":")
+    try:
+        window = (float(lo) if lo.strip() else 0.0, float(hi) if hi.strip() else math.inf)
+    except ValueError:
+        window = (math.nan, math.nan)
+    if not sep or not window[0] <= window[1]:
+        raise argparse.ArgumentTypeError(f"expected FROM:TO in seconds (FROM <= TO), got {text!r}")
+    return window
+
+
+def run(ns: argparse.Namespace) -> int:
+    if ns.records and ns.format not in (None, "csv"):
+        return _err("--records needs --format csv")
+    if len(ns.file) > 1:
+        return run_compare(ns)
+    ns.file = ns.file[0]
+    fmt = ns.format or ("csv" if ns.records else None)
+    if fmt is None and not (ns.trace or ns.plot):
+        fmt = "table"
+    if ns.plot:  # fail before reading a big file
+        from tui.report.plot import matplotlib_missing
+
+        missing = matplotlib_missing()
+        if missing:
+            return _err(missing)
+    try:
+        rec = open_recording(ns.file)
+    except RecordingError as exc:
+        return _err(str(exc))
+    with rec:
+        if rec.summary() and not (fmt == "table" and not ns.output):  # the table on stdout says it itself
+            print(f"commtop report: warning: {rec.summary()}", file=sys.stderr)
+        wanted = None if ns.records or ns.trace else REPORT_COLUMNS
+        tables = rec.tables(coll_columns=wanted)
+        if ns.window:
+            tables = window_tables(tables, ns.window)
+        try:
+            if ns.trace:
+                from tui.report.trace import write_trace
+
+                events = write_trace(rec, tables, ns.trace)
+                print(
+                    f"commtop report: wrote {events:,} trace events to {ns.trace} (open in https://ui.perfetto.dev)",
+                    file=sys.stderr,
+                )
+                size = os.path.getsize(ns.trace)
+                if size > TRACE_WARN_BYTES:
+                    print(
+                        f"commtop report: warning: the trace is {size / 1e9:.1f} GB; browsers give up near 1 GB: "
+                        "pick a part with --window FROM:TO (seconds)",
+                        file=sys.stderr,
+                    )
+            if ns.plot:
+                from tui.report.plot import plot_recording
+
+                plot_recording(rec, tables, ns.plot)
+                print(f"commtop report: wrote {ns.plot}", file=sys.stderr)
+            if fmt is None:
+                return 0
+            out = open(ns.output, "w", newline="") if ns.output else sys.stdout  # noqa: SIM115
+            try:
+                if ns.records:
+                    write_records_csv(tables, out)
+                else:
+                    report = build_report(rec, tables)
+                    out.write({"table": format_table, "json": format_json, "csv": format_csv}[fmt](report))
+            finally:
+                if out is not sys.stdout:
+                    out.close()
+        except BrokenPipeError:  # `commtop report ... | head`: fine, and no noise at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        except OSError as exc:
+            return _err(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+    return 0
+
+
+def run_compare(ns: argparse.Namespace) -> int:
+    """`commtop report A B ...`: one summary per recording, lined up per mode (tui.report.compare)."""
+
+    if ns.records or ns.trace or ns.plot:
+        return _err("--records, --trace and --plot take one recording; compare with `commtop report A B` alone")
+    reports = []
+    for path in ns.file:
+        try:
+            rec = open_recording(path)
+        except RecordingError as exc:
+            return _err(str(exc))
+        with rec:
+            if rec.summary():
+                print(f"commtop report: warning: {path}: {rec.summary()}", file=sys.stderr)
+            tables = rec.tables(coll_columns=REPORT_COLUMNS)
+            if ns.window:
+                tables = window_tables(tables, ns.window)
+            reports.append(build_report(rec, tables))
+    text = {"table": compare.format_table, "json": compare.format_json, "csv": compare.format_csv}[
+        ns.format or "table"
+    ](compare.compare(reports))
+    try:
+        if ns.output:
+            with open(ns.output, "w", newline="") as out:
+                out.write(text)
+        else:
+            sys.stdout.write(text)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as exc:
+        return _err(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
