@@ -504,3 +504,24 @@ class SyntheticCluster:
         for sock in self._socks:
             sock.close(linger=1000)
         self._socks.clear()
+
+
+def open_tcp_collector(label: str = "2nodes") -> tuple[Any, Any, int]:
+    """A collector on three free TCP ports (PORT..PORT+2) and a rendezvous port apart from them.
+    A port found free can be taken before it is bound (other tests run beside this one on a
+    loaded CI machine): another block is tried then."""
+    from tui.cli import CollectorError, open_collector
+    from workers.wire import connection as connections
+
+    for _ in range(10):
+        port, rdzv = free_port(), free_port()
+        if port <= rdzv <= port + 2:
+            continue
+        data, control, request = connections.tcp_endpoints(f"tcp://127.0.0.1:{port}")
+        conn = connections.create_run(data=data, control=control, request=request, label=label)
+        try:
+            return conn, open_collector(conn, None), rdzv
+        except CollectorError as exc:
+            if "in use" not in str(exc):
+                raise
+    raise AssertionError("no free block of three TCP ports in 10 tries")

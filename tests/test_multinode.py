@@ -10,11 +10,9 @@ import signal
 import time
 
 import pytest
-from synthetic_ranks import SMALL_JOB, child_env, free_port, short_runtime_dir, start_job
+from synthetic_ranks import SMALL_JOB, child_env, open_tcp_collector, short_runtime_dir, start_job
 
-from tui.cli import open_collector
 from tui.model.ingest import IngestLoop
-from workers.wire import connection as connections
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -22,10 +20,8 @@ pytestmark = pytest.mark.timeout(150)
 def test_two_nodes_one_collector_ranks_and_telemetry_per_host(monkeypatch: pytest.MonkeyPatch) -> None:
     rt = short_runtime_dir()
     monkeypatch.setenv("COMMTOP_RUNTIME_DIR", rt)
-    port, rdzv = free_port(), free_port()
-    data, control, request = connections.tcp_endpoints(f"tcp://127.0.0.1:{port}")
-    conn = connections.create_run(data=data, control=control, request=request, label="2nodes")
-    collector = open_collector(conn, None)
+    conn, collector, rdzv = open_tcp_collector()
+    data = conn.data
     loop = IngestLoop(collector.source, collector.model, sinks=collector.sinks)
     loop.start()
     jobs = []

@@ -20,13 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from synthetic_ranks import REPO, SMALL_JOB, child_env, free_port, short_runtime_dir, start_job
+from synthetic_ranks import REPO, SMALL_JOB, child_env, open_tcp_collector, short_runtime_dir, start_job
 from test_prometheus_metrics import dashboard_queries
 
-from tui.cli import open_collector
 from tui.model.ingest import IngestLoop
 from tui.recordings.format import open_recording
-from workers.wire import connection as connections
 
 pytestmark = pytest.mark.timeout(240)
 ITERS = 1500
@@ -149,10 +147,8 @@ def test_two_scrapes_of_a_real_run_match_its_recording(tmp_path: Path) -> None:
 def test_two_nodes_expose_two_endpoints_whose_sums_are_the_whole_run(monkeypatch: pytest.MonkeyPatch) -> None:
     rt = short_runtime_dir()
     monkeypatch.setenv("COMMTOP_RUNTIME_DIR", rt)
-    port, rdzv = free_port(), free_port()
-    data, control, request = connections.tcp_endpoints(f"tcp://127.0.0.1:{port}")
-    conn = connections.create_run(data=data, control=control, request=request, label="2nodes")
-    collector = open_collector(conn, None)
+    conn, collector, rdzv = open_tcp_collector()
+    data = conn.data
     loop = IngestLoop(collector.source, collector.model, sinks=collector.sinks)
     loop.start()
     jobs, pids = [], []
