@@ -128,3 +128,9 @@ def test_verdict_line_after_an_ab_experiment(snap_compare: Any) -> None:
     app, show = frozen_app(2, iterations=1000)
     app.ab._final = Progress("done", 6, 12, 14.0, 14.0, "", result)
     assert snap_compare(app, terminal_size=(160, 20), run_before=show)
+
+
+def test_help_screen_lists_every_key(snap_compare: Any) -> None:
+    """The help screen draws its text (an auto-sized scroll container once drew an empty box)."""
+    app, show = frozen_app(2)
+    assert snap_compare(app, terminal_size=(120, 45), run_before=show, press=["question_mark"])

@@ -52,9 +52,10 @@ class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll {
-        width: auto; max-width: 100; height: auto; max-height: 90%;
+        width: 108; max-width: 100%; height: 90%;
         padding: 1 2; border: round $accent; background: #161b22;
     }
+    HelpScreen Static { width: 100%; height: auto; }
     """
     BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "close")]
 
