@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from workers.capture.cupti_copies import ClockMap, decode_copies
-from workers.capture.flight_recorder import FrCursor, entry_nbytes, op_name, read_all
+from workers.capture.flight_recorder import FrCursor, entry_nbytes, load_dump, op_name, read_all
 from workers.capture.rows import RowMaker, StepTimeline
 from workers.monitor.records import MONITOR_COLL_ROW, OPS
 from workers.rank.publisher import COPY_ROW
@@ -29,8 +29,7 @@ MIB = 1 << 20
 
 @pytest.fixture
 def dump() -> dict:
-    with open(FR_DUMP, "rb") as f:
-        return pickle.load(f)
+    return load_dump(FR_DUMP.read_bytes())  # the real H200 dump loads as plain data
 
 
 def test_flight_recorder_dump_decodes_to_the_collectives_the_probe_issued(dump: dict) -> None:
@@ -141,3 +140,12 @@ def test_rows_take_their_step_from_the_timeline_and_fit_the_batch_dtypes(dump: d
     copies = decode_copies(data["records"], ClockMap.from_pairs(data["clock_pairs"]))
     carr = np.array([maker.copy_row(c, epoch=0) for c in copies], dtype=COPY_ROW)
     assert carr["nbytes"][0] == 32 * MIB and carr["pinned"][0] == 1 and carr["direction"][1] == 1
+
+
+def test_a_dump_that_names_a_class_or_function_is_refused() -> None:
+    import os
+
+    with pytest.raises(pickle.UnpicklingError):
+        load_dump(pickle.dumps({"entries": [os.getcwd]}))
+    with pytest.raises(pickle.UnpicklingError):
+        load_dump(pickle.dumps([1, 2]))

@@ -16,14 +16,13 @@ thread and keeps only DtoH/HtoD records as 6 integers each.
 from __future__ import annotations
 
 import logging
-import pickle
 import threading
 import time
 from collections import deque
 from typing import Any
 
 from workers.capture.cupti_copies import DTOH, HTOD, ClockMap, decode_copy
-from workers.capture.flight_recorder import FrCursor
+from workers.capture.flight_recorder import FrCursor, load_dump
 from workers.capture.rows import RowMaker, StepTimeline
 
 log = logging.getLogger("commtop.capture")
@@ -64,9 +63,7 @@ class FlightRecorderSource:
     def read(self) -> list[Any]:
         t0 = time.perf_counter()
         raw = self.dump_fn(includeCollectives=True, includeStackTraces=False, onlyActive=False)
-        # The bytes come from torch's own Flight Recorder in this process (its dump API returns
-        # a pickle), never from a socket or a file: nothing untrusted is unpickled here.
-        rows = self.cursor.read(pickle.loads(raw))
+        rows = self.cursor.read(load_dump(raw))  # plain data only: no class is ever loaded
         cost = time.perf_counter() - t0
         self.last_cost_s = cost
         self.dumps += 1

@@ -15,9 +15,29 @@ total input for reduce_scatter), as :mod:`workers.monitor.patch` does, so busbw 
 
 from __future__ import annotations
 
+import io
+import pickle
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+
+class _PlainData(pickle.Unpickler):
+    """Unpickles dicts, lists, tuples, strings and numbers only: any class or function a pickle
+    names is refused, so loading a dump can never run code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"a Flight Recorder dump names {module}.{name}: refused (plain data only)")
+
+
+def load_dump(raw: bytes) -> dict[str, Any]:
+    """A Flight Recorder dump (the bytes torch's dump API returns) as plain data; raises
+    pickle.UnpicklingError for anything but plain data (torch 2.11's dumps are plain data)."""
+    data = _PlainData(io.BytesIO(raw)).load()
+    if not isinstance(data, dict):
+        raise pickle.UnpicklingError(f"a Flight Recorder dump is a map, not {type(data).__name__}")
+    return data
+
 
 #: c10 ScalarType names as Flight Recorder writes them -> bytes per element.
 DTYPE_BYTES: dict[str, int] = {
