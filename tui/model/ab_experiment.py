@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from tui.model.ab_stats import AB_MARK, ABResult, Block, analyse
-from workers.wire.overlap import classify_ranks, end_ns
+from workers.wire.overlap import classify_columns
 from workers.wire.protocol import COLL, TELEM, Batch, ProtocolError
 from workers.wire.telemetry import decode_tick
 
@@ -289,17 +289,7 @@ class ABExperiment:
             coll_parts, copy_parts = list(self._coll), list(self._copy)
         coll = _concat(coll_parts, _COLL_KEEP)
         copy = _concat(copy_parts, _COPY_KEEP)
-        cls, frac = classify_ranks(
-            coll["rank"],
-            coll["start_ns"],
-            end_ns(coll["start_ns"], coll["dur_us"]),
-            coll["step"],
-            copy["rank"],
-            copy["start_ns"],
-            end_ns(copy["start_ns"], copy["dur_us"]),
-            copy["step"],
-        )
-        coll["cls"], coll["frac"] = cls, frac
+        coll["cls"], coll["frac"] = classify_columns(coll, copy)
         return coll, copy
 
     def result(self) -> ABResult:

@@ -25,10 +25,10 @@ import numpy as np
 from tui.model.ab_stats import as_json as ab_json
 from tui.model.ab_stats import format_table as ab_table
 from tui.recordings.format import Recording, Tables, run_metadata
-from tui.report.overlap_report import ab_sections, class_fields, class_p50s, classify_tables, format_class_table
+from tui.report.overlap_report import ab_sections, class_fields, class_p50s, format_class_table
 from tui.report.peaks import Peaks, link_peaks, peak_fields, peaks_line
 from workers.wire import protocol as p
-from workers.wire.overlap import CLASS_KEYS
+from workers.wire.overlap import CLASS_KEYS, classify_columns
 from workers.wire.stats import percentiles, percentiles_and_max
 from workers.wire.telemetry import Tick
 
@@ -397,7 +397,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     g = _group(coll["epoch"], coll["rank"])
     order = g.order
     dur32 = coll["dur_us"][order]  # percentiles sort these (workers.wire.stats)
-    ocls, ofrac = classify_tables(coll, copy)
+    ocls, ofrac = classify_columns(coll, copy)
     ab = tuple(ab_sections(tables, ocls, ofrac, lambda t0, t1: _link_tx(telemetry, t0, t1)))
     ocls, ofrac = ocls[order], ofrac[order]
     mode = coll["mode"][order]
@@ -753,7 +753,7 @@ def write_records_csv(tables: Tables, out: IO[str], block: int = 100_000) -> int
     ops = np.array(list(p.OP_NAMES) + [f"op{i}" for i in range(len(p.OP_NAMES), 256)], dtype=object)
     fmt = "%d,%d,%d,%d,%s,%s,%d,%d,%d,%.9g,%.9g,%.9g,%d,%s,%.4g\n"
     n = len(coll["dur_us"])
-    ocls, ofrac = classify_tables(coll, tables.copy)
+    ocls, ofrac = classify_columns(coll, tables.copy)
     classes = np.array(CLASS_KEYS, dtype=object)
     for a in range(0, n, block):
         s = slice(a, a + block)

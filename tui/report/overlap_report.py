@@ -6,30 +6,16 @@ model and `commtop ab` use too."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from workers.wire.overlap import AFTER, CLASS_KEYS, CLASSES, DURING, NO_COPIES, classify_ranks, end_ns
+from workers.wire.overlap import AFTER, CLASS_KEYS, CLASSES, DURING, NO_COPIES
 from workers.wire.stats import percentile
 
 #: Flat fields added to every report row (json and csv get one column each).
 _ORDER = ((DURING, "during"), (AFTER, "after"), (NO_COPIES, "none"))
-
-
-def classify_tables(coll: Mapping[str, np.ndarray], copy: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(class, overlapped fraction) of every collective record of a recording's tables."""
-    return classify_ranks(
-        coll["rank"],
-        coll["start_ns"],
-        end_ns(coll["start_ns"], coll["dur_us"]),
-        coll["step"],
-        copy["rank"],
-        copy["start_ns"],
-        end_ns(copy["start_ns"], copy["dur_us"]),
-        copy["step"],
-    )
 
 
 def _p(values: np.ndarray, q: float) -> float:
@@ -120,4 +106,4 @@ def ab_sections(
     return out
 
 
-__all__ = ["CLASS_KEYS", "ab_sections", "class_fields", "class_p50s", "classify_tables", "format_class_table"]
+__all__ = ["CLASS_KEYS", "ab_sections", "class_fields", "class_p50s", "format_class_table"]

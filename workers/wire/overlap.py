@@ -21,6 +21,8 @@ Torch-free, numpy only, vectorised: a batch costs a fixed number of numpy calls.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 NO_COPIES, DURING, AFTER = 0, 1, 2
@@ -153,3 +155,18 @@ def classify_ranks(
 def end_ns(start_ns: np.ndarray, dur_us: np.ndarray) -> np.ndarray:
     """End time (ns) of records from their start (ns) and duration (us, float32)."""
     return np.asarray(start_ns, dtype=np.int64) + np.round(np.asarray(dur_us, dtype=np.float64) * 1e3).astype(np.int64)
+
+
+def classify_columns(coll: Mapping[str, np.ndarray], copy: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(class, overlapped fraction) of every collective record, from record columns (rank,
+    start_ns, dur_us, step) of collectives and copies: what the report and an A/B share."""
+    return classify_ranks(
+        coll["rank"],
+        coll["start_ns"],
+        end_ns(coll["start_ns"], coll["dur_us"]),
+        coll["step"],
+        copy["rank"],
+        copy["start_ns"],
+        end_ns(copy["start_ns"], copy["dur_us"]),
+        copy["step"],
+    )
