@@ -156,10 +156,16 @@ def spawn_publishers(
     processes: int,
     start_at: float,
     *,
-    batch_ms: float = 50.0,
+    batch_ms: float | None = None,
     dur_us: float = 64.0,
 ) -> list[subprocess.Popen[str]]:
-    """``processes`` synthetic publisher processes sharing ``world`` ranks."""
+    """``processes`` synthetic publisher processes sharing ``world`` ranks; batches every
+    ``batch_ms``, by default what a worker of a ``world``-rank job uses (50 ms up to 64 ranks,
+    then spaced with the world size: workers.wire.config.batch_ms_for_world)."""
+    from workers.wire.config import batch_ms_for_world
+
+    if batch_ms is None:
+        batch_ms = batch_ms_for_world(50.0, world)
     processes = max(1, min(processes, world))
     bounds = [round(i * world / processes) for i in range(processes + 1)]
     return [
@@ -346,3 +352,76 @@ async def drive(
     level.frames = len(level.frame_ms)
     level.lag_ms = lag.lag_ms
     return level
+
+
+# --------------------------------------------------------------------------- same-run reference
+
+
+@dataclass
+class Reference:
+    """What the minimal reference app cost on this machine, in this run."""
+
+    frames: int
+    cpu_pct: float
+    paint_ms: list[float]
+
+    def p(self, q: float) -> float:
+        return percentile(self.paint_ms, q)
+
+
+async def reference_paint(size: tuple[int, int], hz: float, seconds: float, runs_per_line: int = 12) -> Reference:
+    """The floor under any full-screen Textual app: a bare app whose one Line-API widget
+    redraws every line of the screen ``hz`` times a second, each line ``runs_per_line``
+    coloured runs (what a rank row or a heat-map line is), with no model and no ingest.
+
+    The benchmarks report commtop's CPU as a ratio to this, measured in the same run, so a
+    slow or busy machine moves both alike."""
+    from rich.segment import Segment
+    from rich.style import Style
+    from textual.app import App, ComposeResult
+    from textual.strip import Strip
+    from textual.widget import Widget
+
+    w, h = size
+    palette = [Style(color=f"#{(37 * i) % 256:02x}{(91 * i) % 256:02x}c0") for i in range(16)]
+
+    class Lines(Widget):
+        DEFAULT_CSS = "Lines { height: 1fr; }"
+        tick = 0
+
+        def render_line(self, y: int) -> Strip:
+            run = max(1, w // runs_per_line)
+            segs = [
+                Segment("▁▃▅▇"[(y + j + self.tick) % 4] * run, palette[(y + j + self.tick) % 16])
+                for j in range(runs_per_line)
+            ]
+            return Strip(segs, run * runs_per_line).extend_cell_length(w)
+
+    class Bare(App[None]):
+        def compose(self) -> ComposeResult:
+            yield Lines()
+
+        def on_mount(self) -> None:
+            self.set_interval(1 / hz, self.advance)
+
+        def advance(self) -> None:
+            lines = self.query_one(Lines)
+            lines.tick += 1
+            lines.refresh()
+
+    app = Bare()
+    meter = FrameMeter.__new__(FrameMeter)  # paint timing only: no snapshots in this app
+    meter.app, meter.on_frame, meter._pending = app, None, None
+    meter.apply_ms, meter.paint_ms, meter.frame_ms = [], [], []
+    FrameMeter.active = meter
+    FrameMeter._patch_textual()
+    async with app.run_test(size=(w, h)) as pilot:
+        await asyncio.sleep(min(1.0, seconds * 0.2))
+        meter.reset()
+        c0, t0 = time.process_time(), time.perf_counter()
+        await asyncio.sleep(seconds)
+        c1, wall = time.process_time(), time.perf_counter() - t0
+        paint = list(meter.paint_ms)
+        await pilot.pause()
+    FrameMeter.active = None
+    return Reference(frames=len(paint), cpu_pct=(c1 - c0) / wall * 100, paint_ms=paint)

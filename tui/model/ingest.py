@@ -80,12 +80,20 @@ class IngestLoop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.step(self.poll_s)
+            self.step(self._poll_timeout())
             try:
                 self.maybe_emit()
             except Exception as exc:  # a snapshot bug must not end ingest: report it, keep going
                 self._report(f"snapshot: {type(exc).__name__}: {exc}")
                 self._last_emit = time.monotonic()
+
+    def _poll_timeout(self) -> float:
+        """Wait for messages at most until the next snapshot is due when something changed,
+        so snapshots go out every ``interval_s`` (not interval_s plus up to one poll)."""
+        if self.model.version == self._last_version:
+            return self.poll_s
+        due = self._last_emit + self.interval_s - time.monotonic()
+        return min(self.poll_s, max(0.0, due))
 
     # ----------------------------------------------------------------------- work
 

@@ -24,11 +24,12 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from tui.model.history import HistoryMatrix
 from tui.model.in_force import InForceTracker
 from tui.model.overlap_live import RankOverlap
 from tui.model.stats import RING_SIZE, Ring, RunAggregate, RunStats, weighted_rate
@@ -67,11 +68,14 @@ SKEW_HEADLINE_FACTOR = 2.0
 #: unless the snapshot is asked for ``fresh_run_stats`` (the headless summary is).
 RUN_STATS_EVERY_S = 1.0
 #: Above LARGE_WORLD ranks, a rank's numbers (last/p50/p99/busbw/rate; not its history, which
-#: feeds the heat map) are recomputed at most every RANK_VIEW_REFRESH_S: nobody reads 512 rows
-#: of numbers at 15 Hz, and recomputing all of them was most of the snapshot's cost.
-LARGE_WORLD = 64
-RANK_VIEW_REFRESH_S = 0.5
-NO_MODE = 255
+#: feeds the sparklines and the heat map at every snapshot) are recomputed for at most
+#: 1/REFRESH_SHARE of the ranks per snapshot (at least REFRESH_MIN), the longest-waiting first:
+#: every rank's numbers are then at most REFRESH_SHARE snapshots old (~0.5-1 s at 15 Hz), and a
+#: snapshot's cost no longer grows with the rank count (recomputing all of them was most of it).
+#: Nobody reads 64 rows of numbers at 15 Hz; 16 ranks or fewer are recomputed whenever they change.
+LARGE_WORLD = 16
+REFRESH_SHARE = 16
+REFRESH_MIN = 8
 
 _COLL_RING = {"iteration": "<i8", "epoch": "<i4", "mode": "u1", "start_ns": "<i8", "dur_us": "<f4", "busbw": "<f4"}
 _HISTORY_COLUMNS = ("iteration", "mode", "start_ns", "dur_us")
@@ -282,6 +286,8 @@ class RunModel:
         self.modes_seen: set[int] = set()
         self.worst_skew: SkewEvent | None = None
         self._epochs_cache: tuple[int, EpochComparison | None] | None = None
+        #: The ranks x iterations history, written on apply (None: rebuilt at the next snapshot).
+        self._history: HistoryMatrix | None = None
         self.telemetry = TelemetryModel()
         self.in_force.reset()
 
@@ -365,6 +371,8 @@ class RunModel:
         if kind == COLL:
             state.last_record_ns = now
             state.coll.append(cols)
+            if self._history is not None and not self._history.add(batch.rank, cols):
+                self._history = None  # a rank it has no row for: rebuilt from the rings
             state.overlap.add_coll(cols)
             it = cols["iteration"]
             lo, hi = int(it.min()), int(it.max())
@@ -417,15 +425,15 @@ class RunModel:
         if fresh_run_stats:  # the final summary: no copy can still come for what is pending
             for state in self.ranks.values():
                 state.overlap.flush()
-        history = _history(order, self.ranks)
+        history = self._history_window(order)
         shares = _straggler_shares(history)
         skew = _worst_skew(history, order, self._settle_iters())
         if skew is not None and (self.worst_skew is None or skew.skew_ms > self.worst_skew.skew_ms):
             self.worst_skew = skew
         clock_ref, offsets = _clock_offsets(order, self.ranks)
-        aged = len(order) > LARGE_WORLD and not fresh_run_stats
+        due = self._due_for_refresh(order) if len(order) > LARGE_WORLD and not fresh_run_stats else None
         ranks = tuple(
-            self._rank_view(self.ranks[r], now, shares[i] if shares is not None else math.nan, fresh_run_stats, aged)
+            self._rank_view(self.ranks[r], now, shares[i] if shares is not None else math.nan, fresh_run_stats, due)
             for i, r in enumerate(order)
         )
         lead = self._lead_hello()
@@ -473,6 +481,16 @@ class RunModel:
             epochs=self._epochs(now, fresh_run_stats),
         )
 
+    def _history_window(self, order: list[int]) -> History:
+        """The history matrix's window; the matrix is rebuilt from the rings only when the set
+        of ranks (and with it the width) changed since it was built."""
+        keep = history_iters(len(order))
+        matrix = self._history
+        if matrix is None or matrix.width != keep or matrix.ranks != order:
+            matrix = self._history = _history_matrix(order, self.ranks, keep)
+        first, ms, mode, start = matrix.window()
+        return History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
+
     def _telemetry_snapshot(self, now: int, offsets_ms: dict[str, float]) -> TelemetrySnapshot:
         """Node telemetry on the reference host's clock (the offsets estimated from collectives)."""
         if not offsets_ms:
@@ -497,9 +515,25 @@ class RunModel:
             return self.ranks[0].hello
         return next((s.hello for _, s in sorted(self.ranks.items()) if s.hello is not None), None)
 
-    def _rank_view(self, s: _RankState, now: int, share: float, fresh: bool, aged: bool = False) -> RankView:
-        """The rank's view, recomputed when the rank changed (with ``aged``: only when the cached
-        one is older than RANK_VIEW_REFRESH_S); state, silence and straggler share are always new."""
+    def _due_for_refresh(self, order: list[int]) -> set[int]:
+        """The changed ranks whose numbers this snapshot recomputes (large worlds): the
+        ``len(order) / REFRESH_SHARE`` (at least REFRESH_MIN) computed longest ago."""
+        budget = max(REFRESH_MIN, -(-len(order) // REFRESH_SHARE))
+        changed = []
+        for r in order:
+            cached = self.ranks[r].view_cache
+            if cached is None:
+                changed.append((-1, r))
+            elif cached[0] != self.ranks[r].version:
+                changed.append((cached[1], r))
+        if len(changed) > budget:
+            changed.sort()
+            changed = changed[:budget]
+        return {r for _, r in changed}
+
+    def _rank_view(self, s: _RankState, now: int, share: float, fresh: bool, due: set[int] | None = None) -> RankView:
+        """The rank's view, recomputed when the rank changed (with ``due``, a large world: only
+        when the rank is in it); state, silence and straggler share are always new."""
         if s.bye is not None:
             state = "exited"
         elif now - s.last_seen_ns > self.stale_after_ns:
@@ -513,16 +547,12 @@ class RunModel:
         silent = max(0.0, (now - s.last_seen_ns) / 1e9)
         idle = max(0.0, (now - s.last_record_ns) / 1e9) if s.received else 0.0
         cached = s.view_cache
-        if (
-            cached is not None
-            and not fresh
-            and (cached[0] == s.version or (aged and 0 <= now - cached[1] < RANK_VIEW_REFRESH_S * 1e9))
-        ):
+        if cached is not None and not fresh and (cached[0] == s.version or (due is not None and s.rank not in due)):
             view = cached[2]
         else:
             view = self._compute_rank_view(s, now, fresh)
             s.view_cache = (s.version, now, view)
-        return replace(view, state=state, silent_s=silent, idle_s=idle, straggler_share=share)
+        return _with_live_fields(view, state, silent, idle, share)
 
     def _run_stats(self, s: _RankState, now: int, fresh: bool) -> tuple[RunStats, dict[str, RunStats], RunStats]:
         cached = s.run_cache
@@ -590,6 +620,17 @@ class RunModel:
         return stats
 
 
+def _with_live_fields(view: RankView, state: str, silent_s: float, idle_s: float, share: float) -> RankView:
+    """A copy of ``view`` with the fields that change at every snapshot set: ``replace`` runs
+    the dataclass ``__init__`` (~25 us for RankView's 32 fields, 13 ms a snapshot at 512 ranks);
+    copying the instance dict costs ~1 us. RankView is frozen for its readers, not for its maker."""
+    new = object.__new__(RankView)
+    fields = new.__dict__
+    fields.update(view.__dict__)
+    fields["state"], fields["silent_s"], fields["idle_s"], fields["straggler_share"] = state, silent_s, idle_s, share
+    return new
+
+
 def _window(view: dict[str, np.ndarray], time_col: str) -> dict[str, np.ndarray]:
     """The rows of ``view`` within WINDOW_S of its newest row (record time, not wall time)."""
     t = view[time_col]
@@ -602,51 +643,14 @@ def _window(view: dict[str, np.ndarray], time_col: str) -> dict[str, np.ndarray]
     return {k: v[keep] for k, v in view.items()}
 
 
-def _history(order: list[int], ranks: dict[int, _RankState]) -> History:
-    last = max((ranks[r].last_iteration for r in order), default=-1)
-    if last < 0:
-        return History(
-            first_iteration=0,
-            ms=np.full((len(order), 0), np.nan, dtype=np.float32),
-            mode=np.zeros((len(order), 0), dtype=np.uint8),
-            start_ns=np.zeros(0, dtype=np.int64),
-        )
-    keep = history_iters(len(order))
-    first = max(0, last - keep + 1)
-    width = last - first + 1
-    ms = np.full((len(order), width), np.nan, dtype=np.float32)
-    mode = np.full((len(order), width), NO_MODE, dtype=np.uint8)
-    start = np.zeros(width, dtype=np.int64)
-    need_start = True
-    for row, r in enumerate(order):
-        v = ranks[r].coll.view(keep, copy=False, columns=_HISTORY_COLUMNS)
-        it = v["iteration"]
-        n = len(it)
-        if n and int(it[-1]) - int(it[0]) == n - 1 and bool((np.diff(it) == 1).all()):
-            # Consecutive iterations (no loss, no restart: the usual case): slices, not masks.
-            it0, hi = int(it[0]), int(it[-1])
-            lo = max(first, it0)
-            if hi < lo:  # this rank is more than HISTORY_ITERS behind the newest: nothing to show
-                continue
-            src = slice(lo - it0, hi - it0 + 1)
-            dst = slice(lo - first, hi - first + 1)
-            ms[row, dst] = v["dur_us"][src] / 1e3
-            mode[row, dst] = v["mode"][src]
-            if need_start:  # usually the lowest rank fills every column
-                part = start[dst]
-                empty = part == 0
-                part[empty] = v["start_ns"][src][empty]
-                need_start = bool((start == 0).any())
-            continue
-        sel = (it >= first) & (it <= last)
-        idx = (it[sel] - first).astype(np.intp)
-        ms[row, idx] = v["dur_us"][sel] / 1e3
-        mode[row, idx] = v["mode"][sel]
-        if need_start:
-            empty = start[idx] == 0
-            start[idx[empty]] = v["start_ns"][sel][empty]
-            need_start = bool((start == 0).any())
-    return History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
+def _history_matrix(order: list[int], ranks: dict[int, _RankState], keep: int) -> HistoryMatrix:
+    """A history matrix for ``order``, filled from each rank's newest ``keep`` ring records."""
+    matrix = HistoryMatrix(order, keep)
+    for r in order:
+        view = ranks[r].coll.view(keep, copy=False, columns=_HISTORY_COLUMNS)
+        if len(view["iteration"]):
+            matrix.add(r, view)
+    return matrix
 
 
 def _straggler_shares(history: History) -> np.ndarray | None:

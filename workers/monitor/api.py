@@ -61,6 +61,7 @@ from workers.rank.control import Control, StaticControl
 from workers.rank.heartbeat import RunInfo, WorkerStatus, reported_hostname
 from workers.rank.session import RankSession
 from workers.rank.timing import Anchor, CpuTimer, CudaTimer
+from workers.wire.config import batch_ms_for_world
 from workers.wire.connection import CONNECTION_FILE_ENV, Connection, ConnectionError_, find_by_endpoint, load
 from workers.wire.lifeline import arm_from_env
 from workers.wire.protocol import DIRECTIONS, MODES, bye_reason
@@ -232,7 +233,9 @@ class Monitor:
             prometheus=conn.prometheus if conn is not None else "",  # `commtop run --prometheus -- ...`
         )
         self.publisher = self.session.publisher
-        self.batcher = MonitorBatcher(self.publisher, self._control_status, batch_ms=batch_ms)
+        self.batcher = MonitorBatcher(
+            self.publisher, self._control_status, batch_ms=batch_ms_for_world(batch_ms, self.world_size)
+        )
         self.cpu_coll = CpuTimer()
         self.cpu_copy = CpuTimer()
         if conn is not None:

@@ -40,7 +40,7 @@ from workers.rank.timing import (
 )
 from workers.synthetic.delay import Delayer, delay_s
 from workers.wire.busbw import bus_factor, collective_bytes
-from workers.wire.config import LoopConfig
+from workers.wire.config import LoopConfig, batch_ms_for_world
 from workers.wire.connection import Connection
 from workers.wire.protocol import COLLECTIVES, DIRECTIONS, MODES, bye_reason
 from workers.wire.settings import COPY_SCALES, Settings
@@ -358,7 +358,7 @@ def _make_instrumentation(
         op_index=work.op_index,
         coll_nbytes=work.nbytes,
         bus_factor=work.bus_factor,
-        batch_ms=config.batch_ms,
+        batch_ms=batch_ms_for_world(config.batch_ms, work.rt.world_size),
     )
     copy_timer = timer(COPY_RING, work.side)  # copies are recorded on the side stream
     return Instrumentation(timer(COLL_RING), copy_timer, timer(STEP_RING), batcher, status, anchor)

@@ -161,6 +161,24 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-ms", type=float, default=50.0, help=argparse.SUPPRESS)
 
 
+#: Up to this many ranks every rank publishes at its own ``batch_ms``; beyond, batches are
+#: spaced in proportion to the world size, so the viewer receives about as many messages a
+#: second at 512 ranks as at 64 (its cost is per message more than per record).
+BATCH_SCALE_FROM_WORLD = 64
+#: Widest batch spacing (well under the 2 s after which a silent rank is shown stale).
+MAX_SCALED_BATCH_MS = 500.0
+
+
+def batch_ms_for_world(batch_ms: float, world_size: int) -> float:
+    """The batch spacing a rank of a ``world_size`` job uses: ``batch_ms`` up to
+    BATCH_SCALE_FROM_WORLD ranks, then ``batch_ms * world / BATCH_SCALE_FROM_WORLD`` (at most
+    MAX_SCALED_BATCH_MS, never less than ``batch_ms``). Records are never merged or dropped
+    for it: every record still reaches the viewer, in fewer, larger batches."""
+    if world_size <= BATCH_SCALE_FROM_WORLD:
+        return batch_ms
+    return max(batch_ms, min(MAX_SCALED_BATCH_MS, batch_ms * world_size / BATCH_SCALE_FROM_WORLD))
+
+
 def config_from_args(ns: argparse.Namespace, cpu: bool) -> LoopConfig:
     """Validate parsed options into a LoopConfig; ``cpu`` picks the CPU-sized defaults."""
     shape = parse_shape(ns.shape) if ns.shape else (CPU_DEFAULT_SHAPE if cpu else GPU_DEFAULT_SHAPE)

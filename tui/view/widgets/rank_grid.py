@@ -25,6 +25,7 @@ from tui.view.widgets.rank_rows import (
     MIN_SPARK,
     Cells,
     HeatView,
+    Restyle,
     RowsView,
     bucket,
     column_header,
@@ -82,9 +83,8 @@ class RankGrid(ScrollView):
         self.row_h = 1
         self._built_width = 0
         self._line_style: Style | None = None  # the widget's rich_style, read once per rebuild
-        #: segment style -> line style + segment style (Style.__add__ costs ~4 µs a call; a heat
-        #: frame at 64 ranks has ~5 k segments, from a few dozen distinct styles)
-        self._styled: dict[int, tuple[Style | None, Style]] = {}
+        #: The views build their lines with this line style under theirs (combined once per style).
+        self._restyle = Restyle()
         #: Which wall-clock interval each chart column covers (the links panel uses the same).
         self.time_axis = TimeAxis()
 
@@ -144,22 +144,22 @@ class RankGrid(ScrollView):
         self.time_axis = TimeAxis(label_w, cells.edges_ns) if n_cells else TimeAxis(label_w)
         self.top = self.axis.update(visible_top(cells), now_s)
         procs = self._proc_states(snap)
+        # Once per rebuild, not once per line: Textual computes rich_style afresh on every read.
+        line_style = self.rich_style
+        if line_style != self._line_style or self._restyle.base is None:
+            self._restyle = Restyle(line_style)
+        self._line_style = line_style
         if view == "heat":
-            self._view = HeatView(snap, cells, self.top, width, self.size.height)
+            self._view = HeatView(snap, cells, self.top, width, self.size.height, self._restyle)
         else:
             n = max(1, len(snap.ranks))
             self.row_h = max(1, min(MAX_ROW_H, self.size.height // n))
-            self._view = RowsView(snap, cells, self.top, width, procs, self.row_h)
+            self._view = RowsView(snap, cells, self.top, width, procs, self.row_h, self._restyle)
         if self.header is not None:
             heat = self._view if isinstance(self._view, HeatView) else None
             per_host, prefix = (heat.per_host, heat.host_prefix) if heat is not None else (0, "")
             self.header.set_lines(column_header(width, self.top, k, view, len(snap.ranks), per_host, prefix))
         self._strips.clear()
-        # Once per rebuild, not once per line: Textual computes rich_style afresh on every read.
-        line_style = self.rich_style
-        if line_style != self._line_style:
-            self._styled.clear()
-        self._line_style = line_style
         self.virtual_size = Size(width, self._view.n_lines)
         self.refresh()
 
@@ -189,32 +189,15 @@ class RankGrid(ScrollView):
             line_style = self._line_style if self._line_style is not None else self.rich_style
             view = self._view
             if view is not None and 0 <= index < view.n_lines:
-                if view.width == width:  # the view's lines are already fitted to this width
-                    strip = Strip(self._with_style(view.line(index), line_style), width)
+                if view.width == width:  # the view's lines are already fitted (and styled) to this width
+                    strip = Strip(view.line(index), width)
                 else:
-                    strip = Strip(self._with_style(view.line(index), line_style)).crop_extend(0, width, line_style)
+                    strip = Strip(view.line(index)).crop_extend(0, width, line_style)
             else:
                 strip = Strip.blank(width, line_style)
             if len(self._strips) < 4096:
                 self._strips[index] = strip
         return strip
-
-    def _with_style(self, segments: list[Segment], line_style: Style) -> list[Segment]:
-        """``Strip.apply_style(line_style)`` with the combined styles looked up, not recomputed.
-        Keyed by id (Style hashes in Python); the entry holds the style, so its id stays its own."""
-        styled = self._styled
-        out = []
-        for text, style, control in segments:
-            if control:
-                out.append(Segment(text, None, control))
-                continue
-            entry = styled.get(id(style))
-            if entry is None:
-                if len(styled) > 4096:  # styles come from small tables; this is only a bound
-                    styled.clear()
-                entry = styled[id(style)] = (style, line_style + style)
-            out.append(Segment(text, entry[1]))
-        return out
 
     def line_texts(self) -> list[str]:
         """The grid's lines as plain text (tests and debugging)."""

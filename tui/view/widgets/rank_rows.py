@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from rich.cells import cell_len
 from rich.segment import Segment
+from rich.style import Style
 
-from tui.model.run_model import NO_MODE, History, RankView, Snapshot
+from tui.model.history import NO_MODE
+from tui.model.run_model import History, RankView, Snapshot
 from tui.model.time_axis import iteration_edges
 from tui.view.widgets.palette import (
     ACCENT,
@@ -38,6 +40,7 @@ from tui.view.widgets.palette import (
     mode_color,
     style,
 )
+from workers.wire.protocol import MODES
 from workers.wire.stats import percentile
 
 #: Fixed columns left of the sparkline: state, rank, host:gpu, last, p50, p99, busbw, copy.
@@ -174,13 +177,52 @@ def _fit(segments: list[Segment], width: int) -> list[Segment]:
     return Segment.adjust_line_length(segments, width)
 
 
-def _fit_known(segments: list[Segment], length: int, width: int) -> list[Segment]:
-    """:func:`_fit` for a line whose cell length is known: pads as it does without
-    measuring every segment (only cropping needs that)."""
+def _fit_known(segments: list[Segment], length: int, width: int, pad: Style | None = None) -> list[Segment]:
+    """:func:`_fit` for a line whose cell length is known: pads as it does (with ``pad``'s
+    style) without measuring every segment (only cropping needs that)."""
     if length < width:
-        segments.append(Segment(" " * (width - length)))
+        segments.append(Segment(" " * (width - length), pad))
         return segments
     return segments if length == width else _fit(segments, width)
+
+
+class Restyle:
+    """``base + style`` for the styles of one widget's lines, each combination computed once.
+
+    The grid's lines carry the widget's own style (background, text colour) under theirs.
+    Combining per segment per frame (``Style.__add__`` costs ~4 us) was a third of a heat-map
+    frame at 64 ranks; the combined styles are kept here, keyed by id (the entry holds the
+    style, so its id stays its own), and the heat map's colour tables are built with them.
+    """
+
+    def __init__(self, base: Style | None = None) -> None:
+        self.base = base
+        self._combined: dict[int, tuple[Style, Style]] = {}
+        #: The heat map's (chars, styles) tables, combined with ``base`` (see _heat_table).
+        self.heat_tables: dict[tuple[bool, bool, bool], tuple[list[str], list[Style | None]]] = {}
+
+    def __call__(self, st: Style | None) -> Style | None:
+        base = self.base
+        if base is None:
+            return st
+        if st is None:
+            return base
+        entry = self._combined.get(id(st))
+        if entry is None:
+            if len(self._combined) > 4096:  # styles come from small tables; this is only a bound
+                self._combined.clear()
+            entry = self._combined[id(st)] = (st, base + st)
+        return entry[1]
+
+    def line(self, segments: list[Segment]) -> list[Segment]:
+        """A line's segments with their styles combined (control segments left as they are)."""
+        if self.base is None:
+            return segments
+        return [seg if seg.control else Segment(seg.text, self(seg.style)) for seg in segments]
+
+
+#: No base style: segments as the views build them (tests, and widgets without a style).
+PLAIN = Restyle()
 
 
 def failed(r: RankView) -> bool:
@@ -234,8 +276,10 @@ class RowsView:
         width: int,
         procs: dict[int, str | None] | None = None,
         row_h: int = 1,
+        restyle: Restyle = PLAIN,
     ) -> None:
         self.snap, self.cells, self.width, self.procs = snap, cells, width, procs or {}
+        self.restyle = restyle
         self.row_h = max(1, row_h)
         self.narrow = is_narrow(width)
         self.levels = _levels(cells.ms, top, 8 * self.row_h)
@@ -256,7 +300,7 @@ class RowsView:
             note = state_note(r, self.procs.get(r.rank)) if line == 0 else ""
             band = self.row_h - 1 - line  # 0 = bottom line of the rank
             segs += _spark(self.levels[i], self.cells.mode[i], r, note, band, self.row_h)
-        return _fit(segs, self.width)
+        return self.restyle.line(_fit(segs, self.width))
 
 
 def _numbers(snap: Snapshot, r: RankView, narrow: bool = False) -> list[Segment]:
@@ -325,53 +369,68 @@ def _levels(ms: np.ndarray, top: float, steps: int = 8) -> np.ndarray:
     return lv.astype(np.int16)
 
 
+#: Spark cells: a character index into _SPARK_GLYPHS (0 = blank, 1..8 = SPARK_CHARS, 9 = the
+#: clipped marker) and a style key (0 = blank, else 1 + mode slot * 2 + bold; mode slot 0 = no
+#: mode, 1.. = MODES, last = unknown; -1 = the state note).
+_SPARK_GLYPHS = np.array([" ", *SPARK_CHARS, "▲"])
+#: Style per key, per colour variant (0 = live, 1 = dimmed, 2 = failed); filled on first use.
+_SPARK_STYLES: tuple[dict[int, Style], ...] = ({}, {}, {})
+
+
+def _spark_style(key: int, variant: int) -> Style:
+    """The style of one spark style key (what the per-cell loop drew)."""
+    if key == 0:
+        return style(None)
+    slot, bold = divmod(key - 1, 2)
+    color = mode_color(slot - 1)
+    if variant == 2:
+        color = blend(EXITED, amount=0.45)
+    elif variant == 1:
+        color = blend(color)
+    return style(color, bold=bool(bold))
+
+
 def _spark(
     levels: np.ndarray, modes: np.ndarray, r: RankView, note: str, band: int = 0, bands: int = 1
 ) -> list[Segment]:
-    """One line (``band`` from the bottom) of a rank's bars, run-length encoded."""
-    dim = r.state in ("stale", "exited")
-    clipped = 8 * bands + 1
-    out: list[Segment] = []
-    run_text: list[str] = []
-    run_style = None
+    """One line (``band`` from the bottom) of a rank's bars: characters and styles computed
+    with numpy, then one Segment per run of equal style (a Python loop per run, not per cell)."""
     n = len(levels)
-    start = n
+    if n == 0:
+        return []
+    lv = levels.astype(np.int32)
+    part = np.minimum(8, lv - 8 * band)
+    clipped = lv == 8 * bands + 1
+    blank = (lv == 0) | (part <= 0)
+    chars = np.maximum(part, 1)
+    if band == bands - 1:
+        chars = np.where(clipped, len(SPARK_CHARS) + 1, chars)
+    chars[blank] = 0
+    keys = 1 + (np.clip(modes.astype(np.int32), -1, len(MODES)) + 1) * 2 + clipped
+    keys[blank] = 0
+    text = "".join(_SPARK_GLYPHS[chars].tolist())
     if note and r.state != "live":
         # Write the note over the empty tail (where newer iterations would be), else the end.
-        tail = 0
-        while tail < n and levels[n - 1 - tail] == 0:
-            tail += 1
+        filled = np.flatnonzero(lv != 0)
+        tail = n - 1 - int(filled[-1]) if len(filled) else n
         note = note[: max(0, n)]
         start = max(0, n - len(note) if tail < len(note) else n - tail)
-    for j in range(n):
-        if start <= j < start + len(note):
-            ch, st = note[j - start], style(EXITED if failed(r) else MUTED if r.state == "exited" else WARN, bold=True)
+        text = text[:start] + note + text[start + len(note) :]
+        keys[start : start + len(note)] = -1
+    variant = 2 if failed(r) else 1 if r.state in ("stale", "exited") else 0
+    table = _SPARK_STYLES[variant]
+    lengths, values = _runs(keys)
+    runs: list[tuple[str, object]] = []
+    at = 0
+    for count, key in zip(lengths, values, strict=True):
+        if key < 0:
+            st = style(EXITED if failed(r) else MUTED if r.state == "exited" else WARN, bold=True)
         else:
-            lv = int(levels[j])
-            part = min(8, lv - 8 * band)
-            if lv == 0 or (part <= 0 and not (band == 0 and lv > 0)):
-                ch, st = " ", style(None)
-            else:
-                color = mode_color(int(modes[j]))
-                if failed(r):
-                    color = blend(EXITED, amount=0.45)
-                elif dim:
-                    color = blend(color)
-                top_band = band == bands - 1
-                if lv == clipped and top_band:
-                    ch = "▲"
-                else:
-                    ch = SPARK_CHARS[max(1, part) - 1]
-                st = style(color, bold=lv == clipped)
-        if st is run_style:
-            run_text.append(ch)
-        else:
-            if run_text:
-                out.append(Segment("".join(run_text), run_style))
-            run_text, run_style = [ch], st
-    if run_text:
-        out.append(Segment("".join(run_text), run_style))
-    return out
+            cached = table.get(key)
+            st = table[key] = _spark_style(key, variant) if cached is None else cached
+        runs.append((text[at : at + count], st))
+        at += count
+    return _merge(runs)
 
 
 # --------------------------------------------------------------------------- heat map
@@ -383,8 +442,10 @@ class HeatView:
     when even that does not fit and ranks span several hosts, one line per host shows the
     worst (max) latency of its ranks. Line 0 shows the mode in force per column."""
 
-    def __init__(self, snap: Snapshot, cells: Cells, top: float, width: int, max_lines: int) -> None:
-        self.snap, self.cells, self.width = snap, cells, width
+    def __init__(
+        self, snap: Snapshot, cells: Cells, top: float, width: int, max_lines: int, restyle: Restyle = PLAIN
+    ) -> None:
+        self.snap, self.cells, self.width, self.restyle = snap, cells, width, restyle
         n = len(snap.ranks)
         room = max(1, max_lines - 1)
         groups = _host_groups(snap.ranks) if (n + 1) // 2 > room else []
@@ -415,7 +476,7 @@ class HeatView:
             mode_row = self.cells.mode.max(axis=0) if snap.ranks else np.zeros(0, dtype=np.int16)
             segs = [Segment(f"{'mode':<{HEAT_LABEL_W}}", style(MUTED))]
             segs += _mode_segments(mode_row)
-            return _fit(segs, self.width)
+            return self.restyle.line(_fit(segs, self.width))
         i = (index - 1) * self.step
         top_label, top_ranks = self.rows[i]
         low = self.rows[i + 1] if self.step == 2 and i + 1 < len(self.rows) else None
@@ -427,21 +488,22 @@ class HeatView:
         label_color = (
             STRAGGLER if marked else EXITED if bad else WARN if states & {"stale", "stalled", "exited"} else TEXT
         )
+        restyle = self.restyle
         segs = [
             Segment(
                 f"{label[-(HEAT_LABEL_W - 2) :]:>{HEAT_LABEL_W - 2}}{'◀' if marked else ' '} ",
-                style(label_color, bold=marked),
+                restyle(style(label_color, bold=marked)),
             )
         ]
         heat = self.heat
         up_dim = _dims(_worst(top_ranks))
         if low is None:
-            segs += _heat_segments(heat[i], up_dim)
+            segs += _heat_segments(heat[i], up_dim, restyle=restyle)
         else:
-            segs += _heat_segments(heat[i], up_dim, heat[i + 1], _dims(_worst(low[1])))
+            segs += _heat_segments(heat[i], up_dim, heat[i + 1], _dims(_worst(low[1])), restyle)
         if _HEAT_NARROW:  # every heat cell is one terminal cell: no need to measure them
-            return _fit_known(segs, segs[0].cell_length + heat.shape[1], self.width)
-        return _fit(segs, self.width)
+            return _fit_known(segs, segs[0].cell_length + heat.shape[1], self.width, restyle(None))
+        return restyle.line(_fit(segs, self.width))
 
 
 def _host_groups(ranks: tuple[RankView, ...]) -> list[tuple[str, list[int]]]:
@@ -488,28 +550,29 @@ def _dims(r: RankView) -> bool:
 _HEAT_CODES = len(HEAT_RAMP) + 2
 _HEAT_COLORS: tuple[str | None, ...] = (None, *HEAT_RAMP, CLIPPED)
 _HEAT_COLORS_DIM: tuple[str | None, ...] = (None, *(blend(c) for c in (*HEAT_RAMP, CLIPPED)))
-#: Text and style per colour code, per (up dimmed, down dimmed, halves); styles filled on first use.
-_HEAT_TABLES: dict[tuple[bool, bool, bool], tuple[list[str], list[object]]] = {}
 
 
-def _heat_table(up_dim: bool, down_dim: bool, halves: bool, codes: list[int]) -> tuple[list[str], list[object]]:
+def _heat_table(
+    up_dim: bool, down_dim: bool, halves: bool, codes: list[int], restyle: Restyle = PLAIN
+) -> tuple[list[str], list[Style | None]]:
     """The character and style of each heat cell code (as HeatView.line drew them per cell),
-    with the styles of ``codes`` filled in."""
+    with the styles of ``codes`` filled in, combined by ``restyle`` (one table per (up dimmed,
+    down dimmed, halves) per ``restyle``)."""
     key = (up_dim, down_dim, halves)
-    table = _HEAT_TABLES.get(key)
+    table = restyle.heat_tables.get(key)
     if table is None:
         ups = _HEAT_COLORS_DIM if up_dim else _HEAT_COLORS
         chars = [("▀" if halves else "█" if ups[c % _HEAT_CODES] else " ") for c in range(_HEAT_CODES * _HEAT_CODES)]
-        table = _HEAT_TABLES[key] = (chars, [None] * (_HEAT_CODES * _HEAT_CODES))
+        table = restyle.heat_tables[key] = (chars, [None] * (_HEAT_CODES * _HEAT_CODES))
     styles = table[1]
     for code in codes:
         if styles[code] is None:
             if halves:
                 up = (_HEAT_COLORS_DIM if up_dim else _HEAT_COLORS)[code // _HEAT_CODES]
                 down = (_HEAT_COLORS_DIM if down_dim else _HEAT_COLORS)[code % _HEAT_CODES]
-                styles[code] = style(up or "#000000", down)
+                styles[code] = restyle(style(up or "#000000", down))
             else:
-                styles[code] = style((_HEAT_COLORS_DIM if up_dim else _HEAT_COLORS)[code])
+                styles[code] = restyle(style((_HEAT_COLORS_DIM if up_dim else _HEAT_COLORS)[code]))
     return table
 
 
@@ -530,7 +593,7 @@ _HEAT_DISTINCT = len(set(_HEAT_COLORS)) == len(set(_HEAT_COLORS_DIM)) == _HEAT_C
 
 
 def _heat_segments(
-    up: np.ndarray, up_dim: bool, down: np.ndarray | None = None, down_dim: bool = False
+    up: np.ndarray, up_dim: bool, down: np.ndarray | None = None, down_dim: bool = False, restyle: Restyle = PLAIN
 ) -> list[Segment]:
     """One heat-map line's cells, one Segment per run of equal colour: full blocks for one
     rank per line, upper half blocks (upper rank fg, lower rank bg) for two."""
@@ -540,7 +603,7 @@ def _heat_segments(
     if down is not None:
         codes = codes * _HEAT_CODES + np.clip(down.astype(np.int32) + 1, 0, _HEAT_CODES - 1)
     lengths, values = _runs(codes)
-    chars, styles = _heat_table(up_dim, down_dim, down is not None, values)
+    chars, styles = _heat_table(up_dim, down_dim, down is not None, values, restyle)
     if _HEAT_DISTINCT:
         return [Segment(chars[c] * n, styles[c]) for n, c in zip(lengths, values, strict=True)]  # type: ignore[arg-type]
     return _merge([(chars[c] * n, styles[c]) for n, c in zip(lengths, values, strict=True)])
