@@ -8,9 +8,11 @@ hands out the cached Strip for the scrolled-to row.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from rich.segment import Segment
 from rich.style import Style
+from textual.filter import ANSIToTruecolor, LineFilter
 from textual.geometry import Size
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
@@ -78,6 +80,9 @@ class RankGrid(ScrollView):
         self._k_changed_s = -math.inf
         self._view: RowsView | HeatView | None = None
         self._strips: dict[int, Strip] = {}
+        #: The segments of each visible line as last drawn, and what they were drawn for.
+        self._lines: dict[int, list[Segment]] = {}
+        self._layout: tuple[object, ...] = ()
         self.shown_view = "rows"
         self.top = math.nan
         self.row_h = 1
@@ -159,9 +164,46 @@ class RankGrid(ScrollView):
             heat = self._view if isinstance(self._view, HeatView) else None
             per_host, prefix = (heat.per_host, heat.host_prefix) if heat is not None else (0, "")
             self.header.set_lines(column_header(width, self.top, k, view, len(snap.ranks), per_host, prefix))
-        self._strips.clear()
         self.virtual_size = Size(width, self._view.n_lines)
-        self.refresh()
+        self._repaint_changed_lines(view, width)
+
+    def _repaint_changed_lines(self, view: str, width: int) -> None:
+        """Repaint only the visible lines whose segments changed since the last snapshot.
+
+        Most of a frame is Textual turning lines into strips and escape codes; a rank's lower
+        bar lines (full blocks of one colour) and whole-run numbers rarely change between two
+        snapshots, so they keep their strips and Textual's line cache. A new layout (view,
+        size, scroll position, line style) repaints everything."""
+        top = int(self.scroll_offset.y)
+        height = self.size.height
+        assert self._view is not None
+        n_lines = self._view.n_lines
+        layout = (view, width, height, n_lines, top, id(self._restyle))
+        same_layout = layout == self._layout
+        self._layout = layout
+        changed: list[int] = []
+        visible = range(top, min(n_lines, top + height))
+        # Lines drawn while scrolled elsewhere since the last snapshot would be stale there.
+        lines = {i: seg for i, seg in self._lines.items() if i in visible} if same_layout else {}
+        self._strips = {i: strip for i, strip in self._strips.items() if i in visible}
+        for index in visible:
+            segments = self._view.line(index)
+            if lines.get(index) != segments:
+                lines[index] = segments
+                changed.append(index)
+        self._lines = lines
+        if not same_layout:
+            self._strips.clear()
+            self.refresh()
+            return
+        start = None
+        for i, index in enumerate(changed):  # one refresh per run of adjacent changed lines
+            self._strips.pop(index, None)
+            if start is None:
+                start = index
+            if i + 1 == len(changed) or changed[i + 1] != index + 1:
+                self.refresh_lines(start, index - start + 1)
+                start = None
 
     @staticmethod
     def _proc_states(snap: Snapshot) -> dict[int, str | None]:
@@ -181,6 +223,13 @@ class RankGrid(ScrollView):
 
     # ----------------------------------------------------------------------- drawing
 
+    def get_line_filters(self) -> Sequence[LineFilter]:
+        """The app's line filters but ANSI-to-truecolor: every colour the grid draws is already
+        truecolor and none is dim, so that filter would only copy every segment of every line
+        unchanged (a third of a heat-map frame at 64 ranks; tests/test_render_cost.py checks the
+        premise). The others (NO_COLOR's monochrome, TEXTUAL_FILTERS=dim) still apply."""
+        return [f for f in super().get_line_filters() if not isinstance(f, ANSIToTruecolor)]
+
     def render_line(self, y: int) -> Strip:
         index = y + int(self.scroll_offset.y)
         strip = self._strips.get(index)
@@ -189,10 +238,13 @@ class RankGrid(ScrollView):
             line_style = self._line_style if self._line_style is not None else self.rich_style
             view = self._view
             if view is not None and 0 <= index < view.n_lines:
+                segments = self._lines.get(index)
+                if segments is None:  # scrolled to a line the last snapshot did not draw
+                    segments = self._lines[index] = view.line(index)
                 if view.width == width:  # the view's lines are already fitted (and styled) to this width
-                    strip = Strip(view.line(index), width)
+                    strip = Strip(segments, width)
                 else:
-                    strip = Strip(view.line(index)).crop_extend(0, width, line_style)
+                    strip = Strip(segments).crop_extend(0, width, line_style)
             else:
                 strip = Strip.blank(width, line_style)
             if len(self._strips) < 4096:

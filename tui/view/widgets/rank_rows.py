@@ -284,6 +284,7 @@ class RowsView:
         self.narrow = is_narrow(width)
         self.levels = _levels(cells.ms, top, 8 * self.row_h)
         self.n_lines = len(snap.ranks) * self.row_h
+        self._bands: dict[int, list[list[Segment]]] = {}  # rank row -> its bar lines, bottom first
 
     def line(self, index: int) -> list[Segment]:
         i, line = divmod(index, self.row_h)
@@ -296,11 +297,18 @@ class RowsView:
             segs = _counts(r, self.narrow)
         else:
             segs = [Segment(" " * fixed_width(self.width))]
-        if self.cells.ms.ndim == 2 and self.cells.ms.shape[1]:
-            note = state_note(r, self.procs.get(r.rank)) if line == 0 else ""
-            band = self.row_h - 1 - line  # 0 = bottom line of the rank
-            segs += _spark(self.levels[i], self.cells.mode[i], r, note, band, self.row_h)
-        return self.restyle.line(_fit(segs, self.width))
+        if not (self.cells.ms.ndim == 2 and self.cells.ms.shape[1]):
+            return self.restyle.line(_fit(segs, self.width))
+        bands = self._bands.get(i)
+        if bands is None:  # all of a rank's bar lines at once (numpy per rank, not per line)
+            note = state_note(r, self.procs.get(r.rank))
+            bands = self._bands[i] = _spark_bands(self.levels[i], self.cells.mode[i], r, note, self.row_h)
+        spark = bands[self.row_h - 1 - line]  # band 0 = the rank's bottom line
+        if _SPARK_NARROW and not (line == 0 and r.state != "live"):  # no note: every cell is one column
+            fixed = fixed_width(self.width)
+            return self.restyle.line(_fit_known(_fit(segs, fixed) + spark, fixed + len(self.levels[i]), self.width))
+        return self.restyle.line(_fit(segs + spark, self.width))
+
 
 
 def _numbers(snap: Snapshot, r: RankView, narrow: bool = False) -> list[Segment]:
@@ -373,6 +381,8 @@ def _levels(ms: np.ndarray, top: float, steps: int = 8) -> np.ndarray:
 #: clipped marker) and a style key (0 = blank, else 1 + mode slot * 2 + bold; mode slot 0 = no
 #: mode, 1.. = MODES, last = unknown; -1 = the state note).
 _SPARK_GLYPHS = np.array([" ", *SPARK_CHARS, "▲"])
+#: Whether every bar character is one terminal cell wide (then a row's length is known).
+_SPARK_NARROW = all(cell_len(ch) == 1 for ch in _SPARK_GLYPHS)
 #: Style per key, per colour variant (0 = live, 1 = dimmed, 2 = failed); filled on first use.
 _SPARK_STYLES: tuple[dict[int, Style], ...] = ({}, {}, {})
 
@@ -393,44 +403,76 @@ def _spark_style(key: int, variant: int) -> Style:
 def _spark(
     levels: np.ndarray, modes: np.ndarray, r: RankView, note: str, band: int = 0, bands: int = 1
 ) -> list[Segment]:
-    """One line (``band`` from the bottom) of a rank's bars: characters and styles computed
-    with numpy, then one Segment per run of equal style (a Python loop per run, not per cell)."""
+    """One line (``band`` from the bottom) of a rank's bars (``note`` written over its tail)."""
+    return _spark_bands(levels, modes, r, note, bands, note_band=band, only=band)[band]
+
+
+def _spark_bands(
+    levels: np.ndarray,
+    modes: np.ndarray,
+    r: RankView,
+    note: str,
+    bands: int,
+    note_band: int | None = None,
+    only: int | None = None,
+) -> list[list[Segment]]:
+    """Every line of a rank's bars, bottom band first: characters and styles of all bands
+    computed at once with numpy, then one Segment per run of equal style per band (a Python
+    loop per run, not per cell). ``note`` goes over the tail of ``note_band`` (default: the
+    top one); ``only``: build just that band (the others are empty lists)."""
     n = len(levels)
     if n == 0:
-        return []
+        return [[] for _ in range(bands)]
     lv = levels.astype(np.int32)
-    part = np.minimum(8, lv - 8 * band)
+    band_floor = 8 * np.arange(bands, dtype=np.int32)[:, None] if only is None else np.array([[8 * only]])
+    part = np.minimum(8, lv - band_floor)
     clipped = lv == 8 * bands + 1
     blank = (lv == 0) | (part <= 0)
     chars = np.maximum(part, 1)
-    if band == bands - 1:
-        chars = np.where(clipped, len(SPARK_CHARS) + 1, chars)
+    top = bands - 1 if only is None else (0 if only == bands - 1 else -1)
+    if top >= 0:
+        chars[top] = np.where(clipped, len(SPARK_CHARS) + 1, chars[top])
     chars[blank] = 0
-    keys = 1 + (np.clip(modes.astype(np.int32), -1, len(MODES)) + 1) * 2 + clipped
+    keys = np.empty(chars.shape, dtype=np.int32)
+    keys[:] = 1 + (np.clip(modes.astype(np.int32), -1, len(MODES)) + 1) * 2 + clipped
     keys[blank] = 0
-    text = "".join(_SPARK_GLYPHS[chars].tolist())
+    glyphs = _SPARK_GLYPHS[chars]
+    note_row = -1
     if note and r.state != "live":
         # Write the note over the empty tail (where newer iterations would be), else the end.
         filled = np.flatnonzero(lv != 0)
         tail = n - 1 - int(filled[-1]) if len(filled) else n
         note = note[: max(0, n)]
         start = max(0, n - len(note) if tail < len(note) else n - tail)
-        text = text[:start] + note + text[start + len(note) :]
-        keys[start : start + len(note)] = -1
+        want = bands - 1 if note_band is None else note_band
+        note_row = want if only is None else (0 if only == want else -1)
+        if note_row >= 0:
+            keys[note_row, start : start + len(note)] = -1
+            note_style = style(EXITED if failed(r) else MUTED if r.state == "exited" else WARN, bold=True)
     variant = 2 if failed(r) else 1 if r.state in ("stale", "exited") else 0
     table = _SPARK_STYLES[variant]
-    lengths, values = _runs(keys)
-    runs: list[tuple[str, object]] = []
-    at = 0
-    for count, key in zip(lengths, values, strict=True):
-        if key < 0:
-            st = style(EXITED if failed(r) else MUTED if r.state == "exited" else WARN, bold=True)
-        else:
-            cached = table.get(key)
-            st = table[key] = _spark_style(key, variant) if cached is None else cached
-        runs.append((text[at : at + count], st))
-        at += count
-    return _merge(runs)
+    starts_all = keys[:, 1:] != keys[:, :-1]
+    out: list[list[Segment]] = []
+    for row in range(len(keys)):
+        text = "".join(glyphs[row].tolist())
+        if row == note_row:
+            text = text[:start] + note + text[start + len(note) :]
+        starts = np.flatnonzero(starts_all[row]) + 1
+        bounds = [0, *starts.tolist(), n]
+        row_keys = keys[row]
+        runs: list[tuple[str, object]] = []
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            key = int(row_keys[a])
+            if key < 0:
+                st = note_style
+            else:
+                cached = table.get(key)
+                st = table[key] = _spark_style(key, variant) if cached is None else cached
+            runs.append((text[a:b], st))
+        out.append(_merge(runs))
+    if only is not None:
+        return [out[0] if i == only else [] for i in range(bands)]
+    return out
 
 
 # --------------------------------------------------------------------------- heat map
