@@ -317,3 +317,30 @@ def test_headless_end_drain_takes_late_frames_but_a_flood_cannot_hold_the_exit()
     took = time.monotonic() - started
     assert snap.ranks[0].count == 10 * source.seq > 10  # it drained beyond the first poll
     assert took < headless.DRAIN_MAX_S + 1.0, f"the drain took {took:.1f} s"
+
+
+def test_a_change_is_snapshotted_when_due_not_after_a_whole_poll() -> None:
+    """The thread waits for messages at most until the next snapshot is due once something
+    changed: with a 5 s poll, the second change still shows after ~interval_s, not 5 s."""
+
+    class BlockingSource(FrozenSource):  # test-only: like zmq, an empty poll waits its whole timeout
+        def poll(self, timeout_s: float) -> list[Any]:
+            if self.script:
+                return self.script.pop(0)
+            time.sleep(min(timeout_s, 5.0))
+            return []
+
+    msgs = [[frozen_coll(0, 0, [0], [1000])], [frozen_coll(0, 1, [1], [1000])]]
+    snaps: list[Any] = []
+    loop = IngestLoop(BlockingSource(msgs), RunModel(), on_snapshot=snaps.append, interval_s=0.2, poll_s=5.0)
+    t0 = time.monotonic()
+    loop.start()
+    try:
+        while len(snaps) < 2 and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        elapsed = time.monotonic() - t0
+    finally:
+        loop.stop()
+        loop.join(6)
+    assert len(snaps) >= 2 and snaps[-1].ranks[0].count == 2
+    assert elapsed < 2.5  # 0.2 s due; waiting out the 5 s poll took > 5 s

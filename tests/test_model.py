@@ -234,3 +234,28 @@ def test_ranks_past_the_announced_world_size_are_refused_and_counted() -> None:
     snap = model.snapshot()
     assert sorted(r.rank for r in snap.ranks) == [0, 1]
     assert snap.rejected.get("rank") == 2
+
+
+def test_large_worlds_refresh_a_bounded_share_of_rank_numbers_per_snapshot() -> None:
+    """Above LARGE_WORLD ranks a snapshot recomputes at most max(REFRESH_MIN, n / REFRESH_SHARE)
+    ranks' numbers, the longest-waiting first, so every rank is refreshed within REFRESH_SHARE
+    snapshots; state and straggler share stay fresh in every snapshot."""
+    from tui.model.run_model import LARGE_WORLD, REFRESH_SHARE
+
+    world = 8 * REFRESH_SHARE  # budget = 8 ranks per snapshot
+    assert world > LARGE_WORLD
+    model = RunModel()
+    for r in range(world):
+        model.apply(frozen_coll(r, 0, range(10), np.full(10, 1000.0), world=world))
+    model.snapshot()  # the first snapshot computes every rank
+    for r in range(world):
+        model.apply(frozen_coll(r, 1, range(10, 20), np.full(10, 3000.0), world=world))
+    refreshed_at: dict[int, int] = {}
+    for k in range(REFRESH_SHARE):
+        snap = model.snapshot()
+        new = {v.rank for v in snap.ranks if v.count == 20} - set(refreshed_at)
+        assert len(new) == 8  # the budget, no more, no less
+        refreshed_at.update(dict.fromkeys(new, k))
+        assert all(v.state == "live" for v in snap.ranks)
+    assert len(refreshed_at) == world  # every rank within REFRESH_SHARE snapshots
+    assert all(v.last_ms == pytest.approx(3.0) for v in model.snapshot().ranks)

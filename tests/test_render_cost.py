@@ -50,3 +50,48 @@ def test_the_skipped_truecolor_filter_would_change_no_grid_line(view: str, world
     assert len(styled) > 50 and any(seg.text.strip() for seg in styled)  # real content was drawn
     for line in lines:
         assert truecolor.apply(line, Color(0, 0, 0)) == line
+
+
+def test_only_changed_grid_lines_are_repainted_and_the_screen_matches_a_full_redraw() -> None:
+    """A snapshot in which one rank moved on repaints that rank's changed lines, not the grid;
+    what is on screen afterwards is what a fresh app shows for the same snapshot."""
+    from frozen_run import frozen_run
+
+    from tui.model.run_model import RunModel
+    from workers.wire.protocol import Batch
+
+    messages = frozen_run(world=4, iterations=400)
+    late = [m for m in messages if isinstance(m, Batch) and m.rank == 2][-1]  # rank 2's last batch
+    model = RunModel(clock=lambda: late.t_ns)
+    for m in messages:
+        if m is not late:
+            model.apply(m)
+    before = model.snapshot()
+    model.apply(late)  # rank 2 catches up with the others: only its lines change
+    after = model.snapshot()
+
+    async def body() -> tuple[list[tuple[int, int]], list[str], list[str]]:
+        app = CommtopApp(links=False)
+        async with app.run_test(size=(140, 40)) as pilot:
+            app.show_snapshot(before)
+            await pilot.pause()
+            grid = app.query_one(RankGrid)
+            calls: list[tuple[int, int]] = []
+            repaint = grid.refresh_lines
+            grid.refresh_lines = lambda y, n=1: (calls.append((y, n)), repaint(y, n))[1]  # type: ignore[method-assign]
+            app.show_snapshot(after)
+            await pilot.pause()
+            shown = [app.screen._compositor.render_update(full=True).render_segments(app.console)]  # noqa: SLF001
+            texts = grid.line_texts()
+        fresh = CommtopApp(links=False)
+        async with fresh.run_test(size=(140, 40)) as pilot:
+            fresh.show_snapshot(after)
+            await pilot.pause()
+            assert fresh.query_one(RankGrid).line_texts() == texts
+            shown.append(fresh.screen._compositor.render_update(full=True).render_segments(fresh.console))  # noqa: SLF001
+        return calls, texts, shown
+
+    calls, texts, shown = asyncio.run(body())
+    repainted = sum(n for _, n in calls)
+    assert 0 < repainted < len(texts) // 2  # rank 2's lines (and what moved), not the whole grid
+    assert len(shown[0]) > 1000 and shown[0] == shown[1]  # the same escape codes a terminal gets
