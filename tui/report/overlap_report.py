@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from workers.wire.overlap import AFTER, CLASS_KEYS, CLASSES, DURING, NO_COPIES
-from workers.wire.stats import percentile
+from workers.wire.stats import percentile, percentiles
 
 #: Flat fields added to every report row (json and csv get one column each).
 _ORDER = ((DURING, "during"), (AFTER, "after"), (NO_COPIES, "none"))
@@ -29,8 +29,7 @@ def class_fields(dur_us: np.ndarray, cls: np.ndarray, frac: np.ndarray) -> dict[
         sel = cls == c
         d = dur_us[sel]
         out[f"{key}_n"] = int(len(d))
-        out[f"{key}_p50_us"] = _p(d, 50)
-        out[f"{key}_p99_us"] = _p(d, 99)
+        out[f"{key}_p50_us"], out[f"{key}_p99_us"] = percentiles(d, (50, 99))  # one sort, not two
         if c == DURING:
             out["during_overlap"] = float(frac[sel].mean()) if len(d) else math.nan
     return out
