@@ -200,6 +200,10 @@ class Restyle:
         self._combined: dict[int, tuple[Style, Style]] = {}
         #: The heat map's (chars, styles) tables, combined with ``base`` (see _heat_table).
         self.heat_tables: dict[tuple[bool, bool, bool], tuple[list[str], list[Style | None]]] = {}
+        #: Heat-map segments by (table, code, run length): a heat line is mostly runs of one or
+        #: two cells, and building ~100 Segments per line per frame cost more than drawing them.
+        #: Segments are immutable; at most tables x codes x line width of them exist.
+        self.heat_segments: dict[tuple[bool, bool, bool], dict[int, Segment]] = {}
 
     def __call__(self, st: Style | None) -> Style | None:
         base = self.base
@@ -308,7 +312,6 @@ class RowsView:
             fixed = fixed_width(self.width)
             return self.restyle.line(_fit_known(_fit(segs, fixed) + spark, fixed + len(self.levels[i]), self.width))
         return self.restyle.line(_fit(segs + spark, self.width))
-
 
 
 def _numbers(snap: Snapshot, r: RankView, narrow: bool = False) -> list[Segment]:
@@ -646,9 +649,17 @@ def _heat_segments(
         codes = codes * _HEAT_CODES + np.clip(down.astype(np.int32) + 1, 0, _HEAT_CODES - 1)
     lengths, values = _runs(codes)
     chars, styles = _heat_table(up_dim, down_dim, down is not None, values, restyle)
-    if _HEAT_DISTINCT:
-        return [Segment(chars[c] * n, styles[c]) for n, c in zip(lengths, values, strict=True)]  # type: ignore[arg-type]
-    return _merge([(chars[c] * n, styles[c]) for n, c in zip(lengths, values, strict=True)])
+    if not _HEAT_DISTINCT:
+        return _merge([(chars[c] * n, styles[c]) for n, c in zip(lengths, values, strict=True)])
+    made = restyle.heat_segments.setdefault((up_dim, down_dim, down is not None), {})
+    out = []
+    for n, c in zip(lengths, values, strict=True):
+        key = c << 16 | n
+        seg = made.get(key)
+        if seg is None:
+            seg = made[key] = Segment(chars[c] * n, styles[c])
+        out.append(seg)
+    return out
 
 
 def _mode_segments(mode_row: np.ndarray) -> list[Segment]:
