@@ -88,19 +88,26 @@ def bucket(history: History, cells: int, k: int) -> Cells:
         return Cells(np.full((n_ranks, cells), np.nan), np.full((n_ranks, cells), -1), k, history.first_iteration, 0)
     last = history.first_iteration + n_cols - 1
     start_it = (last // k - cells + 1) * k
-    total = cells * k
-    ms = np.full((n_ranks, total), np.nan, dtype=np.float32)
-    mode = np.full((n_ranks, total), -1, dtype=np.int16)
     lo, hi = max(start_it, history.first_iteration), last
     src = slice(lo - history.first_iteration, hi - history.first_iteration + 1)
-    dst = slice(lo - start_it, hi - start_it + 1)
+    # Only the cells the history reaches are computed (the screen usually spans more
+    # iterations than the history holds: the rest stays NaN / -1 without being touched).
+    j_lo, j_hi = (lo - start_it) // k, (hi - start_it) // k
+    part_it = start_it + j_lo * k  # first iteration of the first computed cell
+    width = (j_hi - j_lo + 1) * k
+    ms = np.full((n_ranks, width), np.nan, dtype=np.float32)
+    mode = np.full((n_ranks, width), -1, dtype=np.int16)
+    dst = slice(lo - part_it, hi - part_it + 1)
     ms[:, dst] = history.ms[:, src]
     m = history.mode[:, src].astype(np.int16)
     mode[:, dst] = np.where(m == NO_MODE, -1, m)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", category=RuntimeWarning)
-        out_ms = np.nanmax(ms.reshape(n_ranks, cells, k), axis=2) if n_ranks else np.zeros((0, cells))
-    out_mode = mode.reshape(n_ranks, cells, k).max(axis=2) if n_ranks else np.zeros((0, cells), dtype=np.int16)
+    out_ms = np.full((n_ranks, cells), np.nan, dtype=np.float32)
+    out_mode = np.full((n_ranks, cells), -1, dtype=np.int16)
+    if n_ranks:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=RuntimeWarning)
+            out_ms[:, j_lo : j_hi + 1] = np.nanmax(ms.reshape(n_ranks, -1, k), axis=2)
+        out_mode[:, j_lo : j_hi + 1] = mode.reshape(n_ranks, -1, k).max(axis=2)
     first_start = 0
     if len(history.start_ns):
         visible = history.start_ns[src]
@@ -172,9 +179,9 @@ def _axis(top: float) -> str:
     return f"{top:g}" if math.isfinite(top) else "?"
 
 
-def _fit(segments: list[Segment], width: int) -> list[Segment]:
-    """Crop or pad a line to exactly ``width`` cells."""
-    return Segment.adjust_line_length(segments, width)
+def _fit(segments: list[Segment], width: int, pad: Style | None = None) -> list[Segment]:
+    """Crop or pad (with ``pad``'s style) a line to exactly ``width`` cells."""
+    return Segment.adjust_line_length(segments, width, style=pad)
 
 
 def _fit_known(segments: list[Segment], length: int, width: int, pad: Style | None = None) -> list[Segment]:
@@ -204,6 +211,8 @@ class Restyle:
         #: two cells, and building ~100 Segments per line per frame cost more than drawing them.
         #: Segments are immutable; at most tables x codes x line width of them exist.
         self.heat_segments: dict[tuple[bool, bool, bool], dict[int, Segment]] = {}
+        #: Bar styles by style key, per colour variant (0 = live, 1 = dimmed, 2 = failed), combined.
+        self.spark_styles: tuple[dict[int, Style | None], ...] = ({}, {}, {})
 
     def __call__(self, st: Style | None) -> Style | None:
         base = self.base
@@ -306,12 +315,15 @@ class RowsView:
         bands = self._bands.get(i)
         if bands is None:  # all of a rank's bar lines at once (numpy per rank, not per line)
             note = state_note(r, self.procs.get(r.rank))
-            bands = self._bands[i] = _spark_bands(self.levels[i], self.cells.mode[i], r, note, self.row_h)
-        spark = bands[self.row_h - 1 - line]  # band 0 = the rank's bottom line
+            bands = self._bands[i] = _spark_bands(
+                self.levels[i], self.cells.mode[i], r, note, self.row_h, restyle=self.restyle
+            )
+        spark = bands[self.row_h - 1 - line]  # band 0 = the rank's bottom line (styles combined)
+        fixed = fixed_width(self.width)
+        numbers = self.restyle.line(_fit(segs, fixed))
         if _SPARK_NARROW and not (line == 0 and r.state != "live"):  # no note: every cell is one column
-            fixed = fixed_width(self.width)
-            return self.restyle.line(_fit_known(_fit(segs, fixed) + spark, fixed + len(self.levels[i]), self.width))
-        return self.restyle.line(_fit(segs + spark, self.width))
+            return _fit_known(numbers + spark, fixed + len(self.levels[i]), self.width, self.restyle(None))
+        return _fit(numbers + spark, self.width, self.restyle(None))
 
 
 def _numbers(snap: Snapshot, r: RankView, narrow: bool = False) -> list[Segment]:
@@ -386,8 +398,6 @@ def _levels(ms: np.ndarray, top: float, steps: int = 8) -> np.ndarray:
 _SPARK_GLYPHS = np.array([" ", *SPARK_CHARS, "▲"])
 #: Whether every bar character is one terminal cell wide (then a row's length is known).
 _SPARK_NARROW = all(cell_len(ch) == 1 for ch in _SPARK_GLYPHS)
-#: Style per key, per colour variant (0 = live, 1 = dimmed, 2 = failed); filled on first use.
-_SPARK_STYLES: tuple[dict[int, Style], ...] = ({}, {}, {})
 
 
 def _spark_style(key: int, variant: int) -> Style:
@@ -418,11 +428,13 @@ def _spark_bands(
     bands: int,
     note_band: int | None = None,
     only: int | None = None,
+    restyle: Restyle = PLAIN,
 ) -> list[list[Segment]]:
     """Every line of a rank's bars, bottom band first: characters and styles of all bands
     computed at once with numpy, then one Segment per run of equal style per band (a Python
     loop per run, not per cell). ``note`` goes over the tail of ``note_band`` (default: the
-    top one); ``only``: build just that band (the others are empty lists)."""
+    top one); ``only``: build just that band (the others are empty lists). Styles come combined
+    by ``restyle``."""
     n = len(levels)
     if n == 0:
         return [[] for _ in range(bands)]
@@ -451,9 +463,9 @@ def _spark_bands(
         note_row = want if only is None else (0 if only == want else -1)
         if note_row >= 0:
             keys[note_row, start : start + len(note)] = -1
-            note_style = style(EXITED if failed(r) else MUTED if r.state == "exited" else WARN, bold=True)
+            note_style = restyle(style(EXITED if failed(r) else MUTED if r.state == "exited" else WARN, bold=True))
     variant = 2 if failed(r) else 1 if r.state in ("stale", "exited") else 0
-    table = _SPARK_STYLES[variant]
+    table = restyle.spark_styles[variant]
     starts_all = keys[:, 1:] != keys[:, :-1]
     out: list[list[Segment]] = []
     for row in range(len(keys)):
@@ -470,7 +482,7 @@ def _spark_bands(
                 st = note_style
             else:
                 cached = table.get(key)
-                st = table[key] = _spark_style(key, variant) if cached is None else cached
+                st = table[key] = restyle(_spark_style(key, variant)) if cached is None else cached
             runs.append((text[a:b], st))
         out.append(_merge(runs))
     if only is not None:
