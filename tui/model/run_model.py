@@ -575,9 +575,14 @@ class RunModel:
             s.view_cache = (s.version, now, view)
         return _with_live_fields(view, state, silent, idle, share)
 
+    def _run_stats_every_ns(self) -> float:
+        """How long a rank's whole-run statistics are reused: RUN_STATS_EVERY_S, and in large
+        worlds as long as the verdict's epochs (merging histograms is most of a rank's numbers)."""
+        return max(RUN_STATS_EVERY_S, len(self.ranks) / EPOCHS_RANKS_PER_S) * 1e9
+
     def _run_stats(self, s: _RankState, now: int, fresh: bool) -> tuple[RunStats, dict[str, RunStats], RunStats]:
         cached = s.run_cache
-        if cached is not None and not fresh and now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+        if cached is not None and not fresh and now - cached[0] < self._run_stats_every_ns():
             return cached[1]
         total = RunAggregate()
         for agg in s.run_by_mode.values():
@@ -634,7 +639,7 @@ class RunModel:
 
     def _class_stats(self, s: _RankState, now: int, fresh: bool) -> dict[str, RunStats]:
         cached = s.class_cache
-        if cached is not None and not fresh and now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+        if cached is not None and not fresh and now - cached[0] < self._run_stats_every_ns():
             return cached[1]
         stats = s.overlap.stats()
         s.class_cache = (now, stats)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,9 +103,8 @@ def bucket(history: History, cells: int, k: int) -> Cells:
     out_ms = np.full((n_ranks, cells), np.nan, dtype=np.float32)
     out_mode = np.full((n_ranks, cells), -1, dtype=np.int16)
     if n_ranks:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", category=RuntimeWarning)
-            out_ms[:, j_lo : j_hi + 1] = np.nanmax(ms.reshape(n_ranks, -1, k), axis=2)
+        # fmax skips NaN in one pass (nanmax copies the array to replace them); all-NaN -> NaN.
+        out_ms[:, j_lo : j_hi + 1] = np.fmax.reduce(ms.reshape(n_ranks, -1, k), axis=2)
         out_mode[:, j_lo : j_hi + 1] = mode.reshape(n_ranks, -1, k).max(axis=2)
     first_start = 0
     if len(history.start_ns):
@@ -517,9 +515,7 @@ class HeatView:
                 self.host_prefix = os.path.commonprefix([host.split(".", 1)[0] for host, _ in groups])
                 names = [host.split(".", 1)[0][len(self.host_prefix) :] or "?" for host, _ in groups]
             self.rows = [(name, [snap.ranks[i] for i in idx]) for name, (_host, idx) in zip(names, groups, strict=True)]
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", category=RuntimeWarning)
-                ms = np.stack([np.nanmax(cells.ms[idx], axis=0) for _, idx in groups]) if cells.ms.size else cells.ms
+            ms = np.stack([np.fmax.reduce(cells.ms[idx], axis=0) for _, idx in groups]) if cells.ms.size else cells.ms
             self.heat = _heat_index(ms, top)
         else:
             self.rows = [(str(r.rank), [r]) for r in snap.ranks]
