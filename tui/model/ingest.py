@@ -31,7 +31,7 @@ APPLY_CHUNK = 128
 #: snapshot and its heat map cost ~20 ms each, and 10 frames/s of a 512-row heat map is as
 #: readable as 15 (the same data, in ~2/3 of the CPU).
 LARGE_WORLD_RANKS = 256
-LARGE_WORLD_INTERVAL_S = 0.1
+LARGE_WORLD_INTERVAL_S = 1 / 11
 MAX_ERRORS = 20
 
 

@@ -103,9 +103,9 @@ def bucket(history: History, cells: int, k: int) -> Cells:
     out_ms = np.full((n_ranks, cells), np.nan, dtype=np.float32)
     out_mode = np.full((n_ranks, cells), -1, dtype=np.int16)
     if n_ranks:
-        # fmax skips NaN in one pass (nanmax copies the array to replace them); all-NaN -> NaN.
-        out_ms[:, j_lo : j_hi + 1] = np.fmax.reduce(ms.reshape(n_ranks, -1, k), axis=2)
-        out_mode[:, j_lo : j_hi + 1] = mode.reshape(n_ranks, -1, k).max(axis=2)
+        # fmax skips NaN (all-NaN -> NaN) without nanmax's copy of the array.
+        out_ms[:, j_lo : j_hi + 1] = _bucket_max(ms.reshape(n_ranks, -1, k), np.fmax)
+        out_mode[:, j_lo : j_hi + 1] = _bucket_max(mode.reshape(n_ranks, -1, k), np.maximum)
     first_start = 0
     if len(history.start_ns):
         visible = history.start_ns[src]
@@ -115,13 +115,41 @@ def bucket(history: History, cells: int, k: int) -> Cells:
     return Cells(out_ms, out_mode, k, start_it, first_start, edges)
 
 
+def _bucket_max(cells: np.ndarray, op: np.ufunc) -> np.ndarray:
+    """``op``-reduction over the last axis (the k iterations of a cell) as k whole-array steps:
+    a numpy reduction over a short last axis runs its inner loop once per cell (10 ms for
+    512 ranks x 1024 iterations), k element-wise passes take well under 1 ms."""
+    out = cells[..., 0].copy()
+    for j in range(1, cells.shape[-1]):
+        op(out, cells[..., j], out=out)
+    return out
+
+
 def visible_top(cells: Cells) -> float:
     """The latency the y-axis should cover: the 99th percentile of the visible cells, so
     one spike is drawn clipped instead of flattening every other rank."""
     finite = cells.ms[np.isfinite(cells.ms)]
     if len(finite) == 0:
         return math.nan
-    return percentile(finite, 99)
+    return _percentile_by_partition(finite, 99)
+
+
+def _percentile_by_partition(values: np.ndarray, q: float) -> float:
+    """``workers.wire.stats.percentile`` (numpy's linear method, bit for bit) from the two
+    order statistics it needs, found with a partition instead of a sort (512 ranks x 150
+    cells: 0.5 ms, not 4). Zeros at the interpolation points take the sorting path, which
+    reproduces numpy's handling of signed zeros."""
+    n = len(values)
+    v = (n - 1) * (q / 100)
+    prev = -1 if v >= n - 1 else math.floor(v)
+    a, b = (n - 1, n - 1) if prev < 0 else (prev, prev + 1)
+    part = np.partition(values, (a, b) if a != b else a)
+    lo, hi = float(part[a]), float(part[b])
+    if lo == 0 or hi == 0:
+        return percentile(values, q)
+    t = v - prev
+    diff = hi - lo
+    return hi - diff * (1 - t) if t >= 0.5 else lo + diff * t
 
 
 # --------------------------------------------------------------------------- rows
