@@ -71,6 +71,7 @@ class IngestLoop:
         self._thread: threading.Thread | None = None
         self._last_version = -1
         self._last_emit = 0.0
+        self._built_avg_s: float | None = None
         self._latest: Snapshot | None = None
 
     # ----------------------------------------------------------------------- thread
@@ -181,8 +182,11 @@ class IngestLoop:
         snap = self.snapshot()
         built_s = time.monotonic() - mono
         self._last_version = snap.version
-        # Never spend more than ~1/4 of this thread on snapshots (hundreds of ranks).
-        self._last_emit = mono + max(0.0, 4 * built_s - interval)
+        # Never spend more than ~1/4 of this thread on snapshots (hundreds of ranks), judged on a
+        # running average: one slow snapshot (the epochs verdict, every few seconds at 512 ranks)
+        # must not pause the screen for four times its length.
+        self._built_avg_s = built_s if self._built_avg_s is None else 0.8 * self._built_avg_s + 0.2 * built_s
+        self._last_emit = mono + max(0.0, 4 * self._built_avg_s - interval)
         if self.on_snapshot is not None:
             try:
                 self.on_snapshot(snap)
