@@ -19,11 +19,6 @@ from tui.model.run_model import RunModel, Snapshot
 
 #: Even with no new messages a snapshot is rebuilt this often (liveness ages with time).
 IDLE_SNAPSHOT_S = 0.5
-#: After a poll that brought messages, let the next ones queue this long before polling again:
-#: one wake-up per GATHER_S instead of one per message. A wake-up (poll, lock, bookkeeping,
-#: a thread switch) cost as much as decoding and applying the message it brought: at 64 ranks
-#: (1,280 messages/s) a quarter of a core. Adds at most GATHER_S to what a record waits.
-GATHER_S = 0.01
 #: Messages applied between two chances to emit a snapshot: 512 ranks' batches arrive in
 #: bursts of hundreds (~0.1 ms each), and a snapshot waiting for a whole burst came late.
 APPLY_CHUNK = 128
@@ -94,8 +89,7 @@ class IngestLoop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if self.step(self._poll_timeout(), self._emit_safely):
-                self._stop.wait(min(GATHER_S, self._poll_timeout()))
+            self.step(self._poll_timeout(), self._emit_safely)
             self._emit_safely()
 
     def _emit_safely(self) -> None:
