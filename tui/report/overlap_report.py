@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from workers.wire.overlap import AFTER, CLASS_KEYS, CLASSES, DURING, NO_COPIES
-from workers.wire.stats import percentile, percentiles
+from workers.wire.stats import percentile, percentiles, percentiles_and_max_sorted
 
 #: Flat fields added to every report row (json and csv get one column each).
 _ORDER = ((DURING, "during"), (AFTER, "after"), (NO_COPIES, "none"))
@@ -22,14 +22,20 @@ def _p(values: np.ndarray, q: float) -> float:
     return percentile(values, q)
 
 
-def class_fields(dur_us: np.ndarray, cls: np.ndarray, frac: np.ndarray) -> dict[str, Any]:
-    """{during_n, during_p50_us, during_p99_us, during_overlap, after_n, ..., none_p99_us}."""
+def class_fields(
+    dur_us: np.ndarray, cls: np.ndarray, frac: np.ndarray, sorted_by_class: dict[int, np.ndarray] | None = None
+) -> dict[str, Any]:
+    """{during_n, during_p50_us, during_p99_us, during_overlap, after_n, ..., none_p99_us};
+    ``sorted_by_class``: each class's durations already sorted (then nothing is sorted here)."""
     out: dict[str, Any] = {}
     for c, key in _ORDER:
         sel = cls == c
-        d = dur_us[sel]
+        d = sorted_by_class[c] if sorted_by_class is not None else dur_us[sel]
         out[f"{key}_n"] = int(len(d))
-        out[f"{key}_p50_us"], out[f"{key}_p99_us"] = percentiles(d, (50, 99))  # one sort, not two
+        if sorted_by_class is not None:
+            out[f"{key}_p50_us"], out[f"{key}_p99_us"] = percentiles_and_max_sorted(d, (50, 99))[0]
+        else:
+            out[f"{key}_p50_us"], out[f"{key}_p99_us"] = percentiles(d, (50, 99))  # one sort, not two
         if c == DURING:
             out["during_overlap"] = float(frac[sel].mean()) if len(d) else math.nan
     return out
