@@ -198,11 +198,15 @@ def _mode_of(values: np.ndarray) -> int:
 
 def _median(d32: np.ndarray) -> float:
     """Exactly ``float(np.median(d32.astype(np.float64)))``, from the sorted float32 values."""
-    n = len(d32)
-    part = np.sort(d32)  # see workers.wire.stats.percentiles_and_max
+    return _median_sorted(np.sort(d32), d32)  # see workers.wire.stats.percentiles_and_max
+
+
+def _median_sorted(part: np.ndarray, d32: np.ndarray | None = None) -> float:
+    """:func:`_median` of values already sorted (``d32``: the same values in any order)."""
+    n = len(part)
     lo, hi, last = part[[(n - 1) // 2, n // 2, n - 1]].astype(np.float64).tolist()
     if last != last or lo == 0 or hi == 0:
-        return float(np.median(d32.astype(np.float64)))
+        return float(np.median((part if d32 is None else d32).astype(np.float64)))
     return lo if n % 2 else (lo + hi) / 2
 
 
@@ -486,6 +490,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     rows: list[Row] = []
     spans: dict[SettingsKey, list[tuple[int, int, Row]]] = {}  # epochs per settings, all ranks
     epoch_orders: dict[int, _EpochOrder] = {}  # by the epoch's first record
+    pure_epochs: dict[int, list[tuple[int, int, int]]] = {}  # mode -> its epochs of one mode and (op, size) code
     for e, a_e, b_e, eruns in _epochs(g.runs):
         s = settings.get(e, {})
         ca, cb = cepoch.get(e, (0, 0))
@@ -510,6 +515,9 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
         ordered = _EpochOrder.of(dur32[a_e:b_e], ocls[a_e:b_e], [b - a for _, a, b in eruns])
         if ordered is not None:
             epoch_orders[a_e] = ordered
+            e_modes, e_codes = mode[a_e:b_e], code[a_e:b_e]
+            if e_modes.min() == e_modes.max() and e_codes.min() == e_codes.max():  # one mode, one (op, size)
+                pure_epochs.setdefault(int(e_modes[0]), []).append((a_e, b_e, int(e_codes[0])))
         for index, (rank, a, b, gids, (ga, gb)) in enumerate(groups):
             member = None if ordered is None else ordered.group(index - 1)
             if member is None:
@@ -589,18 +597,32 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     for m, count in enumerate(mcounts.tolist()):
         if not count:
             continue
-        sel = slice(None) if count == len(mode) else mode == m
-        dm, cm = dur32[sel], code[sel]
-        p50, p99 = percentiles(dm, [50, 99])
-        ratios, weights = [], []  # slowdown per (op, size) with a baseline, weighted by records
-        for k, base in base_code.items():
-            both = cm == k
-            if both.any():
-                ratios.append(_median(dm[both]) / base)
-                weights.append(int(np.count_nonzero(both)))
-        slow = float(np.average(ratios, weights=weights)) if ratios else math.nan
+        pure = pure_epochs.get(m, [])
+        merged = _EpochOrder.union([epoch_orders[a] for a, _, _ in pure])
+        if merged is not None and sum(b - a for a, b, _ in pure) == count and len({k for _, _, k in pure}) == 1:
+            # Every record of this mode is in epochs sorted above, all of one (op, size).
+            values, by_class = merged.group(-1)
+            p50, p99 = percentiles_and_max_sorted(values, [50, 99])[0]
+            base = base_code.get(pure[0][2])
+            # as np.average over the one (op, size) below computes it, rounding included
+            slow = float(np.average([_median_sorted(values) / base], weights=[count])) if base else math.nan
+            during, after, none = (
+                percentiles_and_max_sorted(by_class[c], [50])[0][0] for c in (DURING, AFTER, NO_COPIES)
+            )
+        else:
+            sel = slice(None) if count == len(mode) else mode == m
+            dm, cm = dur32[sel], code[sel]
+            p50, p99 = percentiles(dm, [50, 99])
+            ratios, weights = [], []  # slowdown per (op, size) with a baseline, weighted by records
+            for k, base in base_code.items():
+                both = cm == k
+                if both.any():
+                    ratios.append(_median(dm[both]) / base)
+                    weights.append(int(np.count_nonzero(both)))
+            slow = float(np.average(ratios, weights=weights)) if ratios else math.nan
+            during, after, none = class_p50s(dm, ocls[sel])
         modes.append(
-            ModeRow(p.MODES[m] if m < len(p.MODES) else f"mode{m}", count, p50, p99, slow, *class_p50s(dm, ocls[sel]))
+            ModeRow(p.MODES[m] if m < len(p.MODES) else f"mode{m}", count, p50, p99, slow, during, after, none)
         )
     return Report(
         path=rec.path,
