@@ -112,6 +112,7 @@ class ABExperiment:
         self._windows: dict[int, tuple[int, int]] = {}  # epoch -> (first, last) collective start
         self._ticks: list[tuple[int, float, float]] = []  # (t_ns, PCIe tx, NVLink tx) GB/s per GPU
         self._restore: dict[str, Any] = {}
+        self.restore_error: str | None = None  # None: not restored (yet); "": accepted
         self._order: list[str] = []  # arms still to run in the current pair
         self._pair = -1
         self._started = 0.0
@@ -249,15 +250,26 @@ class ABExperiment:
         self._block_seen_at = math.nan
         return False
 
-    def _finish(self, note: str) -> bool:
+    @property
+    def restore(self) -> dict[str, Any]:
+        """The settings in force before the first block (what the end puts back)."""
+        return dict(self._restore)
+
+    def _put_back(self) -> None:
+        """Restore the settings from before the experiment (done, stopped or failed);
+        ``restore_error`` says how that went ("" accepted)."""
         if self._restore:
-            self.controller.request(dict(self._restore))
+            self.restore_error = self.controller.request(dict(self._restore))
+
+    def _finish(self, note: str) -> bool:
+        self._put_back()
         self.state = "done"
         self.note = note
         self._emit("end", pairs=self._complete_pairs())
         return True
 
     def _fail(self, note: str) -> bool:
+        self._put_back()
         self.state = "failed"
         self.note = note
         self._emit("end", pairs=self._complete_pairs(), error=note)
