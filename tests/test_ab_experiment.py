@@ -4,11 +4,12 @@ end, --until-ci, and link throughput per arm."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
-from tui.model.ab_experiment import ABExperiment, arm_link
+from tui.model.ab_experiment import ABExperiment, arm_hbm, arm_link
 from tui.model.ab_stats import AB_MARK, Block, blocks_from_marks
 from tui.model.interfaces import ControlView
 from workers.wire.protocol import COLL, COLL_COLUMNS, Batch
@@ -95,7 +96,12 @@ def test_until_ci_stops_once_the_interval_is_narrow() -> None:
 def test_link_throughput_is_averaged_over_each_arms_blocks() -> None:
     blocks = [Block(1, "A", 0), Block(2, "B", 0)]
     windows = {1: (0, 10), 2: (20, 30)}
-    ticks = [(5, 1.0, float("nan")), (8, 3.0, float("nan")), (25, 50.0, float("nan")), (40, 99.0, float("nan"))]
+    nan = float("nan")
+    ticks = [(5, 1.0, nan, nan), (8, 3.0, nan, nan), (25, 50.0, nan, nan), (40, 99.0, nan, nan)]
     assert arm_link(blocks, windows, ticks) == (2.0, 50.0)
-    with_nvlink = [(5, 1.0, 100.0), (25, 2.0, 0.0)]
+    with_nvlink = [(5, 1.0, 100.0, nan), (25, 2.0, 0.0, nan)]
     assert arm_link(blocks, windows, with_nvlink) == (101.0, 2.0)  # NVLink adds where it carries traffic
+    # HBM utilisation (GPM) the same way; NaN (no GPM on this machine) for both arms without it
+    assert all(math.isnan(x) for x in arm_hbm(blocks, windows, ticks))
+    with_hbm = [(5, 1.0, nan, 10.0), (8, 1.0, nan, 20.0), (25, 50.0, nan, 60.0), (28, 50.0, nan, nan)]
+    assert arm_hbm(blocks, windows, with_hbm) == (15.0, 60.0)

@@ -83,3 +83,17 @@ def test_paired_ratio_by_hand() -> None:
     assert math.isclose(r.estimate, math.exp(logs.mean()))
     assert math.isclose(r.lo, math.exp(logs.mean() - half)) and math.isclose(r.hi, math.exp(logs.mean() + half))
     assert r.words() == "+19.7 % [-2.7, +47.3] no detectable difference"
+
+
+def test_hbm_utilisation_per_arm_in_table_json_and_verdict() -> None:
+    """GPM HBM bandwidth per arm says which resource was busier in B; without GPM nothing is said."""
+    from tui.model.ab_stats import as_json
+
+    rng = np.random.default_rng(3)
+    blocks, coll = fake_experiment(rng, pairs=4, effect=1.05)
+    res = analyse(blocks, coll, a="mode=none", b="mode=overlap", hbm_util_pct=(12.4, 31.0))
+    assert "HBM bw 12 → 31 %" in res.verdict()
+    assert "HBM bandwidth used (GPM DRAM_BW_UTIL): A 12.4 %, B 31.0 %" in format_table(res)
+    assert as_json(res)["hbm_util_pct"] == [12.4, 31.0]
+    plain = analyse(blocks, coll, a="mode=none", b="mode=overlap")
+    assert "HBM" not in plain.verdict() and "HBM" not in format_table(plain)

@@ -19,7 +19,7 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,7 +110,7 @@ class ABExperiment:
         self._epochs: set[int] = set()
         self._seen_epochs: set[int] = set()
         self._windows: dict[int, tuple[int, int]] = {}  # epoch -> (first, last) collective start
-        self._ticks: list[tuple[int, float, float]] = []  # (t_ns, PCIe tx, NVLink tx) GB/s per GPU
+        self._ticks: list[tuple[int, float, float, float]] = []  # (t_ns, PCIe tx, NVLink tx GB/s, HBM %) per GPU
         self._restore: dict[str, Any] = {}
         self.restore_error: str | None = None  # None: not restored (yet); "": accepted
         self._order: list[str] = []  # arms still to run in the current pair
@@ -168,9 +168,10 @@ class ABExperiment:
             return
         pcie = _finite_mean(tick.metrics["pcie_tx_gbps"])
         nvl = _finite_mean(tick.metrics["nvlink_tx_gbps"])
+        hbm = _finite_mean(tick.metrics["dram_bw_util_pct"])
         with self._lock:
             if len(self._ticks) < MAX_TICKS:
-                self._ticks.append((tick.t_ns, pcie, nvl))
+                self._ticks.append((tick.t_ns, pcie, nvl, hbm))
 
     # ------------------------------------------------------------------ schedule
 
@@ -319,6 +320,7 @@ class ABExperiment:
             b=self.label_b,
             seconds=seconds,
             link_gbps=arm_link(blocks, windows, ticks),
+            hbm_util_pct=arm_hbm(blocks, windows, ticks),
         )
         self._last_result = res
         return res
@@ -354,18 +356,33 @@ def _finite_mean(values: np.ndarray) -> float:
 
 
 def arm_link(
-    blocks: list[Block], windows: Mapping[int, tuple[int, int]], ticks: list[tuple[int, float, float]]
+    blocks: list[Block], windows: Mapping[int, tuple[int, int]], ticks: Sequence[tuple[int, float, float, float]]
 ) -> tuple[float, float]:
     """Link tx GB/s per GPU (PCIe, plus NVLink where there is any): per arm, the mean over its
     blocks of each block's mean (as `commtop report` computes it from a recording)."""
     if not ticks:
         return (math.nan, math.nan)
-    t = np.array([x[0] for x in ticks], dtype=np.int64)
-    order = np.argsort(t)
-    t = t[order]
-    pcie = np.array([x[1] for x in ticks])[order]
-    nvl = np.array([x[2] for x in ticks])[order]
+    pcie = np.array([x[1] for x in ticks])
+    nvl = np.array([x[2] for x in ticks])
     value = np.where(np.isfinite(nvl) & (nvl > 0), np.nan_to_num(pcie) + nvl, pcie)
+    return _per_arm(blocks, windows, np.array([x[0] for x in ticks], dtype=np.int64), value)
+
+
+def arm_hbm(
+    blocks: list[Block], windows: Mapping[int, tuple[int, int]], ticks: Sequence[tuple[int, float, float, float]]
+) -> tuple[float, float]:
+    """HBM bandwidth utilisation % (GPM) per arm, averaged like :func:`arm_link`; NaN without GPM."""
+    if not ticks:
+        return (math.nan, math.nan)
+    t = np.array([x[0] for x in ticks], dtype=np.int64)
+    return _per_arm(blocks, windows, t, np.array([x[3] for x in ticks]))
+
+
+def _per_arm(
+    blocks: list[Block], windows: Mapping[int, tuple[int, int]], t: np.ndarray, value: np.ndarray
+) -> tuple[float, float]:
+    order = np.argsort(t, kind="stable")
+    t, value = t[order], value[order]
     out = []
     for arm in ("A", "B"):
         means = []

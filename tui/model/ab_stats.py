@@ -139,6 +139,8 @@ class ABResult:
     rows: dict[str, ClassResult] = field(default_factory=dict)
     copy_gbps: tuple[float, float] = (math.nan, math.nan)  # per arm
     link_gbps: tuple[float, float] = (math.nan, math.nan)  # per arm: PCIe/NVLink tx, from telemetry
+    #: per arm: HBM bandwidth utilisation % (GPM DRAM_BW_UTIL, mean per GPU); NaN without GPM
+    hbm_util_pct: tuple[float, float] = (math.nan, math.nan)
     seconds: float = 0.0
     method: str = "paired t on log(B/A) of block medians and means, 95 %"
 
@@ -156,6 +158,9 @@ class ABResult:
         gbps = self.copy_gbps[1]
         if math.isfinite(gbps):
             parts.append(f"copies {gbps:.1f} GB/s" + (f" = {peak}" if peak else ""))
+        ha, hb = self.hbm_util_pct
+        if math.isfinite(ha) and math.isfinite(hb):  # which resource was busier in B (GPM)
+            parts.append(f"HBM bw {ha:.0f} → {hb:.0f} %")
         parts.append(f"{self.pairs} pairs")
         return " · ".join(parts)
 
@@ -198,6 +203,7 @@ def analyse(
     a: str = "A",
     b: str = "B",
     link_gbps: tuple[float, float] = (math.nan, math.nan),
+    hbm_util_pct: tuple[float, float] = (math.nan, math.nan),
     seconds: float = 0.0,
 ) -> ABResult:
     """The experiment's result from its blocks and records.
@@ -283,6 +289,7 @@ def analyse(
         rows=rows,
         copy_gbps=copy_gbps,
         link_gbps=link_gbps,
+        hbm_util_pct=hbm_util_pct,
         seconds=seconds,
     )
 
@@ -332,6 +339,9 @@ def format_table(result: ABResult, peak: str = "") -> str:
     lines.append(f"copy GB/s: A {_f(ga, '{:.1f}')}, B {_f(gb, '{:.1f}')}" + (f" ({peak})" if peak else ""))
     if math.isfinite(la) or math.isfinite(lb):
         lines.append(f"link tx GB/s (NVML): A {_f(la, '{:.1f}')}, B {_f(lb, '{:.1f}')}")
+    ha, hb = result.hbm_util_pct
+    if math.isfinite(ha) or math.isfinite(hb):
+        lines.append(f"HBM bandwidth used (GPM DRAM_BW_UTIL): A {_f(ha, '{:.1f} %')}, B {_f(hb, '{:.1f} %')}")
     lines.append(f"method: {result.method}; verdict: {result.verdict(peak)}")
     return "\n".join(lines)
 
@@ -352,6 +362,7 @@ def as_json(result: ABResult) -> dict[str, object]:
         "method": result.method,
         "copy_gbps": list(result.copy_gbps),
         "link_gbps": list(result.link_gbps),
+        "hbm_util_pct": list(result.hbm_util_pct),
         "verdict": result.verdict(),
         "classes": {
             name: {"a": arm(r.a), "b": arm(r.b), "baseline": r.baseline, "p50": ratio(r.p50), "mean": ratio(r.mean)}

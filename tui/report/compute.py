@@ -43,6 +43,8 @@ LINK_METRICS = (
     "mem_clock_mhz",
     "power_w",
 )
+#: Optional tick metrics the report also reads (NaN in recordings made before them).
+HBM_UTIL = "dram_bw_util_pct"
 RECORD_FIELDS = (
     "rank",
     "iteration",
@@ -323,7 +325,7 @@ class _Telemetry:
         for host, host_ticks in by_host.items():
             uuids = Counter(t.uuids for t in host_ticks).most_common(1)[0][0]
             kept = sorted((t for t in host_ticks if t.uuids == uuids), key=lambda t: t.t_ns)
-            mats = {name: np.array([t.metrics[name] for t in kept]) for name in LINK_METRICS}
+            mats = {name: np.array([t.metrics[name] for t in kept]) for name in (*LINK_METRICS, HBM_UTIL)}
             self.hosts[host] = (np.array([t.t_ns for t in kept], dtype=np.int64), uuids, mats)
 
     def mean(self, name: str, t0: int, t1: int, gpu: tuple[str, str] | None) -> float:
@@ -398,7 +400,15 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     order = g.order
     dur32 = coll["dur_us"][order]  # percentiles sort these (workers.wire.stats)
     ocls, ofrac = classify_columns(coll, copy)
-    ab = tuple(ab_sections(tables, ocls, ofrac, lambda t0, t1: _link_tx(telemetry, t0, t1)))
+    ab = tuple(
+        ab_sections(
+            tables,
+            ocls,
+            ofrac,
+            lambda t0, t1: _link_tx(telemetry, t0, t1),
+            lambda t0, t1: telemetry.mean(HBM_UTIL, t0, t1, None),
+        )
+    )
     ocls, ofrac = ocls[order], ofrac[order]
     mode = coll["mode"][order]
     codes, combos = _combo_codes(coll["op"], coll["nbytes"])
