@@ -105,3 +105,21 @@ def test_link_throughput_is_averaged_over_each_arms_blocks() -> None:
     assert all(math.isnan(x) for x in arm_hbm(blocks, windows, ticks))
     with_hbm = [(5, 1.0, nan, 10.0), (8, 1.0, nan, 20.0), (25, 50.0, nan, 60.0), (28, 50.0, nan, nan)]
     assert arm_hbm(blocks, windows, with_hbm) == (15.0, 60.0)
+
+
+def test_a_batch_across_a_switch_gives_each_block_its_own_time_window() -> None:
+    """A batch that holds the end of one block and the start of the next must not stretch either
+    block's window over the other's (link and HBM telemetry are averaged over these windows, as
+    `commtop report` does from the recording's records)."""
+    ctl = FakeController()
+    exp = ABExperiment(ctl, {"mode": "none"}, {"mode": "overlap"}, seed=1)
+    exp.clock = lambda: 0.0
+    exp.tick()
+    exp.tick()  # (in the test clock no time passes: force the second block of the pair)
+    exp._next_block(0.0)
+    first, second = exp.blocks[0].epoch, exp.blocks[1].epoch
+    b = batch(first, 8, 100.0, 1_000_000_000)
+    b.columns["epoch"][4:] = second  # records 4..7 (starting 4..7 ms later) ran as the next block
+    exp.write(b)
+    assert exp._windows[first] == (1_000_000_000, 1_003_000_000)
+    assert exp._windows[second] == (1_004_000_000, 1_007_000_000)

@@ -153,8 +153,10 @@ class ABExperiment:
             self._records += n
             if message.kind == COLL:
                 self._seen_epochs.update(np.unique(part["epoch"]).tolist())
-                lo_t, hi_t = int(part["start_ns"].min()), int(part["start_ns"].max())
                 for e in np.unique(part["epoch"]).tolist():
+                    # each epoch's own records: a batch at a switch holds two blocks' records
+                    starts = part["start_ns"][part["epoch"] == e] if lo != hi else part["start_ns"]
+                    lo_t, hi_t = int(starts.min()), int(starts.max())
                     w = self._windows.get(e)
                     self._windows[e] = (lo_t, hi_t) if w is None else (min(w[0], lo_t), max(w[1], hi_t))
 

@@ -158,9 +158,6 @@ class ABResult:
         gbps = self.copy_gbps[1]
         if math.isfinite(gbps):
             parts.append(f"copies {gbps:.1f} GB/s" + (f" = {peak}" if peak else ""))
-        ha, hb = self.hbm_util_pct
-        if math.isfinite(ha) and math.isfinite(hb):  # which resource was busier in B (GPM)
-            parts.append(f"HBM bw {ha:.0f} → {hb:.0f} %")
         parts.append(f"{self.pairs} pairs")
         return " · ".join(parts)
 
@@ -341,9 +338,20 @@ def format_table(result: ABResult, peak: str = "") -> str:
         lines.append(f"link tx GB/s (NVML): A {_f(la, '{:.1f}')}, B {_f(lb, '{:.1f}')}")
     ha, hb = result.hbm_util_pct
     if math.isfinite(ha) or math.isfinite(hb):
-        lines.append(f"HBM bandwidth used (GPM DRAM_BW_UTIL): A {_f(ha, '{:.1f} %')}, B {_f(hb, '{:.1f} %')}")
+        lines.append(
+            f"HBM bandwidth used (GPM DRAM_BW_UTIL): A {_f(ha, '{:.1f} %')}, B {_f(hb, '{:.1f} %')}" + busier(ha, hb)
+        )
     lines.append(f"method: {result.method}; verdict: {result.verdict(peak)}")
     return "\n".join(lines)
+
+
+def busier(a: float, b: float) -> str:
+    """ " · busier in B (+18.3 points)", so the table says which arm used the resource more."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return ""
+    if abs(b - a) < 1.0:
+        return " · about the same"
+    return f" · busier in {'B' if b > a else 'A'} ({b - a:+.1f} points)"
 
 
 def as_json(result: ABResult) -> dict[str, object]:
