@@ -26,7 +26,7 @@ from tui.model.ab_stats import as_json as ab_json
 from tui.model.ab_stats import format_table as ab_table
 from tui.recordings.format import Recording, Tables, run_metadata
 from tui.report.overlap_report import ab_sections, class_fields, class_p50s, format_class_table
-from tui.report.peaks import Peaks, link_peaks, peak_fields, peaks_line
+from tui.report.peaks import Peaks, link_peaks, measured_lines, peak_fields, peaks_json, peaks_line
 from workers.wire import protocol as p
 from workers.wire.overlap import CLASS_KEYS, classify_columns
 from workers.wire.stats import percentiles, percentiles_and_max
@@ -111,6 +111,7 @@ class Row:
     # share of the link's theoretical peak (tui.report.peaks)
     copy_pct_pcie: float = math.nan
     busbw_pct_nvlink: float = math.nan
+    busbw_pct_measured: float = math.nan  # of nccl-tests' busbw for this op and size (--peak)
 
 
 @dataclass(frozen=True)
@@ -383,7 +384,7 @@ def _link_means(telemetry: Any, t0: int, t1: int, gpu: Any) -> dict[str, Any]:
     return {name: telemetry.mean(name, t0, t1, gpu) for name in LINK_METRICS}
 
 
-def build_report(rec: Recording, tables: Tables | None = None) -> Report:
+def build_report(rec: Recording, tables: Tables | None = None, measured: Sequence[Any] = ()) -> Report:
     """Every number of the report, from a recording (``tables`` when already loaded)."""
     tables = tables or rec.tables(coll_columns=REPORT_COLUMNS)
     coll, copy = tables.coll, tables.copy
@@ -391,7 +392,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     settings = _settings_by_epoch(tables.hellos)
     gpu_of = {h.rank: (h.host, h.gpu_uuid) for _, h in tables.hellos}
     telemetry = _Telemetry(tables.ticks)
-    peaks = link_peaks(tables.ticks)
+    peaks = link_peaks(tables.ticks, [msg for _, msg in tables.other], measured)
 
     # Sorted once by (epoch, rank), only the columns that need a slice per row: durations (for
     # exact percentiles), modes and (op, size) codes. Sums per row come from per-group sums over
@@ -498,7 +499,11 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                     **_link_means(telemetry, t0, t1, gpu),
                     **class_fields(dur32[a:b], ocls[a:b], ofrac[a:b]),
                     **peak_fields(
-                        float(gbps[ga:gb].mean()) if gb > ga else math.nan, float(bus_sum[gids].sum()) / n, peaks
+                        float(gbps[ga:gb].mean()) if gb > ga else math.nan,
+                        float(bus_sum[gids].sum()) / n,
+                        peaks,
+                        p.OP_NAMES[op] if op < len(p.OP_NAMES) else "",
+                        nbytes,
                     ),
                 )
             )
@@ -688,6 +693,7 @@ def format_table(report: Report) -> str:
     lines.append("")
     lines += footnote(str(meta.get("backend") or ""))
     lines.append(peaks_line(report.peaks))
+    lines += measured_lines(report.peaks, report.rows)
     return "\n".join(lines) + "\n"
 
 
@@ -731,6 +737,7 @@ def format_json(report: Report) -> str:
         "rows": [asdict(r) for r in report.rows],
         "modes": [asdict(m) for m in report.modes],
         "ab": [ab_json(result) for result in report.ab],
+        "peaks": peaks_json(report.peaks),
     }
     return json.dumps(json_clean(doc), indent=1) + "\n"
 
