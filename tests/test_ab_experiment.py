@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from tui.model.ab_experiment import ABExperiment, arm_hbm, arm_link
-from tui.model.ab_stats import AB_MARK, Block, blocks_from_marks
+from tui.model.ab_stats import AB_MARK, WARMUP, Block, blocks_from_marks
 from tui.model.interfaces import ControlView
 from workers.wire.protocol import COLL, COLL_COLUMNS, Batch
 
@@ -68,8 +68,13 @@ def test_pairs_in_random_order_marks_and_restore() -> None:
     )
     drive(exp, ctl, effect=1.1)
     assert exp.state == "done"
+    warm, *scored, cool = exp.blocks
+    # an unscored warm-up block first, in the settings of pair 0's first block, and an unscored
+    # one after the last scored block, in its settings, before the restore
+    assert warm.arm == WARMUP and warm.pair == -1 and ctl.requests[0] == ctl.requests[1]
+    assert cool.arm == WARMUP and cool.pair == -1 and ctl.requests[-2] == ctl.requests[-3]
     pairs: dict[int, list[str]] = {}
-    for blk in exp.blocks:
+    for blk in scored:
         pairs.setdefault(blk.pair, []).append(blk.arm)
     orders = {"".join(arms) for arms in pairs.values()}
     assert all(sorted(arms) == ["A", "B"] for arms in pairs.values())
@@ -78,7 +83,7 @@ def test_pairs_in_random_order_marks_and_restore() -> None:
     assert [m["event"] for m in marks][0] == "start" and marks[-1]["event"] == "end"
     assert all(m["k"] == AB_MARK for m in marks)
     ((start, blocks),) = blocks_from_marks([(0, m) for m in marks])
-    assert blocks == exp.blocks and start["a"] == "mode=none" and start["b"] == "mode=overlap"
+    assert blocks == scored and start["a"] == "mode=none" and start["b"] == "mode=overlap"
     res = exp.result()
     assert res.pairs == len(pairs) and res.overall.p50.detectable
     assert abs(res.overall.p50.estimate - 1.1) < 0.01

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tui.model.ab_stats import AB_MARK, ABResult, Block, analyse
+from tui.model.ab_stats import AB_MARK, WARMUP, ABResult, Block, analyse
 from workers.wire.overlap import classify_columns
 from workers.wire.protocol import COLL, TELEM, Batch, ProtocolError
 from workers.wire.telemetry import decode_tick
@@ -86,6 +86,7 @@ class ABExperiment:
         until_ci_pct: float = 0.0,
         block_s: float = 1.0,
         seed: int | None = None,
+        warmup: bool = True,
         mark: Callable[[dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -95,6 +96,11 @@ class ABExperiment:
         self.duration_s = duration_s
         self.until_ci_pct = until_ci_pct
         self.block_s = block_s
+        #: one unscored block before the first pair and one after the last (arm WARMUP;
+        #: analyse and the reports skip them)
+        self.warmup = warmup
+        self._cooling = False
+        self._finish_note = ""
         self.seed = secrets.randbits(32) if seed is None else seed
         self.rng = random.Random(self.seed)
         self.mark = mark
@@ -206,13 +212,37 @@ class ABExperiment:
             if now - self._requested_at > SWITCH_TIMEOUT_S:
                 return self._fail(f"block {len(self.blocks)} (epoch {current}) never showed up in the records")
             return False
+        if self._cooling:  # the last scored block has ended on every rank
+            return self._finish(self._finish_note)
         if math.isnan(self._block_seen_at):
             self._block_seen_at = now
         if now - self._block_seen_at < self.block_s:
             return False
         if not self._order and (full or self._should_stop(now)):
-            return self._finish("record limit reached" if full else "")
+            note = "record limit reached" if full else ""
+            return self._cool_down(now, note) if self.warmup else self._finish(note)
         return self._next_block(now)
+
+    def _cool_down(self, now: float, note: str) -> bool:
+        """End the last scored block with an unscored one in its settings before finishing: what
+        the end costs (the result computed, the settings restored) then runs beside records
+        nobody scores. On CPU gloo the last block had run ~15 % off the run's median
+        (benchmarks/ab_aa_position.py), weighing on whichever arm came last."""
+        last = self.blocks[-1]
+        changes = {**self._restore, **(self.a if last.arm == "A" else self.b)}
+        if self.controller.request(dict(changes), new_epoch=True):
+            return self._finish(note)  # could not switch: finish as before
+        desired = getattr(self.controller, "desired", None)
+        if desired is None:
+            return self._finish(note)
+        block = Block(int(desired[0]), WARMUP, -1)
+        with self._lock:
+            self.blocks.append(block)
+            self._epochs.add(block.epoch)
+        self._emit("block", epoch=block.epoch, arm=block.arm, pair=block.pair)
+        self._cooling, self._finish_note = True, note
+        self._requested_at = now
+        return False
 
     def _should_stop(self, now: float) -> bool:
         if self.until_ci_pct > 0:
@@ -241,12 +271,19 @@ class ABExperiment:
         if desired is None:
             return self._fail("the controller does not say which settings epoch it created")
         epoch = int(desired[0])
-        self._order.pop(0)
-        block = Block(epoch, arm, self._pair)
+        if self.warmup and not self.blocks:
+            # An unscored block first, in the settings of the first scored one: the first block
+            # after the start ran up to ~25 % slower on CPU gloo (switching from the run's own
+            # settings, copies still draining; benchmarks/ab_aa_position.py), which weighed on
+            # whichever arm pair 0 put first.
+            block = Block(epoch, WARMUP, -1)
+        else:
+            self._order.pop(0)
+            block = Block(epoch, arm, self._pair)
         with self._lock:
             self.blocks.append(block)
             self._epochs.add(epoch)
-        self._emit("block", epoch=epoch, arm=arm, pair=self._pair)
+        self._emit("block", epoch=epoch, arm=block.arm, pair=block.pair)
         self.state = "running"
         self.note = ""
         self._requested_at = now

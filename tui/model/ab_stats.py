@@ -34,6 +34,9 @@ from workers.wire.stats import percentiles
 
 #: Kind of the mark messages an experiment leaves in a recording (start, each block, end).
 AB_MARK = "ab"
+#: Arm of the unscored block an experiment runs before its first pair (ignored by analyse and
+#: by blocks_from_marks, so recordings with or without it read the same way).
+WARMUP = "W"
 ALL = "all"
 #: Result rows: every collective, then each overlap class.
 ROWS: tuple[str, ...] = (ALL, *CLASSES)
@@ -66,7 +69,7 @@ class Block:
     """One block of the experiment: the settings epoch it ran as, its arm, its pair."""
 
     epoch: int
-    arm: str  # "A" or "B"
+    arm: str  # "A" or "B"; WARMUP for the unscored block before the first pair (pair -1)
     pair: int
 
 
@@ -209,6 +212,7 @@ def analyse(
     ``copy`` holds ``epoch``, ``nbytes``, ``dur_us``. Records of epochs that are no block
     (warm-up, the time between experiments) are ignored.
     """
+    blocks = [blk for blk in blocks if blk.arm in ("A", "B")]  # not the warm-up block
     arm_of = {blk.epoch: blk for blk in blocks}
     epochs = np.fromiter(sorted(arm_of), dtype=np.int64, count=len(arm_of))
     rec_epoch = np.asarray(coll["epoch"], dtype=np.int64)
