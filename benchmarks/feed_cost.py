@@ -12,9 +12,9 @@ import argparse
 import os
 import platform
 import shutil
-import tempfile
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -54,7 +54,9 @@ def main() -> None:
                     "s = FeedSource(connection.load(sys.argv[1])); end = time.monotonic() + float(sys.argv[2]); "
                     "n = sum(len(s.poll(0.05)) for _ in iter(lambda: time.monotonic() > end, True)); print(n)"
                 )
-                reader = subprocess.Popen([sys.executable, "-c", code, conn.path, "30"], stdout=subprocess.PIPE, text=True)
+                reader = subprocess.Popen(
+                    [sys.executable, "-c", code, conn.path, "30"], stdout=subprocess.PIPE, text=True
+                )
                 time.sleep(2.0)  # let it start and subscribe
             t0 = time.perf_counter()
             for _ in range(ns.n):
