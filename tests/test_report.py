@@ -447,7 +447,7 @@ def test_copy_bandwidth_as_a_share_of_the_pcie_peak_on_the_h200_recording(capsys
             assert row["copy_pct_pcie"] == pytest.approx(row["copy_gbps"] / 63.015 * 100, rel=1e-3), epoch
     assert 80 < rows[1]["copy_pct_pcie"] < 95 and rows[5]["copy_pct_pcie"] < 30  # pinned / pageable
     text = call(capsys, str(path))[1]
-    assert "link peaks (theoretical, from NVML): PCIe 63.0 GB/s per direction; no NVLink" in text
+    assert "link peaks (theoretical, from NVML): PCIe Gen5 x16 63.0 GB/s per direction; no NVLink" in text
 
 
 @pytest.mark.parametrize(

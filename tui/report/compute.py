@@ -26,7 +26,7 @@ from tui.model.ab_stats import as_json as ab_json
 from tui.model.ab_stats import format_table as ab_table
 from tui.recordings.format import Recording, Tables, run_metadata
 from tui.report.overlap_report import ab_sections, class_fields, class_p50s, format_class_table
-from tui.report.peaks import Peaks, link_peaks, peak_fields, peaks_line
+from tui.report.peaks import Peaks, link_peaks, measured_lines, peak_fields, peaks_json, peaks_line
 from workers.wire import protocol as p
 from workers.wire.overlap import AFTER, CLASS_KEYS, DURING, NO_COPIES, classify_columns
 from workers.wire.stats import percentiles, percentiles_and_max, percentiles_and_max_sorted
@@ -43,6 +43,8 @@ LINK_METRICS = (
     "mem_clock_mhz",
     "power_w",
 )
+#: Optional tick metrics the report also reads (NaN in recordings made before them).
+HBM_UTIL = "dram_bw_util_pct"
 RECORD_FIELDS = (
     "rank",
     "iteration",
@@ -109,6 +111,7 @@ class Row:
     # share of the link's theoretical peak (tui.report.peaks)
     copy_pct_pcie: float = math.nan
     busbw_pct_nvlink: float = math.nan
+    busbw_pct_measured: float = math.nan  # of nccl-tests' busbw for this op and size (--peak)
 
 
 @dataclass(frozen=True)
@@ -327,7 +330,7 @@ class _Telemetry:
         for host, host_ticks in by_host.items():
             uuids = Counter(t.uuids for t in host_ticks).most_common(1)[0][0]
             kept = sorted((t for t in host_ticks if t.uuids == uuids), key=lambda t: t.t_ns)
-            mats = {name: np.array([t.metrics[name] for t in kept]) for name in LINK_METRICS}
+            mats = {name: np.array([t.metrics[name] for t in kept]) for name in (*LINK_METRICS, HBM_UTIL)}
             self.hosts[host] = (np.array([t.t_ns for t in kept], dtype=np.int64), uuids, mats)
 
     def mean(self, name: str, t0: int, t1: int, gpu: tuple[str, str] | None) -> float:
@@ -435,7 +438,7 @@ class _EpochOrder:
         return values, {c: values[cls == c] for c in (NO_COPIES, DURING, AFTER)}
 
 
-def build_report(rec: Recording, tables: Tables | None = None) -> Report:
+def build_report(rec: Recording, tables: Tables | None = None, measured: Sequence[Any] = ()) -> Report:
     """Every number of the report, from a recording (``tables`` when already loaded)."""
     tables = tables or rec.tables(coll_columns=REPORT_COLUMNS)
     coll, copy = tables.coll, tables.copy
@@ -443,7 +446,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     settings = _settings_by_epoch(tables.hellos)
     gpu_of = {h.rank: (h.host, h.gpu_uuid) for _, h in tables.hellos}
     telemetry = _Telemetry(tables.ticks)
-    peaks = link_peaks(tables.ticks)
+    peaks = link_peaks(tables.ticks, [msg for _, msg in tables.other], measured)
 
     # Sorted once by (epoch, rank), only the columns that need a slice per row: durations (for
     # exact percentiles), modes and (op, size) codes. Sums per row come from per-group sums over
@@ -452,7 +455,15 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     order = g.order
     dur32 = coll["dur_us"][order]  # percentiles sort these (workers.wire.stats)
     ocls, ofrac = classify_columns(coll, copy)
-    ab = tuple(ab_sections(tables, ocls, ofrac, lambda t0, t1: _link_tx(telemetry, t0, t1)))
+    ab = tuple(
+        ab_sections(
+            tables,
+            ocls,
+            ofrac,
+            lambda t0, t1: _link_tx(telemetry, t0, t1),
+            lambda t0, t1: telemetry.mean(HBM_UTIL, t0, t1, None),
+        )
+    )
     ocls, ofrac = ocls[order], ofrac[order]
     mode = coll["mode"][order]
     codes, combos = _combo_codes(coll["op"], coll["nbytes"])
@@ -556,7 +567,11 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                     **_link_means(telemetry, t0, t1, gpu),
                     **class_fields(dur32[a:b], ocls[a:b], ofrac[a:b], by_class),
                     **peak_fields(
-                        float(gbps[ga:gb].mean()) if gb > ga else math.nan, float(bus_sum[gids].sum()) / n, peaks
+                        float(gbps[ga:gb].mean()) if gb > ga else math.nan,
+                        float(bus_sum[gids].sum()) / n,
+                        peaks,
+                        p.OP_NAMES[op] if op < len(p.OP_NAMES) else "",
+                        nbytes,
                     ),
                 )
             )
@@ -764,6 +779,7 @@ def format_table(report: Report) -> str:
     lines.append("")
     lines += footnote(str(meta.get("backend") or ""))
     lines.append(peaks_line(report.peaks))
+    lines += measured_lines(report.peaks, report.rows)
     return "\n".join(lines) + "\n"
 
 
@@ -807,6 +823,7 @@ def format_json(report: Report) -> str:
         "rows": [asdict(r) for r in report.rows],
         "modes": [asdict(m) for m in report.modes],
         "ab": [ab_json(result) for result in report.ab],
+        "peaks": peaks_json(report.peaks),
     }
     return json.dumps(json_clean(doc), indent=1) + "\n"
 
