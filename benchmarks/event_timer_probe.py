@@ -95,6 +95,22 @@ def host_costs(torch: Any, n: int) -> None:
         torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001
         say(f"cuda-bindings not usable: {exc!r}")
+    u = torch.cuda.Event()
+    u.record(stream)
+    torch.cuda.synchronize()
+    up = u.cuda_event
+    rows["ctypes PyDLL cudaEventRecord, untimed event"] = per_call_us(lambda: rec_p(up, sp), n)
+    torch.cuda.synchronize()
+    try:
+        drv = ctypes.PyDLL("libcuda.so.1")
+        drv.cuEventRecord.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
+        rec_d = drv.cuEventRecord
+        rows["ctypes PyDLL cuEventRecord (driver API)"] = per_call_us(lambda: rec_d(ap, sp), n)
+        torch.cuda.synchronize()
+        rows["ctypes PyDLL cuEventRecord, untimed event"] = per_call_us(lambda: rec_d(up, sp), n)
+        torch.cuda.synchronize()
+    except OSError as exc:
+        say(f"no libcuda: {exc!r}")
     b.record(stream)
     torch.cuda.synchronize()
     rows["torch Event.query() (done)"] = per_call_us(b.query, n)
