@@ -295,6 +295,7 @@ class Instrumentation:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.harvest_error = ""
+        self.coll_end = coll_timer.end  # type: ignore[method-assign]  # one call level less per record
         if threaded:
             self.after_collective = _nothing  # type: ignore[method-assign]
             self._thread = threading.Thread(target=self._run, name="commtop-harvest", daemon=True)
