@@ -73,6 +73,13 @@ def main() -> int:
     ap.add_argument("--batch-ms", type=float, default=50.0)
     ap.add_argument("--start-at", type=float, default=0.0, help="time.time() at which to start sending")
     ap.add_argument("--dur-us", type=float, default=64.0, help="median collective duration")
+    ap.add_argument(
+        "--phases",
+        type=int,
+        default=8,
+        help="ranks send at this many evenly spaced moments of each batch interval (real ranks' batch "
+        "timers start at different moments; 1 = every rank at once)",
+    )
     ns = ap.parse_args()
     conn = load(ns.connection_file)
     lo, hi = (int(x) for x in ns.ranks.split(":"))
@@ -99,6 +106,8 @@ def main() -> int:
     next_hello = 0.0
     late = 0
     k = 0
+    phases = max(1, min(ns.phases, len(ranks)))
+    phase = 0
     while True:
         now = time.monotonic()
         if now >= t_end:
@@ -108,6 +117,8 @@ def main() -> int:
                 pub.send_body(p.hello_body(conn.session, hello(r, ns.world, started, iteration[r], pub)))
             next_hello = now + 1.0
         for r, pub in pubs.items():
+            if r % phases != phase:
+                continue
             dur = pool[k : k + per_batch] if k + per_batch <= len(pool) else pool[:per_batch]
             k = (k + per_batch) % (len(pool) - per_batch)
             t = time.time_ns()
@@ -129,7 +140,8 @@ def main() -> int:
                 "busbw": 4 / dur / 1e3,
             }
             pub.publish(p.COLL, cols, per_batch, (0, -1, -1))
-        next_tick += ns.batch_ms / 1000
+        phase = (phase + 1) % phases
+        next_tick += ns.batch_ms / 1000 / phases
         delay = next_tick - time.monotonic()
         if delay > 0:
             time.sleep(delay)

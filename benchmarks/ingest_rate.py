@@ -18,7 +18,7 @@ import argparse
 import asyncio
 
 from _common import Report, add_common_args, finish  # benchmarks/ is sys.path[0]
-from _tui_probe import drive
+from _tui_probe import drive, reference_paint
 
 RATE_TARGET = 1_000_000
 
@@ -56,9 +56,11 @@ def main(argv: list[str] | None = None) -> int:
             "ingest thr %",
             "UI thr %",
             "publishers CPU %",
+            "TUI CPU / reference",
             "ok",
         ),
     )
+    ref = asyncio.run(reference_paint((w, h), 1 / 0.08, max(1.0, seconds * 0.8 - 0.3)))
     best = 0.0
     for rate in rates:
         lv = asyncio.run(drive(rate, ranks, seconds, ns.processes, (w, h)))
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             lv.ingest_pct,
             lv.ui_pct,
             lv.pub_cpu_pct,
+            lv.cpu_pct / ref.cpu_pct if ref.cpu_pct > 0 else float("nan"),
             lv.ok,
         )
         if lv.ok:
@@ -85,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
             report.notes.append(f"at {int(rate):,}/s the publishers missed {lv.late_ticks} of their 50 ms ticks")
     summary = report.table("result", ("highest sustained rate with no drops (rec/s)", "target", "met"))
     summary.add(int(best), f">= {RATE_TARGET:,}", best >= RATE_TARGET)
+    ref_table = report.table(
+        "same-run reference: a bare Textual app redrawing every line of the screen at the app's 12.5 Hz",
+        ("app", "paint p50 ms", "CPU %"),
+    )
+    ref_table.add("reference (textual only)", ref.p(50), ref.cpu_pct)
     report.notes.append(
         "CPU % is of one core; TUI = the whole app process (ingest thread + UI thread + ZeroMQ I/O thread); "
         "the publishers run in separate processes on the same 2 cores."

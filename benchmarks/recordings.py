@@ -46,11 +46,30 @@ def write(path: Path, records: int, ranks: int) -> float:
     return time.perf_counter() - t
 
 
+def reference_s(path: Path, n: int) -> float:
+    """A fixed workload of the same kind as a report, timed in the same run: inflate the file's
+    bytes once (zlib, as the reader does) and sort ``n`` random float32 (as exact percentiles
+    do). A slower or busier machine slows both."""
+    import zlib
+
+    import numpy as np
+
+    data = zlib.compress(path.read_bytes()[: 64 * 1024 * 1024], 1)
+    values = np.random.default_rng(0).lognormal(8, 0.2, n).astype(np.float32)
+    t = time.perf_counter()
+    zlib.decompress(data)
+    np.sort(values)
+    return time.perf_counter() - t
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(ap)
     ap.add_argument("--records", type=int, default=0, help="collective records (default 10,000,000; tiny 200,000)")
     ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument(
+        "--reuse", default="", help="read this recording (written by an earlier run) instead of writing one"
+    )
     ns = ap.parse_args(argv)
     records = ns.records or (200_000 if ns.tiny else 10_000_000)
     report = Report(f"recordings: {records:,} collective records of {ns.ranks} ranks")
@@ -59,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         ("measure", "value", "target", "met"),
     )
     with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "bench.commtop"
-        write_s = write(path, records, ns.ranks)
+        path = Path(ns.reuse) if ns.reuse else Path(d) / "bench.commtop"
+        write_s = write(path, records, ns.ranks) if not ns.reuse else float("nan")
         size = path.stat().st_size
         rec = open_recording(path)
         n = rec.records
@@ -88,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         table.add(
             "`commtop report` read speed, M records/s", n / dt / 1e6, f">= {READ_TARGET / 1e6:g}", n / dt >= READ_TARGET
         )
+        ref_s = reference_s(path, n)
+        table.add("same-run reference (zlib-inflate the file + sort n float32), s", ref_s, "", "")
+        table.add("`commtop report` / reference", dt / ref_s, "", "")
         if rc != 0:
             report.notes.append(f"commtop report exited with {rc}")
     finish(report, ns)

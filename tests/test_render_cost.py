@@ -95,3 +95,57 @@ def test_only_changed_grid_lines_are_repainted_and_the_screen_matches_a_full_red
     repainted = sum(n for _, n in calls)
     assert 0 < repainted < len(texts) // 2  # rank 2's lines (and what moved), not the whole grid
     assert len(shown[0]) > 1000 and shown[0] == shown[1]  # the same escape codes a terminal gets
+
+
+def test_bucket_equals_the_max_of_every_k_iterations() -> None:
+    """bucket() computes only the cells the history reaches, with k element-wise passes; here it
+    is checked against the plain definition: cell j = max over its k iterations, NaN-skipping."""
+    import warnings
+
+    import numpy as np
+
+    from tui.model.run_model import History
+    from tui.view.widgets.rank_rows import NO_MODE, bucket
+
+    rng = np.random.default_rng(3)
+    for _ in range(400):
+        n, cols = int(rng.integers(0, 5)), int(rng.integers(1, 200))
+        ms = rng.random((n, cols)).astype(np.float32)
+        ms[rng.random((n, cols)) < 0.3] = np.nan
+        mode = rng.integers(0, 4, (n, cols)).astype(np.uint8)
+        mode[rng.random((n, cols)) < 0.2] = NO_MODE
+        first = int(rng.integers(0, 1000))
+        h = History(first_iteration=first, ms=ms, mode=mode, start_ns=np.arange(1, cols + 1, dtype=np.int64))
+        cells, k = int(rng.integers(1, 80)), int(rng.choice([1, 2, 4, 8, 16, 32]))
+        got = bucket(h, cells, k)
+        last = first + cols - 1
+        start = (last // k - cells + 1) * k
+        assert got.first_iteration == start
+        for j in range(cells):
+            its = np.arange(start + j * k, start + (j + 1) * k) - first
+            its = its[(its >= 0) & (its < cols)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                want = np.nanmax(ms[:, its], axis=1) if len(its) else np.full(n, np.nan)
+            np.testing.assert_array_equal(got.ms[:, j], want)
+            m = mode[:, its].astype(np.int16)
+            want_mode = np.where(m == NO_MODE, -1, m).max(axis=1) if len(its) else np.full(n, -1)
+            np.testing.assert_array_equal(got.mode[:, j], want_mode)
+
+
+def test_the_axis_top_from_a_partition_is_the_one_percentile_definition() -> None:
+    import numpy as np
+
+    from tui.view.widgets.rank_rows import _percentile_by_partition
+    from workers.wire.stats import percentile
+
+    rng = np.random.default_rng(1)
+    for _ in range(3000):
+        n = int(rng.integers(1, 300))
+        x = rng.lognormal(0, 1, n).astype(np.float32)
+        if rng.random() < 0.2:
+            x[rng.integers(0, n, max(1, n // 3))] = x[0]  # ties
+        if rng.random() < 0.1:
+            x[: n // 2] = 0  # zeros take numpy's path
+        q = float(rng.choice([99, 50, 0, 100, 37.5]))
+        assert _percentile_by_partition(x, q) == percentile(x, q)

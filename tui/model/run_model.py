@@ -60,6 +60,9 @@ SETTLE_ITERS = 32
 #: Complete iterations (all ranks reported) used to name the straggler.
 STRAGGLER_ITERS = 256
 COPY_RING_SIZE = 1024
+#: Newest complete iterations searched for the worst skew at every snapshot (the worst one
+#: of the run is kept; a snapshot comes every ~70 ms, so every iteration is searched many times).
+SKEW_ITERS = 512
 #: Recent iterations (per host pair) used to estimate clock offsets between hosts.
 CLOCK_ITERS = 256
 #: A skew event is worth a headline when the others waited this many typical collectives.
@@ -67,14 +70,16 @@ SKEW_HEADLINE_FACTOR = 2.0
 #: Whole-run statistics (histogram percentiles) of a snapshot are at most this old,
 #: unless the snapshot is asked for ``fresh_run_stats`` (the headless summary is).
 RUN_STATS_EVERY_S = 1.0
+#: Ranks whose epochs the verdict line compares per second of refresh interval (see _epochs).
+EPOCHS_RANKS_PER_S = 128
 #: Above LARGE_WORLD ranks, a rank's numbers (last/p50/p99/busbw/rate; not its history, which
 #: feeds the sparklines and the heat map at every snapshot) are recomputed for at most
 #: 1/REFRESH_SHARE of the ranks per snapshot (at least REFRESH_MIN), the longest-waiting first:
-#: every rank's numbers are then at most REFRESH_SHARE snapshots old (~0.5-1 s at 15 Hz), and a
+#: every rank's numbers are then at most REFRESH_SHARE snapshots old (~2 s at 15 Hz), and a
 #: snapshot's cost no longer grows with the rank count (recomputing all of them was most of it).
 #: Nobody reads 64 rows of numbers at 15 Hz; 16 ranks or fewer are recomputed whenever they change.
 LARGE_WORLD = 16
-REFRESH_SHARE = 16
+REFRESH_SHARE = 32
 REFRESH_MIN = 8
 
 _COLL_RING = {"iteration": "<i8", "epoch": "<i4", "mode": "u1", "start_ns": "<i8", "dur_us": "<f4", "busbw": "<f4"}
@@ -286,6 +291,7 @@ class RunModel:
         self.modes_seen: set[int] = set()
         self.worst_skew: SkewEvent | None = None
         self._epochs_cache: tuple[int, EpochComparison | None] | None = None
+        self._offsets_cache: tuple[int, tuple[str, dict[str, float]]] | None = None
         #: The ranks x iterations history, written on apply (None: rebuilt at the next snapshot).
         self._history: HistoryMatrix | None = None
         self.telemetry = TelemetryModel()
@@ -426,11 +432,13 @@ class RunModel:
             for state in self.ranks.values():
                 state.overlap.flush()
         history = self._history_window(order)
-        shares = _straggler_shares(history)
-        skew = _worst_skew(history, order, self._settle_iters())
+        # Iterations every rank reported (one scan of the matrix, shared by the two below).
+        complete = ~np.isnan(history.ms).any(axis=0) if history.ms.shape[0] >= 2 else None
+        shares = _straggler_shares(history, complete)
+        skew = _worst_skew(history, order, self._settle_iters(), complete)
         if skew is not None and (self.worst_skew is None or skew.skew_ms > self.worst_skew.skew_ms):
             self.worst_skew = skew
-        clock_ref, offsets = _clock_offsets(order, self.ranks)
+        clock_ref, offsets = self._offsets(now, order, fresh_run_stats)
         due = self._due_for_refresh(order) if len(order) > LARGE_WORLD and not fresh_run_stats else None
         ranks = tuple(
             self._rank_view(self.ranks[r], now, shares[i] if shares is not None else math.nan, fresh_run_stats, due)
@@ -443,7 +451,7 @@ class RunModel:
         straggler = None
         if shares is not None and len(ranks) > 1:
             best = int(np.argmax(shares))
-            total = min(STRAGGLER_ITERS, int((~np.isnan(history.ms).any(axis=0)).sum()))
+            total = min(STRAGGLER_ITERS, int(complete.sum()) if complete is not None else 0)
             if _clearly_last(round(float(shares[best]) * total), total, len(ranks)):
                 straggler = ranks[best].rank
         return Snapshot(
@@ -491,6 +499,16 @@ class RunModel:
         first, ms, mode, start = matrix.window()
         return History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
 
+    def _offsets(self, now: int, order: list[int], fresh: bool) -> tuple[str, dict[str, float]]:
+        """Clock offsets between hosts, re-estimated at most every RUN_STATS_EVERY_S (a median
+        per host over CLOCK_ITERS iterations: 64 hosts cost ~5 ms; clocks drift far slower)."""
+        cached = self._offsets_cache
+        if cached is not None and not fresh and 0 <= now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+            return cached[1]
+        result = _clock_offsets(order, self.ranks)
+        self._offsets_cache = (now, result)
+        return result
+
     def _telemetry_snapshot(self, now: int, offsets_ms: dict[str, float]) -> TelemetrySnapshot:
         """Node telemetry on the reference host's clock (the offsets estimated from collectives)."""
         if not offsets_ms:
@@ -498,9 +516,12 @@ class RunModel:
         return self.telemetry.snapshot(now, {h: round(v * 1e6) for h, v in offsets_ms.items()})
 
     def _epochs(self, now: int, fresh: bool = False) -> EpochComparison | None:
-        """The verdict line's comparison of the two newest epochs, at most once a second."""
+        """The verdict line's comparison of the two newest epochs, at most once a second (every
+        ``ranks / EPOCHS_RANKS_PER_S`` seconds in larger worlds: it merges every rank's
+        per-class histograms, ~60 ms at 512 ranks)."""
         cached = self._epochs_cache
-        if cached is not None and not fresh and 0 <= now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+        every_s = max(RUN_STATS_EVERY_S, len(self.ranks) / EPOCHS_RANKS_PER_S)
+        if cached is not None and not fresh and 0 <= now - cached[0] < every_s * 1e9:
             return cached[1]
         states = list(self.ranks.values())
         result = compare_epochs(
@@ -554,9 +575,14 @@ class RunModel:
             s.view_cache = (s.version, now, view)
         return _with_live_fields(view, state, silent, idle, share)
 
+    def _run_stats_every_ns(self) -> float:
+        """How long a rank's whole-run statistics are reused: RUN_STATS_EVERY_S, and in large
+        worlds as long as the verdict's epochs (merging histograms is most of a rank's numbers)."""
+        return max(RUN_STATS_EVERY_S, len(self.ranks) / EPOCHS_RANKS_PER_S) * 1e9
+
     def _run_stats(self, s: _RankState, now: int, fresh: bool) -> tuple[RunStats, dict[str, RunStats], RunStats]:
         cached = s.run_cache
-        if cached is not None and not fresh and now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+        if cached is not None and not fresh and now - cached[0] < self._run_stats_every_ns():
             return cached[1]
         total = RunAggregate()
         for agg in s.run_by_mode.values():
@@ -613,7 +639,7 @@ class RunModel:
 
     def _class_stats(self, s: _RankState, now: int, fresh: bool) -> dict[str, RunStats]:
         cached = s.class_cache
-        if cached is not None and not fresh and now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+        if cached is not None and not fresh and now - cached[0] < self._run_stats_every_ns():
             return cached[1]
         stats = s.overlap.stats()
         s.class_cache = (now, stats)
@@ -653,7 +679,7 @@ def _history_matrix(order: list[int], ranks: dict[int, _RankState], keep: int) -
     return matrix
 
 
-def _straggler_shares(history: History) -> np.ndarray | None:
+def _straggler_shares(history: History, complete: np.ndarray | None = None) -> np.ndarray | None:
     """Per rank, the share of recent complete iterations in which it arrived last.
 
     All ranks leave a collective together, so the rank that *arrived* last waited least:
@@ -662,7 +688,8 @@ def _straggler_shares(history: History) -> np.ndarray | None:
     ms = history.ms
     if ms.shape[0] < 2 or ms.shape[1] == 0:
         return None
-    complete = ~np.isnan(ms).any(axis=0)
+    if complete is None:
+        complete = ~np.isnan(ms).any(axis=0)
     cols = np.flatnonzero(complete)[-STRAGGLER_ITERS:]
     if len(cols) == 0:
         return None
@@ -688,14 +715,18 @@ def _clearly_last(count: int, total: int, n: int) -> bool:
     return tail < 1e-4 / n
 
 
-def _worst_skew(history: History, order: list[int], settle: int = 0) -> SkewEvent | None:
+def _worst_skew(
+    history: History, order: list[int], settle: int = 0, complete: np.ndarray | None = None
+) -> SkewEvent | None:
     """The complete iteration of the history window whose ranks arrived furthest apart,
     iterations before ``settle`` left out (the first step still carries the ranks' start-up)."""
     ms = history.ms
     if ms.shape[0] < 2 or ms.shape[1] == 0:
         return None
     its = history.first_iteration + np.arange(ms.shape[1])
-    cols = np.flatnonzero(~np.isnan(ms).any(axis=0) & (its >= settle))
+    if complete is None:
+        complete = ~np.isnan(ms).any(axis=0)
+    cols = np.flatnonzero(complete & (its >= settle))[-SKEW_ITERS:]
     if len(cols) == 0:
         return None
     sub = ms[:, cols]
