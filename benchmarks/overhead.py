@@ -40,6 +40,11 @@ from _common import ROOT, Report, add_common_args, finish, mean_ci  # benchmarks
 from workers.wire.config import add_loop_arguments, config_from_args
 
 CPU_TARGET_US = 2.0  # issue 14: loop-thread CPU per record
+#: The per-record loop sleeps PACE_S every PACE_RECORDS records (both variants): a real loop
+#: releases the GIL in every collective; without it the harvesting thread cannot keep up with a
+#: loop that does nothing but record, the ring fills and most records go untimed (and cheap).
+PACE_RECORDS = 256
+PACE_S = 0.001
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -360,12 +365,17 @@ class Bench:
         self.sync()
         c0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
         begin, end, after = instr.coll_begin, instr.coll_end, instr.after_collective
+        pause, sleep = PACE_RECORDS - 1, time.sleep
+        slept = 0.0
         for i in range(n):
             end(begin(i, i >> 5, 0, 0))
             after()
+            if not i & pause:  # a collective would release the GIL here; let the harvester in
+                sleep(PACE_S)
+                slept += PACE_S
             if (i + 1) % every == 0:
                 rss.append(proc.memory_info().rss)
-        loop_cpu, wall = time.thread_time() - t0, time.perf_counter() - w0
+        loop_cpu, wall = time.thread_time() - t0, time.perf_counter() - w0 - slept
         instr.finish(self.work.synchronize)
         cpu = time.process_time() - c0
         untimed = getattr(getattr(instr, "coll_timer", None), "untimed", 0)
@@ -489,7 +499,8 @@ def run(ns: argparse.Namespace) -> Report:
     ra, rb = recs[True], recs[False]
     rec = report.table(
         f"worker cost per record ({ns.record_reps} x {n:,} records through the instrumentation, no collective "
-        "in between, bare and commtop alternating; mean ± 95 % CI over the runs)",
+        f"in between, a {PACE_S * 1e3:g} ms sleep every {PACE_RECORDS} (not timed), bare and commtop alternating; "
+        "mean ± 95 % CI over the runs)",
         ("measure", "bare loop", "commtop", "net per record", "± CI", "target"),
     )
 
@@ -499,11 +510,13 @@ def run(ns: argparse.Namespace) -> Report:
     for label, f, target in (
         ("loop thread CPU µs/record", lambda r: r.loop_cpu_s, CPU_TARGET_US),
         ("process CPU (all threads) µs/record", lambda r: r.cpu_s, 0.0),
-        ("loop wall µs/record", lambda r: r.wall_s, 0.0),
     ):
         a, b = per(ra, f), per(rb, f)
         net, ci = mean_ci([y - x for x, y in zip(a, b, strict=True)])
+        untimed = sum(r.untimed for r in rb)
         met = f"< {target:g} µs" + (" ✓" if net < target else " ✗") if target else ""
+        if target and untimed:
+            met = f"< {target:g} µs: not measured ({untimed:,} records went untimed)"
         rec.add(label, sum(a) / len(a), sum(b) / len(b), net, f"{ci:.3f}", met)
     rss = rb[-1].rss
     q = len(rss) // 4
@@ -516,7 +529,9 @@ def run(ns: argparse.Namespace) -> Report:
         "bounded",
     )
     rec.add("records dropped (collector busy; counted, never blocking)", 0, sum(r.dropped for r in rb), "", "", "")
-    rec.add("records untimed (event ring full; counted)", 0, sum(r.untimed for r in rb), "", "", "")
+    rec.add(
+        "records untimed (event ring full; the µs above count only if 0)", 0, sum(r.untimed for r in rb), "", "", ""
+    )
     report.notes.append(
         f"targets (issue 14): < {CPU_TARGET_US:g} µs of loop-thread CPU per record; collectives-only B/A <= 1.01. "
         f"GPU timing calls: {bench.timing_api()}. In B on a GPU the loop thread only records the two events; "
