@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's workers/
+
 RESULT: dict[str, Any] = {}
 
 
