@@ -15,7 +15,6 @@ from tui import cli
         (["--a", "mode=none", "--b", "delay_ms=-3"], "delay_ms must be a number in 0..10000"),
         (["--a", "mode=none", "--b", "mode=sync", "--until-ci", "lots"], "--until-ci must be a percentage"),
         (["--a", "mode=none", "--b", "mode=sync", "--duration", "0"], "--duration and --block must be positive"),
-        (["--a", "mode=none", "--b", "mode=sync", "--run", "x"], "--run (attach to a live run) is not available yet"),
     ],
 )
 def test_bad_arguments_are_one_line_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

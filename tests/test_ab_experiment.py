@@ -4,12 +4,13 @@ end, --until-ci, and link throughput per arm."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
-from tui.model.ab_experiment import ABExperiment, arm_link
-from tui.model.ab_stats import AB_MARK, Block, blocks_from_marks
+from tui.model.ab_experiment import ABExperiment, arm_hbm, arm_link
+from tui.model.ab_stats import AB_MARK, WARMUP, Block, blocks_from_marks
 from tui.model.interfaces import ControlView
 from workers.wire.protocol import COLL, COLL_COLUMNS, Batch
 
@@ -67,8 +68,13 @@ def test_pairs_in_random_order_marks_and_restore() -> None:
     )
     drive(exp, ctl, effect=1.1)
     assert exp.state == "done"
+    warm, *scored, cool = exp.blocks
+    # an unscored warm-up block first, in the settings of pair 0's first block, and an unscored
+    # one after the last scored block, in its settings, before the restore
+    assert warm.arm == WARMUP and warm.pair == -1 and ctl.requests[0] == ctl.requests[1]
+    assert cool.arm == WARMUP and cool.pair == -1 and ctl.requests[-2] == ctl.requests[-3]
     pairs: dict[int, list[str]] = {}
-    for blk in exp.blocks:
+    for blk in scored:
         pairs.setdefault(blk.pair, []).append(blk.arm)
     orders = {"".join(arms) for arms in pairs.values()}
     assert all(sorted(arms) == ["A", "B"] for arms in pairs.values())
@@ -77,7 +83,7 @@ def test_pairs_in_random_order_marks_and_restore() -> None:
     assert [m["event"] for m in marks][0] == "start" and marks[-1]["event"] == "end"
     assert all(m["k"] == AB_MARK for m in marks)
     ((start, blocks),) = blocks_from_marks([(0, m) for m in marks])
-    assert blocks == exp.blocks and start["a"] == "mode=none" and start["b"] == "mode=overlap"
+    assert blocks == scored and start["a"] == "mode=none" and start["b"] == "mode=overlap"
     res = exp.result()
     assert res.pairs == len(pairs) and res.overall.p50.detectable
     assert abs(res.overall.p50.estimate - 1.1) < 0.01
@@ -95,7 +101,30 @@ def test_until_ci_stops_once_the_interval_is_narrow() -> None:
 def test_link_throughput_is_averaged_over_each_arms_blocks() -> None:
     blocks = [Block(1, "A", 0), Block(2, "B", 0)]
     windows = {1: (0, 10), 2: (20, 30)}
-    ticks = [(5, 1.0, float("nan")), (8, 3.0, float("nan")), (25, 50.0, float("nan")), (40, 99.0, float("nan"))]
+    nan = float("nan")
+    ticks = [(5, 1.0, nan, nan), (8, 3.0, nan, nan), (25, 50.0, nan, nan), (40, 99.0, nan, nan)]
     assert arm_link(blocks, windows, ticks) == (2.0, 50.0)
-    with_nvlink = [(5, 1.0, 100.0), (25, 2.0, 0.0)]
+    with_nvlink = [(5, 1.0, 100.0, nan), (25, 2.0, 0.0, nan)]
     assert arm_link(blocks, windows, with_nvlink) == (101.0, 2.0)  # NVLink adds where it carries traffic
+    # HBM utilisation (GPM) the same way; NaN (no GPM on this machine) for both arms without it
+    assert all(math.isnan(x) for x in arm_hbm(blocks, windows, ticks))
+    with_hbm = [(5, 1.0, nan, 10.0), (8, 1.0, nan, 20.0), (25, 50.0, nan, 60.0), (28, 50.0, nan, nan)]
+    assert arm_hbm(blocks, windows, with_hbm) == (15.0, 60.0)
+
+
+def test_a_batch_across_a_switch_gives_each_block_its_own_time_window() -> None:
+    """A batch that holds the end of one block and the start of the next must not stretch either
+    block's window over the other's (link and HBM telemetry are averaged over these windows, as
+    `commtop report` does from the recording's records)."""
+    ctl = FakeController()
+    exp = ABExperiment(ctl, {"mode": "none"}, {"mode": "overlap"}, seed=1)
+    exp.clock = lambda: 0.0
+    exp.tick()
+    exp.tick()  # (in the test clock no time passes: force the second block of the pair)
+    exp._next_block(0.0)
+    first, second = exp.blocks[0].epoch, exp.blocks[1].epoch
+    b = batch(first, 8, 100.0, 1_000_000_000)
+    b.columns["epoch"][4:] = second  # records 4..7 (starting 4..7 ms later) ran as the next block
+    exp.write(b)
+    assert exp._windows[first] == (1_000_000_000, 1_003_000_000)
+    assert exp._windows[second] == (1_004_000_000, 1_007_000_000)

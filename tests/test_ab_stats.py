@@ -83,3 +83,18 @@ def test_paired_ratio_by_hand() -> None:
     assert math.isclose(r.estimate, math.exp(logs.mean()))
     assert math.isclose(r.lo, math.exp(logs.mean() - half)) and math.isclose(r.hi, math.exp(logs.mean() + half))
     assert r.words() == "+19.7 % [-2.7, +47.3] no detectable difference"
+
+
+def test_hbm_utilisation_per_arm_in_table_json_and_verdict() -> None:
+    """GPM HBM bandwidth per arm says which arm used HBM more; without GPM nothing is said. (Not
+    in the one-line verdict: `commtop report` must reproduce that line exactly.)"""
+    from tui.model.ab_stats import as_json
+
+    rng = np.random.default_rng(3)
+    blocks, coll = fake_experiment(rng, pairs=4, effect=1.05)
+    res = analyse(blocks, coll, a="mode=none", b="mode=overlap", hbm_util_pct=(12.4, 31.0))
+    assert "HBM bandwidth used (GPM DRAM_BW_UTIL): A 12.4 %, B 31.0 % · busier in B (+18.6 points)" in format_table(res)
+    assert "busier in A" in format_table(analyse(blocks, coll, hbm_util_pct=(80.0, 20.0)))
+    assert as_json(res)["hbm_util_pct"] == [12.4, 31.0]
+    plain = analyse(blocks, coll, a="mode=none", b="mode=overlap")
+    assert "HBM" not in plain.verdict() and "HBM" not in format_table(plain)

@@ -447,7 +447,7 @@ def test_copy_bandwidth_as_a_share_of_the_pcie_peak_on_the_h200_recording(capsys
             assert row["copy_pct_pcie"] == pytest.approx(row["copy_gbps"] / 63.015 * 100, rel=1e-3), epoch
     assert 80 < rows[1]["copy_pct_pcie"] < 95 and rows[5]["copy_pct_pcie"] < 30  # pinned / pageable
     text = call(capsys, str(path))[1]
-    assert "link peaks (theoretical, from NVML): PCIe 63.0 GB/s per direction; no NVLink" in text
+    assert "link peaks (theoretical, from NVML): PCIe Gen5 x16 63.0 GB/s per direction; no NVLink" in text
 
 
 @pytest.mark.parametrize(
@@ -468,3 +468,23 @@ def test_h200_ab_recordings_reproduce_the_verdict_printed_live(capsys, name: str
     (ab,) = json.loads(out)["ab"]
     assert ab["verdict"] == printed + " · 15 pairs"
     assert ab["pairs"] == 15 and ab["classes"]["all"]["p50"]["pairs"] == 15
+
+
+def test_sorting_each_epoch_once_gives_the_report_that_sorting_every_subset_gives(tmp_path: Path, monkeypatch) -> None:
+    """build_report sorts an epoch once and reads its ranks' and classes' percentiles, and the
+    settings rows of repeated settings (none -> overlap -> none -> overlap), out of that order.
+    Forcing the per-subset sorts (no order for any epoch) must give the same report, bit for bit."""
+    from recording_synth import Epoch
+
+    from tui.recordings.format import open_recording
+    from tui.report import compute
+
+    epochs = [Epoch(0.0, "none"), Epoch(1.0, "overlap"), Epoch(2.0, "none"), Epoch(3.0, "overlap", copies=3)]
+    path = tmp_path / "repeat.commtop"
+    write_recording(path, list(synth_run(duration_s=4.0, world=3, epochs=epochs, seed=5)))
+    fast = compute.build_report(open_recording(path))
+    assert len(fast.settings) == 3 and any(len(r.epochs) == 2 for r in fast.settings)
+    monkeypatch.setattr(compute._EpochOrder, "of", classmethod(lambda cls, *a: None))
+    slow = compute.build_report(open_recording(path))
+    assert repr(fast) == repr(slow)  # every field (repr: NaN equals NaN there)
+    assert compute.format_table(fast) == compute.format_table(slow)

@@ -166,3 +166,13 @@ def test_sampler_fallback_without_gpm_on_h200(cap: dict) -> None:
     event = cap["copy"]["d2h_fallback"]["gbps_mean"]
     tx = statistics.median(t["metrics"]["pcie_tx_gbps"][0] for t in cap["sampler"]["d2h_fallback"][3:])
     assert abs(tx - event) / event < 0.15, (tx, event)
+
+
+def test_gpm_dram_bandwidth_utilisation_is_a_percentage() -> None:
+    """NVML_GPM_METRIC_DRAM_BW_UTIL (10) is 0-100 % of the HBM's theoretical bandwidth: kept as
+    a percentage (not converted like the MiB/s link metrics), its errors are n/a with a reason."""
+    got = rates.gpm_rates([(rates.GPM_DRAM_BW_UTIL, 0, 42.5), (rates.GPM_PCIE_TX, 0, 1000.0)])
+    assert got["dram_bw_util_pct"] == 42.5
+    assert got["pcie_tx_gbps"] == pytest.approx(1000 * 2**20 / 1e9)
+    assert rates.gpm_rates([(rates.GPM_DRAM_BW_UTIL, 0, 100.4)])["dram_bw_util_pct"] == 100.0
+    assert rates.gpm_rates([(10, 3, 0.0)], lambda code: NA(f"code {code}"))["dram_bw_util_pct"] == NA("code 3")

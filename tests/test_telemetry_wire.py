@@ -98,3 +98,23 @@ def test_tick_respects_protocol_limits() -> None:
     body = tick_body("sess", _tick(64))
     assert len(protocol.seal(KEY, body)[1]) < protocol.MAX_BODY_BYTES
     assert decode_tick(_roundtrip(body)).uuids[-1] == "GPU-63"
+
+
+def test_hbm_utilisation_is_optional_on_the_wire() -> None:
+    """dram_bw_util_pct (GPM) travels where some GPU has it; a tick without it (an older sampler,
+    an old recording, a machine without GPM) still decodes, with NaN for it."""
+    tick = _tick()
+    old_body = tick_body("sess", tick)  # no HBM metric at all: what an older sampler sent
+    assert "dram_bw_util_pct" not in old_body["m"]
+    got = decode_tick(_roundtrip(old_body))
+    assert np.isnan(got.metrics["dram_bw_util_pct"]).all()
+    with_nan = Tick(**{**tick.__dict__, "metrics": {**tick.metrics, "dram_bw_util_pct": np.full(2, np.nan)}})
+    assert "dram_bw_util_pct" not in tick_body("sess", with_nan)["m"]  # n/a everywhere: absent
+    hbm = np.array([37.5, np.nan])
+    with_hbm = Tick(**{**tick.__dict__, "metrics": {**tick.metrics, "dram_bw_util_pct": hbm}})
+    got = decode_tick(_roundtrip(tick_body("sess", with_hbm)))
+    np.testing.assert_array_equal(got.metrics["dram_bw_util_pct"], hbm)
+    bad = tick_body("sess", with_hbm)
+    bad["m"]["dram_bw_util_pct"] = b"\x00" * 3  # present but malformed: refused like any metric
+    with pytest.raises(ProtocolError):
+        decode_tick(_roundtrip(bad))

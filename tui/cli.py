@@ -238,6 +238,12 @@ def open_collector(
     except Exception as exc:
         os.close(lock_fd)
         raise CollectorError(str(exc)) from None
+    from tui.model.feed import FeedError, FeedPublisher
+
+    try:  # the run's records for `commtop ab --run` (a local subscriber); the run goes on without it
+        source.attach_feed(FeedPublisher(conn))
+    except FeedError as exc:
+        print(f"commtop: {exc} (`commtop ab --run` cannot attach to this run)", file=sys.stderr)
     collector = Collector(connection=conn, source=source, model=RunModel(), lock_fd=lock_fd, owns_run=owns_run)
     from tui.run.control_server import ControlServer
 
@@ -247,6 +253,8 @@ def open_collector(
         collector.close()
         raise CollectorError(str(exc)) from None
     collector.recorder = make_recorder(collective)
+    if collector.controller is not None:  # `commtop ab --run` leaves its marks in the recording
+        collector.controller.marks = collector.recorder.write
     if record is not None:
         path = collector.recorder.start(record or None)
         error = collector.recorder.status().error

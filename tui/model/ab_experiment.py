@@ -19,13 +19,13 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tui.model.ab_stats import AB_MARK, ABResult, Block, analyse
+from tui.model.ab_stats import AB_MARK, WARMUP, ABResult, Block, analyse
 from workers.wire.overlap import classify_columns
 from workers.wire.protocol import COLL, TELEM, Batch, ProtocolError
 from workers.wire.telemetry import decode_tick
@@ -86,6 +86,7 @@ class ABExperiment:
         until_ci_pct: float = 0.0,
         block_s: float = 1.0,
         seed: int | None = None,
+        warmup: bool = True,
         mark: Callable[[dict[str, Any]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -95,6 +96,11 @@ class ABExperiment:
         self.duration_s = duration_s
         self.until_ci_pct = until_ci_pct
         self.block_s = block_s
+        #: one unscored block before the first pair and one after the last (arm WARMUP;
+        #: analyse and the reports skip them)
+        self.warmup = warmup
+        self._cooling = False
+        self._finish_note = ""
         self.seed = secrets.randbits(32) if seed is None else seed
         self.rng = random.Random(self.seed)
         self.mark = mark
@@ -110,8 +116,9 @@ class ABExperiment:
         self._epochs: set[int] = set()
         self._seen_epochs: set[int] = set()
         self._windows: dict[int, tuple[int, int]] = {}  # epoch -> (first, last) collective start
-        self._ticks: list[tuple[int, float, float]] = []  # (t_ns, PCIe tx, NVLink tx) GB/s per GPU
+        self._ticks: list[tuple[int, float, float, float]] = []  # (t_ns, PCIe tx, NVLink tx GB/s, HBM %) per GPU
         self._restore: dict[str, Any] = {}
+        self.restore_error: str | None = None  # None: not restored (yet); "": accepted
         self._order: list[str] = []  # arms still to run in the current pair
         self._pair = -1
         self._started = 0.0
@@ -152,8 +159,10 @@ class ABExperiment:
             self._records += n
             if message.kind == COLL:
                 self._seen_epochs.update(np.unique(part["epoch"]).tolist())
-                lo_t, hi_t = int(part["start_ns"].min()), int(part["start_ns"].max())
                 for e in np.unique(part["epoch"]).tolist():
+                    # each epoch's own records: a batch at a switch holds two blocks' records
+                    starts = part["start_ns"][part["epoch"] == e] if lo != hi else part["start_ns"]
+                    lo_t, hi_t = int(starts.min()), int(starts.max())
                     w = self._windows.get(e)
                     self._windows[e] = (lo_t, hi_t) if w is None else (min(w[0], lo_t), max(w[1], hi_t))
 
@@ -167,9 +176,10 @@ class ABExperiment:
             return
         pcie = _finite_mean(tick.metrics["pcie_tx_gbps"])
         nvl = _finite_mean(tick.metrics["nvlink_tx_gbps"])
+        hbm = _finite_mean(tick.metrics["dram_bw_util_pct"])
         with self._lock:
             if len(self._ticks) < MAX_TICKS:
-                self._ticks.append((tick.t_ns, pcie, nvl))
+                self._ticks.append((tick.t_ns, pcie, nvl, hbm))
 
     # ------------------------------------------------------------------ schedule
 
@@ -202,13 +212,37 @@ class ABExperiment:
             if now - self._requested_at > SWITCH_TIMEOUT_S:
                 return self._fail(f"block {len(self.blocks)} (epoch {current}) never showed up in the records")
             return False
+        if self._cooling:  # the last scored block has ended on every rank
+            return self._finish(self._finish_note)
         if math.isnan(self._block_seen_at):
             self._block_seen_at = now
         if now - self._block_seen_at < self.block_s:
             return False
         if not self._order and (full or self._should_stop(now)):
-            return self._finish("record limit reached" if full else "")
+            note = "record limit reached" if full else ""
+            return self._cool_down(now, note) if self.warmup else self._finish(note)
         return self._next_block(now)
+
+    def _cool_down(self, now: float, note: str) -> bool:
+        """End the last scored block with an unscored one in its settings before finishing: what
+        the end costs (the result computed, the settings restored) then runs beside records
+        nobody scores. On CPU gloo the last block had run ~15 % off the run's median
+        (benchmarks/ab_aa_position.py), weighing on whichever arm came last."""
+        last = self.blocks[-1]
+        changes = {**self._restore, **(self.a if last.arm == "A" else self.b)}
+        if self.controller.request(dict(changes), new_epoch=True):
+            return self._finish(note)  # could not switch: finish as before
+        desired = getattr(self.controller, "desired", None)
+        if desired is None:
+            return self._finish(note)
+        block = Block(int(desired[0]), WARMUP, -1)
+        with self._lock:
+            self.blocks.append(block)
+            self._epochs.add(block.epoch)
+        self._emit("block", epoch=block.epoch, arm=block.arm, pair=block.pair)
+        self._cooling, self._finish_note = True, note
+        self._requested_at = now
+        return False
 
     def _should_stop(self, now: float) -> bool:
         if self.until_ci_pct > 0:
@@ -237,27 +271,45 @@ class ABExperiment:
         if desired is None:
             return self._fail("the controller does not say which settings epoch it created")
         epoch = int(desired[0])
-        self._order.pop(0)
-        block = Block(epoch, arm, self._pair)
+        if self.warmup and not self.blocks:
+            # An unscored block first, in the settings of the first scored one: the first block
+            # after the start ran up to ~25 % slower on CPU gloo (switching from the run's own
+            # settings, copies still draining; benchmarks/ab_aa_position.py), which weighed on
+            # whichever arm pair 0 put first.
+            block = Block(epoch, WARMUP, -1)
+        else:
+            self._order.pop(0)
+            block = Block(epoch, arm, self._pair)
         with self._lock:
             self.blocks.append(block)
             self._epochs.add(epoch)
-        self._emit("block", epoch=epoch, arm=arm, pair=self._pair)
+        self._emit("block", epoch=epoch, arm=block.arm, pair=block.pair)
         self.state = "running"
         self.note = ""
         self._requested_at = now
         self._block_seen_at = math.nan
         return False
 
-    def _finish(self, note: str) -> bool:
+    @property
+    def restore(self) -> dict[str, Any]:
+        """The settings in force before the first block (what the end puts back)."""
+        return dict(self._restore)
+
+    def _put_back(self) -> None:
+        """Restore the settings from before the experiment (done, stopped or failed);
+        ``restore_error`` says how that went ("" accepted)."""
         if self._restore:
-            self.controller.request(dict(self._restore))
+            self.restore_error = self.controller.request(dict(self._restore))
+
+    def _finish(self, note: str) -> bool:
+        self._put_back()
         self.state = "done"
         self.note = note
         self._emit("end", pairs=self._complete_pairs())
         return True
 
     def _fail(self, note: str) -> bool:
+        self._put_back()
         self.state = "failed"
         self.note = note
         self._emit("end", pairs=self._complete_pairs(), error=note)
@@ -307,6 +359,7 @@ class ABExperiment:
             b=self.label_b,
             seconds=seconds,
             link_gbps=arm_link(blocks, windows, ticks),
+            hbm_util_pct=arm_hbm(blocks, windows, ticks),
         )
         self._last_result = res
         return res
@@ -342,18 +395,33 @@ def _finite_mean(values: np.ndarray) -> float:
 
 
 def arm_link(
-    blocks: list[Block], windows: Mapping[int, tuple[int, int]], ticks: list[tuple[int, float, float]]
+    blocks: list[Block], windows: Mapping[int, tuple[int, int]], ticks: Sequence[tuple[int, float, float, float]]
 ) -> tuple[float, float]:
     """Link tx GB/s per GPU (PCIe, plus NVLink where there is any): per arm, the mean over its
     blocks of each block's mean (as `commtop report` computes it from a recording)."""
     if not ticks:
         return (math.nan, math.nan)
-    t = np.array([x[0] for x in ticks], dtype=np.int64)
-    order = np.argsort(t)
-    t = t[order]
-    pcie = np.array([x[1] for x in ticks])[order]
-    nvl = np.array([x[2] for x in ticks])[order]
+    pcie = np.array([x[1] for x in ticks])
+    nvl = np.array([x[2] for x in ticks])
     value = np.where(np.isfinite(nvl) & (nvl > 0), np.nan_to_num(pcie) + nvl, pcie)
+    return _per_arm(blocks, windows, np.array([x[0] for x in ticks], dtype=np.int64), value)
+
+
+def arm_hbm(
+    blocks: list[Block], windows: Mapping[int, tuple[int, int]], ticks: Sequence[tuple[int, float, float, float]]
+) -> tuple[float, float]:
+    """HBM bandwidth utilisation % (GPM) per arm, averaged like :func:`arm_link`; NaN without GPM."""
+    if not ticks:
+        return (math.nan, math.nan)
+    t = np.array([x[0] for x in ticks], dtype=np.int64)
+    return _per_arm(blocks, windows, t, np.array([x[3] for x in ticks]))
+
+
+def _per_arm(
+    blocks: list[Block], windows: Mapping[int, tuple[int, int]], t: np.ndarray, value: np.ndarray
+) -> tuple[float, float]:
+    order = np.argsort(t, kind="stable")
+    t, value = t[order], value[order]
     out = []
     for arm in ("A", "B"):
         means = []

@@ -34,6 +34,9 @@ from workers.wire.stats import percentiles
 
 #: Kind of the mark messages an experiment leaves in a recording (start, each block, end).
 AB_MARK = "ab"
+#: Arm of the unscored block an experiment runs before its first pair (ignored by analyse and
+#: by blocks_from_marks, so recordings with or without it read the same way).
+WARMUP = "W"
 ALL = "all"
 #: Result rows: every collective, then each overlap class.
 ROWS: tuple[str, ...] = (ALL, *CLASSES)
@@ -66,7 +69,7 @@ class Block:
     """One block of the experiment: the settings epoch it ran as, its arm, its pair."""
 
     epoch: int
-    arm: str  # "A" or "B"
+    arm: str  # "A" or "B"; WARMUP for the unscored block before the first pair (pair -1)
     pair: int
 
 
@@ -139,6 +142,8 @@ class ABResult:
     rows: dict[str, ClassResult] = field(default_factory=dict)
     copy_gbps: tuple[float, float] = (math.nan, math.nan)  # per arm
     link_gbps: tuple[float, float] = (math.nan, math.nan)  # per arm: PCIe/NVLink tx, from telemetry
+    #: per arm: HBM bandwidth utilisation % (GPM DRAM_BW_UTIL, mean per GPU); NaN without GPM
+    hbm_util_pct: tuple[float, float] = (math.nan, math.nan)
     seconds: float = 0.0
     method: str = "paired t on log(B/A) of block medians and means, 95 %"
 
@@ -198,6 +203,7 @@ def analyse(
     a: str = "A",
     b: str = "B",
     link_gbps: tuple[float, float] = (math.nan, math.nan),
+    hbm_util_pct: tuple[float, float] = (math.nan, math.nan),
     seconds: float = 0.0,
 ) -> ABResult:
     """The experiment's result from its blocks and records.
@@ -206,6 +212,7 @@ def analyse(
     ``copy`` holds ``epoch``, ``nbytes``, ``dur_us``. Records of epochs that are no block
     (warm-up, the time between experiments) are ignored.
     """
+    blocks = [blk for blk in blocks if blk.arm in ("A", "B")]  # not the warm-up block
     arm_of = {blk.epoch: blk for blk in blocks}
     epochs = np.fromiter(sorted(arm_of), dtype=np.int64, count=len(arm_of))
     rec_epoch = np.asarray(coll["epoch"], dtype=np.int64)
@@ -283,6 +290,7 @@ def analyse(
         rows=rows,
         copy_gbps=copy_gbps,
         link_gbps=link_gbps,
+        hbm_util_pct=hbm_util_pct,
         seconds=seconds,
     )
 
@@ -332,8 +340,22 @@ def format_table(result: ABResult, peak: str = "") -> str:
     lines.append(f"copy GB/s: A {_f(ga, '{:.1f}')}, B {_f(gb, '{:.1f}')}" + (f" ({peak})" if peak else ""))
     if math.isfinite(la) or math.isfinite(lb):
         lines.append(f"link tx GB/s (NVML): A {_f(la, '{:.1f}')}, B {_f(lb, '{:.1f}')}")
+    ha, hb = result.hbm_util_pct
+    if math.isfinite(ha) or math.isfinite(hb):
+        lines.append(
+            f"HBM bandwidth used (GPM DRAM_BW_UTIL): A {_f(ha, '{:.1f} %')}, B {_f(hb, '{:.1f} %')}" + busier(ha, hb)
+        )
     lines.append(f"method: {result.method}; verdict: {result.verdict(peak)}")
     return "\n".join(lines)
+
+
+def busier(a: float, b: float) -> str:
+    """ " · busier in B (+18.3 points)", so the table says which arm used the resource more."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return ""
+    if abs(b - a) < 1.0:
+        return " · about the same"
+    return f" · busier in {'B' if b > a else 'A'} ({b - a:+.1f} points)"
 
 
 def as_json(result: ABResult) -> dict[str, object]:
@@ -352,6 +374,7 @@ def as_json(result: ABResult) -> dict[str, object]:
         "method": result.method,
         "copy_gbps": list(result.copy_gbps),
         "link_gbps": list(result.link_gbps),
+        "hbm_util_pct": list(result.hbm_util_pct),
         "verdict": result.verdict(),
         "classes": {
             name: {"a": arm(r.a), "b": arm(r.b), "baseline": r.baseline, "p50": ratio(r.p50), "mean": ratio(r.mean)}

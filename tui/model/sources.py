@@ -61,6 +61,7 @@ class LiveSource:
         rcvhwm: int = RCVHWM,
     ) -> None:
         self.endpoint = connection.data
+        self._feed: Any = None
         self.rejected: Counter[str] = Counter()
         self.received = 0
         self._key = connection.key
@@ -87,6 +88,11 @@ class LiveSource:
         self._poller.register(sock, zmq.POLLIN)
         self._closed = False
 
+    def attach_feed(self, feed: Any) -> None:
+        """Hand every accepted message's frames to ``feed`` (a tui.model.feed.FeedPublisher,
+        closed with this source), for `commtop ab --run`."""
+        self._feed = feed
+
     def poll(self, timeout_s: float) -> list[Message | ResetModel]:
         """Messages ready now, waiting at most ``timeout_s`` for the first one."""
         if self._closed:
@@ -107,11 +113,17 @@ class LiveSource:
                 out.append(decode(open_frames(self._key, frames, self._session)))
             except ProtocolError as exc:
                 self.rejected[exc.reason] += 1
+                continue
             except Exception:  # a decoder bug must not kill ingest; count it
                 self.rejected["decode"] += 1
+                continue
+            if self._feed is not None:
+                self._feed.forward(frames)
         return out
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             self._sock.close(0)
+            if self._feed is not None:
+                self._feed.close()

@@ -10,6 +10,7 @@ import argparse
 import math
 import os
 import sys
+from typing import Any
 
 from tui.recordings.format import RecordingError, open_recording
 from tui.report import compare
@@ -44,6 +45,14 @@ def build_parser(prog: str = "commtop report") -> argparse.ArgumentParser:
     ap.add_argument("--plot", metavar="OUT.png", help="plot latency per rank by mode, and link throughput (matplotlib)")
     ap.add_argument("-o", "--output", metavar="PATH", help="write the report here instead of stdout")
     ap.add_argument(
+        "--peak",
+        action="append",
+        default=[],
+        metavar="NCCL_TESTS.json",
+        help="measured peaks: an nccl-tests -J output (e.g. all_gather_perf ... -J ag.json); each row's busbw "
+        "as a share of the busbw it measured for that op and size (repeat for several ops)",
+    )
+    ap.add_argument(
         "--window",
         metavar="FROM:TO",
         type=_window_arg,
@@ -75,9 +84,28 @@ def _window_arg(text: str) -> tuple[float, float]:
     return window
 
 
+def _measured(ns: argparse.Namespace) -> list[Any]:
+    """The --peak files, read before any recording (a bad one: PeakFileError, one line)."""
+    from tui.report.nccl_tests import load_peaks
+
+    peaks = [load_peaks(path) for path in getattr(ns, "peak", None) or ()]
+    ops = [m.op for m in peaks]
+    if len(set(ops)) != len(ops):
+        from tui.report.nccl_tests import PeakFileError
+
+        raise PeakFileError(f"--peak: two files measure the same collective ({', '.join(ops)})")
+    return peaks
+
+
 def run(ns: argparse.Namespace) -> int:
     if ns.records and ns.format not in (None, "csv"):
         return _err("--records needs --format csv")
+    from tui.report.nccl_tests import PeakFileError
+
+    try:
+        ns.measured = _measured(ns)
+    except PeakFileError as exc:
+        return _err(str(exc))
     if len(ns.file) > 1:
         return run_compare(ns)
     ns.file = ns.file[0]
@@ -129,7 +157,7 @@ def run(ns: argparse.Namespace) -> int:
                 if ns.records:
                     write_records_csv(tables, out)
                 else:
-                    report = build_report(rec, tables)
+                    report = build_report(rec, tables, ns.measured)
                     out.write({"table": format_table, "json": format_json, "csv": format_csv}[fmt](report))
             finally:
                 if out is not sys.stdout:
@@ -159,7 +187,7 @@ def run_compare(ns: argparse.Namespace) -> int:
             tables = rec.tables(coll_columns=REPORT_COLUMNS)
             if ns.window:
                 tables = window_tables(tables, ns.window)
-            reports.append(build_report(rec, tables))
+            reports.append(build_report(rec, tables, ns.measured))
     text = {"table": compare.format_table, "json": compare.format_json, "csv": compare.format_csv}[
         ns.format or "table"
     ](compare.compare(reports))

@@ -26,10 +26,10 @@ from tui.model.ab_stats import as_json as ab_json
 from tui.model.ab_stats import format_table as ab_table
 from tui.recordings.format import Recording, Tables, run_metadata
 from tui.report.overlap_report import ab_sections, class_fields, class_p50s, format_class_table
-from tui.report.peaks import Peaks, link_peaks, peak_fields, peaks_line
+from tui.report.peaks import Peaks, link_peaks, measured_lines, peak_fields, peaks_json, peaks_line
 from workers.wire import protocol as p
-from workers.wire.overlap import CLASS_KEYS, classify_columns
-from workers.wire.stats import percentiles, percentiles_and_max
+from workers.wire.overlap import AFTER, CLASS_KEYS, DURING, NO_COPIES, classify_columns
+from workers.wire.stats import percentiles, percentiles_and_max, percentiles_and_max_sorted
 from workers.wire.telemetry import Tick
 
 TRACE_WARN_BYTES = 500_000_000
@@ -43,6 +43,8 @@ LINK_METRICS = (
     "mem_clock_mhz",
     "power_w",
 )
+#: Optional tick metrics the report also reads (NaN in recordings made before them).
+HBM_UTIL = "dram_bw_util_pct"
 RECORD_FIELDS = (
     "rank",
     "iteration",
@@ -109,6 +111,7 @@ class Row:
     # share of the link's theoretical peak (tui.report.peaks)
     copy_pct_pcie: float = math.nan
     busbw_pct_nvlink: float = math.nan
+    busbw_pct_measured: float = math.nan  # of nccl-tests' busbw for this op and size (--peak)
 
 
 @dataclass(frozen=True)
@@ -198,11 +201,15 @@ def _mode_of(values: np.ndarray) -> int:
 
 def _median(d32: np.ndarray) -> float:
     """Exactly ``float(np.median(d32.astype(np.float64)))``, from the sorted float32 values."""
-    n = len(d32)
-    part = np.sort(d32)  # see workers.wire.stats.percentiles_and_max
+    return _median_sorted(np.sort(d32), d32)  # see workers.wire.stats.percentiles_and_max
+
+
+def _median_sorted(part: np.ndarray, d32: np.ndarray | None = None) -> float:
+    """:func:`_median` of values already sorted (``d32``: the same values in any order)."""
+    n = len(part)
     lo, hi, last = part[[(n - 1) // 2, n // 2, n - 1]].astype(np.float64).tolist()
     if last != last or lo == 0 or hi == 0:
-        return float(np.median(d32.astype(np.float64)))
+        return float(np.median((part if d32 is None else d32).astype(np.float64)))
     return lo if n % 2 else (lo + hi) / 2
 
 
@@ -323,7 +330,7 @@ class _Telemetry:
         for host, host_ticks in by_host.items():
             uuids = Counter(t.uuids for t in host_ticks).most_common(1)[0][0]
             kept = sorted((t for t in host_ticks if t.uuids == uuids), key=lambda t: t.t_ns)
-            mats = {name: np.array([t.metrics[name] for t in kept]) for name in LINK_METRICS}
+            mats = {name: np.array([t.metrics[name] for t in kept]) for name in (*LINK_METRICS, HBM_UTIL)}
             self.hosts[host] = (np.array([t.t_ns for t in kept], dtype=np.int64), uuids, mats)
 
     def mean(self, name: str, t0: int, t1: int, gpu: tuple[str, str] | None) -> float:
@@ -381,7 +388,57 @@ def _link_means(telemetry: Any, t0: int, t1: int, gpu: Any) -> dict[str, Any]:
     return {name: telemetry.mean(name, t0, t1, gpu) for name in LINK_METRICS}
 
 
-def build_report(rec: Recording, tables: Tables | None = None) -> Report:
+class _EpochOrder:
+    """One epoch's durations sorted once, with each value's rank (index within the epoch) and
+    overlap class beside it, so the epoch's, every rank's and every class's percentiles are read
+    out in order instead of sorting each subset again (the report's sorts were most of its time).
+
+    The sort key packs the float32 bits (their order is the values' order for non-negative
+    finite values), the rank index and the class into one uint64; an epoch with a negative,
+    NaN or infinite duration, or more than 65,535 ranks, keeps the per-subset sorts (None)."""
+
+    def __init__(self, values: np.ndarray, rank: np.ndarray, cls: np.ndarray) -> None:
+        self.values, self.rank, self.cls = values, rank, cls
+
+    @classmethod
+    def of(cls, dur32: np.ndarray, ocls: np.ndarray, sizes: list[int]) -> _EpochOrder | None:
+        if not len(dur32) or len(sizes) > 0xFFFF:
+            return None
+        bits = np.ascontiguousarray(dur32, dtype=np.float32).view(np.uint32)
+        if int(bits.max()) >= 0x7F800000:  # inf, NaN, or the sign bit set
+            return None
+        rank = np.repeat(np.arange(len(sizes), dtype=np.uint64), sizes)
+        keys = (bits.astype(np.uint64) << np.uint64(18)) | (rank << np.uint64(2)) | ocls.astype(np.uint64)
+        keys.sort()
+        values = (keys >> np.uint64(18)).astype(np.uint32).view(np.float32)
+        return cls(
+            values, ((keys >> np.uint64(2)) & np.uint64(0xFFFF)).astype(np.int32), (keys & np.uint64(3)).astype(np.int8)
+        )
+
+    @classmethod
+    def union(cls, parts: list[_EpochOrder | None]) -> _EpochOrder | None:
+        """The epochs together (their ranks' indices no longer mean anything): one epoch as it
+        is, several merged from their sorted runs; None if one of them has no order."""
+        if not parts or any(p is None for p in parts):
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        values = np.concatenate([p.values for p in parts if p is not None])
+        classes = np.concatenate([p.cls for p in parts if p is not None])
+        order = np.argsort(values, kind="stable")  # merges the sorted runs
+        return cls(values[order], np.zeros(len(values), dtype=np.int32), classes[order])
+
+    def group(self, index: int) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        """(sorted durations, {class: sorted durations}) of rank ``index``, or of the whole epoch (-1)."""
+        if index < 0:
+            values, cls = self.values, self.cls
+        else:
+            mine = self.rank == index
+            values, cls = self.values[mine], self.cls[mine]
+        return values, {c: values[cls == c] for c in (NO_COPIES, DURING, AFTER)}
+
+
+def build_report(rec: Recording, tables: Tables | None = None, measured: Sequence[Any] = ()) -> Report:
     """Every number of the report, from a recording (``tables`` when already loaded)."""
     tables = tables or rec.tables(coll_columns=REPORT_COLUMNS)
     coll, copy = tables.coll, tables.copy
@@ -389,7 +446,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     settings = _settings_by_epoch(tables.hellos)
     gpu_of = {h.rank: (h.host, h.gpu_uuid) for _, h in tables.hellos}
     telemetry = _Telemetry(tables.ticks)
-    peaks = link_peaks(tables.ticks)
+    peaks = link_peaks(tables.ticks, [msg for _, msg in tables.other], measured)
 
     # Sorted once by (epoch, rank), only the columns that need a slice per row: durations (for
     # exact percentiles), modes and (op, size) codes. Sums per row come from per-group sums over
@@ -398,7 +455,15 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     order = g.order
     dur32 = coll["dur_us"][order]  # percentiles sort these (workers.wire.stats)
     ocls, ofrac = classify_columns(coll, copy)
-    ab = tuple(ab_sections(tables, ocls, ofrac, lambda t0, t1: _link_tx(telemetry, t0, t1)))
+    ab = tuple(
+        ab_sections(
+            tables,
+            ocls,
+            ofrac,
+            lambda t0, t1: _link_tx(telemetry, t0, t1),
+            lambda t0, t1: telemetry.mean(HBM_UTIL, t0, t1, None),
+        )
+    )
     ocls, ofrac = ocls[order], ofrac[order]
     mode = coll["mode"][order]
     codes, combos = _combo_codes(coll["op"], coll["nbytes"])
@@ -435,6 +500,8 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
 
     rows: list[Row] = []
     spans: dict[SettingsKey, list[tuple[int, int, Row]]] = {}  # epochs per settings, all ranks
+    epoch_orders: dict[int, _EpochOrder] = {}  # by the epoch's first record
+    pure_epochs: dict[int, list[tuple[int, int, int]]] = {}  # mode -> its epochs of one mode and (op, size) code
     for e, a_e, b_e, eruns in _epochs(g.runs):
         s = settings.get(e, {})
         ca, cb = cepoch.get(e, (0, 0))
@@ -456,8 +523,20 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
         groups: list[tuple[int | None, int, int, list[int], tuple[int, int]]] = [(None, a_e, b_e, ids, (ca, cb))]
         for key, a, b in eruns:  # key = epoch << 20 | rank
             groups.append((key & 0xFFFFF, a, b, [gid_of[key]], cspan.get(key, (0, 0))))
-        for rank, a, b, gids, (ga, gb) in groups:
-            (p50, p90, p99), top = percentiles_and_max(dur32[a:b], [50, 90, 99])
+        ordered = _EpochOrder.of(dur32[a_e:b_e], ocls[a_e:b_e], [b - a for _, a, b in eruns])
+        if ordered is not None:
+            epoch_orders[a_e] = ordered
+            e_modes, e_codes = mode[a_e:b_e], code[a_e:b_e]
+            if e_modes.min() == e_modes.max() and e_codes.min() == e_codes.max():  # one mode, one (op, size)
+                pure_epochs.setdefault(int(e_modes[0]), []).append((a_e, b_e, int(e_codes[0])))
+        for index, (rank, a, b, gids, (ga, gb)) in enumerate(groups):
+            member = None if ordered is None else ordered.group(index - 1)
+            if member is None:
+                (p50, p90, p99), top = percentiles_and_max(dur32[a:b], [50, 90, 99])
+                by_class = None
+            else:
+                (p50, p90, p99), top = percentiles_and_max_sorted(member[0], [50, 90, 99])
+                by_class = member[1]
             n = b - a
             base = base_all.get(k) if rank is None else base_rank.get((rank, k))
             gpu = None if rank is None else gpu_of.get(rank, ("", ""))
@@ -486,9 +565,13 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                     copy_gbps=float(gbps[ga:gb].mean()) if gb > ga else math.nan,
                     slowdown=p50 / base if base else math.nan,
                     **_link_means(telemetry, t0, t1, gpu),
-                    **class_fields(dur32[a:b], ocls[a:b], ofrac[a:b]),
+                    **class_fields(dur32[a:b], ocls[a:b], ofrac[a:b], by_class),
                     **peak_fields(
-                        float(gbps[ga:gb].mean()) if gb > ga else math.nan, float(bus_sum[gids].sum()) / n, peaks
+                        float(gbps[ga:gb].mean()) if gb > ga else math.nan,
+                        float(bus_sum[gids].sum()) / n,
+                        peaks,
+                        p.OP_NAMES[op] if op < len(p.OP_NAMES) else "",
+                        nbytes,
                     ),
                 )
             )
@@ -499,7 +582,17 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     by_settings = []
     for settings_key, parts_of in spans.items():
         durations = np.concatenate([dur32[a:b] for a, b, _ in parts_of])
-        p50, p99 = percentiles(durations, [50, 99])
+        merged = _EpochOrder.union([epoch_orders.get(a) for a, _, _ in parts_of])
+        if merged is None:
+            p50, p99 = percentiles(durations, [50, 99])
+            class_p50 = class_p50s(durations, np.concatenate([ocls[a:b] for a, b, _ in parts_of]))
+        else:
+            values, by_class = merged.group(-1)
+            p50, p99 = percentiles_and_max_sorted(values, [50, 99])[0]
+            during, after, none = (
+                percentiles_and_max_sorted(by_class[c], [50])[0][0] for c in (DURING, AFTER, NO_COPIES)
+            )
+            class_p50 = (during, after, none)
         epoch_rows = [r for _, _, r in parts_of]
         by_settings.append(
             SettingsRow(
@@ -510,13 +603,7 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
                 p99_us=p99,
                 busbw_gbps=_weighted_mean([(r.busbw_gbps, r.count) for r in epoch_rows]),
                 copy_gbps=_weighted_mean([(r.copy_gbps, r.copy_count) for r in epoch_rows]),
-                **dict(
-                    zip(
-                        ("during_p50_us", "after_p50_us", "none_p50_us"),
-                        class_p50s(durations, np.concatenate([ocls[a:b] for a, b, _ in parts_of])),
-                        strict=True,
-                    )
-                ),
+                **dict(zip(("during_p50_us", "after_p50_us", "none_p50_us"), class_p50, strict=True)),
             )
         )
 
@@ -525,18 +612,32 @@ def build_report(rec: Recording, tables: Tables | None = None) -> Report:
     for m, count in enumerate(mcounts.tolist()):
         if not count:
             continue
-        sel = slice(None) if count == len(mode) else mode == m
-        dm, cm = dur32[sel], code[sel]
-        p50, p99 = percentiles(dm, [50, 99])
-        ratios, weights = [], []  # slowdown per (op, size) with a baseline, weighted by records
-        for k, base in base_code.items():
-            both = cm == k
-            if both.any():
-                ratios.append(_median(dm[both]) / base)
-                weights.append(int(np.count_nonzero(both)))
-        slow = float(np.average(ratios, weights=weights)) if ratios else math.nan
+        pure = pure_epochs.get(m, [])
+        merged = _EpochOrder.union([epoch_orders[a] for a, _, _ in pure])
+        if merged is not None and sum(b - a for a, b, _ in pure) == count and len({k for _, _, k in pure}) == 1:
+            # Every record of this mode is in epochs sorted above, all of one (op, size).
+            values, by_class = merged.group(-1)
+            p50, p99 = percentiles_and_max_sorted(values, [50, 99])[0]
+            base = base_code.get(pure[0][2])
+            # as np.average over the one (op, size) below computes it, rounding included
+            slow = float(np.average([_median_sorted(values) / base], weights=[count])) if base else math.nan
+            during, after, none = (
+                percentiles_and_max_sorted(by_class[c], [50])[0][0] for c in (DURING, AFTER, NO_COPIES)
+            )
+        else:
+            sel = slice(None) if count == len(mode) else mode == m
+            dm, cm = dur32[sel], code[sel]
+            p50, p99 = percentiles(dm, [50, 99])
+            ratios, weights = [], []  # slowdown per (op, size) with a baseline, weighted by records
+            for k, base in base_code.items():
+                both = cm == k
+                if both.any():
+                    ratios.append(_median(dm[both]) / base)
+                    weights.append(int(np.count_nonzero(both)))
+            slow = float(np.average(ratios, weights=weights)) if ratios else math.nan
+            during, after, none = class_p50s(dm, ocls[sel])
         modes.append(
-            ModeRow(p.MODES[m] if m < len(p.MODES) else f"mode{m}", count, p50, p99, slow, *class_p50s(dm, ocls[sel]))
+            ModeRow(p.MODES[m] if m < len(p.MODES) else f"mode{m}", count, p50, p99, slow, during, after, none)
         )
     return Report(
         path=rec.path,
@@ -678,6 +779,7 @@ def format_table(report: Report) -> str:
     lines.append("")
     lines += footnote(str(meta.get("backend") or ""))
     lines.append(peaks_line(report.peaks))
+    lines += measured_lines(report.peaks, report.rows)
     return "\n".join(lines) + "\n"
 
 
@@ -721,6 +823,7 @@ def format_json(report: Report) -> str:
         "rows": [asdict(r) for r in report.rows],
         "modes": [asdict(m) for m in report.modes],
         "ab": [ab_json(result) for result in report.ab],
+        "peaks": peaks_json(report.peaks),
     }
     return json.dumps(json_clean(doc), indent=1) + "\n"
 

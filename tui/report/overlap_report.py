@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from workers.wire.overlap import AFTER, CLASS_KEYS, CLASSES, DURING, NO_COPIES
-from workers.wire.stats import percentile, percentiles
+from workers.wire.stats import percentile, percentiles, percentiles_and_max_sorted
 
 #: Flat fields added to every report row (json and csv get one column each).
 _ORDER = ((DURING, "during"), (AFTER, "after"), (NO_COPIES, "none"))
@@ -22,14 +22,20 @@ def _p(values: np.ndarray, q: float) -> float:
     return percentile(values, q)
 
 
-def class_fields(dur_us: np.ndarray, cls: np.ndarray, frac: np.ndarray) -> dict[str, Any]:
-    """{during_n, during_p50_us, during_p99_us, during_overlap, after_n, ..., none_p99_us}."""
+def class_fields(
+    dur_us: np.ndarray, cls: np.ndarray, frac: np.ndarray, sorted_by_class: dict[int, np.ndarray] | None = None
+) -> dict[str, Any]:
+    """{during_n, during_p50_us, during_p99_us, during_overlap, after_n, ..., none_p99_us};
+    ``sorted_by_class``: each class's durations already sorted (then nothing is sorted here)."""
     out: dict[str, Any] = {}
     for c, key in _ORDER:
         sel = cls == c
-        d = dur_us[sel]
+        d = sorted_by_class[c] if sorted_by_class is not None else dur_us[sel]
         out[f"{key}_n"] = int(len(d))
-        out[f"{key}_p50_us"], out[f"{key}_p99_us"] = percentiles(d, (50, 99))  # one sort, not two
+        if sorted_by_class is not None:
+            out[f"{key}_p50_us"], out[f"{key}_p99_us"] = percentiles_and_max_sorted(d, (50, 99))[0]
+        else:
+            out[f"{key}_p50_us"], out[f"{key}_p99_us"] = percentiles(d, (50, 99))  # one sort, not two
         if c == DURING:
             out["during_overlap"] = float(frac[sel].mean()) if len(d) else math.nan
     return out
@@ -76,33 +82,52 @@ def format_class_table(rows: Sequence[Any]) -> list[str]:
 
 
 def ab_sections(
-    tables: Any, cls: np.ndarray, frac: np.ndarray, link: Callable[[int, int], float] | None = None
+    tables: Any,
+    cls: np.ndarray,
+    frac: np.ndarray,
+    link: Callable[[int, int], float] | None = None,
+    hbm: Callable[[int, int], float] | None = None,
 ) -> list[Any]:
     """The A/B experiments recorded in ``tables`` (their marks), re-analysed from the records.
-    ``link(t0, t1)``: link tx GB/s over a time window, averaged per arm over its blocks."""
+    ``link(t0, t1)``: link tx GB/s over a time window, ``hbm(t0, t1)``: HBM bandwidth
+    utilisation % (GPM), each averaged per arm over its blocks."""
     from tui.model.ab_stats import analyse, blocks_from_marks
 
     out = []
     coll = {"epoch": tables.coll["epoch"], "dur_us": tables.coll["dur_us"], "cls": cls, "frac": frac}
     for start, blocks in blocks_from_marks(tables.other):
-        link_gbps = (math.nan, math.nan)
-        if link is not None and blocks:
-            epochs = np.asarray(tables.coll["epoch"])
-            starts = np.asarray(tables.coll["start_ns"])
-            per_arm: dict[str, list[float]] = {"A": [], "B": []}
-            for blk in blocks:
-                sel = epochs == blk.epoch
-                if sel.any():
-                    per_arm[blk.arm].append(link(int(starts[sel].min()), int(starts[sel].max())))
-            a_vals = [v for v in per_arm["A"] if math.isfinite(v)]
-            b_vals = [v for v in per_arm["B"] if math.isfinite(v)]
-            link_gbps = (
-                sum(a_vals) / len(a_vals) if a_vals else math.nan,
-                sum(b_vals) / len(b_vals) if b_vals else math.nan,
-            )
         a, b = str(start.get("a", "A")), str(start.get("b", "B"))
-        out.append(analyse(blocks, coll, tables.copy, a=a, b=b, link_gbps=link_gbps))
+        out.append(
+            analyse(
+                blocks,
+                coll,
+                tables.copy,
+                a=a,
+                b=b,
+                link_gbps=_per_arm(tables, blocks, link),
+                hbm_util_pct=_per_arm(tables, blocks, hbm),
+            )
+        )
     return out
+
+
+def _per_arm(tables: Any, blocks: list[Any], value: Callable[[int, int], float] | None) -> tuple[float, float]:
+    """Per arm, the mean over its blocks of ``value`` over each block's collective window."""
+    if value is None or not blocks:
+        return (math.nan, math.nan)
+    epochs = np.asarray(tables.coll["epoch"])
+    starts = np.asarray(tables.coll["start_ns"])
+    per_arm: dict[str, list[float]] = {"A": [], "B": []}
+    for blk in blocks:
+        sel = epochs == blk.epoch
+        if sel.any():
+            per_arm[blk.arm].append(value(int(starts[sel].min()), int(starts[sel].max())))
+    a_vals = [v for v in per_arm["A"] if math.isfinite(v)]
+    b_vals = [v for v in per_arm["B"] if math.isfinite(v)]
+    return (
+        sum(a_vals) / len(a_vals) if a_vals else math.nan,
+        sum(b_vals) / len(b_vals) if b_vals else math.nan,
+    )
 
 
 __all__ = ["CLASS_KEYS", "ab_sections", "class_fields", "class_p50s", "format_class_table"]

@@ -2,6 +2,7 @@
 
     commtop ab --a mode=none --b mode=overlap [--duration 30 | --until-ci 1] [--json]
     commtop ab --a mode=none --b mode=overlap -- python train.py
+    commtop ab --run RUN --a mode=none --b mode=overlap   (a run already going: tui.run.ab_attach)
 
 It starts its own run like ``commtop run --headless`` (the synthetic forum loop, or a user's
 script after ``--``), alternates A and B in blocks (tui.model.ab_experiment), then prints the
@@ -44,7 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--nproc", type=int, default=None, help="ranks (default: one per GPU, or 2 on CPU)")
     parser.add_argument("--record", nargs="?", const="", default=None, metavar="PATH", help="record to PATH")
-    parser.add_argument("--run", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--run",
+        default=None,
+        metavar="RUN",
+        help="attach to a live run (a run id or prefix, a connection file, or 'newest'; see `commtop ctl status`) "
+        "instead of starting one; its settings are restored at the end",
+    )
     add_loop_arguments(parser)
     return parser
 
@@ -118,6 +125,8 @@ def run(ns: argparse.Namespace, script: list[str], launch: Launch) -> int:
         peak = pcie_peak(getattr(done.snapshot, "telemetry", None))
         print(format_table(result, peak.share(result.copy_gbps[1]) if peak is not None else ""))
         print(f"seed {experiment.seed} · {experiment.state}" + (f": {experiment.note}" if experiment.note else ""))
+    if code and job is None:  # attached (--run): the settings could not be confirmed restored (said above)
+        return code
     if code:
         print(f"commtop ab: the job exited with code {code}; its last lines:", file=sys.stderr)
         for line in job.error_lines():
@@ -143,17 +152,17 @@ def run_experiment(ns: argparse.Namespace, script: list[str], launch: Launch) ->
     from tui.run.gpus import visible_gpus
     from tui.run.launcher import JobExitSource, JobProcess, torchrun_argv
 
+    if ns.duration <= 0 or ns.block <= 0:
+        raise ConfigError("--duration and --block must be positive")
     if ns.run is not None:
-        raise ConfigError(
-            "--run (attach to a live run) is not available yet: press `a` in that run's TUI, or start the run with `commtop ab`"
-        )
+        from tui.run.ab_attach import attach_experiment
+
+        return attach_experiment(ns, script, _percent(ns.until_ci))  # type: ignore[no-any-return]
     a, b = parse_arm(ns.a), parse_arm(ns.b)
     if not script:  # the synthetic loop's settings are known here: refuse a bad value before any rank starts
         for arm in (a, b):
             Settings().updated(arm)
     until = _percent(ns.until_ci)
-    if ns.duration <= 0 or ns.block <= 0:
-        raise ConfigError("--duration and --block must be positive")
     gpus = visible_gpus()
     if script:
         nproc = ns.nproc if ns.nproc is not None else (gpus.count or launch.cpu_ranks)

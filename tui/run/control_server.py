@@ -15,6 +15,10 @@ still switching to an epoch newer than what it knows (a change of the previous c
 ``expect`` = desired epoch + 1, learned from a fresh ``status``, so a replayed ``set``
 carries a stale epoch and is refused. Replies echo the request's nonce. Every refused
 message is counted by reason and shown (``ControlView.rejected``).
+
+`commtop ab --run` drives its blocks through the same ``set`` (with ``new_epoch``: a block is
+exactly one epoch, also when nothing changes) and leaves its A/B marks in the run's recording
+through ``mark`` (an ``ab`` dict of plain values, written by ``marks``, the recorder).
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
+from tui.model.ab_stats import AB_MARK
 from tui.model.in_force import InForce, InForceTracker
 from tui.model.interfaces import ControlView
 from tui.model.sources import ipc_endpoint_in_use
@@ -41,6 +47,9 @@ POLL_MS = 50
 MAX_CHANGES = 32
 MAX_NONCE = 64
 NOTE_S = 15.0
+#: An A/B mark (``mark`` request): at most this many fields, strings this long.
+MAX_MARK_FIELDS = 16
+MAX_MARK_STR = 200
 #: Epochs whose settings are remembered (to name the settings of a batch header's epoch).
 HISTORY = 256
 
@@ -67,6 +76,21 @@ def knob_choices_from_config(config: Any) -> dict[str, tuple[str, ...]] | None:
         if isinstance(name, str) and isinstance(choices, list) and all(isinstance(c, str) for c in choices):
             out[name[:64]] = tuple(c[:64] for c in choices[:64])
     return out or None
+
+
+def ab_mark(value: Any) -> dict[str, Any]:
+    """An A/B mark from a request, checked: an ``ab`` dict of a few plain values."""
+    if not isinstance(value, dict) or value.get("k") != AB_MARK or len(value) > MAX_MARK_FIELDS:
+        raise protocol.ProtocolError("mark", "not an A/B mark")
+    for name, item in value.items():
+        plain = (
+            item is None
+            or isinstance(item, (bool, int, float))
+            or (isinstance(item, str) and len(item) <= MAX_MARK_STR)
+        )
+        if not isinstance(name, str) or len(name) > 32 or not plain:
+            raise protocol.ProtocolError("mark", f"A/B mark field {str(name)[:32]!r} is not a plain value")
+    return dict(value)
 
 
 class ControlServer:
@@ -97,6 +121,8 @@ class ControlServer:
         self._mode_knob = ""  # the knob a monitored job colours its records by (Hello.config["mode_knob"])
         self.rejected: Counter[str] = Counter()
         self.reissues = 0
+        #: where ``mark`` requests go (the collector sets it to its recorder's ``write``)
+        self.marks: Callable[[dict[str, Any]], None] | None = None
         self._note = ""
         self._note_until = 0.0
         self._kick = False
@@ -328,14 +354,21 @@ class ControlServer:
             op = protocol.get_str(body, "op")
             nonce = protocol.get_str(body, "nonce", "")[:MAX_NONCE]
             expect = protocol.get_int(body, "expect", 0, 2**31 - 1) if op == "set" else None
+            mark = ab_mark(body.get("mark")) if op == "mark" else None
         except protocol.ProtocolError as exc:
             with self._lock:
                 self.rejected[exc.reason] += 1
             return None
         reply = ctl_reply_body(self._session, nonce)
+        if mark is not None:
+            marks = self.marks
+            if marks is not None:
+                marks(mark)
+            reply.update(ok=True, error="", recorded=marks is not None)
+            return reply
         with self._lock:
             if op == "set":
-                epoch, error = self._apply(body.get("changes"), expect)
+                epoch, error = self._apply(body.get("changes"), expect, new_epoch=body.get("new_epoch") is True)
                 if error.startswith("stale request"):
                     self.rejected["replay"] += 1
                 reply.update(ok=not error, error=error, epoch=epoch)

@@ -272,14 +272,16 @@ class CtlClient:
     def status(self) -> dict[str, Any]:
         return self.call("status")
 
-    def set(self, changes: dict[str, Any]) -> dict[str, Any]:
-        """Send a change against the current epoch; retried if another change came first."""
+    def set(self, changes: dict[str, Any], *, new_epoch: bool = False) -> dict[str, Any]:
+        """Send a change against the current epoch; retried if another change came first.
+        ``new_epoch``: start an epoch even if nothing changes (an A/B block, `commtop ab --run`)."""
+        extra = {"new_epoch": True} if new_epoch else {}
         for _ in range(STALE_RETRIES):
             status = self.status()
             current = int(status.get("desired_epoch", -1))
             if current < 0:
                 raise CtlError(str(status.get("note") or "the workers have not reported their settings yet"), 1)
-            reply = self.call("set", changes=changes, expect=current + 1)
+            reply = self.call("set", changes=changes, expect=current + 1, **extra)
             if reply.get("ok"):
                 return reply
             error = str(reply.get("error") or "refused")

@@ -18,6 +18,9 @@ from workers.telemetry.nvml import NA
 
 Value = float | NA
 LINK_METRICS = ("pcie_tx_gbps", "pcie_rx_gbps", "nvlink_tx_gbps", "nvlink_rx_gbps")
+#: Metrics only GPM gives (no field counter or older API to fall back on): absent without GPM.
+GPM_ONLY = ("dram_bw_util_pct",)
+GPM_READ = (*LINK_METRICS, *GPM_ONLY)
 WARMING = NA("warming up")
 SLOW_EVERY = 10  # ticks between reads of PCIe gen/width, replay counter and power limit
 
@@ -181,6 +184,11 @@ class GpuProbe:
                 self.static_na[metric] = NA(nvml.NO_NVLINK)
             elif gpm_ok:
                 self.sources[metric] = "gpm"
+        for metric in GPM_ONLY:
+            if gpm_ok:
+                self.sources[metric] = "gpm"
+            else:
+                self.static_na[metric] = NA("needs GPM")
         # Fallbacks for metrics GPM cannot give.
         for metric, fid, unit in (
             ("pcie_tx_gbps", rates.FI_PCIE_TX_BYTES, 1.0),
@@ -284,7 +292,7 @@ class GpuProbe:
         prev, cur = self._gpm_pair
         got = nvml.query(mod.nvmlGpmSampleGet, self.handle, cur)
         if isinstance(got, NA):
-            return {m: got for m in LINK_METRICS}
+            return {m: got for m in GPM_READ}
         mg = mod.c_nvmlGpmMetricsGet_t()
         mg.version = mod.NVML_GPM_METRICS_GET_VERSION
         mg.sample1 = prev
@@ -297,7 +305,7 @@ class GpuProbe:
         self._gpm_pair = [cur, prev]
         self._gpm_prev_t = now
         if isinstance(res, NA):
-            self._gpm_last = {m: res for m in LINK_METRICS}
+            self._gpm_last = {m: res for m in GPM_READ}
         else:
             entries = [
                 (int(res.metrics[i].metricId), int(res.metrics[i].nvmlReturn), float(res.metrics[i].value))

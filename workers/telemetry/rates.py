@@ -21,12 +21,18 @@ GPM_PCIE_TX = 20
 GPM_PCIE_RX = 21
 GPM_NVLINK_RX = 60
 GPM_NVLINK_TX = 61
+#: HBM (DRAM) bandwidth used vs its theoretical maximum, 0-100 %: NCCL's maintainers suspect HBM
+#: contention, not the links, when copies slow collectives (shared/FACTS.md).
+GPM_DRAM_BW_UTIL = 10
 GPM_METRICS: Mapping[int, str] = {
     GPM_PCIE_TX: "pcie_tx_gbps",
     GPM_PCIE_RX: "pcie_rx_gbps",
     GPM_NVLINK_TX: "nvlink_tx_gbps",
     GPM_NVLINK_RX: "nvlink_rx_gbps",
+    GPM_DRAM_BW_UTIL: "dram_bw_util_pct",
 }
+#: GPM metrics that are percentages (the others are MiB/s, turned into GB/s).
+GPM_PERCENT = frozenset({GPM_DRAM_BW_UTIL})
 
 # Field ids (nvmlFieldValue_t).
 FI_PCIE_TX_BYTES = 197
@@ -93,9 +99,9 @@ def pct_of_peak(gbps: float | NA, peak: float | NA) -> float | NA:
 
 
 def gpm_rates(metrics: Iterable[tuple[int, int, float]], reason_for=None) -> dict[str, float | NA]:
-    """GB/s per commtop metric from one nvmlGpmMetricsGet result between two samples.
+    """GB/s (or %) per commtop metric from one nvmlGpmMetricsGet result between two samples.
 
-    ``metrics`` holds (metricId, nvmlReturn, value in MiB/s) entries; an entry whose
+    ``metrics`` holds (metricId, nvmlReturn, value in MiB/s, or % for GPM_PERCENT) entries; an entry whose
     return is not success becomes an NA (``reason_for(code)`` names it).
     """
     out: dict[str, float | NA] = {}
@@ -108,6 +114,8 @@ def gpm_rates(metrics: Iterable[tuple[int, int, float]], reason_for=None) -> dic
             out[name] = na if isinstance(na, NA) else NA(f"GPM metric error {ret}")
         elif not math.isfinite(value) or value < 0:
             out[name] = NA(f"GPM returned {value!r}")
+        elif int(metric_id) in GPM_PERCENT:
+            out[name] = min(value, 100.0)
         else:
             out[name] = mib_per_s_to_gbps(value)
     return out

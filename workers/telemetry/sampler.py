@@ -89,7 +89,7 @@ class NodeSampler:
     def tick(self) -> Tick:
         start = time.perf_counter()
         n = len(self.gpus)
-        metrics = {name: np.full(n, np.nan) for name in protocol.TELEM_GPU_METRICS}
+        metrics = {name: np.full(n, np.nan) for name in (*protocol.TELEM_GPU_METRICS, *protocol.TELEM_GPU_OPTIONAL)}
         gpu_cost = np.zeros(n)
         pcie_peak = np.full(n, np.nan)
         nvl_peak = np.full(n, np.nan)

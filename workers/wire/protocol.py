@@ -97,6 +97,10 @@ TELEM_GPU_METRICS: tuple[str, ...] = (
     "mem_used_bytes",
     "pcie_replay_count",
 )
+#: Per-GPU metrics a tick may lack (added later, or n/a on every GPU of the node): a tick
+#: carries one only where some GPU has a value, and a decoded tick has NaN for a missing one,
+#: so old recordings and old samplers still decode.
+TELEM_GPU_OPTIONAL: tuple[str, ...] = ("dram_bw_util_pct",)  # GPM HBM bandwidth utilisation, %
 
 
 class ProtocolError(ValueError):

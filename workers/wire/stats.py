@@ -36,16 +36,28 @@ def percentiles_and_max(values: np.ndarray, qs: Sequence[float]) -> tuple[list[f
     """(percentiles ``qs`` exactly as ``np.percentile(values.astype(np.float64), qs)``, the
     maximum), from one sort. NaN values, or a zero at an interpolation point (+0 and -0 sort
     as equals but interpolate differently), take numpy's own path."""
-    n = len(values)
-    if n == 0:
+    if len(values) == 0:
         return [math.nan for _ in qs], math.nan
+    return _from_ordered(np.sort(values), values, qs)
+
+
+def percentiles_and_max_sorted(ordered: np.ndarray, qs: Sequence[float]) -> tuple[list[float], float]:
+    """:func:`percentiles_and_max` of values already sorted (``ordered`` = ``np.sort(values)``:
+    ascending, NaN last), bit for bit the same, without sorting again (the report sorts a whole
+    epoch once and reads every rank's and class's values out of it in order)."""
+    if len(ordered) == 0:
+        return [math.nan for _ in qs], math.nan
+    return _from_ordered(ordered, ordered, qs)
+
+
+def _from_ordered(ordered: np.ndarray, values: np.ndarray, qs: Sequence[float]) -> tuple[list[float], float]:
+    n = len(ordered)
     plan = []
     for q in qs:
         v = (n - 1) * (q / 100)
         prev = -1 if v >= n - 1 else math.floor(v)
         plan.append((v, prev, n - 1 if prev < 0 else prev, n - 1 if prev < 0 else prev + 1))
     kth = sorted({n - 1} | {i for _, _, a, b in plan for i in (a, b)})
-    ordered = np.sort(values)
     vals = dict(zip(kth, ordered[kth].astype(np.float64).tolist(), strict=True))
     if vals[n - 1] != vals[n - 1] or any(vals[a] == 0 or vals[b] == 0 for _, _, a, b in plan):
         wide = np.asarray(values, dtype=np.float64)

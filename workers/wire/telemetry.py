@@ -1,8 +1,8 @@
 """TELEM / TELEM_CAPS bodies: typed records, encode, decode with validation.
 
 Torch-free and zmq-free (``tui`` imports it). Per-GPU metrics travel as raw little-endian
-float64 arrays (one per name in ``protocol.TELEM_GPU_METRICS``) with NaN where a metric is
-n/a; *why* it is n/a travels once a second in TELEM_CAPS, so a 10 Hz tick stays small.
+float64 arrays (one per name in ``protocol.TELEM_GPU_METRICS``, plus the optional
+``TELEM_GPU_OPTIONAL`` ones where some GPU has a value) with NaN where a metric is n/a; *why* it is n/a travels once a second in TELEM_CAPS, so a 10 Hz tick stays small.
 """
 
 from __future__ import annotations
@@ -109,7 +109,12 @@ def tick_body(session: str, tick: Tick) -> dict[str, Any]:
         "t": tick.t_ns,
         "cost_us": float(tick.cost_us),
         "uuids": [u[:_NAME] for u in tick.uuids[:MAX_GPUS]],
-        "m": {name: _f8(tick.metrics.get(name, nan), n) for name in protocol.TELEM_GPU_METRICS},
+        "m": {name: _f8(tick.metrics.get(name, nan), n) for name in protocol.TELEM_GPU_METRICS}
+        | {
+            name: _f8(tick.metrics[name], n)
+            for name in protocol.TELEM_GPU_OPTIONAL
+            if name in tick.metrics and np.isfinite(tick.metrics[name]).any()
+        },
         "gcost": _f8(tick.gpu_cost_us, n),
         "pcie_peak": _f8(tick.pcie_peak_gbps, n),
         "nvl_peak": _f8(tick.nvlink_peak_gbps, n),
@@ -190,6 +195,8 @@ def decode_tick(body: Mapping[str, Any]) -> Tick:
     if not isinstance(raw, dict):
         raise ProtocolError("field", "'m' must be a map")
     metrics = {name: _array(raw.get(name), name, n) for name in protocol.TELEM_GPU_METRICS}
+    for name in protocol.TELEM_GPU_OPTIONAL:  # absent: an older sender, or n/a on every GPU
+        metrics[name] = _array(raw[name], name, n) if name in raw else np.full(n, np.nan)
     raw_procs = body.get("procs", [])
     if not isinstance(raw_procs, list) or len(raw_procs) > MAX_PROCS:
         raise ProtocolError("field", f"'procs' must be a list of at most {MAX_PROCS}")

@@ -1,4 +1,5 @@
-"""The links panel: each GPU's PCIe and NVLink TX/RX as sparklines under the latency chart.
+"""The links panel: each GPU's PCIe and NVLink TX/RX as sparklines under the latency chart
+(and, in each GPU's title, its HBM bandwidth utilisation where GPM gives it).
 
 The sparklines share the latency chart's time axis (:class:`~tui.model.time_axis.TimeAxis`):
 the same terminal column is the same wall-clock interval in both, so a copy burst in the PCIe
@@ -63,6 +64,16 @@ def _links(row: GpuRow) -> list[_Link]:
         _Link("PCIe", "pcie_tx_gbps", "pcie_rx_gbps", row.pcie_peak_gbps),
         _Link("NVLink", "nvlink_tx_gbps", "nvlink_rx_gbps", row.nvlink_peak_gbps),
     ]
+
+
+def hbm_text(row: GpuRow, short: bool = False) -> str:
+    """ "  HBM bw 37%": HBM bandwidth used vs its theoretical maximum (GPM DRAM_BW_UTIL), beside
+    the links, since copies may slow collectives through HBM rather than the links (FACTS.md).
+    "" without GPM (the sampler's notes say why), so machines without it show nothing new."""
+    v = row.value("dram_bw_util_pct")
+    if v is None:
+        return ""
+    return f"  HBM {v:.0f}%" if short else f"  HBM bw {v:.0f}%"
 
 
 def _has(row: GpuRow, link: _Link) -> bool:
@@ -279,6 +290,8 @@ class LinksPanel(Widget):
                 left.append(Segment("PCIe " if link is pcie else "  NVL ", DIM))
                 left += self._arrows(row, link)
             left += self._copy(who, row, short=True)
+            if hbm_text(row):
+                left.append(Segment(hbm_text(row, short=True), DIM))
             return self._chart(left, _series(row, (pcie.tx, pcie.rx), self.axis, pcie.peak), 1, width)
         out: list[list[Segment]] = [self._title(name, who, row)]
         for link in (pcie, nvlink):
@@ -364,6 +377,7 @@ class LinksPanel(Widget):
         return (
             f"SM {num('sm_clock_mhz', '.0f')}/MEM {num('mem_clock_mhz', '.0f')} MHz  "
             f"{num('power_w', '.0f')}/{num('power_limit_w', '.0f')} W  util {num('gpu_util_pct', '.0f')}%"
+            + hbm_text(row)
         )
 
     # ----------------------------------------------------------------------- drawing

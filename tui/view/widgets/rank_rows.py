@@ -20,6 +20,7 @@ from rich.style import Style
 from tui.model.history import NO_MODE
 from tui.model.run_model import History, RankView, Snapshot
 from tui.model.time_axis import iteration_edges
+from tui.view.widgets.class_row import class_numbers
 from tui.view.widgets.palette import (
     ACCENT,
     CLIPPED,
@@ -334,6 +335,8 @@ class RowsView:
             segs = _run_numbers(r, self.narrow)
         elif line == 2:
             segs = _counts(r, self.narrow)
+        elif line == 3:  # p50 per overlap class (tui.view.widgets.class_row)
+            segs = class_numbers(r, fixed_width(self.width))
         else:
             segs = [Segment(" " * fixed_width(self.width))]
         if not (self.cells.ms.ndim == 2 and self.cells.ms.shape[1]):
