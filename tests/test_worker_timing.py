@@ -5,11 +5,17 @@ chosen order); everything else here is real."""
 from __future__ import annotations
 
 import threading
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from workers.rank.timing import Anchor, CpuTimer, CudaTimer, StepTimes
+from workers.rank.cuda_events import loaded_cudart
+from workers.rank.heartbeat import WorkerStatus
+from workers.rank.publisher import NullPublisher, RecordBatcher
+from workers.rank.timing import Anchor, CpuTimer, CudaTimer, Instrumentation, StepTimes
+from workers.wire.settings import Settings
 
 
 class FakeGpu:
@@ -203,3 +209,79 @@ def test_pairs_are_recorded_on_the_timers_stream() -> None:
     timer = CudaTimer(FakeTorch(gpu), 4, Anchor(anchor_event, 0), stream="side-stream")
     timer.end(timer.begin((0,)))
     assert timer.starts[0].stream == "side-stream" and timer.ends[0].stream == "side-stream"
+
+
+def test_step_timer_without_anchor_gives_durations_and_no_start(gpu):
+    timer = CudaTimer(FakeTorch(gpu), 4, None)
+    timer.end(timer.begin((7,)))
+    gpu.complete(100)
+    out: list[tuple] = []
+    timer.harvest(out)
+    assert out == [(7, 0, pytest.approx(250.0))]
+
+
+class CapturingPublisher(NullPublisher):
+    """A fake publisher (no socket) that keeps each batch and the thread that sent it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[tuple[str, dict, str]] = []
+
+    def publish(self, kind, columns, n, status) -> bool:
+        self.batches.append((kind, columns, threading.current_thread().name))
+        self.sent += n
+        return True
+
+
+def test_threaded_instrumentation_publishes_every_record_once_off_the_loop_thread(gpu):
+    """The loop thread only records; the harvesting thread reads finished pairs while more are
+    recorded, and publishes; finish() stops it and sends the rest. Every collective exactly once,
+    in order, with its own meta."""
+    anchor_ev = FakeCudaEvent(gpu)
+    anchor_ev.record()
+    gpu.complete(1)
+    anchor = Anchor(anchor_ev, host_ns=10**12, spare=FakeCudaEvent(gpu), every_ns=0)
+    coll = CudaTimer(FakeTorch(gpu), 64, anchor)
+    copy = CudaTimer(FakeTorch(gpu), 16, anchor)
+    pub = CapturingPublisher()
+    batcher = RecordBatcher(pub, lambda: (0, 0, 0), op_index=0, coll_nbytes=1024, bus_factor=1.0, batch_ms=2.0)
+    status = WorkerStatus(settings=Settings())
+    instr = Instrumentation(coll, copy, CudaTimer(FakeTorch(gpu), 8, None), batcher, status, anchor, threaded=True)
+    instr.period_s = 0.001
+    n = 3000
+    for i in range(n):
+        token = instr.coll_begin(i, i // 32, 0, 0)
+        instr.coll_end(token)
+        instr.after_collective()  # a no-op on the loop thread when threaded
+        if i % 50 == 0:
+            gpu.complete(1000)  # the GPU catches up now and then; the ring (64) fills in between
+            time.sleep(0.002)
+    gpu.complete(10**9)
+    instr.finish(lambda: gpu.complete(10**9))
+    assert instr._thread is not None and not instr._thread.is_alive()
+    iters = np.concatenate([cols["iteration"] for kind, cols, _ in pub.batches if kind == "coll"])
+    timed = n - coll.untimed
+    assert coll.untimed < n and len(iters) == timed
+    assert np.all(np.diff(iters) > 0)  # in order, none twice
+    assert any(name == "commtop-harvest" for _, _, name in pub.batches)  # published off the loop thread
+    assert anchor.hops >= 1  # the harvesting thread rolls the anchor
+    durs = np.concatenate([cols["dur_us"] for kind, cols, _ in pub.batches if kind == "coll"])
+    assert np.allclose(durs, 250.0)
+
+
+def test_the_runtime_torch_loaded_is_found_in_the_memory_map(tmp_path):
+    """Frozen /proc/self/maps lines: a process with CUDA 12 and 13 runtimes loaded."""
+    maps = tmp_path / "maps"
+    lib = "/site-packages/nvidia/cu{0}/lib/libcudart.so.{0}"
+    maps.write_text(
+        f"7f00-7f01 r-xp 00000000 08:01 1 {lib.format(12)}\n"
+        f"7f02-7f03 r-xp 00000000 08:01 2 {lib.format(13)}\n"
+        "7f04-7f05 r-xp 00000000 08:01 3 /usr/lib/libc.so.6\n"
+    )
+    torch13 = SimpleNamespace(version=SimpleNamespace(cuda="13.0"))
+    assert loaded_cudart(torch13, str(maps)) == lib.format(13)
+    cpu_torch = SimpleNamespace(version=SimpleNamespace(cuda=None))
+    assert loaded_cudart(cpu_torch, str(maps)) == ""  # two runtimes, no version to choose by
+    maps.write_text("7f04-7f05 r-xp 00000000 08:01 3 /usr/lib/libc.so.6\n")
+    assert loaded_cudart(torch13, str(maps)) == ""
+    assert loaded_cudart(torch13, str(tmp_path / "absent")) == ""

@@ -2,7 +2,9 @@
 
 GPU work is timed with a preallocated ring of CUDA event pairs recorded on the stream the
 work runs on; finished pairs are harvested oldest-first with ``Event.query()`` (never
-``synchronize``), so telemetry cannot stall the workload. CPU work (gloo) is timed with
+``synchronize``), so telemetry cannot stall the workload. The loop thread only records the
+two events (directly through the CUDA runtime where it can); a harvesting thread reads them,
+builds the batches and publishes. CPU work (gloo) is timed with
 ``perf_counter_ns`` around the blocking call. Both produce the same row tuples
 ``(*meta, start_ns, dur_us)`` that :mod:`workers.rank.publisher` turns into batches.
 
@@ -12,6 +14,8 @@ is its no-op twin (only whole steps are timed), so ``--bare`` A/B runs differ in
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -19,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from workers.rank.cuda_events import TorchEvents
 from workers.rank.heartbeat import WorkerStatus
 from workers.rank.publisher import RecordBatcher
 from workers.wire.stats import percentiles
@@ -88,7 +93,10 @@ class Anchor:
     it the anchor. Elapsed times may be negative, so rows recorded before a hop stay right.
     """
 
-    def __init__(self, event: Any, host_ns: int, spare: Any = None, every_ns: int = 1_000_000_000) -> None:
+    def __init__(
+        self, event: Any, host_ns: int, spare: Any = None, every_ns: int = 1_000_000_000, stream: Any = None
+    ) -> None:
+        self.stream = stream  # where the spare is recorded (None: the current stream)
         self.event = event
         self.host_ns = host_ns
         self.spare = spare
@@ -101,7 +109,8 @@ class Anchor:
         return self.host_ns + int(self.event.elapsed_time(event) * 1e6)
 
     def advance(self) -> None:
-        """Call at step boundaries (loop thread): at most one event record or query."""
+        """Call from the thread that harvests (it reads the anchor): at most one event
+        record or query."""
         spare = self.spare
         if spare is None:
             return
@@ -112,52 +121,93 @@ class Anchor:
                 self._pending = False
                 self.hops += 1
         elif time.monotonic_ns() >= self._next:
-            spare.record()
+            if self.stream is None:
+                spare.record()
+            else:
+                spare.record(self.stream)
             self._pending = True
             self._next = time.monotonic_ns() + self.every_ns
 
 
 class CudaTimer:
-    """A ring of ``capacity`` preallocated CUDA event pairs, all recorded on one stream
-    (whatever stream is current at ``begin``/``end``), so completion is in ring order."""
+    """A ring of ``capacity`` preallocated CUDA event pairs, all recorded on one stream, so
+    completion is in ring order.
 
-    def __init__(self, torch: Any, capacity: int, anchor: Anchor, stream: Any = None) -> None:
+    The loop thread only calls :meth:`begin` and :meth:`end` (two event records and one tuple
+    per record); :meth:`harvest` (query, elapsed times, rows) may run on another thread, one
+    harvester at a time: ``issued`` is written only by ``end`` and ``harvested`` only by
+    ``harvest``, and a slot is reused only after it was harvested. ``api``
+    (:mod:`workers.rank.cuda_events`) is torch's Event methods by default, or the CUDA
+    runtime called directly on the same events (a third of torch's per-call cost).
+    ``anchor`` None: rows carry start 0 (step durations need no start time)."""
+
+    def __init__(self, torch: Any, capacity: int, anchor: Anchor | None, stream: Any = None, api: Any = None) -> None:
         # The stream every pair is recorded on. Given, it saves torch building a Stream object
-        # (a device context switch) on every record: most of the per-record host cost on GPU.
+        # (a device context switch) on every record; None = whatever stream is current.
         self.stream = stream
         self.capacity = capacity
+        self.api = api = api if api is not None else TorchEvents()
         self.starts = [torch.cuda.Event(enable_timing=True) for _ in range(capacity)]
         self.ends = [torch.cuda.Event(enable_timing=True) for _ in range(capacity)]
+        api.prepare(self.starts + self.ends, stream)
+        self._starts = [api.handle(e) for e in self.starts]
+        self._ends = [api.handle(e) for e in self.ends]
+        self._stream = api.stream_handle(stream)
+        self._record = api.recorder()
+        self._query = api.query()
+        self._elapsed = api.elapsed_ms()
         self.meta: list[Row] = [()] * capacity
         self.anchor = anchor
-        self.head = 0  # oldest recorded pair
-        self.count = 0  # pairs recorded and not harvested
+        self.issued = 0  # pairs whose end was recorded (loop thread)
+        self.harvested = 0  # pairs turned into rows (harvesting thread)
         self.untimed = 0
 
+    @property
+    def count(self) -> int:
+        """Pairs recorded and not harvested."""
+        return self.issued - self.harvested
+
     def begin(self, meta: Row) -> int:
-        if self.count >= self.capacity:
+        n = self.issued
+        if n - self.harvested >= self.capacity:
             self.untimed += 1  # ring full (GPU far behind): no timing for this one
             return -1
-        slot = (self.head + self.count) % self.capacity
-        self.starts[slot].record(self.stream)
+        slot = n % self.capacity
+        self._record(self._starts[slot], self._stream)
         self.meta[slot] = meta
         return slot
 
     def end(self, slot: int) -> None:
         if slot >= 0:
-            self.ends[slot].record(self.stream)
-            self.count += 1  # only now may harvest look at it (a reused event queries done)
+            self._record(self._ends[slot], self._stream)
+            self.issued += 1  # only now may harvest look at it (a reused event queries done)
 
     def harvest(self, out: list[Row]) -> None:
-        starts, ends, meta, anchor = self.starts, self.ends, self.meta, self.anchor
-        while self.count:
-            h = self.head
-            if not ends[h].query():
-                return
-            start = starts[h]
-            out.append((*meta[h], anchor.ns(start), start.elapsed_time(ends[h]) * 1000.0))
-            self.head = (h + 1) % self.capacity
-            self.count -= 1
+        h, n = self.harvested, self.issued
+        if h == n:
+            return
+        cap, ends, query = self.capacity, self._ends, self._query
+        if not query(ends[(n - 1) % cap]):  # newest unfinished: find the first unfinished (stream order)
+            k = h
+            while k < n and query(ends[k % cap]):
+                k += 1
+            n = k
+        if n == h:
+            return
+        starts, meta, elapsed = self._starts, self.meta, self._elapsed
+        anchor = self.anchor
+        append = out.append
+        if anchor is None:
+            for i in range(h, n):
+                s = i % cap
+                append((*meta[s], 0, elapsed(starts[s], ends[s]) * 1000.0))
+        else:
+            a, host_ns = self.api.handle(anchor.event), anchor.host_ns
+            for i in range(h, n):
+                s = i % cap
+                start = starts[s]
+                append((*meta[s], host_ns + int(elapsed(a, start) * 1e6), elapsed(start, ends[s]) * 1000.0))
+        self.harvested = n
 
 
 class StepTimes:
@@ -208,9 +258,18 @@ class StepClock:
         self._rows.clear()
 
 
+#: How often the harvesting thread looks for finished GPU records (and publishes a due batch).
+HARVEST_PERIOD_S = 0.005
+
+
 class Instrumentation:
     """commtop's instrumentation of the loop: per-collective and per-copy records, batched
-    and published. The loop calls exactly these methods, nothing else."""
+    and published. The loop calls exactly these methods, nothing else.
+
+    ``threaded`` (GPU timers): the loop thread only records events; a ``commtop-harvest``
+    thread turns finished pairs into rows, builds the batches and publishes them (it owns the
+    publisher's socket until :meth:`finish`), and rolls the anchor. CPU timers harvest on the
+    loop thread (their rows are ready at once, and gloo's loop has no GPU to wait for)."""
 
     bare = False
 
@@ -222,6 +281,9 @@ class Instrumentation:
         batcher: RecordBatcher,
         status: WorkerStatus,
         anchor: Anchor | None = None,
+        *,
+        threaded: bool = False,
+        period_s: float = HARVEST_PERIOD_S,
     ) -> None:
         self.anchor = anchor
         self.coll_timer = coll_timer
@@ -229,9 +291,18 @@ class Instrumentation:
         self.steps = StepClock(step_timer)
         self.batcher = batcher
         self.status = status
+        self.period_s = period_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.harvest_error = ""
+        self.coll_end = coll_timer.end  # type: ignore[method-assign]  # one call level less per record
+        if threaded:
+            self.after_collective = _nothing  # type: ignore[method-assign]
+            self._thread = threading.Thread(target=self._run, name="commtop-harvest", daemon=True)
+            self._thread.start()
 
     def step_begin(self, step: int) -> None:
-        if self.anchor is not None:
+        if self.anchor is not None and self._thread is None:
             self.anchor.advance()
         self.steps.begin(step)
 
@@ -244,8 +315,9 @@ class Instrumentation:
     def coll_end(self, token: Any) -> None:
         self.coll_timer.end(token)
 
-    def after_collective(self) -> None:
-        """Once per collective: harvest what finished, publish if a batch is due."""
+    def collect(self) -> None:
+        """Harvest what finished, publish if a batch is due: once per collective on the loop
+        thread (CPU timers), or every ``period_s`` on the harvesting thread (GPU timers)."""
         batcher = self.batcher
         self.coll_timer.harvest(batcher.coll_rows)
         self.copy_timer.harvest(batcher.copy_rows)
@@ -253,8 +325,28 @@ class Instrumentation:
             batcher.flush()
             self.status.untimed = self.coll_timer.untimed + self.copy_timer.untimed
 
+    after_collective = collect  # the loop's call once per collective (a no-op when threaded)
+
+    def _run(self) -> None:
+        anchor = self.anchor
+        while not self._stop.wait(self.period_s):
+            try:
+                if anchor is not None:
+                    anchor.advance()
+                self.collect()
+            except Exception as exc:  # noqa: BLE001 - telemetry never breaks the job; records then go untimed
+                self.harvest_error = f"commtop: harvesting GPU timings stopped: {exc!r}"
+                print(self.harvest_error, file=sys.stderr, flush=True)
+                return
+
+    def stop_thread(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+
     def finish(self, wait_all: Callable[[], None] | None) -> None:
         """At exit: ``wait_all`` (a device sync, fine now) lets every record be harvested."""
+        self.stop_thread()
         if wait_all is not None:
             wait_all()
         self.coll_timer.harvest(self.batcher.coll_rows)
@@ -262,6 +354,10 @@ class Instrumentation:
         self.steps.drain()
         self.batcher.flush()
         self.status.untimed = self.coll_timer.untimed + self.copy_timer.untimed
+
+
+def _nothing() -> None:
+    pass
 
 
 class BareInstrumentation:

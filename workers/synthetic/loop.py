@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from workers.rank.control import Control
+from workers.rank.cuda_events import runtime_events
 from workers.rank.device import gpu_uuid, nccl_version
 from workers.rank.heartbeat import RunInfo, StopFlag, WorkerStatus, reported_hostname
 from workers.rank.publisher import NullPublisher, RecordBatcher, RecordPublisher
@@ -333,25 +334,26 @@ def _make_instrumentation(
 ) -> Instrumentation | BareInstrumentation:
     if work.cuda:
         torch.cuda.synchronize()  # the one start-up sync: anchors GPU event times to time.time_ns()
+        main_stream = torch.cuda.current_stream()
         event = torch.cuda.Event(enable_timing=True)
         event.record()
-        cuda_anchor = Anchor(event, time.time_ns(), spare=torch.cuda.Event(enable_timing=True))
+        cuda_anchor = Anchor(event, time.time_ns(), spare=torch.cuda.Event(enable_timing=True), stream=main_stream)
         event.synchronize()  # done within microseconds (the GPU is idle); harvests may use it at once
         anchor: Anchor | None = cuda_anchor
+        api = runtime_events(torch)  # the same events, recorded through the CUDA runtime directly
 
-        main_stream = torch.cuda.current_stream()
-
-        def timer(capacity: int, stream: Any = None) -> Timer:
-            return CudaTimer(torch, capacity, cuda_anchor, stream if stream is not None else main_stream)
+        def timer(capacity: int, stream: Any = None, timed_start: bool = True) -> Timer:
+            s = stream if stream is not None else main_stream
+            return CudaTimer(torch, capacity, cuda_anchor if timed_start else None, s, api)
 
     else:
         anchor = None
 
-        def timer(capacity: int, stream: Any = None) -> Timer:
+        def timer(capacity: int, stream: Any = None, timed_start: bool = True) -> Timer:
             return CpuTimer()
 
     if bare:
-        return BareInstrumentation(timer(STEP_RING))
+        return BareInstrumentation(timer(STEP_RING, timed_start=False))
     batcher = RecordBatcher(
         publisher,
         control.status,
@@ -361,7 +363,8 @@ def _make_instrumentation(
         batch_ms=batch_ms_for_world(config.batch_ms, work.rt.world_size),
     )
     copy_timer = timer(COPY_RING, work.side)  # copies are recorded on the side stream
-    return Instrumentation(timer(COLL_RING), copy_timer, timer(STEP_RING), batcher, status, anchor)
+    step_timer = timer(STEP_RING, timed_start=False)  # harvested on the loop thread: no anchor reads there
+    return Instrumentation(timer(COLL_RING), copy_timer, step_timer, batcher, status, anchor, threaded=work.cuda)
 
 
 def run_worker(
