@@ -17,9 +17,9 @@ from typing import Any
 import zmq
 
 from tui.model.interfaces import ResetModel
-from tui.model.sources import MAX_PER_POLL, OVERSIZE_SLACK, ipc_endpoint_in_use
+from tui.model.sources import MAX_PER_POLL, OVERSIZE_SLACK, drain_signed, ipc_endpoint_in_use
 from workers.wire.connection import Connection
-from workers.wire.protocol import MAX_BODY_BYTES, Message, ProtocolError, decode, open_frames
+from workers.wire.protocol import MAX_BODY_BYTES, Message
 
 FEED_NAME = "feed.sock"
 #: Messages queued per subscriber before the collector drops for it (a batch carries many records).
@@ -100,24 +100,10 @@ class FeedSource:
     def poll(self, timeout_s: float) -> list[Message | ResetModel]:
         if self._closed:
             return []
-        out: list[Message | ResetModel] = []
-        if not self._poller.poll(max(0, int(timeout_s * 1000))):
-            return out
-        for _ in range(MAX_PER_POLL):
-            try:
-                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
-            except zmq.Again:
-                break
-            except zmq.ZMQError as exc:
-                self.rejected[f"zmq:{exc.errno}"] += 1
-                break
-            self.received += 1
-            try:
-                out.append(decode(open_frames(self._key, frames, self._session)))
-            except ProtocolError as exc:
-                self.rejected[exc.reason] += 1
-            except Exception:  # a decoder bug must not kill ingest; count it
-                self.rejected["decode"] += 1
+        out, received = drain_signed(
+            self._sock, self._poller, self._key, self._session, timeout_s, MAX_PER_POLL, self.rejected
+        )
+        self.received += received
         return out
 
     def close(self) -> None:

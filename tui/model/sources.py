@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -28,6 +29,46 @@ RCVHWM = 10000
 
 class SourceError(RuntimeError):
     """The source cannot start; the message is one line meant for the user."""
+
+
+def drain_signed(
+    sock: Any,
+    poller: Any,
+    key: bytes,
+    session: str,
+    timeout_s: float,
+    limit: int,
+    rejected: Counter[str],
+    accepted: Callable[[list[bytes]], object] | None = None,
+) -> tuple[list[Message | ResetModel], int]:
+    """(the signed messages ready on ``sock``, frames received): waits at most ``timeout_s`` for
+    the first, then takes what is queued (NOBLOCK, at most ``limit``); a frame that fails its
+    check or its decoding is counted in ``rejected`` by reason, never raised. ``accepted`` gets
+    the frames of each message that passed (the collector's feed forwards them as they came)."""
+    out: list[Message | ResetModel] = []
+    received = 0
+    if not poller.poll(max(0, int(timeout_s * 1000))):
+        return out, received
+    for _ in range(limit):
+        try:
+            frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
+        except zmq.Again:
+            break
+        except zmq.ZMQError as exc:  # e.g. the context was terminated while closing
+            rejected[f"zmq:{exc.errno}"] += 1
+            break
+        received += 1
+        try:
+            out.append(decode(open_frames(key, frames, session)))
+        except ProtocolError as exc:
+            rejected[exc.reason] += 1
+            continue
+        except Exception:  # a decoder bug must not kill ingest; count it
+            rejected["decode"] += 1
+            continue
+        if accepted is not None:
+            accepted(frames)
+    return out, received
 
 
 def ipc_endpoint_in_use(endpoint: str) -> bool:
@@ -97,28 +138,18 @@ class LiveSource:
         """Messages ready now, waiting at most ``timeout_s`` for the first one."""
         if self._closed:
             return []
-        out: list[Message | ResetModel] = []
-        if not self._poller.poll(max(0, int(timeout_s * 1000))):
-            return out
-        for _ in range(self._max_per_poll):
-            try:
-                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
-            except zmq.Again:
-                break
-            except zmq.ZMQError as exc:  # e.g. the context was terminated while closing
-                self.rejected[f"zmq:{exc.errno}"] += 1
-                break
-            self.received += 1
-            try:
-                out.append(decode(open_frames(self._key, frames, self._session)))
-            except ProtocolError as exc:
-                self.rejected[exc.reason] += 1
-                continue
-            except Exception:  # a decoder bug must not kill ingest; count it
-                self.rejected["decode"] += 1
-                continue
-            if self._feed is not None:
-                self._feed.forward(frames)
+        feed = self._feed
+        out, received = drain_signed(
+            self._sock,
+            self._poller,
+            self._key,
+            self._session,
+            timeout_s,
+            self._max_per_poll,
+            self.rejected,
+            None if feed is None else feed.forward,
+        )
+        self.received += received
         return out
 
     def close(self) -> None:
