@@ -520,8 +520,7 @@ class RunModel:
         ``ranks / EPOCHS_RANKS_PER_S`` seconds in larger worlds: it merges every rank's
         per-class histograms, ~60 ms at 512 ranks)."""
         cached = self._epochs_cache
-        every_s = max(RUN_STATS_EVERY_S, len(self.ranks) / EPOCHS_RANKS_PER_S)
-        if cached is not None and not fresh and 0 <= now - cached[0] < every_s * 1e9:
+        if cached is not None and not fresh and 0 <= now - cached[0] < self._run_stats_every_ns():
             return cached[1]
         states = list(self.ranks.values())
         result = compare_epochs(

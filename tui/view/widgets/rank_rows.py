@@ -442,40 +442,29 @@ def _spark_style(key: int, variant: int) -> Style:
     return style(color, bold=bool(bold))
 
 
-def _spark(
-    levels: np.ndarray, modes: np.ndarray, r: RankView, note: str, band: int = 0, bands: int = 1
-) -> list[Segment]:
-    """One line (``band`` from the bottom) of a rank's bars (``note`` written over its tail)."""
-    return _spark_bands(levels, modes, r, note, bands, note_band=band, only=band)[band]
-
-
 def _spark_bands(
     levels: np.ndarray,
     modes: np.ndarray,
     r: RankView,
     note: str,
     bands: int,
-    note_band: int | None = None,
-    only: int | None = None,
     restyle: Restyle = PLAIN,
 ) -> list[list[Segment]]:
     """Every line of a rank's bars, bottom band first: characters and styles of all bands
     computed at once with numpy, then one Segment per run of equal style per band (a Python
-    loop per run, not per cell). ``note`` goes over the tail of ``note_band`` (default: the
-    top one); ``only``: build just that band (the others are empty lists). Styles come combined
+    loop per run, not per cell). ``note`` goes over the tail of the top band. Styles come combined
     by ``restyle``."""
     n = len(levels)
     if n == 0:
         return [[] for _ in range(bands)]
     lv = levels.astype(np.int32)
-    band_floor = 8 * np.arange(bands, dtype=np.int32)[:, None] if only is None else np.array([[8 * only]])
+    band_floor = 8 * np.arange(bands, dtype=np.int32)[:, None]
     part = np.minimum(8, lv - band_floor)
     clipped = lv == 8 * bands + 1
     blank = (lv == 0) | (part <= 0)
     chars = np.maximum(part, 1)
-    top = bands - 1 if only is None else (0 if only == bands - 1 else -1)
-    if top >= 0:
-        chars[top] = np.where(clipped, len(SPARK_CHARS) + 1, chars[top])
+    top = bands - 1  # the clipped marker and the note go on the top band
+    chars[top] = np.where(clipped, len(SPARK_CHARS) + 1, chars[top])
     chars[blank] = 0
     keys = np.empty(chars.shape, dtype=np.int32)
     keys[:] = 1 + (np.clip(modes.astype(np.int32), -1, len(MODES)) + 1) * 2 + clipped
@@ -488,11 +477,9 @@ def _spark_bands(
         tail = n - 1 - int(filled[-1]) if len(filled) else n
         note = note[: max(0, n)]
         start = max(0, n - len(note) if tail < len(note) else n - tail)
-        want = bands - 1 if note_band is None else note_band
-        note_row = want if only is None else (0 if only == want else -1)
-        if note_row >= 0:
-            keys[note_row, start : start + len(note)] = -1
-            note_style = restyle(style(EXITED if failed(r) else MUTED if r.state == "exited" else WARN, bold=True))
+        note_row = top
+        keys[note_row, start : start + len(note)] = -1
+        note_style = restyle(style(EXITED if failed(r) else MUTED if r.state == "exited" else WARN, bold=True))
     variant = 2 if failed(r) else 1 if r.state in ("stale", "exited") else 0
     table = restyle.spark_styles[variant]
     starts_all = keys[:, 1:] != keys[:, :-1]
@@ -514,8 +501,6 @@ def _spark_bands(
                 st = table[key] = restyle(_spark_style(key, variant)) if cached is None else cached
             runs.append((text[a:b], st))
         out.append(_merge(runs))
-    if only is not None:
-        return [out[0] if i == only else [] for i in range(bands)]
     return out
 
 
