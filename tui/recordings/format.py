@@ -867,7 +867,15 @@ class Recording:
     def tables(self, coll_columns: Sequence[str] | None = None) -> Tables:
         """The whole recording as numpy columns (+ "rank" and "recv_ns" per record).
         ``coll_columns`` limits the collective columns decoded (faster, less memory); "rank"
-        always comes, "recv_ns" only when named.
+        always comes, "recv_ns" only when named. Read in bulk (:mod:`tui.recordings.bulk`):
+        one numpy pass per column over every chunk."""
+        from tui.recordings.bulk import read_tables
+
+        return read_tables(self, coll_columns)
+
+    def tables_by_chunk(self, coll_columns: Sequence[str] | None = None) -> Tables:
+        """:meth:`tables`, chunk by chunk with :func:`decode_chunk`: the reference the bulk
+        reader must equal, bit for bit (tests compare them).
         Chunks decode straight into arrays sized from the chunk prefixes (no second copy)."""
         tables = Tables({}, {})
         out: dict[str, dict[str, np.ndarray]] = {}

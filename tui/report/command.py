@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from tui.recordings.format import RecordingError, open_recording
+from tui.recordings.pages import small_pages
 from tui.report import compare
 from tui.report.compute import (
     REPORT_COLUMNS,
@@ -65,7 +66,8 @@ def build_parser(prog: str = "commtop report") -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """`commtop report ...`: 0 on success, 1 on a file that is not a recording or a failed write."""
     ns = build_parser().parse_args(argv)
-    return run(ns)
+    with small_pages():  # a one-shot pass over hundreds of MB (tui.recordings.pages)
+        return run(ns)
 
 
 def _err(message: str) -> int:

@@ -1,0 +1,198 @@
+"""The bulk column reader (tui.recordings.bulk) gives exactly what decoding chunk by chunk gives:
+the same arrays bit for bit, the same messages and the same notes, on the recordings in the
+repository, on synthetic runs, on odd values, and on chunks that pass their checksum but do
+not decode (those go to the per-chunk decoder in their place)."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from recording_synth import T0, synth_run, telem, write_recording
+
+from tui.recordings import bulk
+from tui.recordings.format import (
+    CHUNK,
+    CHUNK_PREFIX,
+    FLAG_ZLIB,
+    Tables,
+    _dec_int,
+    _enc_int,
+    _frame,
+    _pack,
+    _unpack,
+    encode_chunk,
+    open_recording,
+)
+from tui.report.compute import REPORT_COLUMNS
+from workers.wire import protocol as p
+
+ROOT = Path(__file__).parent.parent
+COLUMN_SETS = (None, REPORT_COLUMNS, ("epoch",), ("epoch", "recv_ns"), ("busbw", "host_ns"))
+
+
+def assert_same_tables(a: Tables, b: Tables) -> None:
+    for name in ("coll", "copy"):
+        ta, tb = getattr(a, name), getattr(b, name)
+        assert list(ta) == list(tb), name
+        for col in ta:
+            x, y = ta[col], tb[col]
+            assert (x.dtype, x.shape) == (y.dtype, y.shape), (name, col)
+            assert x.tobytes() == y.tobytes(), (name, col)
+    for name in ("hellos", "byes", "ticks", "other"):
+        assert repr(getattr(a, name)) == repr(getattr(b, name)), name
+
+
+def assert_bulk_is_by_chunk(path: Path) -> None:
+    for cols in COLUMN_SETS:
+        with open_recording(path) as one, open_recording(path) as two:
+            assert_same_tables(one.tables(cols), two.tables_by_chunk(cols))
+            assert one.problems == two.problems
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "recordings").glob("*.commtop")))
+def test_the_recordings_in_the_repository_read_the_same_in_bulk(name: str) -> None:
+    assert_bulk_is_by_chunk(ROOT / "recordings" / name)
+
+
+def test_a_synthetic_run_with_copies_telemetry_and_many_chunks(tmp_path: Path) -> None:
+    path = tmp_path / "run.commtop"
+    write_recording(path, list(synth_run(duration_s=6.0, world=4)), chunk_s=0.05)
+    with open_recording(path) as rec:
+        assert len(rec.chunks) > 100
+        tables = rec.tables()
+        assert len(tables.copy["gbps"]) and len(tables.ticks) and len(tables.hellos)
+    assert_bulk_is_by_chunk(path)
+
+
+def test_odd_values_and_empty_batches(tmp_path: Path) -> None:
+    n = 7
+    cols = {
+        "iteration": np.array([0, 1, 2, 10**12, -5, 3, 4], dtype="<i8"),
+        "step": np.array([0, -(2**63), 2**63 - 1, 0, 5, 5, 5], dtype="<i8"),
+        "epoch": np.array([0, 0, 1, 1, -(2**31), 2, 2**31 - 1], dtype="<i4"),
+        "mode": np.array([0, 1, 2, 3, 0, 255, 2], dtype="u1"),
+        "op": np.arange(n, dtype="u1"),
+        "nbytes": np.array([1, 2**40, 3, 0, 5, 6, 7], dtype="<i8"),
+        "host_ns": np.array([T0, 0, -1, 2**62, T0, T0, T0], dtype="<i8"),
+        "start_ns": np.array([T0, T0 + 1, T0 - 10**15, 0, T0, T0, 2**62], dtype="<i8"),
+        "dur_us": np.array([1.5, np.nan, np.inf, -0.0, 0.0, 1e-30, 3e38], dtype="<f4"),
+        "algbw": np.array([7.0, np.nan, 1.0, 2.0, 3.0, -1.0, 0.0], dtype="<f4"),
+        "busbw": np.array([0.0, 1.0, 2.0, np.nan, 4.0, 5.0, 6.0], dtype="<f4"),
+    }
+    one = p.Batch(p.COLL, 3, 9, 4, cols, epoch_in_force=2, pending_epoch=3, apply_at=640, t_ns=T0)
+    single = p.Batch(p.COLL, 1, 2, 0, {k: v[:1] for k, v in cols.items()})
+    empty = p.Batch(p.COPY, 1, 0, 0, {k: np.zeros(0, dtype=d) for k, d in p.COPY_COLUMNS.items()})
+    items = [
+        (T0, one),
+        (T0 + 5, empty),
+        (T0 + 5, telem(2, T0, 1, 54.0, 1980.0)),
+        (T0 + 6, single),
+        (T0 + 10**9, p.Bye(3, -9, "killed", T0)),
+        (T0 + 2 * 10**9, single),
+        (T0 + 3 * 10**9, one),
+    ]
+    path = tmp_path / "odd.commtop"
+    write_recording(path, items, chunk_s=0.5)
+    assert_bulk_is_by_chunk(path)
+
+
+def _rewrite_chunk(path: Path, index: int, change) -> None:
+    """Replace chunk ``index`` by one whose (inflated) body ``change`` edited, checksum valid."""
+    data = path.read_bytes()
+    with open_recording(path) as rec:
+        info = rec.chunks[index]
+    body = data[info.body : info.end]
+    if info.flags & FLAG_ZLIB:
+        body = zlib.decompress(body)
+    doc = change(_unpack(body))
+    prefix = data[info.offset + 14 : info.body]
+    if isinstance(doc, bytes):
+        new_body = doc
+    else:
+        new_body = _pack(doc)
+    frame = _frame(CHUNK, prefix + new_body, 0)
+    path.write_bytes(data[: info.offset] + frame + data[info.end :])
+
+
+def _batch_counts_off(doc: dict) -> dict:
+    n = _dec_int(doc["c"]["m"]["n"])
+    n[0] += 1
+    doc["c"]["m"]["n"] = _enc_int(n, False)
+    return doc
+
+
+def _kinds_off(doc: dict) -> dict:
+    k = _dec_int(doc["k"])
+    k[k == 0] = 1  # batches said to be copies
+    doc["k"] = _enc_int(k, False)
+    return doc
+
+
+def _bad_hello(doc: dict) -> dict:
+    doc["o"][0] = {"k": "hello", "rank": "not a rank"}
+    return doc
+
+
+def _delta_not_delta(doc: dict) -> dict:
+    doc["c"]["c"]["start_ns"] = _enc_int(_dec_int(doc["c"]["c"]["start_ns"]), False)  # legal, unusual
+    return doc
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _batch_counts_off,
+        _kinds_off,
+        _bad_hello,
+        _delta_not_delta,
+        lambda doc: b"\xc1 not msgpack",
+        lambda doc: [1, 2, 3],
+        lambda doc: {**doc, "c": {"m": {}, "c": {}}},
+        lambda doc: {**doc, "o": []},
+    ],
+    ids=["batch-counts", "kinds", "bad-hello", "plain-start", "not-msgpack", "not-a-map", "empty-part", "no-others"],
+)
+def test_a_chunk_that_does_not_decode_gets_the_same_note_and_the_rest_is_read(tmp_path: Path, change) -> None:
+    path = tmp_path / "run.commtop"
+    write_recording(path, list(synth_run(duration_s=3.0, world=2)), chunk_s=0.25)
+    _rewrite_chunk(path, 0, change)  # the first chunk holds the Hellos
+    _rewrite_chunk(path, 3, change)
+    assert_bulk_is_by_chunk(path)
+
+
+def test_a_chunk_with_counts_its_prefix_does_not_claim(tmp_path: Path) -> None:
+    path = tmp_path / "run.commtop"
+    items = list(synth_run(duration_s=3.0, world=2))
+    write_recording(path, items, chunk_s=0.25)
+    body, n_coll, n_copy = encode_chunk(items[:40])
+    extra = _frame(CHUNK, CHUNK_PREFIX.pack(T0, T0, 40, n_coll + 3, n_copy) + body, 0)
+    data = path.read_bytes()
+    with open_recording(path) as rec:
+        at = rec.chunks[2].offset
+    path.write_bytes(data[:at] + extra + data[at:])
+    assert_bulk_is_by_chunk(path)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    chunks=st.lists(
+        st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-300, 300), min_size=0, max_size=40),
+        min_size=1,
+        max_size=6,
+    ),
+    delta=st.booleans(),
+    width=st.sampled_from([1, 2, 4, 8]),
+)
+def test_decode_ints_is_the_per_chunk_decoder_modulo_the_width(chunks, delta: bool, width: int) -> None:
+    encs = [_enc_int(np.array(values, dtype=np.int64), delta) for values in chunks]
+    want = np.concatenate([_dec_int(e) for e in encs]) if encs else np.zeros(0, dtype=np.int64)
+    checked = [bulk._enc(e, int(delta)) for e in encs]
+    assert all(c is not None for c in checked)
+    got = bulk.decode_ints(checked, width)  # type: ignore[arg-type]
+    assert got.dtype.itemsize == width
+    assert got.tobytes() == want.astype(got.dtype).tobytes()

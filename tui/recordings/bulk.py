@@ -1,0 +1,452 @@
+"""A whole recording's columns at once: one numpy pass per column over every chunk.
+
+Decoding chunk by chunk (:func:`tui.recordings.format.decode_chunk`) costs a dozen numpy calls
+per column per chunk, and the live recorder writes a chunk a second, so ten million records are
+some 7,000 chunks and that overhead was most of ``commtop report``'s read. Here each chunk is
+only inflated, unpacked and checked (a little Python); then, per column, the byte planes of
+every chunk are joined and decoded in one numpy pass (frame-of-reference base, delta sums that
+restart at every chunk). The values are exactly the per-chunk decoder's: the same int64
+arithmetic, wrapping where it wraps. A chunk this path does not take (damaged, or shaped in a
+way the writer never writes) goes to the per-chunk decoder, in its place, with its note.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tui.recordings.format import (
+    COLL_CODECS,
+    COPY_CODECS,
+    FLAG_ZLIB,
+    K_BYE,
+    K_COLL,
+    K_COPY,
+    K_HELLO,
+    ChunkInfo,
+    Tables,
+    _f32_bits,
+    _recomputed,
+    _unpack,
+)
+from workers.wire import protocol as p
+from workers.wire.telemetry import decode_tick
+
+if TYPE_CHECKING:
+    from tui.recordings.format import Recording
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_I64 = (-(1 << 63), 1 << 63)
+#: Columns whose stored values are deltas (the rest are plain), by codec letter.
+_DELTA = {"d": 1, "f": 1, "p": 0, "h": 0, "a": 0, "b": 0, "g": 0}
+_PARTS = (("coll", "c", COLL_CODECS, p.COLL_COLUMNS, K_COLL), ("copy", "p", COPY_CODECS, p.COPY_COLUMNS, K_COPY))
+
+Enc = tuple[int, int, int, int, bytes, int]  # delta, first, base, width, payload, n
+
+
+def _enc(value: Any, delta: int) -> Enc | None:
+    """``value`` as a column encoding the writer could have written (the delta flag its codec
+    gives), else None: the per-chunk decoder then judges it."""
+    try:
+        d, first, base, width, payload, n = value
+    except (TypeError, ValueError):
+        return None
+    if (
+        d != delta
+        or type(n) is not int
+        or n < 0
+        or type(width) is not int
+        or width not in (0, 1, 2, 4, 8)
+        or type(payload) is not bytes
+        or type(first) is not int
+        or type(base) is not int
+        or not (_I64[0] <= first < _I64[1] and _I64[0] <= base < _I64[1])
+        or (n and width and len(payload) != width * (n - d))
+    ):
+        return None
+    return value  # type: ignore[no-any-return]
+
+
+def decode_ints(encs: Sequence[Enc], width: int = 8) -> np.ndarray:
+    """The values of one column over many chunks (all delta, or all plain), in order: what
+    ``format._dec_int`` gives for each, concatenated, modulo 2**(8*width) as unsigned
+    ``width``-byte ints (the per-chunk decoder's int64 wraps, so its low bytes are these).
+
+    Every chunk's byte planes are joined into the output (a chunk's first value left 0 for
+    a delta column), the bases added, each chunk's first replaced by its step from the previous
+    chunk's last value, and one cumsum over the whole column restores the values."""
+    dtype = _UINT[width]
+    encs = [e for e in encs if e[5]]
+    if not encs:
+        return np.zeros(0, dtype=dtype)
+    delta = encs[0][0]
+    ns = [e[5] for e in encs]
+    total = sum(ns)
+    stored = max(e[3] for e in encs)
+    mask = (1 << 8 * width) - 1  # two's complement, modulo the width
+    bases = [e[2] & mask for e in encs]
+    firsts = [e[1] & mask for e in encs]
+    if stored == 0 and not any(bases if delta else ()):  # constant in each chunk
+        return np.repeat(np.array(firsts if delta else bases, dtype=dtype), ns)
+    out = np.zeros(total, dtype=dtype) if stored < width else np.empty(total, dtype=dtype)
+    planes = out.view(np.uint8).reshape(total, width)
+    lead = memoryview(bytes(1))[:delta]  # the first value's slot of a delta chunk
+    zero = memoryview(bytes(max(ns)))
+    for b in range(min(stored, width)):
+        parts: list[Any] = []
+        for e, n in zip(encs, ns, strict=True):
+            m = n - delta
+            parts += (lead, memoryview(e[4])[b * m : (b + 1) * m] if b < e[3] else zero[:m])
+        planes[:, b] = np.frombuffer(b"".join(parts), dtype=np.uint8)
+    starts = np.cumsum([0, *ns[:-1]])
+    if any(bases):
+        if min(bases) == max(bases):
+            out += dtype(bases[0])
+        else:
+            pos = starts.tolist()
+            for a, n, base in zip(pos, ns, bases, strict=True):
+                if base:
+                    out[a : a + n] += dtype(base)
+        if delta:
+            out[starts] = 0
+    if not delta:
+        return out
+    sums = np.add.reduceat(out, starts, dtype=dtype)  # each chunk's deltas
+    steps = np.array(firsts, dtype=dtype)
+    steps[1:] -= steps[:-1] + sums[:-1]
+    out[starts] = steps
+    return np.cumsum(out, dtype=dtype, out=out)
+
+
+@dataclass
+class _Chunk:
+    """What one chunk contributes, checked: its message table, its parts' encodings, others."""
+
+    info: ChunkInfo
+    t: Enc
+    k: Enc
+    other: list[Any]
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)  # "coll"/"copy" -> meta, cols, bf
+
+
+def _check_chunk(info: ChunkInfo, doc: Any, wanted: dict[str, set[str]]) -> _Chunk | None:
+    if not isinstance(doc, dict):
+        return None
+    t, k = _enc(doc.get("t"), 1), _enc(doc.get("k"), 0)
+    other = doc.get("o") or []
+    if t is None or k is None or t[5] != k[5] or not isinstance(other, list):
+        return None
+    chunk = _Chunk(info, t, k, other)
+    for name, key, codecs, _, _ in _PARTS:
+        part = doc.get(key)
+        if part is None:
+            continue
+        if not isinstance(part, dict) or not isinstance(part.get("m"), dict) or not isinstance(part.get("c"), dict):
+            return None
+        meta = {f: _enc(part["m"].get(f), 0) for f in ("n", "rank")}  # what a table needs
+        cols = {c: _enc(part["c"].get(c), _DELTA[codecs[c]]) for c in wanted[name]}
+        if any(e is None for e in meta.values()) or any(e is None for e in cols.values()):
+            return None
+        bf = part.get("bf")
+        if "busbw" in cols and (not isinstance(bf, bytes) or len(bf) != 8 * meta["n"][5]):  # type: ignore[index]
+            return None
+        chunk.parts[name] = {"meta": meta, "cols": cols, "bf": bf}
+    return chunk
+
+
+def _needed(codecs: dict[str, str], wanted: Sequence[str] | None) -> set[str]:
+    """The columns to decode for ``wanted`` (None: all), with what they are computed from."""
+    need = set(codecs if wanted is None else wanted) & set(codecs)
+    if need & {"algbw", "busbw", "gbps"}:
+        need |= {"nbytes", "dur_us"}
+    if "busbw" in need:
+        need.add("algbw")
+    if "host_ns" in need:
+        need.add("start_ns")
+    return need
+
+
+#: Records per block where a column is recomputed from others (float64 temporaries): blocks
+#: reuse the same memory where full-size temporaries would fault in fresh pages each time.
+BLOCK = 1 << 18
+
+
+def _columns(
+    chunks: list[_Chunk],
+    name: str,
+    codecs: dict[str, str],
+    schema: dict[str, str],
+    need: set[str],
+    counts: np.ndarray,
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(batch ranks, per-record columns) of one part over ``chunks``, each column as the
+    per-chunk decoder's ``_decode_part`` gives it."""
+    having = [c.parts[name] for c in chunks if name in c.parts]
+    ranks = decode_ints([h["meta"]["rank"] for h in having]).view(np.int64)
+    cols: dict[str, np.ndarray] = {}
+    for col, codec in codecs.items():  # dict order puts every dependency first
+        if col not in need:
+            continue
+        encs = [h["cols"][col] for h in having]
+        if codec in ("d", "p"):
+            dtype = np.dtype(schema[col])
+            cols[col] = decode_ints(encs, dtype.itemsize).view(dtype)
+        elif codec == "h":
+            cols[col] = decode_ints(encs).view(np.int64) + cols["start_ns"]
+        elif codec == "f":
+            cols[col] = decode_ints(encs, 4).view(np.float32)
+        else:
+            bits = decode_ints(encs, 4)
+            factor: Any = None
+            if codec == "b":
+                bf = np.frombuffer(b"".join(h["bf"] for h in having), dtype=np.float64)
+                same = len(bf) and bool((bf.view(np.uint64) == bf.view(np.uint64)[0]).all())
+                factor = bf[0] if same else np.repeat(bf, counts)
+            for a in range(0, len(bits), BLOCK):
+                part = {c: v[a : a + BLOCK] for c, v in cols.items()}
+                f = factor[a : a + BLOCK] if isinstance(factor, np.ndarray) else factor
+                bits[a : a + BLOCK] ^= _f32_bits(_recomputed(codec, part, f))
+            cols[col] = bits.view(np.float32)
+    return ranks, cols
+
+
+def _segment_sums(values: np.ndarray, sizes: list[int]) -> np.ndarray:
+    """Sum of ``values`` over consecutive segments of ``sizes`` (empty segments: 0)."""
+    out = np.zeros(len(sizes), dtype=np.int64)
+    sz = np.array(sizes, dtype=np.int64)
+    nonempty = sz > 0
+    if nonempty.any():
+        starts = np.cumsum(sz) - sz
+        out[nonempty] = np.add.reduceat(values.astype(np.int64), starts[nonempty])
+    return out
+
+
+def _bad_counts(chunks: list[_Chunk], kinds: np.ndarray, counts: dict[str, np.ndarray]) -> set[int]:
+    """Indices of chunks whose tables disagree with each other or with their prefix counts."""
+    bad: set[int] = set()
+    msgs = [c.t[5] for c in chunks]
+    for name, _, _, _, kind in _PARTS:
+        batches = [c.parts[name]["meta"]["n"][5] if name in c.parts else 0 for c in chunks]
+        kind_n = _segment_sums(kinds == kind, msgs)
+        records = _segment_sums(counts[name], batches)
+        negative = _segment_sums(counts[name] < 0, batches)
+        prefix = np.array([c.info.coll_records if kind == K_COLL else c.info.copy_records for c in chunks])
+        ok = (kind_n == np.array(batches)) & (records == prefix) & (negative == 0)
+        for i, c in enumerate(chunks):
+            if name in c.parts:
+                part = c.parts[name]
+                if any(e[5] != batches[i] for e in part["meta"].values()) or any(
+                    e[5] != records[i] for e in part["cols"].values()
+                ):
+                    ok[i] = False
+        bad.update(np.flatnonzero(~ok).tolist())
+    return bad
+
+
+#: Chunks inflated at a time, half by each of two threads (zlib releases the GIL while it
+#: inflates). This thread waits meanwhile: were it unpacking beside them, each worker would
+#: wait out the interpreter's switch interval (5 ms) for the GIL after every chunk.
+INFLATE_WINDOW = 256
+
+
+def _inflate(data: Any, infos: Sequence[ChunkInfo]) -> list[bytes | None]:
+    out: list[bytes | None] = []
+    for info in infos:
+        try:
+            body = data[info.body : info.end]
+            out.append(zlib.decompress(body) if info.flags & FLAG_ZLIB else body)
+        except zlib.error:
+            out.append(None)
+    return out
+
+
+def _bodies(rec: Recording) -> Iterator[bytes | None]:
+    """Every chunk's body, inflated (None where it does not inflate), in order."""
+    chunks, data = rec.chunks, rec._data
+    if len(chunks) < INFLATE_WINDOW or (os.cpu_count() or 1) < 2:
+        yield from _inflate(data, chunks)
+        return
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="commtop-inflate") as pool:
+        for i in range(0, len(chunks), INFLATE_WINDOW):
+            window = chunks[i : i + INFLATE_WINDOW]
+            half = len(window) // 2
+            first = pool.submit(_inflate, data, window[:half])
+            second = pool.submit(_inflate, data, window[half:])
+            yield from first.result()
+            yield from second.result()
+
+
+def read_tables(rec: Recording, coll_columns: Sequence[str] | None = None) -> Tables:
+    """``rec.tables(coll_columns)``, every chunk the per-chunk decoder reads read in bulk."""
+    wanted = {"coll": _needed(COLL_CODECS, coll_columns), "copy": _needed(COPY_CODECS, None)}
+    checked: list[_Chunk | None] = []
+    for info, body in zip(rec.chunks, _bodies(rec), strict=True):
+        chunk = None
+        if body is not None:
+            try:
+                chunk = _check_chunk(info, _unpack(body), wanted)
+            except Exception:  # the per-chunk decoder says what is wrong with it
+                chunk = None
+        checked.append(chunk)
+    while True:
+        good = [c for c in checked if c is not None]
+        t = decode_ints([c.t for c in good]).view(np.int64)
+        kinds = decode_ints([c.k for c in good], 1)
+        counts = {
+            name: decode_ints([c.parts[name]["meta"]["n"] for c in good if name in c.parts]).view(np.int64)
+            for name in ("coll", "copy")
+        }
+        bad = _bad_counts(good, kinds, counts)
+        others, bad_other = _others(good, t, kinds)
+        bad |= bad_other
+        if not bad:
+            break
+        drop = {id(good[i]) for i in bad}
+        checked = [None if c is not None and id(c) in drop else c for c in checked]
+    have = {
+        name: (counts[name], *_columns(good, name, codecs, schema, wanted[name], counts[name]))
+        for name, _, codecs, schema, _ in _PARTS
+    }
+    return _assemble(rec, checked, t, kinds, have, others, coll_columns)
+
+
+def _others(chunks: list[_Chunk], t: np.ndarray, kinds: np.ndarray) -> tuple[list[list[tuple[int, Any]]], set[int]]:
+    """Per chunk: its (recv_ns, Hello/Bye/dict) in order; and the chunks whose others do not
+    decode (or are fewer than their kinds say), as the per-chunk decoder judges them."""
+    msgs = [c.t[5] for c in chunks]
+    counts = _segment_sums(kinds >= K_HELLO, msgs).tolist()
+    starts = np.cumsum([0, *msgs[:-1]]).tolist()
+    out: list[list[tuple[int, Any]]] = [[] for _ in chunks]
+    bad: set[int] = set()
+    for i, c in enumerate(chunks):
+        count = counts[i]
+        if not count:
+            continue
+        if len(c.other) < count:
+            bad.add(i)
+            continue
+        a, b = starts[i], starts[i] + msgs[i]
+        sel = kinds[a:b] >= K_HELLO
+        try:
+            for time_ns, kind, raw in zip(t[a:b][sel].tolist(), kinds[a:b][sel].tolist(), c.other, strict=False):
+                msg = p.decode_hello(raw) if kind == K_HELLO else p.decode_bye(raw) if kind == K_BYE else raw
+                out[i].append((time_ns, msg))
+        except p.ProtocolError:
+            bad.add(i)
+    return out, bad
+
+
+def _table_columns(schema: dict[str, str], wanted: Sequence[str] | None) -> dict[str, str]:
+    """The table's columns and dtypes, in the order ``Recording.tables`` has always given."""
+    dtypes = {n: d for n, d in {**schema, "recv_ns": "<i8"}.items() if wanted is None or n in wanted}
+    return {**dtypes, "rank": "<i4"}
+
+
+def _assemble(
+    rec: Recording,
+    checked: list[_Chunk | None],
+    t: np.ndarray,
+    kinds: np.ndarray,
+    have: dict[str, tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
+    others: list[list[tuple[int, Any]]],
+    coll_columns: Sequence[str] | None,
+) -> Tables:
+    tables = Tables({}, {})
+    bulk: dict[str, dict[str, np.ndarray]] = {}
+    layout = {}
+    for name, _, _, schema, kind in _PARTS:
+        counts, ranks, cols = have[name]
+        columns = _table_columns(schema, coll_columns if name == "coll" else None)
+        out = {}
+        for col, dtype in columns.items():
+            if col == "rank":
+                out[col] = np.repeat(ranks.astype(dtype), counts)
+            elif col == "recv_ns":
+                out[col] = np.repeat(t[kinds == kind], counts)
+            else:
+                out[col] = cols[col]
+        bulk[name] = out
+        layout[name] = columns
+    if all(c is not None for c in checked):
+        tables.coll, tables.copy = bulk["coll"], bulk["copy"]
+        for chunk, mine in zip(checked, others, strict=True):
+            assert chunk is not None
+            _route(rec, tables, mine, chunk.info)
+        return tables
+    # Some chunks need the per-chunk decoder: records in file order, pieces of the bulk
+    # arrays between them (what the per-chunk loop of Recording.tables would have filled).
+    pieces: dict[str, list[dict[str, np.ndarray]]] = {"coll": [], "copy": []}
+    total = {"coll": sum(c.coll_records for c in rec.chunks), "copy": sum(c.copy_records for c in rec.chunks)}
+    fill = {"coll": 0, "copy": 0}
+    at = {"coll": 0, "copy": 0}  # position in the bulk arrays
+    j = 0
+    for info, chunk in zip(rec.chunks, checked, strict=True):
+        if chunk is not None:
+            for name in pieces:
+                n = info.coll_records if name == "coll" else info.copy_records
+                if n:
+                    pieces[name].append({c: a[at[name] : at[name] + n] for c, a in bulk[name].items()})
+                at[name] += n
+                fill[name] += n
+            _route(rec, tables, others[j], info)
+            j += 1
+            continue
+        decoded = rec.decode(info, coll_columns)
+        if decoded is None:
+            continue
+        for name, meta, cols, kind in (
+            ("coll", decoded.coll_meta, decoded.coll, K_COLL),
+            ("copy", decoded.copy_meta, decoded.copy, K_COPY),
+        ):
+            if not meta:
+                continue
+            counts = meta["n"]
+            n = int(counts.sum())
+            if fill[name] + n > total[name]:  # prefix and body disagree: only a bug can do this
+                rec.problems.append(f"undecodable chunk at byte {info.offset}: record count mismatch")
+                continue
+            piece = {}
+            for col, dtype in layout[name].items():
+                if col == "rank":
+                    piece[col] = np.repeat(meta["rank"], counts).astype(dtype)
+                elif col == "recv_ns":
+                    piece[col] = np.repeat(decoded.recv_ns[decoded.kinds == kind], counts).astype(dtype)
+                else:
+                    piece[col] = cols[col].astype(dtype, copy=False)
+            pieces[name].append(piece)
+            fill[name] += n
+        if decoded.other:
+            times = decoded.recv_ns[decoded.kinds >= K_HELLO].tolist()
+            _route(rec, tables, list(zip(times, decoded.other, strict=True)), info)
+    for name in pieces:
+        joined = {
+            col: np.concatenate([pc[col] for pc in pieces[name]]) if pieces[name] else np.empty(0, dtype)
+            for col, dtype in layout[name].items()
+        }
+        if name == "coll":
+            tables.coll = joined
+        else:
+            tables.copy = joined
+    return tables
+
+
+def _route(rec: Recording, tables: Tables, messages: list[tuple[int, Any]], info: ChunkInfo) -> None:
+    """Hellos, Byes, telemetry ticks and other dicts into their lists, in order."""
+    for time_ns, msg in messages:
+        if isinstance(msg, p.Hello):
+            tables.hellos.append((time_ns, msg))
+        elif isinstance(msg, p.Bye):
+            tables.byes.append((time_ns, msg))
+        elif isinstance(msg, dict) and msg.get("k") == p.TELEM:
+            try:
+                tables.ticks.append((time_ns, decode_tick(msg)))
+            except p.ProtocolError as exc:
+                rec.problems.append(f"telemetry tick skipped at byte {info.offset}: {exc}")
+        else:
+            tables.other.append((time_ns, msg))
