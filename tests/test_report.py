@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -488,3 +489,34 @@ def test_sorting_each_epoch_once_gives_the_report_that_sorting_every_subset_give
     slow = compute.build_report(open_recording(path))
     assert repr(fast) == repr(slow)  # every field (repr: NaN equals NaN there)
     assert compute.format_table(fast) == compute.format_table(slow)
+
+
+def test_baselines_read_out_of_the_sorted_epochs_are_the_baselines_of_the_records(tmp_path: Path, monkeypatch) -> None:
+    """Mode none's medians (per rank and over all ranks, the slowdown's baseline) come out of
+    the epochs' sorted orders when every none record is in a none-only epoch; computing them from
+    the records as before must give the same report, bit for bit, with one none epoch or two."""
+    from recording_synth import Epoch
+
+    from tui.recordings.format import open_recording
+    from tui.report import compute
+
+    real = compute._baselines_of_pure_epochs
+    for epochs in (
+        [Epoch(0.0, "none"), Epoch(1.0, "overlap"), Epoch(2.0, "none"), Epoch(3.0, "sync")],
+        [Epoch(0.0, "none"), Epoch(2.0, "overlap")],
+    ):
+        path = tmp_path / f"repeat{len(epochs)}.commtop"
+        write_recording(path, list(synth_run(duration_s=4.0, world=3, epochs=epochs, seed=7)))
+        taken: list = []
+
+        def spy(*a, taken=taken):
+            taken.append(real(*a))
+            return taken[-1]
+
+        monkeypatch.setattr(compute, "_baselines_of_pure_epochs", spy)
+        fast = compute.build_report(open_recording(path))
+        assert taken and taken[0] is not None and len(taken[0][1]) == 3  # read out of the orders, 3 ranks
+        assert any(math.isfinite(r.slowdown) and r.slowdown > 1.5 for r in fast.rows)
+        monkeypatch.setattr(compute, "_baselines_of_pure_epochs", lambda *a: None)
+        slow = compute.build_report(open_recording(path))
+        assert repr(fast) == repr(slow)

@@ -399,6 +399,7 @@ class _EpochOrder:
 
     def __init__(self, values: np.ndarray, rank: np.ndarray, cls: np.ndarray) -> None:
         self.values, self.rank, self.cls = values, rank, cls
+        self._by_rank: tuple[np.ndarray, np.ndarray, list[int]] | None = None
 
     @classmethod
     def of(cls, dur32: np.ndarray, ocls: np.ndarray, sizes: list[int]) -> _EpochOrder | None:
@@ -412,7 +413,9 @@ class _EpochOrder:
         keys.sort()
         values = (keys >> np.uint64(18)).astype(np.uint32).view(np.float32)
         return cls(
-            values, ((keys >> np.uint64(2)) & np.uint64(0xFFFF)).astype(np.int32), (keys & np.uint64(3)).astype(np.int8)
+            values,
+            ((keys >> np.uint64(2)) & np.uint64(0xFFFF)).astype(np.uint16),
+            (keys & np.uint64(3)).astype(np.int8),
         )
 
     @classmethod
@@ -426,16 +429,92 @@ class _EpochOrder:
         values = np.concatenate([p.values for p in parts if p is not None])
         classes = np.concatenate([p.cls for p in parts if p is not None])
         order = np.argsort(values, kind="stable")  # merges the sorted runs
-        return cls(values[order], np.zeros(len(values), dtype=np.int32), classes[order])
+        return cls(values[order], np.zeros(len(values), dtype=np.uint16), classes[order])
+
+    def _ranks(self) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """(values, classes) regrouped rank by rank, each rank's still in order (a stable radix
+        sort on the 16-bit rank index), and where each rank starts: every rank is then a slice,
+        not a pass over the whole epoch."""
+        if self._by_rank is None:
+            perm = np.argsort(self.rank, kind="stable")
+            ends = np.cumsum(np.bincount(self.rank)).tolist()
+            self._by_rank = (self.values[perm], self.cls[perm], [0, *ends])
+        return self._by_rank
 
     def group(self, index: int) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         """(sorted durations, {class: sorted durations}) of rank ``index``, or of the whole epoch (-1)."""
         if index < 0:
             values, cls = self.values, self.cls
         else:
-            mine = self.rank == index
-            values, cls = self.values[mine], self.cls[mine]
-        return values, {c: values[cls == c] for c in (NO_COPIES, DURING, AFTER)}
+            by_rank, by_rank_cls, starts = self._ranks()
+            a, b = (starts[index], starts[index + 1]) if index + 1 < len(starts) else (0, 0)
+            values, cls = by_rank[a:b], by_rank_cls[a:b]
+        counts = np.bincount(cls, minlength=4).tolist() if len(cls) else [0, 0, 0, 0]
+        return values, {
+            c: values if counts[c] == len(values) else values[:0] if not counts[c] else values[cls == c]
+            for c in (NO_COPIES, DURING, AFTER)
+        }
+
+
+def _baselines(
+    runs: list[tuple[int, int, int]], mode: np.ndarray, code: np.ndarray, dur32: np.ndarray, none_mode: int
+) -> tuple[dict[int, float], dict[tuple[int, int], float]]:
+    """({code: p50 of mode none over all ranks}, {(rank, code): p50 of mode none}), codes
+    ascending, from the records grouped by (epoch, rank)."""
+    parts: dict[tuple[int, int], list[np.ndarray]] = {}  # (rank, code) -> durations in mode none
+    for key, a, b in runs:
+        is_none = mode[a:b] == none_mode
+        if not is_none.any():
+            continue
+        vals, their = dur32[a:b][is_none], code[a:b][is_none]
+        present = _counts(their)[0].tolist()
+        for k in present:
+            parts.setdefault((key & 0xFFFFF, k), []).append(vals if len(present) == 1 else vals[their == k])
+    base_rank: dict[tuple[int, int], float] = {}
+    base_code: dict[int, float] = {}
+    for k in sorted({k for _, k in parts}):
+        base_code[k] = _median(np.concatenate([v for (_, kk), vs in parts.items() if kk == k for v in vs]))
+        for (r, kk), vs in parts.items():
+            if kk == k:
+                base_rank[(r, k)] = _median(np.concatenate(vs))
+    return base_code, base_rank
+
+
+def _baselines_of_pure_epochs(
+    epochs: list[tuple[int, int, int, list[tuple[int, int, int]]]],
+    orders: dict[int, _EpochOrder],
+    pure: list[tuple[int, int, int]],
+    mode: np.ndarray,
+    none_mode: int,
+) -> tuple[dict[int, float], dict[tuple[int, int], float]] | None:
+    """:func:`_baselines` read out of the epochs' sorted orders, when every record of mode none
+    is in an epoch of mode none alone and one (op, size) (the usual case), else None. Also None
+    where a median lands on a zero (+0 and -0 sort as equals: :func:`_median` then needs the
+    values in file order)."""
+    pure_starts = {a for a, _, _ in pure}
+    for _, a_e, b_e, _ in epochs:
+        if a_e not in pure_starts and bool((mode[a_e:b_e] == none_mode).any()):
+            return None
+    runs_of = {a_e: eruns for _, a_e, _, eruns in epochs}
+    base_code: dict[int, float] = {}
+    base_rank: dict[tuple[int, int], float] = {}
+    for k in sorted({k for _, _, k in pure}):
+        mine = [a for a, _, kk in pure if kk == k]
+        merged = _EpochOrder.union([orders[a] for a in mine])
+        assert merged is not None
+        per_rank: dict[int, list[np.ndarray]] = {}
+        for a in mine:
+            for index, (key, _, _) in enumerate(runs_of[a]):
+                per_rank.setdefault(key & 0xFFFFF, []).append(orders[a].group(index)[0])
+        ranks = {r: v[0] if len(v) == 1 else np.sort(np.concatenate(v)) for r, v in per_rank.items()}
+        for part in (merged.values, *ranks.values()):
+            n = len(part)
+            if part[(n - 1) // 2] == 0 or part[n // 2] == 0:
+                return None
+        base_code[k] = _median_sorted(merged.values)
+        for r, part in ranks.items():
+            base_rank[(r, k)] = _median_sorted(part)
+    return base_code, base_rank
 
 
 def build_report(rec: Recording, tables: Tables | None = None, measured: Sequence[Any] = ()) -> Report:
@@ -478,31 +557,32 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     c = {name: copy[name][corder] for name in ("rank", "step", "nbytes", "direction", "pinned")}
     gbps = copy["gbps"][corder].astype(np.float64)
 
+    # Each epoch's durations sorted once (_EpochOrder), and which epochs are of one mode and
+    # one (op, size) code: their orders also give the baselines and the per-mode rows.
+    epochs = _epochs(g.runs)
+    orders: dict[int, _EpochOrder | None] = {}  # by the epoch's first record
+    pure_epochs: dict[int, list[tuple[int, int, int]]] = {}  # mode -> its epochs of one mode and (op, size) code
+    for _, a_e, b_e, eruns in epochs:
+        ordered = _EpochOrder.of(dur32[a_e:b_e], ocls[a_e:b_e], [b - a for _, a, b in eruns])
+        orders[a_e] = ordered
+        if ordered is not None:
+            e_modes, e_codes = mode[a_e:b_e], code[a_e:b_e]
+            if e_modes.min() == e_modes.max() and e_codes.min() == e_codes.max():  # one mode, one (op, size)
+                pure_epochs.setdefault(int(e_modes[0]), []).append((a_e, b_e, int(e_codes[0])))
+    epoch_orders = {a: o for a, o in orders.items() if o is not None}
+
     # baseline: p50 of mode none, per (rank, op, size) and per (op, size) over all ranks
     none_mode = p.MODES.index("none")
-    parts: dict[tuple[int, int], list[np.ndarray]] = {}  # (rank, code) -> durations in mode none
-    for key, a, b in g.runs:
-        is_none = mode[a:b] == none_mode
-        if not is_none.any():
-            continue
-        vals, their = dur32[a:b][is_none], code[a:b][is_none]
-        present = _counts(their)[0].tolist()
-        for k in present:
-            parts.setdefault((key & 0xFFFFF, k), []).append(vals if len(present) == 1 else vals[their == k])
-    base_rank: dict[tuple[int, int], float] = {}
-    base_code: dict[int, float] = {}  # by code, ascending (= by combo)
-    for k in sorted({k for _, k in parts}):
-        base_code[k] = _median(np.concatenate([v for (_, kk), vs in parts.items() if kk == k for v in vs]))
-        for (r, kk), vs in parts.items():
-            if kk == k:
-                base_rank[(r, combos[k])] = _median(np.concatenate(vs))
+    baselines = _baselines_of_pure_epochs(epochs, epoch_orders, pure_epochs.get(none_mode, []), mode, none_mode)
+    if baselines is None:
+        baselines = _baselines(g.runs, mode, code, dur32, none_mode)
+    base_code = baselines[0]  # by code, ascending (= by combo)
+    base_rank = {(r, combos[k]): v for (r, k), v in baselines[1].items()}
     base_all = {combos[k]: v for k, v in base_code.items()}
 
     rows: list[Row] = []
     spans: dict[SettingsKey, list[tuple[int, int, Row]]] = {}  # epochs per settings, all ranks
-    epoch_orders: dict[int, _EpochOrder] = {}  # by the epoch's first record
-    pure_epochs: dict[int, list[tuple[int, int, int]]] = {}  # mode -> its epochs of one mode and (op, size) code
-    for e, a_e, b_e, eruns in _epochs(g.runs):
+    for e, a_e, b_e, eruns in epochs:
         s = settings.get(e, {})
         ca, cb = cepoch.get(e, (0, 0))
         if "copies" in s:
@@ -523,12 +603,7 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
         groups: list[tuple[int | None, int, int, list[int], tuple[int, int]]] = [(None, a_e, b_e, ids, (ca, cb))]
         for key, a, b in eruns:  # key = epoch << 20 | rank
             groups.append((key & 0xFFFFF, a, b, [gid_of[key]], cspan.get(key, (0, 0))))
-        ordered = _EpochOrder.of(dur32[a_e:b_e], ocls[a_e:b_e], [b - a for _, a, b in eruns])
-        if ordered is not None:
-            epoch_orders[a_e] = ordered
-            e_modes, e_codes = mode[a_e:b_e], code[a_e:b_e]
-            if e_modes.min() == e_modes.max() and e_codes.min() == e_codes.max():  # one mode, one (op, size)
-                pure_epochs.setdefault(int(e_modes[0]), []).append((a_e, b_e, int(e_codes[0])))
+        ordered = orders[a_e]
         for index, (rank, a, b, gids, (ga, gb)) in enumerate(groups):
             member = None if ordered is None else ordered.group(index - 1)
             if member is None:
