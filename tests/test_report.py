@@ -520,3 +520,35 @@ def test_baselines_read_out_of_the_sorted_epochs_are_the_baselines_of_the_record
         monkeypatch.setattr(compute, "_baselines_of_pure_epochs", lambda *a: None)
         slow = compute.build_report(open_recording(path))
         assert repr(fast) == repr(slow)
+
+
+def test_a_recording_without_copies_is_reported_without_reading_its_steps(tmp_path: Path) -> None:
+    """Steps only match collectives to their step's copies: without copy records the report
+    reads no step column, and every collective is in the class "no copies", exactly what the
+    classifier says of them."""
+    from recording_synth import Epoch
+
+    from tui.recordings.format import open_recording
+    from workers.wire.overlap import classify_columns
+
+    path = tmp_path / "nocopies.commtop"
+    items = [
+        (t, m)
+        for t, m in synth_run(duration_s=2.0, world=2, seed=3)
+        if not (isinstance(m, p.Batch) and m.kind == p.COPY)
+    ]
+    write_recording(path, items)
+    with open_recording(path) as rec:
+        assert "step" not in report.report_columns(rec)
+        tables = rec.tables()
+        assert len(tables.coll["rank"]) and not len(tables.copy["rank"])
+        cls, frac = classify_columns(tables.coll, tables.copy)
+        assert cls.dtype == np.uint8 and frac.dtype == np.float32 and not cls.any() and not frac.any()
+        lean = report.build_report(rec)
+        full = report.build_report(rec, tables)
+        assert repr(lean) == repr(full)
+        assert all(r.none_n == r.count for r in lean.rows)
+    with_copies = tmp_path / "copies.commtop"
+    write_recording(with_copies, list(synth_run(duration_s=2.0, world=2, epochs=[Epoch(0.0, "overlap")], seed=3)))
+    with open_recording(with_copies) as rec:
+        assert report.report_columns(rec) == report.REPORT_COLUMNS

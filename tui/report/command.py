@@ -16,12 +16,12 @@ from tui.recordings.format import RecordingError, open_recording
 from tui.recordings.pages import small_pages
 from tui.report import compare
 from tui.report.compute import (
-    REPORT_COLUMNS,
     TRACE_WARN_BYTES,
     build_report,
     format_csv,
     format_json,
     format_table,
+    report_columns,
     window_tables,
     write_records_csv,
 )
@@ -127,7 +127,7 @@ def run(ns: argparse.Namespace) -> int:
     with rec:
         if rec.summary() and not (fmt == "table" and not ns.output):  # the table on stdout says it itself
             print(f"commtop report: warning: {rec.summary()}", file=sys.stderr)
-        wanted = None if ns.records or ns.trace else REPORT_COLUMNS
+        wanted = None if ns.records or ns.trace else report_columns(rec)
         tables = rec.tables(coll_columns=wanted)
         if ns.window:
             tables = window_tables(tables, ns.window)
@@ -186,7 +186,7 @@ def run_compare(ns: argparse.Namespace) -> int:
         with rec:
             if rec.summary():
                 print(f"commtop report: warning: {path}: {rec.summary()}", file=sys.stderr)
-            tables = rec.tables(coll_columns=REPORT_COLUMNS)
+            tables = rec.tables(coll_columns=report_columns(rec))
             if ns.window:
                 tables = window_tables(tables, ns.window)
             reports.append(build_report(rec, tables, ns.measured))

@@ -17,6 +17,7 @@ import math
 import warnings
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
@@ -517,9 +518,18 @@ def _baselines_of_pure_epochs(
     return base_code, base_rank
 
 
+def report_columns(rec: Recording) -> tuple[str, ...]:
+    """The collective columns the report reads from ``rec``: :data:`REPORT_COLUMNS`, less the
+    step where the recording holds no copy record (only the overlap classes, which match
+    collectives to their step's copies, read it)."""
+    if sum(c.copy_records for c in rec.chunks):
+        return REPORT_COLUMNS
+    return tuple(c for c in REPORT_COLUMNS if c != "step")
+
+
 def build_report(rec: Recording, tables: Tables | None = None, measured: Sequence[Any] = ()) -> Report:
     """Every number of the report, from a recording (``tables`` when already loaded)."""
-    tables = tables or rec.tables(coll_columns=REPORT_COLUMNS)
+    tables = tables or rec.tables(coll_columns=report_columns(rec))
     coll, copy = tables.coll, tables.copy
     t_base = int(coll["start_ns"].min()) if len(coll["start_ns"]) else rec.first_ns
     settings = _settings_by_epoch(tables.hellos)
@@ -533,7 +543,10 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     g = _group(coll["epoch"], coll["rank"])
     order = g.order
     dur32 = coll["dur_us"][order]  # percentiles sort these (workers.wire.stats)
-    ocls, ofrac = classify_columns(coll, copy)
+    if len(copy["rank"]):
+        ocls, ofrac = classify_columns(coll, copy)
+    else:  # what classify_columns says of collectives without copies, without reading their steps
+        ocls, ofrac = np.zeros(len(dur32), dtype=np.uint8), np.zeros(len(dur32), dtype=np.float32)
     ab = tuple(
         ab_sections(
             tables,
@@ -543,7 +556,8 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
             lambda t0, t1: telemetry.mean(HBM_UTIL, t0, t1, None),
         )
     )
-    ocls, ofrac = ocls[order], ofrac[order]
+    if len(copy["rank"]):
+        ocls, ofrac = ocls[order], ofrac[order]
     mode = coll["mode"][order]
     codes, combos = _combo_codes(coll["op"], coll["nbytes"])
     code = codes[order]
@@ -562,8 +576,14 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     epochs = _epochs(g.runs)
     orders: dict[int, _EpochOrder | None] = {}  # by the epoch's first record
     pure_epochs: dict[int, list[tuple[int, int, int]]] = {}  # mode -> its epochs of one mode and (op, size) code
-    for _, a_e, b_e, eruns in epochs:
-        ordered = _EpochOrder.of(dur32[a_e:b_e], ocls[a_e:b_e], [b - a for _, a, b in eruns])
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="commtop-sort") as pool:  # numpy sorts without the GIL
+        sorted_epochs = list(
+            pool.map(
+                lambda ep: _EpochOrder.of(dur32[ep[1] : ep[2]], ocls[ep[1] : ep[2]], [b - a for _, a, b in ep[3]]),
+                epochs,
+            )
+        )
+    for (_, a_e, b_e, _), ordered in zip(epochs, sorted_epochs, strict=True):
         orders[a_e] = ordered
         if ordered is not None:
             e_modes, e_codes = mode[a_e:b_e], code[a_e:b_e]
