@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -249,51 +249,43 @@ def _bad_counts(chunks: list[_Chunk], kinds: np.ndarray, counts: dict[str, np.nd
     return bad
 
 
-#: Chunks inflated at a time, half by each of two threads (zlib releases the GIL while it
-#: inflates). This thread waits meanwhile: were it unpacking beside them, each worker would
-#: wait out the interpreter's switch interval (5 ms) for the GIL after every chunk.
-INFLATE_WINDOW = 256
+#: Chunks per task of the two reading threads. Each thread inflates (zlib, without the GIL)
+#: then unpacks and checks (Python, with it), so one inflates while the other unpacks; this
+#: thread only waits. (Were it unpacking while they inflate, each worker would wait out the
+#: interpreter's switch interval, 5 ms, for the GIL after every chunk.)
+READ_TASK = 32
 
 
-def _inflate(data: Any, infos: Sequence[ChunkInfo]) -> list[bytes | None]:
-    out: list[bytes | None] = []
+def _read(data: Any, infos: Sequence[ChunkInfo], wanted: dict[str, set[str]]) -> list[_Chunk | None]:
+    """The chunks ``infos`` inflated, unpacked and checked (None: for the per-chunk decoder)."""
+    out: list[_Chunk | None] = []
     for info in infos:
         try:
             body = data[info.body : info.end]
-            out.append(zlib.decompress(body) if info.flags & FLAG_ZLIB else body)
-        except zlib.error:
+            if info.flags & FLAG_ZLIB:
+                body = zlib.decompress(body)
+            out.append(_check_chunk(info, _unpack(body), wanted))
+        except Exception:  # the per-chunk decoder says what is wrong with it
             out.append(None)
     return out
 
 
-def _bodies(rec: Recording) -> Iterator[bytes | None]:
-    """Every chunk's body, inflated (None where it does not inflate), in order."""
+def _read_all(rec: Recording, wanted: dict[str, set[str]]) -> list[_Chunk | None]:
     chunks, data = rec.chunks, rec._data
-    if len(chunks) < INFLATE_WINDOW or (os.cpu_count() or 1) < 2:
-        yield from _inflate(data, chunks)
-        return
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="commtop-inflate") as pool:
-        for i in range(0, len(chunks), INFLATE_WINDOW):
-            window = chunks[i : i + INFLATE_WINDOW]
-            half = len(window) // 2
-            first = pool.submit(_inflate, data, window[:half])
-            second = pool.submit(_inflate, data, window[half:])
-            yield from first.result()
-            yield from second.result()
+    if len(chunks) < 4 * READ_TASK or (os.cpu_count() or 1) < 2:
+        return _read(data, chunks, wanted)
+    out: list[_Chunk | None] = []
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="commtop-read") as pool:
+        tasks = [chunks[i : i + READ_TASK] for i in range(0, len(chunks), READ_TASK)]
+        for part in pool.map(lambda infos: _read(data, infos, wanted), tasks):
+            out += part
+    return out
 
 
 def read_tables(rec: Recording, coll_columns: Sequence[str] | None = None) -> Tables:
     """``rec.tables(coll_columns)``, every chunk the per-chunk decoder reads read in bulk."""
     wanted = {"coll": _needed(COLL_CODECS, coll_columns), "copy": _needed(COPY_CODECS, None)}
-    checked: list[_Chunk | None] = []
-    for info, body in zip(rec.chunks, _bodies(rec), strict=True):
-        chunk = None
-        if body is not None:
-            try:
-                chunk = _check_chunk(info, _unpack(body), wanted)
-            except Exception:  # the per-chunk decoder says what is wrong with it
-                chunk = None
-        checked.append(chunk)
+    checked = _read_all(rec, wanted)
     while True:
         good = [c for c in checked if c is not None]
         t = decode_ints([c.t for c in good]).view(np.int64)
