@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from recording_synth import DEFAULT_EPOCHS, TENSOR, Epoch, synth_run, write_recording
 
 from tui.report import command
@@ -552,3 +554,34 @@ def test_a_recording_without_copies_is_reported_without_reading_its_steps(tmp_pa
     write_recording(with_copies, list(synth_run(duration_s=2.0, world=2, epochs=[Epoch(0.0, "overlap")], seed=3)))
     with open_recording(with_copies) as rec:
         assert report.report_columns(rec) == report.REPORT_COLUMNS
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 50), min_size=1, max_size=6),
+    cls=st.integers(0, 2),
+    seed=st.integers(0, 2**32 - 1),
+    zeros=st.booleans(),
+)
+def test_an_epoch_of_one_class_is_ordered_as_the_packed_keys_order_it(sizes, cls: int, seed: int, zeros: bool) -> None:
+    """One overlap class in the epoch: each rank's float32 durations sorted and merged give the
+    epoch's, each rank's and each class's sorted durations exactly as the uint64 keys do."""
+    rng = np.random.default_rng(seed)
+    dur = rng.choice(np.array([0.0, 1.5, 2700.25, 1e-30, 3e38], dtype=np.float32), sum(sizes))
+    if not zeros:
+        dur = rng.lognormal(8, 0.3, sum(sizes)).astype(np.float32)
+    one = report._EpochOrder.of(dur, np.full(len(dur), cls, dtype=np.uint8), sizes)
+    odd = np.full(len(dur) + 1, cls, dtype=np.uint8)
+    odd[-1] = (cls + 1) % 3  # one record of another class: the packed keys
+    keys = report._EpochOrder.of(np.append(dur, np.float32(dur[0])), odd, [*sizes[:-1], sizes[-1] + 1])
+    assert one is not None and keys is not None
+    assert one.values.tobytes() == np.sort(dur).tobytes()
+    for index in range(-1, len(sizes)):
+        values, by_class = one.group(index)
+        a = 0 if index < 0 else sum(sizes[:index])
+        b = len(dur) if index < 0 else a + sizes[index]
+        assert values.tobytes() == np.sort(dur[a:b]).tobytes()
+        assert by_class[cls].tobytes() == values.tobytes()
+        assert all(len(v) == 0 for c, v in by_class.items() if c != cls)
+        if 0 <= index < len(sizes) - 1:  # ranks the extra record is not in: the same as the keys give
+            assert keys.group(index)[0].tobytes() == values.tobytes()
