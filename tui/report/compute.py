@@ -260,7 +260,9 @@ def _group(epoch: np.ndarray, rank: np.ndarray) -> _Groups:
         for a in range(0, n, BLOCK):
             e = epoch[a : a + BLOCK].astype(wide, copy=False)
             gid[a : a + BLOCK] = (e - e0) * nr + (rank[a : a + BLOCK].astype(wide, copy=False) - r0)
-        counts = np.bincount(gid, minlength=span)
+        counts = np.zeros(span, dtype=np.int64)
+        for a in range(0, n, BLOCK):  # bincount widens to intp: a block at a time
+            counts += np.bincount(gid[a : a + BLOCK], minlength=span)
         present = np.flatnonzero(counts)
         keys = [((e0 + i // nr) << 20) | (r0 + i % nr) for i in present.tolist()]
     else:
@@ -559,29 +561,33 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     # Sorted once by (epoch, rank), only the columns that need a slice per row: durations (for
     # exact percentiles), modes and (op, size) codes. Sums per row come from per-group sums over
     # the columns in file order, time windows from a blocked pass: no full-size temporaries.
-    g = _group(coll["epoch"], coll["rank"])
-    order = g.order
-    dur32 = coll["dur_us"][order]  # percentiles sort these (workers.wire.stats)
-    if len(copy["rank"]):
-        ocls, ofrac = classify_columns(coll, copy)
-    else:  # what classify_columns says of collectives without copies, without reading their steps
-        ocls, ofrac = np.zeros(len(dur32), dtype=np.uint8), np.zeros(len(dur32), dtype=np.float32)
-    ab = tuple(
-        ab_sections(
-            tables,
-            ocls,
-            ofrac,
-            lambda t0, t1: _link_tx(telemetry, t0, t1),
-            lambda t0, t1: telemetry.mean(HBM_UTIL, t0, t1, None),
+    # Time windows and per-group sums (numpy, without the GIL) on a second thread meanwhile.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commtop-report") as side:
+        epoch_windows = side.submit(_epoch_windows, coll["epoch"], coll["start_ns"], coll["dur_us"])
+        g = _group(coll["epoch"], coll["rank"])
+        sums = side.submit(lambda: [_group_sums(g.gid, coll[name], g.span) for name in ("dur_us", "algbw", "busbw")])
+        order = g.order
+        dur32 = coll["dur_us"][order]  # percentiles sort these (workers.wire.stats)
+        if len(copy["rank"]):
+            ocls, ofrac = classify_columns(coll, copy)
+        else:  # what classify_columns says of collectives without copies, without reading their steps
+            ocls, ofrac = np.zeros(len(dur32), dtype=np.uint8), np.zeros(len(dur32), dtype=np.float32)
+        ab = tuple(
+            ab_sections(
+                tables,
+                ocls,
+                ofrac,
+                lambda t0, t1: _link_tx(telemetry, t0, t1),
+                lambda t0, t1: telemetry.mean(HBM_UTIL, t0, t1, None),
+            )
         )
-    )
-    if len(copy["rank"]):
-        ocls, ofrac = ocls[order], ofrac[order]
-    mode = coll["mode"][order]
-    codes, combos = _combo_codes(coll["op"], coll["nbytes"])
-    code = codes[order]
-    dur_sum, alg_sum, bus_sum = (_group_sums(g.gid, coll[name], g.span) for name in ("dur_us", "algbw", "busbw"))
-    windows = _epoch_windows(coll["epoch"], coll["start_ns"], coll["dur_us"])
+        if len(copy["rank"]):
+            ocls, ofrac = ocls[order], ofrac[order]
+        mode = coll["mode"][order]
+        codes, combos = _combo_codes(coll["op"], coll["nbytes"])
+        code = codes[order]
+        dur_sum, alg_sum, bus_sum = sums.result()
+        windows = epoch_windows.result()
     gid_of = dict(zip((key for key, _, _ in g.runs), g.ids, strict=True))
     copies_by = _group(copy["epoch"], copy["rank"])
     corder, cruns = copies_by.order, copies_by.runs
