@@ -220,3 +220,44 @@ def test_the_harvester_asks_cupti_for_partly_filled_buffers_at_most_every_flush_
     for _ in range(50):
         coll.harvest([])
     assert cupti.flushes == 1  # type: ignore[attr-defined]
+
+
+def test_learning_runs_the_collectives_then_reads_their_signature() -> None:
+    decoded = decode_all()
+    n = len(expected_spans(ca.MEMCPY_DTOD))
+    calls: list[str] = []
+    cupti = FakeCupti([])
+
+    def run_collective() -> None:
+        calls.append("collective")
+        if len(calls) == n:
+            cupti.queue = decoded  # what CUPTI hands over once the GPU ran them
+
+    sig = ct.learn_collective(cupti, run_collective, lambda: calls.append("sync"), ops=n)  # type: ignore[arg-type]
+    assert calls.count("collective") == n and calls[0] == "sync" and calls[-1] == "sync"
+    assert sig == ct.CollectiveSignature(7, 1, frozenset({(ca.KIND_MEMCPY, (ca.MEMCPY_DTOD, DTOD_BYTES))}))
+
+
+def test_learning_gives_up_when_the_records_do_not_tell_collectives_apart() -> None:
+    cupti = FakeCupti([])
+    sig = ct.learn_collective(cupti, lambda: None, lambda: None, ops=3)  # type: ignore[arg-type]
+    assert sig is None  # nothing arrived within the wait: the loop falls back to CUDA events
+
+
+def test_the_bootstraps_copies_keep_only_dtoh_and_htod_records() -> None:
+    from collections import deque
+
+    from workers.capture.cuda_capture import CuptiCopies
+    from workers.capture.cupti_copies import ClockMap
+
+    copies = CuptiCopies.__new__(CuptiCopies)  # without starting CUPTI: a FakeCupti replays the fixture
+    copies.cupti = FakeCupti(decode_all())  # type: ignore[assignment]
+    copies.queue = deque(maxlen=16)
+    copies.seen = 0
+    copies.clock = ClockMap()
+    copies.flush()
+    (dtoh,) = [r for r in META["expected"]["memcpy"] if r["copy_kind"] == ca.MEMCPY_DTOH]
+    assert list(copies.queue) == [
+        (ca.MEMCPY_DTOH, dtoh["src_kind"], dtoh["dst_kind"], dtoh["bytes"], dtoh["start"], dtoh["end"])
+    ]
+    assert copies.seen == len(META["expected"]["memcpy"])
