@@ -238,13 +238,12 @@ def _bad_counts(chunks: list[_Chunk], kinds: np.ndarray, counts: dict[str, np.nd
         negative = _segment_sums(counts[name] < 0, batches)
         prefix = np.array([c.info.coll_records if kind == K_COLL else c.info.copy_records for c in chunks])
         ok = (kind_n == np.array(batches)) & (records == prefix) & (negative == 0)
-        for i, c in enumerate(chunks):
-            if name in c.parts:
-                part = c.parts[name]
-                if any(e[5] != batches[i] for e in part["meta"].values()) or any(
-                    e[5] != records[i] for e in part["cols"].values()
-                ):
-                    ok[i] = False
+        having = [i for i, c in enumerate(chunks) if name in c.parts]
+        if having:  # every column of a chunk holds one value per record, every header one per batch
+            parts = [chunks[i].parts[name] for i in having]
+            for group, want in (("meta", np.array(batches)[having]), ("cols", records[having])):
+                for col in parts[0][group]:
+                    ok[having] &= np.array([pt[group][col][5] for pt in parts]) == want
         bad.update(np.flatnonzero(~ok).tolist())
     return bad
 
@@ -288,7 +287,9 @@ def read_tables(rec: Recording, coll_columns: Sequence[str] | None = None) -> Ta
     checked = _read_all(rec, wanted)
     while True:
         good = [c for c in checked if c is not None]
-        t = decode_ints([c.t for c in good]).view(np.int64)
+        # Receive times: for the others, copy records and a wanted recv_ns column only.
+        timed = coll_columns is None or "recv_ns" in coll_columns or any(c.other or "copy" in c.parts for c in good)
+        t = decode_ints([c.t for c in good]).view(np.int64) if timed else np.zeros(sum(c.t[5] for c in good), np.int64)
         kinds = decode_ints([c.k for c in good], 1)
         counts = {
             name: decode_ints([c.parts[name]["meta"]["n"] for c in good if name in c.parts]).view(np.int64)
