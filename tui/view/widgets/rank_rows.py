@@ -326,6 +326,17 @@ class RowsView:
         self.n_lines = len(snap.ranks) * self.row_h
         self._bands: dict[int, list[list[Segment]]] = {}  # rank row -> its bar lines, bottom first
 
+    def _spark_block(self, first: int) -> None:
+        """The bars of ranks ``first`` .. ``first + SPARK_BLOCK`` (the visible ones, mostly)."""
+        ranks = self.snap.ranks[first : first + SPARK_BLOCK]
+        end = first + len(ranks)
+        notes = [state_note(r, self.procs.get(r.rank)) for r in ranks]
+        block = _spark_bands(
+            self.levels[first:end], self.cells.mode[first:end], list(ranks), notes, self.row_h, self.restyle
+        )
+        for i, bands in enumerate(block, start=first):
+            self._bands.setdefault(i, bands)
+
     def line(self, index: int) -> list[Segment]:
         i, line = divmod(index, self.row_h)
         r = self.snap.ranks[i]
@@ -342,11 +353,9 @@ class RowsView:
         if not (self.cells.ms.ndim == 2 and self.cells.ms.shape[1]):
             return self.restyle.line(_fit(segs, self.width))
         bands = self._bands.get(i)
-        if bands is None:  # all of a rank's bar lines at once (numpy per rank, not per line)
-            note = state_note(r, self.procs.get(r.rank))
-            bands = self._bands[i] = _spark_bands(
-                self.levels[i], self.cells.mode[i], r, note, self.row_h, restyle=self.restyle
-            )
+        if bands is None:  # the bar lines of a block of ranks at once (numpy per block, not per line)
+            self._spark_block(i)
+            bands = self._bands[i]
         spark = bands[self.row_h - 1 - line]  # band 0 = the rank's bottom line (styles combined)
         fixed = fixed_width(self.width)
         numbers = self.restyle.line(_fit(segs, fixed))
@@ -442,65 +451,90 @@ def _spark_style(key: int, variant: int) -> Style:
     return style(color, bold=bool(bold))
 
 
+#: The spark glyphs as code points: a block's text is one array decoded at once.
+_SPARK_CODES = np.array([ord(ch) for ch in _SPARK_GLYPHS.tolist()], dtype="<u4")
+#: Ranks whose bars are computed together (one set of numpy calls for all, not per rank).
+SPARK_BLOCK = 64
+
+
 def _spark_bands(
     levels: np.ndarray,
     modes: np.ndarray,
-    r: RankView,
-    note: str,
+    ranks: list[RankView],
+    notes: list[str],
     bands: int,
     restyle: Restyle = PLAIN,
-) -> list[list[Segment]]:
-    """Every line of a rank's bars, bottom band first: characters and styles of all bands
-    computed at once with numpy, then one Segment per run of equal style per band (a Python
-    loop per run, not per cell). ``note`` goes over the tail of the top band. Styles come combined
-    by ``restyle``."""
-    n = len(levels)
+) -> list[list[list[Segment]]]:
+    """Every line of the bars of a block of ranks (``levels`` and ``modes``: ranks x cells),
+    per rank bottom band first: characters and styles of all ranks and bands computed at once
+    with numpy, the text decoded once, then one Segment per run of equal style per band (a
+    Python loop per run, not per cell). ``notes[i]`` goes over the tail of rank i's top band.
+    Styles come combined by ``restyle``."""
+    n_ranks, n = levels.shape
     if n == 0:
-        return [[] for _ in range(bands)]
+        return [[[] for _ in range(bands)] for _ in range(n_ranks)]
     lv = levels.astype(np.int32)
-    band_floor = 8 * np.arange(bands, dtype=np.int32)[:, None]
-    part = np.minimum(8, lv - band_floor)
+    floors = 8 * np.arange(bands, dtype=np.int32)[:, None]
+    part = np.minimum(8, lv[:, None, :] - floors)  # ranks x bands x cells
     clipped = lv == 8 * bands + 1
-    blank = (lv == 0) | (part <= 0)
+    blank = (lv == 0)[:, None, :] | (part <= 0)
     chars = np.maximum(part, 1)
     top = bands - 1  # the clipped marker and the note go on the top band
-    chars[top] = np.where(clipped, len(SPARK_CHARS) + 1, chars[top])
+    chars[:, top] = np.where(clipped, len(SPARK_CHARS) + 1, chars[:, top])
     chars[blank] = 0
     keys = np.empty(chars.shape, dtype=np.int32)
-    keys[:] = 1 + (np.clip(modes.astype(np.int32), -1, len(MODES)) + 1) * 2 + clipped
+    keys[:] = (1 + (np.clip(modes.astype(np.int32), -1, len(MODES)) + 1) * 2 + clipped)[:, None, :]
     keys[blank] = 0
-    glyphs = _SPARK_GLYPHS[chars]
-    note_row = -1
-    if note and r.state != "live":
-        # Write the note over the empty tail (where newer iterations would be), else the end.
-        filled = np.flatnonzero(lv != 0)
+    # Notes (ranks that stopped): written over the empty tail (where newer iterations would be).
+    placed: dict[int, tuple[int, str, Style | None]] = {}
+    for i, (r, note) in enumerate(zip(ranks, notes, strict=True)):
+        if not note or r.state == "live":
+            continue
+        filled = np.flatnonzero(lv[i] != 0)
         tail = n - 1 - int(filled[-1]) if len(filled) else n
         note = note[: max(0, n)]
         start = max(0, n - len(note) if tail < len(note) else n - tail)
-        note_row = top
-        keys[note_row, start : start + len(note)] = -1
+        keys[i, top, start : start + len(note)] = -1
         note_style = restyle(style(EXITED if failed(r) else MUTED if r.state == "exited" else WARN, bold=True))
-    variant = 2 if failed(r) else 1 if r.state in ("stale", "exited") else 0
-    table = restyle.spark_styles[variant]
-    starts_all = keys[:, 1:] != keys[:, :-1]
-    out: list[list[Segment]] = []
-    for row in range(len(keys)):
-        text = "".join(glyphs[row].tolist())
-        if row == note_row:
-            text = text[:start] + note + text[start + len(note) :]
-        starts = np.flatnonzero(starts_all[row]) + 1
-        bounds = [0, *starts.tolist(), n]
-        row_keys = keys[row]
-        runs: list[tuple[str, object]] = []
-        for a, b in zip(bounds, bounds[1:], strict=False):
-            key = int(row_keys[a])
+        placed[i * bands + top] = (start, note, note_style)
+    text = _SPARK_CODES[chars].tobytes().decode("utf-32-le")
+    flat = keys.reshape(-1, n)
+    row_of, col_of = np.nonzero(flat[:, 1:] != flat[:, :-1])
+    counts = np.bincount(row_of, minlength=len(flat)).tolist()
+    bounds_all = (col_of + 1).tolist()
+    keys_all = flat[row_of, col_of + 1].tolist()
+    first_keys = flat[:, 0].tolist()
+    variants = [2 if failed(r) else 1 if r.state in ("stale", "exited") else 0 for r in ranks]
+    out: list[list[list[Segment]]] = []
+    at = 0
+    for row, count in enumerate(counts):
+        i, band = divmod(row, bands)
+        line = text[row * n : row * n + n]
+        note_at = placed.get(row)
+        if note_at is not None:
+            start, note, note_style = note_at
+            line = line[:start] + note + line[start + len(note) :]
+        variant = variants[i]
+        table = restyle.spark_styles[variant]
+        segs: list[Segment] = []
+        a, key, current = 0, first_keys[row], None
+        for b, nxt in zip([*bounds_all[at : at + count], n], [*keys_all[at : at + count], 0], strict=True):
             if key < 0:
-                st = note_style
+                st = note_at[2] if note_at is not None else None
             else:
-                cached = table.get(key)
-                st = table[key] = restyle(_spark_style(key, variant)) if cached is None else cached
-            runs.append((text[a:b], st))
-        out.append(_merge(runs))
+                st = table.get(key)
+                if st is None:
+                    st = table[key] = restyle(_spark_style(key, variant))
+            if st is current and segs:  # two keys of one style (e.g. blended colours): one run
+                segs[-1] = Segment(segs[-1].text + line[a:b], st)
+            else:
+                segs.append(Segment(line[a:b], st))
+                current = st
+            a, key = b, nxt
+        at += count
+        if band == 0:
+            out.append([])
+        out[-1].append(segs)
     return out
 
 
