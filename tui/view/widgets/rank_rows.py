@@ -572,6 +572,7 @@ class HeatView:
             self.heat = _heat_index(cells.ms, top)
             self.step = 2 if n > room else 1
         self.n_lines = 1 + (len(self.rows) + self.step - 1) // self.step
+        self._runs: tuple[list[int], list[int], list[int], list[int]] | None = None
 
     def line(self, index: int) -> list[Segment]:
         snap = self.snap
@@ -598,15 +599,25 @@ class HeatView:
                 restyle(style(label_color, bold=marked)),
             )
         ]
-        heat = self.heat
         up_dim = _dims(_worst(top_ranks))
-        if low is None:
-            segs += _heat_segments(heat[i], up_dim, restyle=restyle)
-        else:
-            segs += _heat_segments(heat[i], up_dim, heat[i + 1], _dims(_worst(low[1])), restyle)
+        down_dim = _dims(_worst(low[1])) if low is not None else False
+        lengths, values = self._line_runs(index - 1)
+        segs += _heat_run_segments(lengths, values, up_dim, down_dim, low is not None, restyle)
         if _HEAT_NARROW:  # every heat cell is one terminal cell: no need to measure them
-            return _fit_known(segs, segs[0].cell_length + heat.shape[1], self.width, restyle(None))
+            return _fit_known(segs, segs[0].cell_length + self.heat.shape[1], self.width, restyle(None))
         return restyle.line(_fit(segs, self.width))
+
+    def _line_runs(self, k: int) -> tuple[list[int], list[int]]:
+        """Run lengths and codes of heat line ``k`` (0 = the first rank line). The codes and
+        their runs of every line are found at once, with one set of numpy calls (not per line)."""
+        if self._runs is None:
+            self._runs = _all_runs(_heat_codes(self.heat, self.step))
+        starts, firsts, bounds, keys = self._runs
+        a, b = starts[k], starts[k + 1]
+        n = self.heat.shape[1]
+        edges = [0, *bounds[a:b], n]
+        lengths = [hi - lo for lo, hi in zip(edges, edges[1:], strict=False)]
+        return lengths, [firsts[k], *keys[a:b]]
 
 
 def _host_groups(ranks: tuple[RankView, ...]) -> list[tuple[str, list[int]]]:
@@ -695,21 +706,43 @@ _HEAT_DISTINCT = len(set(_HEAT_COLORS)) == len(set(_HEAT_COLORS_DIM)) == _HEAT_C
 )
 
 
-def _heat_segments(
-    up: np.ndarray, up_dim: bool, down: np.ndarray | None = None, down_dim: bool = False, restyle: Restyle = PLAIN
+def _heat_codes(heat: np.ndarray, step: int) -> np.ndarray:
+    """The cell codes of every heat line (lines x cells): 0 = no data, 1.. = ramp, last =
+    clipped; with ``step`` 2 two rows share a line (upper code * _HEAT_CODES + lower code),
+    but an odd last row has its line alone (its plain code)."""
+    one = np.clip(heat.astype(np.int32) + 1, 0, _HEAT_CODES - 1)
+    if step == 1 or len(one) == 0:
+        return one
+    pairs = len(one) // 2
+    codes = np.empty(((len(one) + 1) // 2, one.shape[1]), dtype=np.int32)
+    codes[:pairs] = one[0 : 2 * pairs : 2] * _HEAT_CODES + one[1 : 2 * pairs : 2]
+    if len(one) % 2:
+        codes[pairs] = one[-1]
+    return codes
+
+
+def _all_runs(codes: np.ndarray) -> tuple[list[int], list[int], list[int], list[int]]:
+    """The runs of equal codes of every line (lines x cells, at least one cell) at once: per
+    line where its run starts begin in ``bounds`` / ``keys`` (lines + 1 offsets), each line's
+    first code, and the start column and code of every later run."""
+    if codes.shape[1] == 0:
+        return [0] * (len(codes) + 1), [0] * len(codes), [], []
+    row_of, col_of = np.nonzero(codes[:, 1:] != codes[:, :-1])
+    starts = np.zeros(len(codes) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(row_of, minlength=len(codes)), out=starts[1:])
+    return starts.tolist(), codes[:, 0].tolist(), (col_of + 1).tolist(), codes[row_of, col_of + 1].tolist()
+
+
+def _heat_run_segments(
+    lengths: list[int], values: list[int], up_dim: bool, down_dim: bool, halves: bool, restyle: Restyle = PLAIN
 ) -> list[Segment]:
-    """One heat-map line's cells, one Segment per run of equal colour: full blocks for one
-    rank per line, upper half blocks (upper rank fg, lower rank bg) for two."""
-    if len(up) == 0:
+    """The Segments of a heat line given as runs (length, code), see :func:`_heat_segments`."""
+    if not lengths or not lengths[0]:
         return []
-    codes = np.clip(up.astype(np.int32) + 1, 0, _HEAT_CODES - 1)
-    if down is not None:
-        codes = codes * _HEAT_CODES + np.clip(down.astype(np.int32) + 1, 0, _HEAT_CODES - 1)
-    lengths, values = _runs(codes)
-    chars, styles = _heat_table(up_dim, down_dim, down is not None, values, restyle)
+    chars, styles = _heat_table(up_dim, down_dim, halves, values, restyle)
     if not _HEAT_DISTINCT:
         return _merge([(chars[c] * n, styles[c]) for n, c in zip(lengths, values, strict=True)])
-    made = restyle.heat_segments.setdefault((up_dim, down_dim, down is not None), {})
+    made = restyle.heat_segments.setdefault((up_dim, down_dim, halves), {})
     out = []
     for n, c in zip(lengths, values, strict=True):
         key = c << 16 | n

@@ -1,5 +1,6 @@
-"""The rows view's bars, computed for a block of ranks at once, against a per-cell reference:
-each cell's character and style on each band, and the state note over a stopped rank's tail."""
+"""The grid's lines, computed for many ranks at once, against per-cell references: the rows
+view's bars (each cell's character and style on each band, the state note over a stopped
+rank's tail) and the heat map's cells (one rank per line, or two sharing half blocks)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,21 @@ import pytest
 from frozen_run import frozen_snapshot
 from rich.style import Style
 
-from tui.view.widgets.palette import SPARK_CHARS
-from tui.view.widgets.rank_rows import Restyle, _spark_bands, _spark_style, failed, state_note
+from tui.view.widgets.palette import SPARK_CHARS, style
+from tui.view.widgets.rank_rows import (
+    _HEAT_COLORS,
+    _HEAT_COLORS_DIM,
+    HEAT_LABEL_W,
+    HeatView,
+    Restyle,
+    _heat_index,
+    _spark_bands,
+    _spark_style,
+    bucket,
+    failed,
+    state_note,
+    visible_top,
+)
 from workers.wire.protocol import MODES
 
 
@@ -83,3 +97,37 @@ def test_a_block_draws_each_rank_as_it_would_alone() -> None:
     for i, r in enumerate(ranks):
         alone = _spark_bands(levels[i : i + 1], modes[i : i + 1], [r], [notes[i]], 2, Restyle())
         assert block[i] == alone[0]
+
+
+@pytest.mark.parametrize(("world", "max_lines"), [(8, 40), (9, 6), (64, 40), (65, 30)])
+def test_every_heat_cell_matches_the_per_cell_reference(world: int, max_lines: int) -> None:
+    snap = frozen_snapshot(world=world, iterations=300)
+    ranks = list(snap.ranks)
+    ranks[1] = replace(ranks[1], state="stale")
+    ranks[2] = replace(ranks[2], state="exited", exit_code=1)
+    snap = replace(snap, ranks=tuple(ranks))
+    cells = bucket(snap.history, 120, 2)
+    top = visible_top(cells)
+    restyle = Restyle(Style(bgcolor="#0e1116", color="#d0d0d0"))
+    view = HeatView(snap, cells, top, 160, max_lines, restyle)
+    step = 2 if (world + 1) // 2 > max_lines - 1 or world > max_lines - 1 else 1
+    assert view.step == step and view.per_host == 0
+    heat = _heat_index(cells.ms, top)
+    assert view.n_lines == 1 + (world + step - 1) // step
+
+    def colors(r: int) -> tuple[str | None, ...]:
+        return _HEAT_COLORS_DIM if ranks[r].state in ("stale", "exited") else _HEAT_COLORS
+
+    for line in range(1, view.n_lines):
+        up = (line - 1) * step
+        down = up + 1 if step == 2 and up + 1 < world else None
+        got = [(ch, seg.style) for seg in view.line(line) for ch in seg.text][HEAT_LABEL_W:]
+        assert len(got) == 160 - HEAT_LABEL_W
+        for j in range(cells.ms.shape[1]):
+            up_color = colors(up)[min(int(heat[up, j]) + 1, len(_HEAT_COLORS) - 1)]
+            if down is None:
+                want = ("█" if up_color else " ", restyle(style(up_color)))
+            else:
+                down_color = colors(down)[min(int(heat[down, j]) + 1, len(_HEAT_COLORS) - 1)]
+                want = ("▀", restyle(style(up_color or "#000000", down_color)))
+            assert got[j] == want, (line, j)
