@@ -572,7 +572,7 @@ class HeatView:
             self.heat = _heat_index(cells.ms, top)
             self.step = 2 if n > room else 1
         self.n_lines = 1 + (len(self.rows) + self.step - 1) // self.step
-        self._runs: tuple[list[int], list[int], list[int], list[int]] | None = None
+        self._runs: tuple[list[int], list[int]] | None = None
 
     def line(self, index: int) -> list[Segment]:
         snap = self.snap
@@ -601,23 +601,18 @@ class HeatView:
         ]
         up_dim = _dims(_worst(top_ranks))
         down_dim = _dims(_worst(low[1])) if low is not None else False
-        lengths, values = self._line_runs(index - 1)
-        segs += _heat_run_segments(lengths, values, up_dim, down_dim, low is not None, restyle)
+        segs += _heat_run_segments(self._line_runs(index - 1), up_dim, down_dim, low is not None, restyle)
         if _HEAT_NARROW:  # every heat cell is one terminal cell: no need to measure them
             return _fit_known(segs, segs[0].cell_length + self.heat.shape[1], self.width, restyle(None))
         return restyle.line(_fit(segs, self.width))
 
-    def _line_runs(self, k: int) -> tuple[list[int], list[int]]:
-        """Run lengths and codes of heat line ``k`` (0 = the first rank line). The codes and
-        their runs of every line are found at once, with one set of numpy calls (not per line)."""
+    def _line_runs(self, k: int) -> list[int]:
+        """The runs of heat line ``k`` (0 = the first rank line) as ``code << 16 | length``. The
+        codes and runs of every line are found at once, with one set of numpy calls."""
         if self._runs is None:
             self._runs = _all_runs(_heat_codes(self.heat, self.step))
-        starts, firsts, bounds, keys = self._runs
-        a, b = starts[k], starts[k + 1]
-        n = self.heat.shape[1]
-        edges = [0, *bounds[a:b], n]
-        lengths = [hi - lo for lo, hi in zip(edges, edges[1:], strict=False)]
-        return lengths, [firsts[k], *keys[a:b]]
+        offsets, keys = self._runs
+        return keys[offsets[k] : offsets[k + 1]]
 
 
 def _host_groups(ranks: tuple[RankView, ...]) -> list[tuple[str, list[int]]]:
@@ -721,36 +716,42 @@ def _heat_codes(heat: np.ndarray, step: int) -> np.ndarray:
     return codes
 
 
-def _all_runs(codes: np.ndarray) -> tuple[list[int], list[int], list[int], list[int]]:
-    """The runs of equal codes of every line (lines x cells, at least one cell) at once: per
-    line where its run starts begin in ``bounds`` / ``keys`` (lines + 1 offsets), each line's
-    first code, and the start column and code of every later run."""
-    if codes.shape[1] == 0:
-        return [0] * (len(codes) + 1), [0] * len(codes), [], []
-    row_of, col_of = np.nonzero(codes[:, 1:] != codes[:, :-1])
-    starts = np.zeros(len(codes) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(row_of, minlength=len(codes)), out=starts[1:])
-    return starts.tolist(), codes[:, 0].tolist(), (col_of + 1).tolist(), codes[row_of, col_of + 1].tolist()
+def _all_runs(codes: np.ndarray) -> tuple[list[int], list[int]]:
+    """The runs of equal codes of every line (lines x cells) at once, each as ``code << 16 |
+    length``, all lines' runs in one list; line k's are ``runs[offsets[k] : offsets[k + 1]]``."""
+    n_lines, n = codes.shape
+    if n == 0:
+        return [0] * (n_lines + 1), []
+    first = np.ones(codes.shape, dtype=bool)
+    np.not_equal(codes[:, 1:], codes[:, :-1], out=first[:, 1:])
+    row, col = np.nonzero(first)
+    end = np.empty_like(col)
+    end[:-1] = col[1:]
+    end[np.append(row[1:] != row[:-1], True)] = n  # a line's last run ends at the line's end
+    offsets = np.zeros(n_lines + 1, dtype=np.int64)
+    np.cumsum(np.bincount(row, minlength=n_lines), out=offsets[1:])
+    return offsets.tolist(), (codes[row, col].astype(np.int64) << 16 | (end - col)).tolist()
 
 
 def _heat_run_segments(
-    lengths: list[int], values: list[int], up_dim: bool, down_dim: bool, halves: bool, restyle: Restyle = PLAIN
+    runs: list[int], up_dim: bool, down_dim: bool, halves: bool, restyle: Restyle = PLAIN
 ) -> list[Segment]:
-    """The Segments of a heat line given as runs (length, code), see :func:`_heat_segments`."""
-    if not lengths or not lengths[0]:
-        return []
-    chars, styles = _heat_table(up_dim, down_dim, halves, values, restyle)
-    if not _HEAT_DISTINCT:
-        return _merge([(chars[c] * n, styles[c]) for n, c in zip(lengths, values, strict=True)])
+    """One heat-map line's cells given as runs (``code << 16 | length``), one Segment per run:
+    full blocks for one rank per line, upper half blocks (upper rank fg, lower rank bg) for
+    two. The Segments are kept by run: a line of ~130 runs is one lookup each."""
     made = restyle.heat_segments.setdefault((up_dim, down_dim, halves), {})
-    out = []
-    for n, c in zip(lengths, values, strict=True):
-        key = c << 16 | n
-        seg = made.get(key)
-        if seg is None:
-            seg = made[key] = Segment(chars[c] * n, styles[c])
-        out.append(seg)
-    return out
+    if _HEAT_DISTINCT:
+        try:
+            return list(map(made.__getitem__, runs))
+        except KeyError:  # a run not drawn before
+            pass
+    chars, styles = _heat_table(up_dim, down_dim, halves, [run >> 16 for run in runs], restyle)
+    if not _HEAT_DISTINCT:
+        return _merge([(chars[run >> 16] * (run & 0xFFFF), styles[run >> 16]) for run in runs])
+    for run in runs:
+        if run not in made:
+            made[run] = Segment(chars[run >> 16] * (run & 0xFFFF), styles[run >> 16])
+    return list(map(made.__getitem__, runs))
 
 
 def _mode_segments(mode_row: np.ndarray) -> list[Segment]:
