@@ -228,6 +228,7 @@ class CommtopApp(App[None]):
                 self._show_connect(False)
             grid = self._one(RankGrid)
             grid.show(snap)
+            self._want_run_stats(grid)
             self._one(RunHeader).show(snap, self._control, self._recording)
             self._show_verdict()
             links = self._links()
@@ -370,7 +371,14 @@ class CommtopApp(App[None]):
             panel.display = not panel.display
 
     def action_toggle_view(self) -> None:
-        self._one(RankGrid).toggle_view()
+        grid = self._one(RankGrid)
+        grid.toggle_view()
+        self._want_run_stats(grid)
+
+    def _want_run_stats(self, grid: RankGrid) -> None:
+        """Whole-run numbers are drawn only by the rows view, on a rank's second line and below:
+        the model refreshes them only while they are on screen (RunModel.whole_run_stats)."""
+        self.model.whole_run_stats = grid.shown_view == "rows" and grid.row_h > 1
 
     def _current(self) -> dict[str, Any]:
         """Settings to change from: what was last requested, else what is in force."""
