@@ -10,7 +10,7 @@ dump holds the GIL for its whole length, ~7.5 us per ring entry plus ~2.4 us to 
 (15 + 5 ms for torch's default ring of 2000), whatever is new. So dumps are spaced so that
 they take at most ``FR_DUTY`` of the time (with the default ring, one every ~4 s); what the
 ring overwrote before a dump is counted as dropped. CUPTI's buffer callback runs on CUPTI's
-thread and keeps only DtoH/HtoD records as 6 integers each.
+thread (the raw client's numpy decoder); the drain keeps only DtoH/HtoD records as 6 integers each.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ FR_MAX_PERIOD_S = 10.0
 TICK_S = 0.5
 #: Copies kept between two ticks at most (beyond: dropped and counted).
 COPY_QUEUE = 1 << 16
-CUPTI_BUFFER_BYTES = 4 << 20
 
 
 def fr_dump_function() -> Any:
@@ -74,51 +73,58 @@ class FlightRecorderSource:
 class CuptiCopies:
     """CUPTI MEMCPY activity: DtoH/HtoD records as (copy_kind, src, dst, bytes, start, end).
 
-    One CUPTI client per process: if torch.profiler or Nsight holds CUPTI, ``start`` raises
-    and the caller reports copies as not captured."""
+    Through the raw client (:mod:`workers.rank.cupti_activity`, MEMCPY only): a buffer is
+    decoded with numpy on CUPTI's thread, no Python object per record. One CUPTI client per
+    process: if torch.profiler or Nsight holds CUPTI, the constructor raises and the caller
+    reports copies as not captured."""
 
     def __init__(self) -> None:
-        from cupti import cupti
+        from workers.rank import cupti_activity
 
-        self.cupti = cupti
+        self.cupti = cupti_activity.client((cupti_activity.KIND_MEMCPY,))
         self.queue: deque[tuple[int, int, int, int, int, int]] = deque(maxlen=COPY_QUEUE)
         self.seen = 0
         self.clock = ClockMap()
-        self._memcpy = int(cupti.ActivityKind.MEMCPY)
+
+    @property
+    def activities(self) -> int:
+        """Records CUPTI handed over (every kind)."""
+        return self.cupti.records
+
+    @property
+    def cpu_ns(self) -> int:
+        """CPU time of CUPTI's buffer callbacks (decoding) so far."""
+        return self.cupti.callback_cpu_ns
 
     def start(self) -> None:
-        c = self.cupti
-        c.activity_register_callbacks(self._requested, self._completed)
-        c.activity_enable(c.ActivityKind.MEMCPY)
-        c.activity_flush_period(int(TICK_S * 1000))  # records arrive live, not only when a buffer fills
         self.sync_clock()
 
-    def _requested(self) -> tuple[int, int]:
-        return CUPTI_BUFFER_BYTES, 0
-
-    def _completed(self, activities: list[Any]) -> None:
+    def _drain(self) -> None:
         q = self.queue
-        kind = self._memcpy
-        for a in activities:
-            if a.kind == kind:
-                ck = a.copy_kind
-                if ck == DTOH or ck == HTOD:
-                    q.append((ck, a.src_kind, a.dst_kind, a.bytes, a.start, a.end))
-        self.seen += len(activities)
+        for d in self.cupti.take():
+            m = d.memcpy
+            ck = m["copy_kind"]
+            self.seen += len(ck)
+            keep = (ck == DTOH) | (ck == HTOD)
+            if keep.any():
+                cols = [m[f][keep].tolist() for f in ("copy_kind", "src_kind", "dst_kind", "bytes", "start", "end")]
+                q.extend(zip(*cols, strict=True))
 
     def sync_clock(self) -> None:
         a = time.time_ns()
-        c = int(self.cupti.get_timestamp())
+        c = self.cupti.timestamp()
         b = time.time_ns()
         self.clock.update(c, (a + b) // 2)
 
     def flush(self) -> None:
-        self.cupti.activity_flush_all(0)
+        self.cupti.flush()
+        self._drain()
 
     def stop(self) -> None:
         try:
-            self.cupti.activity_flush_all(1)
-            self.cupti.activity_disable(self.cupti.ActivityKind.MEMCPY)
+            self.cupti.flush(forced=True)
+            self._drain()
+            self.cupti.stop()
         except Exception:  # noqa: BLE001 - at exit, best effort
             pass
 

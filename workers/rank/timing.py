@@ -349,6 +349,10 @@ class Instrumentation:
         self.stop_thread()
         if wait_all is not None:
             wait_all()
+            for timer in (self.coll_timer, self.copy_timer):
+                settle = getattr(timer, "settle", None)  # records that arrive after the GPU is done (CUPTI)
+                if settle is not None:
+                    settle()
         self.coll_timer.harvest(self.batcher.coll_rows)
         self.copy_timer.harvest(self.batcher.copy_rows)
         self.steps.drain()

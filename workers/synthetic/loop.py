@@ -49,6 +49,7 @@ from workers.wire.settings import COPY_SCALES, Settings
 COLL_RING = 4096
 COPY_RING = 1024
 STEP_RING = 256
+CUPTI_RING = 1 << 16  # metas only (a list slot each), no GPU events
 CONNECT_WAIT_S = 1.0  # at start-up, how long to wait for a collector's handshake
 #: Steps of copies that may be queued and unfinished (side stream or copier thread). Copies
 #: slower than a step's collectives would otherwise pile up without bound; past this the
@@ -152,6 +153,7 @@ class Workload:
         self.side = torch.cuda.Stream(device=device, priority=-1) if rt.cuda else None
         self.copier: ThreadCopier | None = None
         self._copies_done: deque[Any] = deque()  # one plain event per queued step of copies (CUDA)
+        self.cupti_signature: Any = _UNSET  # learnt once (workers.rank.cupti_timer.learn_collective)
         if rt.cuda:
             torch.cuda.synchronize()  # start-up: buffers filled before any side-stream copy reads them
 
@@ -324,6 +326,59 @@ def run_info(config: LoopConfig, rt: Runtime) -> RunInfo:
     )
 
 
+_UNSET: Any = object()
+
+
+def cupti_feed(work: Workload, bare: bool) -> Any:
+    """A :class:`~workers.rank.cupti_timer.CuptiFeed` where CUPTI can time this loop (CUDA,
+    ``COMMTOP_TIMING`` not ``events``), else None: CUDA events then, said once in one line.
+
+    Every rank runs the same few set-up collectives to learn what one collective leaves in
+    CUPTI (even a rank whose CUPTI failed to start, so that ranks never disagree on how
+    many collectives were issued). The bare twin pauses CUPTI, so A/B blocks differ in it."""
+    if not work.cuda or os.environ.get("COMMTOP_TIMING", "cupti") == "events":
+        return None
+    from workers.rank import cupti_activity
+    from workers.rank.cupti_timer import LEARN_OPS, CuptiFeed, learn_collective
+
+    try:
+        cupti: Any = cupti_activity.client()
+    except cupti_activity.CuptiUnavailable as exc:
+        cupti = None
+        _say_once(f"commtop: timing with CUDA events ({exc})")
+    sig = getattr(work, "cupti_signature", _UNSET)
+    if sig is _UNSET:
+        if cupti is None:
+            for _ in range(LEARN_OPS):
+                work.collective()
+            sig = None
+        else:
+            sig = learn_collective(cupti, work.collective, torch.cuda.synchronize)
+            if sig is None:
+                _say_once(
+                    f"commtop: CUPTI shows no records that tell one {work.config.collective} from the next; "
+                    "timing with CUDA events"
+                )
+        work.cupti_signature = sig
+    if cupti is None or sig is None:
+        return None
+    if bare:
+        cupti.pause()
+        return None
+    cupti.resume()
+    torch.cuda.synchronize()  # set-up: records before this are not the timed loop's
+    return CuptiFeed(cupti, sig, cupti.timestamp())
+
+
+_said: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    if line not in _said:
+        _said.add(line)
+        print(line, file=sys.stderr, flush=True)
+
+
 def _make_instrumentation(
     config: LoopConfig,
     work: Workload,
@@ -352,6 +407,7 @@ def _make_instrumentation(
         def timer(capacity: int, stream: Any = None, timed_start: bool = True) -> Timer:
             return CpuTimer()
 
+    feed = cupti_feed(work, bare)
     if bare:
         return BareInstrumentation(timer(STEP_RING, timed_start=False))
     batcher = RecordBatcher(
@@ -362,9 +418,17 @@ def _make_instrumentation(
         bus_factor=work.bus_factor,
         batch_ms=batch_ms_for_world(config.batch_ms, work.rt.world_size),
     )
-    copy_timer = timer(COPY_RING, work.side)  # copies are recorded on the side stream
     step_timer = timer(STEP_RING, timed_start=False)  # harvested on the loop thread: no anchor reads there
-    return Instrumentation(timer(COLL_RING), copy_timer, step_timer, batcher, status, anchor, threaded=work.cuda)
+    if feed is not None:
+        from workers.rank.cupti_timer import CuptiTimer
+
+        # Records arrive a buffer at a time (tens of ms): rings sized for ~4 s at 15,000/s.
+        coll_timer: Timer = CuptiTimer(feed, "collectives", CUPTI_RING, feed.sig.per_op)
+        copy_timer: Timer = CuptiTimer(feed, "copies", CUPTI_RING // 8)
+    else:
+        coll_timer = timer(COLL_RING)
+        copy_timer = timer(COPY_RING, work.side)  # copies are recorded on the side stream
+    return Instrumentation(coll_timer, copy_timer, step_timer, batcher, status, anchor, threaded=work.cuda)
 
 
 def run_worker(
