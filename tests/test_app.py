@@ -238,15 +238,17 @@ async def test_v_toggles_rows_and_heat_map_and_many_ranks_switch_automatically()
         await pilot.pause()
         grid = app.query_one(RankGrid)
         assert grid.shown_view == "rows"
+        assert app.model.whole_run_stats  # the rows view draws whole-run numbers: refreshed
         await pilot.press("v")
         assert grid.shown_view == "heat"
+        assert not app.model.whole_run_stats  # the heat map draws none
         assert grid_text(app)[0].startswith("mode")
         await pilot.press("v")
-        assert grid.shown_view == "rows"
+        assert grid.shown_view == "rows" and app.model.whole_run_stats
         grid.view_mode = "auto"
         app.show_snapshot(frozen_snapshot(world=64, iterations=200))
         await pilot.pause()
-        assert grid.shown_view == "heat"
+        assert grid.shown_view == "heat" and not app.model.whole_run_stats
         assert len(grid_text(app)) == 1 + 32  # mode line + two ranks per line
 
 
@@ -388,3 +390,25 @@ def test_rows_mark_failed_exits_red_and_clean_exits_dim() -> None:
     assert text[0].startswith("✓") and "exited (0)" in text[0]
     assert text[1].startswith("✗") and "exited (3): CUDA error" in text[1]
     assert lines[1][0].style == style(EXITED) and lines[0][0].style != style(EXITED)
+
+
+@run_async
+async def test_an_unchanged_links_panel_is_not_repainted_but_a_changed_one_is() -> None:
+    """The links panel is updated at every snapshot; it repaints only when its lines change
+    (a repainted panel also makes Textual redraw every widget between it and the grid)."""
+    from tui.view.widgets.links import LinksPanel
+
+    app = CommtopApp()
+    async with app.run_test(size=SIZE) as pilot:
+        app.show_snapshot(frozen_snapshot(world=8))
+        await pilot.pause()
+        panel = app.query_one(LinksPanel)
+        repaints: list[bool] = []
+        refresh = panel.refresh
+        panel.refresh = lambda *a, **k: (repaints.append(True), refresh(*a, **k))[1]  # type: ignore[method-assign]
+        app.show_snapshot(frozen_snapshot(world=8))  # no GPUs, as before: the same note
+        await pilot.pause()
+        assert repaints == []
+        app.show_snapshot(frozen_snapshot(world=8, gpus=1))  # a GPU's telemetry arrives
+        await pilot.pause()
+        assert repaints and panel.line_text(0) != ""

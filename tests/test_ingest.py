@@ -344,3 +344,54 @@ def test_a_change_is_snapshotted_when_due_not_after_a_whole_poll() -> None:
         loop.join(6)
     assert len(snaps) >= 2 and snaps[-1].ranks[0].count == 2
     assert elapsed < 2.5  # 0.2 s due; waiting out the 5 s poll took > 5 s
+
+
+class TrickleSource:
+    """Test fake: ``per_poll`` new one-record batches on every poll, however short (a fleet
+    whose batches arrive one by one); counts the polls."""
+
+    rejected: dict[str, int] = {}
+
+    def __init__(self, per_poll: int = 1) -> None:
+        self.per_poll = per_poll
+        self.polls = 0
+        self.it = 0
+
+    def poll(self, timeout_s: float) -> list[object]:
+        self.polls += 1
+        out = []
+        for _ in range(self.per_poll):
+            out.append(frozen_coll(0, self.it, [self.it], [1000.0], world=1))
+            self.it += 1
+        return out
+
+
+def run_for(loop: IngestLoop, seconds: float) -> None:
+    loop.start()
+    time.sleep(seconds)
+    loop.stop()
+    loop.join(5)
+
+
+def test_messages_gather_until_the_snapshot_is_due_not_one_wake_up_each() -> None:
+    """Once something changed the thread sleeps until the next snapshot is due and then takes
+    what queued: a few polls per snapshot, every record still applied, snapshots on time."""
+    src = TrickleSource()
+    snaps: list[Any] = []
+    loop = IngestLoop(src, RunModel(), on_snapshot=snaps.append, interval_s=0.1)
+    run_for(loop, 1.0)
+    assert 6 <= len(snaps) <= 12  # ~10 at 0.1 s
+    assert src.polls <= 4 * len(snaps) + 4  # busy polling would make thousands
+    assert loop.model.records == src.it  # nothing skipped
+
+
+def test_a_backlog_is_drained_without_waiting_for_the_snapshot() -> None:
+    """A poll that returns a whole chunk (a backlog) is followed by the next poll at once."""
+    from tui.model.ingest import APPLY_CHUNK
+
+    src = TrickleSource(per_poll=APPLY_CHUNK)
+    snaps: list[Any] = []
+    loop = IngestLoop(src, RunModel(), on_snapshot=snaps.append, interval_s=0.5)
+    run_for(loop, 1.0)
+    assert src.polls > 4 * max(1, len(snaps))  # gathering would poll ~2 times per 0.5 s snapshot
+    assert loop.model.records == src.it

@@ -259,3 +259,24 @@ def test_large_worlds_refresh_a_bounded_share_of_rank_numbers_per_snapshot() -> 
         assert all(v.state == "live" for v in snap.ranks)
     assert len(refreshed_at) == world  # every rank within REFRESH_SHARE snapshots
     assert all(v.last_ms == pytest.approx(3.0) for v in model.snapshot().ranks)
+
+
+def test_whole_run_stats_keep_their_values_while_off_and_are_fresh_once_back_on() -> None:
+    """The heat map shows no whole-run numbers, so the app turns their refresh off; back on,
+    the next snapshot has them fresh, also for a rank that has been silent since."""
+    model, clock = model_with(frozen_hello(0), frozen_hello(1), frozen_coll(0, 0, range(4), [1000.0] * 4))
+    model.apply(frozen_coll(1, 0, range(4), [1000.0] * 4))
+    first = model.snapshot()
+    assert [r.run.count for r in first.ranks] == [4, 4]
+    model.whole_run_stats = False
+    model.apply(frozen_coll(0, 1, range(4, 8), [5000.0] * 4))
+    model.apply(frozen_coll(1, 1, range(4, 8), [5000.0] * 4))  # rank 1's last message
+    clock.t += 3 * S
+    off = model.snapshot()
+    assert [r.count for r in off.ranks] == [8, 8]  # the window numbers are current
+    assert [r.run.count for r in off.ranks] == [4, 4]  # the whole-run ones kept
+    model.apply(frozen_coll(0, 2, range(8, 12), [5000.0] * 4))
+    model.whole_run_stats = True
+    on = model.snapshot()
+    assert [r.run.count for r in on.ranks] == [12, 8]
+    assert on.ranks[1].run.max_ms == pytest.approx(5.0)

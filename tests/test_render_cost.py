@@ -1,7 +1,9 @@
 """What the grid leaves out of Textual's per-line work must change nothing on screen.
 
 The rank grid skips Textual's ANSI-to-truecolor line filter (RankGrid.get_line_filters):
-that is only right while every style the grid draws is truecolor and not dim. These tests
+that is only right while every style the grid draws is truecolor and not dim; and it hands
+its strips to the compositor itself (RankGrid.render_lines) instead of through Textual's
+styles cache, which only copies them while the grid has no border, padding or tint. These tests
 draw every line of the rows view and the heat map (live, stale, failed and cleanly exited
 ranks, straggler, clipped bars) in a real app and check that the filter would leave each
 line exactly as it is.
@@ -95,6 +97,49 @@ def test_only_changed_grid_lines_are_repainted_and_the_screen_matches_a_full_red
     repainted = sum(n for _, n in calls)
     assert 0 < repainted < len(texts) // 2  # rank 2's lines (and what moved), not the whole grid
     assert len(shown[0]) > 1000 and shown[0] == shown[1]  # the same escape codes a terminal gets
+
+
+@pytest.mark.parametrize(("world", "scroll"), [(8, 0), (64, 0), (64, 5), (200, 40)])
+def test_the_grids_own_render_lines_equal_textuals_styles_cache_path(world: int, scroll: int) -> None:
+    """Every crop of the grid (whole, a few lines, columns cut, under the scrollbar) renders as
+    Textual's own Widget.render_lines does; and with a line filter (NO_COLOR's monochrome) or
+    a padding the grid adds, the result still matches it."""
+    from textual.filter import Monochrome
+    from textual.geometry import Region
+    from textual.widget import Widget
+
+    snap = frozen_snapshot(world=world, iterations=300, stale=1, exited=2)
+
+    async def body() -> None:
+        app = CommtopApp(links=False)
+        async with app.run_test(size=(140, 40)) as pilot:
+            app.show_snapshot(snap)
+            await pilot.pause()
+            grid = app.query_one(RankGrid)
+            grid.scroll_to(y=scroll, animate=False)
+            await pilot.pause()
+            w, h = grid.region.width, grid.region.height
+            crops = [Region(0, 0, w, h), Region(0, 3, w, 4), Region(5, 0, w - 9, h), Region(0, h - 1, w - 1, 1)]
+
+            def same() -> None:
+                for crop in crops:
+                    ours = grid.render_lines(crop)
+                    grid._styles_cache.clear()  # noqa: SLF001  (Textual's path from scratch)
+                    theirs = Widget.render_lines(grid, crop)
+                    assert [list(s) for s in ours] == [list(s) for s in theirs], crop
+                    assert [s.cell_length for s in ours] == [s.cell_length for s in theirs]
+
+            assert grid._plain_box()  # noqa: SLF001
+            same()
+            grid.get_line_filters = lambda: [Monochrome()]  # type: ignore[method-assign]
+            same()
+            del grid.get_line_filters
+            grid.styles.padding = (0, 1)
+            assert not grid._plain_box()  # noqa: SLF001
+            await pilot.pause()
+            same()
+
+    asyncio.run(body())
 
 
 def test_bucket_equals_the_max_of_every_k_iterations() -> None:

@@ -88,9 +88,24 @@ class IngestLoop:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
+        taken = 0
         while not self._stop.is_set():
-            self.step(self._poll_timeout(), self._emit_safely)
+            gather = self._gather_wait(taken)
+            if gather > 0:
+                # Let what comes until the snapshot is due queue in the source: one wake-up per
+                # snapshot, not one per message (8 ranks send 160 batches a second, 64 ranks 640).
+                self._stop.wait(gather)
+            taken = self.step(0.0 if gather > 0 else self._poll_timeout(), self._emit_safely)
             self._emit_safely()
+
+    def _gather_wait(self, taken: int) -> float:
+        """Seconds to sleep before the next poll: until the next snapshot is due when something
+        changed since the last one (nothing can be shown earlier), unless the last poll took a
+        whole chunk (a backlog, drained at once). 0 when nothing changed: the poll then waits for
+        the first message, so a change after a quiet spell is shown at once."""
+        if taken >= APPLY_CHUNK or self.model.version == self._last_version:
+            return 0.0
+        return self._last_emit + self._interval() - time.monotonic()
 
     def _emit_safely(self) -> None:
         try:
@@ -180,7 +195,11 @@ class IngestLoop:
         # running average: one slow snapshot (the epochs verdict, every few seconds at 512 ranks)
         # must not pause the screen for four times its length.
         self._built_avg_s = built_s if self._built_avg_s is None else 0.8 * self._built_avg_s + 0.2 * built_s
-        self._last_emit = mono + max(0.0, 4 * self._built_avg_s - interval)
+        # On the interval's grid when this one is a little late (the messages gathered until it
+        # was due were applied first): late snapshots would otherwise stretch every interval.
+        late = mono - self._last_emit - interval
+        base = mono - late if 0 <= late < interval else mono
+        self._last_emit = base + max(0.0, 4 * self._built_avg_s - interval)
         if self.on_snapshot is not None:
             try:
                 self.on_snapshot(snap)

@@ -276,6 +276,13 @@ class RunModel:
         self.stale_after_ns = int(stale_after_s * 1e9)
         #: The settings in force; the control server reads the same tracker (one owner).
         self.in_force = InForceTracker()
+        #: Whether snapshots refresh the ranks' whole-run statistics (run, per mode, per class,
+        #: copies) every RUN_STATS_EVERY_S. The heat map shows none of them: while it is shown the
+        #: app turns this off and they keep their last values (computed once at least), saving a
+        #: histogram scan per rank and mode every second; back on, each rank's are refreshed the
+        #: next time its numbers are (every snapshot; at most a few snapshots in large worlds).
+        self.whole_run_stats = True
+        self._run_stats_on = True  # what the last snapshot found whole_run_stats to be
         self.reset()
 
     def reset(self) -> None:
@@ -428,6 +435,13 @@ class RunModel:
         """
         now = self.clock() if now_ns is None else now_ns
         order = sorted(self.ranks)
+        if self.whole_run_stats and not self._run_stats_on:
+            # Back on: every rank's numbers count as changed, so their kept views (with whole-run
+            # statistics of when they were off) are recomputed like those of a rank with news.
+            for state in self.ranks.values():
+                if state.view_cache is not None:
+                    state.view_cache = (-1, *state.view_cache[1:])
+        self._run_stats_on = self.whole_run_stats
         if fresh_run_stats:  # the final summary: no copy can still come for what is pending
             for state in self.ranks.values():
                 state.overlap.flush()
@@ -579,9 +593,13 @@ class RunModel:
         worlds as long as the verdict's epochs (merging histograms is most of a rank's numbers)."""
         return max(RUN_STATS_EVERY_S, len(self.ranks) / EPOCHS_RANKS_PER_S) * 1e9
 
+    def _run_stats_current(self, computed_ns: int, now: int) -> bool:
+        """Whether whole-run statistics computed at ``computed_ns`` may be reused at ``now``."""
+        return not self.whole_run_stats or now - computed_ns < self._run_stats_every_ns()
+
     def _run_stats(self, s: _RankState, now: int, fresh: bool) -> tuple[RunStats, dict[str, RunStats], RunStats]:
         cached = s.run_cache
-        if cached is not None and not fresh and now - cached[0] < self._run_stats_every_ns():
+        if cached is not None and not fresh and self._run_stats_current(cached[0], now):
             return cached[1]
         total = RunAggregate()
         for agg in s.run_by_mode.values():
@@ -638,7 +656,7 @@ class RunModel:
 
     def _class_stats(self, s: _RankState, now: int, fresh: bool) -> dict[str, RunStats]:
         cached = s.class_cache
-        if cached is not None and not fresh and now - cached[0] < self._run_stats_every_ns():
+        if cached is not None and not fresh and self._run_stats_current(cached[0], now):
             return cached[1]
         stats = s.overlap.stats()
         s.class_cache = (now, stats)

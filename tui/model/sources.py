@@ -8,6 +8,7 @@ are counted by ``ProtocolError.reason`` in ``rejected``.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections import Counter
@@ -47,7 +48,7 @@ def drain_signed(
     the frames of each message that passed (the collector's feed forwards them as they came)."""
     out: list[Message | ResetModel] = []
     received = 0
-    if not poller.poll(max(0, int(timeout_s * 1000))):
+    if not poller.poll(max(0, math.ceil(timeout_s * 1000))):  # ms, rounded up: 0.4 ms is no busy poll
         return out, received
     for _ in range(limit):
         try:

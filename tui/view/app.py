@@ -16,11 +16,12 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer
 
 from tui.model.ab_experiment import ABSlot
@@ -52,6 +53,8 @@ from workers.wire.settings import COPY_SCALES, MAX_COPIES
 #: How often the app reads the controller, recorder, job and replay position (UI thread).
 SIDE_POLL_S = 0.25
 REPLAY_SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+_W = TypeVar("_W", bound=Widget)
 
 _CONTROL_ACTIONS = {"cycle_mode", "pick_mode", "copies", "cycle_scale", "toggle_pinned", "toggle_direction"}
 _REPLAY_ACTIONS = {"replay_pause", "replay_speed", "replay_seek", "replay_jump"}
@@ -133,6 +136,8 @@ class CommtopApp(App[None]):
         self.ab = ABSlot()
         self.sinks.append(self.ab)
         self._sigterm_set = False
+        #: The app's widgets by type, found once (a query walks the DOM: ~0.3 ms a frame).
+        self._found: dict[type[Widget], Widget | None] = {}
 
     # ----------------------------------------------------------------------- layout
 
@@ -154,7 +159,7 @@ class CommtopApp(App[None]):
 
     def on_mount(self) -> None:
         self._catch_sigterm()
-        self.query_one(StatusLine).show([], self.hint)
+        self._one(StatusLine).show([], self.hint)
         if self.source is not None:
             self.ingest = IngestLoop(
                 self.source,
@@ -221,9 +226,10 @@ class CommtopApp(App[None]):
             if self._connect_auto and snap.ranks:  # the first rank found its way: the panel may go
                 self._connect_auto = False
                 self._show_connect(False)
-            grid = self.query_one(RankGrid)
+            grid = self._one(RankGrid)
             grid.show(snap)
-            self.query_one(RunHeader).show(snap, self._control, self._recording)
+            self._want_run_stats(grid)
+            self._one(RunHeader).show(snap, self._control, self._recording)
             self._show_verdict()
             links = self._links()
             if links is not None and snap.telemetry is not None:
@@ -241,15 +247,26 @@ class CommtopApp(App[None]):
     def _links_budget(self, snap: Snapshot, links: LinksPanel) -> int:
         """Lines the links panel may use: what is left when the rank rows have what they need
         (three lines a rank, so every rank shows its numbers; at most half when ranks are many)."""
-        grid = self.query_one(RankGrid)
+        grid = self._one(RankGrid)
         body = grid.size.height + links.size.height  # the two share what header, bars and footer leave
         n = max(1, len(snap.ranks))
         need = min(3 * n, max(min(n, body - 4), body // 2))
         return max(1, body - need - 1)  # - 1: the panel's top border
 
     def _links(self) -> LinksPanel | None:
-        found = self.query(LinksPanel)
-        return found.first() if found else None
+        if LinksPanel not in self._found:
+            found = self.query(LinksPanel)
+            self._found[LinksPanel] = found.first() if found else None
+        panel = self._found[LinksPanel]
+        return panel if isinstance(panel, LinksPanel) and panel.is_attached else None
+
+    def _one(self, kind: type[_W]) -> _W:
+        """``query_one(kind)``, remembered while the widget stays attached (NoMatches after
+        the app's widgets were removed, as query_one raises)."""
+        widget = self._found.get(kind)
+        if not isinstance(widget, kind) or not widget.is_attached:
+            widget = self._found[kind] = self.query_one(kind)
+        return widget
 
     def _side_poll(self) -> None:
         """Controller / recorder / job / replay state: cheap reads on the UI thread."""
@@ -276,9 +293,9 @@ class CommtopApp(App[None]):
             changed |= rec != self._recording
             self._recording = rec
         if changed:
-            self.query_one(RunHeader).show(self.snapshot, self._control, self._recording)
+            self._one(RunHeader).show(self.snapshot, self._control, self._recording)
         if self.replay is not None:
-            self.query_one(ReplayBar).show(self.replay.position())
+            self._one(ReplayBar).show(self.replay.position())
         self.ab.tick()
         self._show_verdict()
         self._update_status()
@@ -302,7 +319,7 @@ class CommtopApp(App[None]):
             else:
                 hint = "job finished (exit code 0) · q to quit"
         lines += self._errors[-2:]
-        self.query_one(StatusLine).show(lines, hint)
+        self._one(StatusLine).show(lines, hint)
 
     def _note_error(self, line: str) -> None:
         if not self._errors or self._errors[-1] != line:
@@ -354,7 +371,14 @@ class CommtopApp(App[None]):
             panel.display = not panel.display
 
     def action_toggle_view(self) -> None:
-        self.query_one(RankGrid).toggle_view()
+        grid = self._one(RankGrid)
+        grid.toggle_view()
+        self._want_run_stats(grid)
+
+    def _want_run_stats(self, grid: RankGrid) -> None:
+        """Whole-run numbers are drawn only by the rows view, on a rank's second line and below:
+        the model refreshes them only while they are on screen (RunModel.whole_run_stats)."""
+        self.model.whole_run_stats = grid.shown_view == "rows" and grid.row_h > 1
 
     def _current(self) -> dict[str, Any]:
         """Settings to change from: what was last requested, else what is in force."""
@@ -403,7 +427,7 @@ class CommtopApp(App[None]):
     def _show_verdict(self) -> None:
         snap = self.snapshot
         peak = pcie_peak(snap.telemetry) if snap else None
-        self.query_one(VerdictLine).show(verdict_text(self.ab.progress(), snap.epochs if snap else None, peak))
+        self._one(VerdictLine).show(verdict_text(self.ab.progress(), snap.epochs if snap else None, peak))
 
     def action_ab(self) -> None:
         """Start an A/B of the current settings against none (a dialog lets you change both);

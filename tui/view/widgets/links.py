@@ -188,7 +188,7 @@ class LinksPanel(Widget):
     ) -> None:
         """Show ``snap`` on ``axis`` (the latency chart's), GPUs in rank-row ``order`` (GPUs no
         rank names follow), in at most ``max_lines`` lines. UI thread only."""
-        old = len(self._lines)
+        old, old_max = self._lines, self.max_lines
         self._snap = snap
         if axis is not None:
             self.axis = axis
@@ -196,7 +196,10 @@ class LinksPanel(Widget):
             self.max_lines = max(1, max_lines)
         self._rows = self._arrange(snap, order)
         self._build(self.size.width)
-        self.refresh(layout=len(self._lines) != old)
+        # Unchanged lines are not repainted (no GPUs, or telemetry that did not move): a panel
+        # repainted at every snapshot also made Textual redraw every widget between it and the grid.
+        if self._lines != old or self.max_lines != old_max:
+            self.refresh(layout=len(self._lines) != len(old) or self.max_lines != old_max)
 
     @staticmethod
     def _arrange(snap: TelemetrySnapshot, order: Sequence[RankGpu]) -> list[tuple[RankGpu, GpuRow | None]]:

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from rich.segment import Segment
 from rich.style import Style
 from textual.filter import ANSIToTruecolor, LineFilter
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+from textual.style import Style as VisualStyle
 from textual.widget import Widget
 
 from tui.model.run_model import Snapshot
@@ -92,6 +93,7 @@ class RankGrid(ScrollView):
         self._restyle = Restyle()
         #: Which wall-clock interval each chart column covers (the links panel uses the same).
         self.time_axis = TimeAxis()
+        self._fast_lines = False  # render_lines last bypassed Textual's styles cache
 
     # ----------------------------------------------------------------------- inputs
 
@@ -229,6 +231,48 @@ class RankGrid(ScrollView):
         unchanged (a third of a heat-map frame at 64 ranks; tests/test_render_cost.py checks the
         premise). The others (NO_COLOR's monochrome, TEXTUAL_FILTERS=dim) still apply."""
         return [f for f in super().get_line_filters() if not isinstance(f, ANSIToTruecolor)]
+
+    def _plain_box(self) -> bool:
+        """No border, padding, outline, tint, hatch or opacity: Textual's per-line styling would
+        hand back each line's segments as they are (only copied into a new Strip)."""
+        st = self.styles
+        return (
+            not self.BLANK
+            and not any(st.gutter)
+            and not any(edge for edge, _ in st.outline)
+            and not st.tint.a
+            and st.text_opacity == 1.0
+            and self.opacity == 1.0
+            and not (st.has_rule("hatch") and st.hatch != "none")
+            and not (self.auto_links and self.hover_style._link_id)
+        )
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        """The grid's strips as render_line made them (its own per-line cache), the line filters
+        applied and cropped as Textual's styles cache would: that cache re-styled every changed
+        line into a new Strip (~25 us a line, ~40 changed lines a frame) for a box without any
+        style of its own to add. With a border, padding, tint, ... Textual's path is taken."""
+        if not self._plain_box():
+            if self._fast_lines:  # its cache missed every line drawn meanwhile
+                self._styles_cache.clear()
+                self._fast_lines = False
+            return super().render_lines(crop)
+        self._fast_lines = True
+        content_width = self.content_region.width
+        strips = [self.render_line(y) for y in crop.line_range]
+        if any(strip.cell_length != content_width for strip in strips):  # as Textual pads a line
+            base, background = self.background_colors
+            inner = VisualStyle(background=base + background).rich_style
+            strips = [strip.adjust_cell_length(content_width, inner) for strip in strips]
+        filters = self.get_line_filters()
+        if filters:
+            background = self.background_colors[1]
+            for line_filter in filters:
+                strips = [strip.apply_filter(line_filter, background) for strip in strips]
+        x1, x2 = crop.column_span
+        if (x1, x2) != (0, self.region.width):
+            strips = [strip.crop(x1, x2) for strip in strips]
+        return strips
 
     def render_line(self, y: int) -> Strip:
         index = y + int(self.scroll_offset.y)

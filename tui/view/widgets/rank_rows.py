@@ -326,6 +326,17 @@ class RowsView:
         self.n_lines = len(snap.ranks) * self.row_h
         self._bands: dict[int, list[list[Segment]]] = {}  # rank row -> its bar lines, bottom first
 
+    def _spark_block(self, first: int) -> None:
+        """The bars of ranks ``first`` .. ``first + SPARK_BLOCK`` (the visible ones, mostly)."""
+        ranks = self.snap.ranks[first : first + SPARK_BLOCK]
+        end = first + len(ranks)
+        notes = [state_note(r, self.procs.get(r.rank)) for r in ranks]
+        block = _spark_bands(
+            self.levels[first:end], self.cells.mode[first:end], list(ranks), notes, self.row_h, self.restyle
+        )
+        for i, bands in enumerate(block, start=first):
+            self._bands.setdefault(i, bands)
+
     def line(self, index: int) -> list[Segment]:
         i, line = divmod(index, self.row_h)
         r = self.snap.ranks[i]
@@ -342,11 +353,9 @@ class RowsView:
         if not (self.cells.ms.ndim == 2 and self.cells.ms.shape[1]):
             return self.restyle.line(_fit(segs, self.width))
         bands = self._bands.get(i)
-        if bands is None:  # all of a rank's bar lines at once (numpy per rank, not per line)
-            note = state_note(r, self.procs.get(r.rank))
-            bands = self._bands[i] = _spark_bands(
-                self.levels[i], self.cells.mode[i], r, note, self.row_h, restyle=self.restyle
-            )
+        if bands is None:  # the bar lines of a block of ranks at once (numpy per block, not per line)
+            self._spark_block(i)
+            bands = self._bands[i]
         spark = bands[self.row_h - 1 - line]  # band 0 = the rank's bottom line (styles combined)
         fixed = fixed_width(self.width)
         numbers = self.restyle.line(_fit(segs, fixed))
@@ -442,65 +451,90 @@ def _spark_style(key: int, variant: int) -> Style:
     return style(color, bold=bool(bold))
 
 
+#: The spark glyphs as code points: a block's text is one array decoded at once.
+_SPARK_CODES = np.array([ord(ch) for ch in _SPARK_GLYPHS.tolist()], dtype="<u4")
+#: Ranks whose bars are computed together (one set of numpy calls for all, not per rank).
+SPARK_BLOCK = 64
+
+
 def _spark_bands(
     levels: np.ndarray,
     modes: np.ndarray,
-    r: RankView,
-    note: str,
+    ranks: list[RankView],
+    notes: list[str],
     bands: int,
     restyle: Restyle = PLAIN,
-) -> list[list[Segment]]:
-    """Every line of a rank's bars, bottom band first: characters and styles of all bands
-    computed at once with numpy, then one Segment per run of equal style per band (a Python
-    loop per run, not per cell). ``note`` goes over the tail of the top band. Styles come combined
-    by ``restyle``."""
-    n = len(levels)
+) -> list[list[list[Segment]]]:
+    """Every line of the bars of a block of ranks (``levels`` and ``modes``: ranks x cells),
+    per rank bottom band first: characters and styles of all ranks and bands computed at once
+    with numpy, the text decoded once, then one Segment per run of equal style per band (a
+    Python loop per run, not per cell). ``notes[i]`` goes over the tail of rank i's top band.
+    Styles come combined by ``restyle``."""
+    n_ranks, n = levels.shape
     if n == 0:
-        return [[] for _ in range(bands)]
+        return [[[] for _ in range(bands)] for _ in range(n_ranks)]
     lv = levels.astype(np.int32)
-    band_floor = 8 * np.arange(bands, dtype=np.int32)[:, None]
-    part = np.minimum(8, lv - band_floor)
+    floors = 8 * np.arange(bands, dtype=np.int32)[:, None]
+    part = np.minimum(8, lv[:, None, :] - floors)  # ranks x bands x cells
     clipped = lv == 8 * bands + 1
-    blank = (lv == 0) | (part <= 0)
+    blank = (lv == 0)[:, None, :] | (part <= 0)
     chars = np.maximum(part, 1)
     top = bands - 1  # the clipped marker and the note go on the top band
-    chars[top] = np.where(clipped, len(SPARK_CHARS) + 1, chars[top])
+    chars[:, top] = np.where(clipped, len(SPARK_CHARS) + 1, chars[:, top])
     chars[blank] = 0
     keys = np.empty(chars.shape, dtype=np.int32)
-    keys[:] = 1 + (np.clip(modes.astype(np.int32), -1, len(MODES)) + 1) * 2 + clipped
+    keys[:] = (1 + (np.clip(modes.astype(np.int32), -1, len(MODES)) + 1) * 2 + clipped)[:, None, :]
     keys[blank] = 0
-    glyphs = _SPARK_GLYPHS[chars]
-    note_row = -1
-    if note and r.state != "live":
-        # Write the note over the empty tail (where newer iterations would be), else the end.
-        filled = np.flatnonzero(lv != 0)
+    # Notes (ranks that stopped): written over the empty tail (where newer iterations would be).
+    placed: dict[int, tuple[int, str, Style | None]] = {}
+    for i, (r, note) in enumerate(zip(ranks, notes, strict=True)):
+        if not note or r.state == "live":
+            continue
+        filled = np.flatnonzero(lv[i] != 0)
         tail = n - 1 - int(filled[-1]) if len(filled) else n
         note = note[: max(0, n)]
         start = max(0, n - len(note) if tail < len(note) else n - tail)
-        note_row = top
-        keys[note_row, start : start + len(note)] = -1
+        keys[i, top, start : start + len(note)] = -1
         note_style = restyle(style(EXITED if failed(r) else MUTED if r.state == "exited" else WARN, bold=True))
-    variant = 2 if failed(r) else 1 if r.state in ("stale", "exited") else 0
-    table = restyle.spark_styles[variant]
-    starts_all = keys[:, 1:] != keys[:, :-1]
-    out: list[list[Segment]] = []
-    for row in range(len(keys)):
-        text = "".join(glyphs[row].tolist())
-        if row == note_row:
-            text = text[:start] + note + text[start + len(note) :]
-        starts = np.flatnonzero(starts_all[row]) + 1
-        bounds = [0, *starts.tolist(), n]
-        row_keys = keys[row]
-        runs: list[tuple[str, object]] = []
-        for a, b in zip(bounds, bounds[1:], strict=False):
-            key = int(row_keys[a])
+        placed[i * bands + top] = (start, note, note_style)
+    text = _SPARK_CODES[chars].tobytes().decode("utf-32-le")
+    flat = keys.reshape(-1, n)
+    row_of, col_of = np.nonzero(flat[:, 1:] != flat[:, :-1])
+    counts = np.bincount(row_of, minlength=len(flat)).tolist()
+    bounds_all = (col_of + 1).tolist()
+    keys_all = flat[row_of, col_of + 1].tolist()
+    first_keys = flat[:, 0].tolist()
+    variants = [2 if failed(r) else 1 if r.state in ("stale", "exited") else 0 for r in ranks]
+    out: list[list[list[Segment]]] = []
+    at = 0
+    for row, count in enumerate(counts):
+        i, band = divmod(row, bands)
+        line = text[row * n : row * n + n]
+        note_at = placed.get(row)
+        if note_at is not None:
+            start, note, note_style = note_at
+            line = line[:start] + note + line[start + len(note) :]
+        variant = variants[i]
+        table = restyle.spark_styles[variant]
+        segs: list[Segment] = []
+        a, key, current = 0, first_keys[row], None
+        for b, nxt in zip([*bounds_all[at : at + count], n], [*keys_all[at : at + count], 0], strict=True):
             if key < 0:
-                st = note_style
+                st = note_at[2] if note_at is not None else None
             else:
-                cached = table.get(key)
-                st = table[key] = restyle(_spark_style(key, variant)) if cached is None else cached
-            runs.append((text[a:b], st))
-        out.append(_merge(runs))
+                st = table.get(key)
+                if st is None:
+                    st = table[key] = restyle(_spark_style(key, variant))
+            if st is current and segs:  # two keys of one style (e.g. blended colours): one run
+                segs[-1] = Segment(segs[-1].text + line[a:b], st)
+            else:
+                segs.append(Segment(line[a:b], st))
+                current = st
+            a, key = b, nxt
+        at += count
+        if band == 0:
+            out.append([])
+        out[-1].append(segs)
     return out
 
 
@@ -538,6 +572,7 @@ class HeatView:
             self.heat = _heat_index(cells.ms, top)
             self.step = 2 if n > room else 1
         self.n_lines = 1 + (len(self.rows) + self.step - 1) // self.step
+        self._runs: tuple[list[int], list[int]] | None = None
 
     def line(self, index: int) -> list[Segment]:
         snap = self.snap
@@ -564,15 +599,20 @@ class HeatView:
                 restyle(style(label_color, bold=marked)),
             )
         ]
-        heat = self.heat
         up_dim = _dims(_worst(top_ranks))
-        if low is None:
-            segs += _heat_segments(heat[i], up_dim, restyle=restyle)
-        else:
-            segs += _heat_segments(heat[i], up_dim, heat[i + 1], _dims(_worst(low[1])), restyle)
+        down_dim = _dims(_worst(low[1])) if low is not None else False
+        segs += _heat_run_segments(self._line_runs(index - 1), up_dim, down_dim, low is not None, restyle)
         if _HEAT_NARROW:  # every heat cell is one terminal cell: no need to measure them
-            return _fit_known(segs, segs[0].cell_length + heat.shape[1], self.width, restyle(None))
+            return _fit_known(segs, segs[0].cell_length + self.heat.shape[1], self.width, restyle(None))
         return restyle.line(_fit(segs, self.width))
+
+    def _line_runs(self, k: int) -> list[int]:
+        """The runs of heat line ``k`` (0 = the first rank line) as ``code << 16 | length``. The
+        codes and runs of every line are found at once, with one set of numpy calls."""
+        if self._runs is None:
+            self._runs = _all_runs(_heat_codes(self.heat, self.step))
+        offsets, keys = self._runs
+        return keys[offsets[k] : offsets[k + 1]]
 
 
 def _host_groups(ranks: tuple[RankView, ...]) -> list[tuple[str, list[int]]]:
@@ -661,29 +701,57 @@ _HEAT_DISTINCT = len(set(_HEAT_COLORS)) == len(set(_HEAT_COLORS_DIM)) == _HEAT_C
 )
 
 
-def _heat_segments(
-    up: np.ndarray, up_dim: bool, down: np.ndarray | None = None, down_dim: bool = False, restyle: Restyle = PLAIN
+def _heat_codes(heat: np.ndarray, step: int) -> np.ndarray:
+    """The cell codes of every heat line (lines x cells): 0 = no data, 1.. = ramp, last =
+    clipped; with ``step`` 2 two rows share a line (upper code * _HEAT_CODES + lower code),
+    but an odd last row has its line alone (its plain code)."""
+    one = np.clip(heat.astype(np.int32) + 1, 0, _HEAT_CODES - 1)
+    if step == 1 or len(one) == 0:
+        return one
+    pairs = len(one) // 2
+    codes = np.empty(((len(one) + 1) // 2, one.shape[1]), dtype=np.int32)
+    codes[:pairs] = one[0 : 2 * pairs : 2] * _HEAT_CODES + one[1 : 2 * pairs : 2]
+    if len(one) % 2:
+        codes[pairs] = one[-1]
+    return codes
+
+
+def _all_runs(codes: np.ndarray) -> tuple[list[int], list[int]]:
+    """The runs of equal codes of every line (lines x cells) at once, each as ``code << 16 |
+    length``, all lines' runs in one list; line k's are ``runs[offsets[k] : offsets[k + 1]]``."""
+    n_lines, n = codes.shape
+    if n == 0:
+        return [0] * (n_lines + 1), []
+    first = np.ones(codes.shape, dtype=bool)
+    np.not_equal(codes[:, 1:], codes[:, :-1], out=first[:, 1:])
+    row, col = np.nonzero(first)
+    end = np.empty_like(col)
+    end[:-1] = col[1:]
+    end[np.append(row[1:] != row[:-1], True)] = n  # a line's last run ends at the line's end
+    offsets = np.zeros(n_lines + 1, dtype=np.int64)
+    np.cumsum(np.bincount(row, minlength=n_lines), out=offsets[1:])
+    return offsets.tolist(), (codes[row, col].astype(np.int64) << 16 | (end - col)).tolist()
+
+
+def _heat_run_segments(
+    runs: list[int], up_dim: bool, down_dim: bool, halves: bool, restyle: Restyle = PLAIN
 ) -> list[Segment]:
-    """One heat-map line's cells, one Segment per run of equal colour: full blocks for one
-    rank per line, upper half blocks (upper rank fg, lower rank bg) for two."""
-    if len(up) == 0:
-        return []
-    codes = np.clip(up.astype(np.int32) + 1, 0, _HEAT_CODES - 1)
-    if down is not None:
-        codes = codes * _HEAT_CODES + np.clip(down.astype(np.int32) + 1, 0, _HEAT_CODES - 1)
-    lengths, values = _runs(codes)
-    chars, styles = _heat_table(up_dim, down_dim, down is not None, values, restyle)
+    """One heat-map line's cells given as runs (``code << 16 | length``), one Segment per run:
+    full blocks for one rank per line, upper half blocks (upper rank fg, lower rank bg) for
+    two. The Segments are kept by run: a line of ~130 runs is one lookup each."""
+    made = restyle.heat_segments.setdefault((up_dim, down_dim, halves), {})
+    if _HEAT_DISTINCT:
+        try:
+            return list(map(made.__getitem__, runs))
+        except KeyError:  # a run not drawn before
+            pass
+    chars, styles = _heat_table(up_dim, down_dim, halves, [run >> 16 for run in runs], restyle)
     if not _HEAT_DISTINCT:
-        return _merge([(chars[c] * n, styles[c]) for n, c in zip(lengths, values, strict=True)])
-    made = restyle.heat_segments.setdefault((up_dim, down_dim, down is not None), {})
-    out = []
-    for n, c in zip(lengths, values, strict=True):
-        key = c << 16 | n
-        seg = made.get(key)
-        if seg is None:
-            seg = made[key] = Segment(chars[c] * n, styles[c])
-        out.append(seg)
-    return out
+        return _merge([(chars[run >> 16] * (run & 0xFFFF), styles[run >> 16]) for run in runs])
+    for run in runs:
+        if run not in made:
+            made[run] = Segment(chars[run >> 16] * (run & 0xFFFF), styles[run >> 16])
+    return list(map(made.__getitem__, runs))
 
 
 def _mode_segments(mode_row: np.ndarray) -> list[Segment]:

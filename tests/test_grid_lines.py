@@ -1,0 +1,133 @@
+"""The grid's lines, computed for many ranks at once, against per-cell references: the rows
+view's bars (each cell's character and style on each band, the state note over a stopped
+rank's tail) and the heat map's cells (one rank per line, or two sharing half blocks)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from frozen_run import frozen_snapshot
+from rich.style import Style
+
+from tui.view.widgets.palette import SPARK_CHARS, style
+from tui.view.widgets.rank_rows import (
+    _HEAT_COLORS,
+    _HEAT_COLORS_DIM,
+    HEAT_LABEL_W,
+    HeatView,
+    Restyle,
+    _heat_index,
+    _spark_bands,
+    _spark_style,
+    bucket,
+    failed,
+    state_note,
+    visible_top,
+)
+from workers.wire.protocol import MODES
+
+
+def reference_cell(level: int, mode: int, band: int, bands: int) -> tuple[str, int]:
+    """(character, style key) of one cell on one band, cell by cell (what the bars mean)."""
+    if level == 0:
+        return " ", 0
+    clipped = level == 8 * bands + 1
+    part = min(8, level - 8 * band)
+    if part <= 0:
+        return " ", 0
+    char = "▲" if clipped and band == bands - 1 else SPARK_CHARS[max(part, 1) - 1]
+    slot = min(max(mode, -1), len(MODES)) + 1
+    return char, 1 + slot * 2 + int(clipped)
+
+
+def ranks_in_every_state() -> list:
+    """Eight ranks: live, stale, failed, cleanly exited, stalled, waiting, live, live."""
+    ranks = list(frozen_snapshot(world=8, iterations=200).ranks)
+    ranks[1] = replace(ranks[1], state="stale", silent_s=12.0)
+    ranks[2] = replace(ranks[2], state="exited", exit_code=1, exit_reason="SIGSEGV")
+    ranks[3] = replace(ranks[3], state="exited", exit_code=0)
+    ranks[4] = replace(ranks[4], state="stalled", idle_s=7.0)
+    ranks[5] = replace(ranks[5], state="waiting")
+    return ranks
+
+
+@pytest.mark.parametrize("bands", [1, 2, 5])
+def test_every_cell_of_a_block_matches_the_per_cell_reference(bands: int) -> None:
+    ranks = ranks_in_every_state()
+    rng = np.random.default_rng(bands)
+    n = 70
+    levels = rng.integers(0, 8 * bands + 2, size=(len(ranks), n)).astype(np.int16)
+    tails = [30 if i % 2 else 5 for i in range(len(ranks))]  # where a stopped rank's note goes
+    for i, tail in enumerate(tails):
+        levels[i, n - tail :] = 0
+        levels[i, n - tail - 1] = 1
+    modes = rng.integers(-1, len(MODES) + 2, size=(len(ranks), n)).astype(np.int16)
+    notes = [state_note(r, None) for r in ranks]
+    restyle = Restyle(Style(bgcolor="#0e1116", color="#d0d0d0"))
+    block = _spark_bands(levels, modes, ranks, notes, bands, restyle)
+    assert len(block) == len(ranks)
+    for i, r in enumerate(ranks):
+        variant = 2 if failed(r) else 1 if r.state in ("stale", "exited") else 0
+        assert len(block[i]) == bands
+        for band, segments in enumerate(block[i]):
+            cells = [(ch, seg.style) for seg in segments for ch in seg.text]
+            assert len(cells) == n
+            want = [reference_cell(int(levels[i, j]), int(modes[i, j]), band, bands) for j in range(n)]
+            note = notes[i] if r.state != "live" and band == bands - 1 else ""
+            start = n - tails[i] if len(note) <= tails[i] else n - len(note)  # at the tail if it fits
+            for j, ((ch, st), (want_ch, key)) in enumerate(zip(cells, want, strict=True)):
+                if note and start <= j < start + len(note):
+                    assert ch == note[j - start]
+                    assert st is not None and st.bold
+                else:
+                    assert ch == want_ch, (r.state, band, j)
+                    assert st == restyle(_spark_style(key, variant)), (r.state, band, j)
+            assert all(a.style is not b.style for a, b in zip(segments, segments[1:], strict=False))  # runs merged
+
+
+def test_a_block_draws_each_rank_as_it_would_alone() -> None:
+    ranks = ranks_in_every_state()
+    rng = np.random.default_rng(7)
+    levels = rng.integers(0, 18, size=(len(ranks), 90)).astype(np.int16)
+    modes = rng.integers(0, len(MODES), size=(len(ranks), 90)).astype(np.int16)
+    notes = [state_note(r, None) for r in ranks]
+    block = _spark_bands(levels, modes, ranks, notes, 2, Restyle())
+    for i, r in enumerate(ranks):
+        alone = _spark_bands(levels[i : i + 1], modes[i : i + 1], [r], [notes[i]], 2, Restyle())
+        assert block[i] == alone[0]
+
+
+@pytest.mark.parametrize(("world", "max_lines"), [(8, 40), (9, 6), (64, 40), (65, 30)])
+def test_every_heat_cell_matches_the_per_cell_reference(world: int, max_lines: int) -> None:
+    snap = frozen_snapshot(world=world, iterations=300)
+    ranks = list(snap.ranks)
+    ranks[1] = replace(ranks[1], state="stale")
+    ranks[2] = replace(ranks[2], state="exited", exit_code=1)
+    snap = replace(snap, ranks=tuple(ranks))
+    cells = bucket(snap.history, 120, 2)
+    top = visible_top(cells)
+    restyle = Restyle(Style(bgcolor="#0e1116", color="#d0d0d0"))
+    view = HeatView(snap, cells, top, 160, max_lines, restyle)
+    step = 2 if (world + 1) // 2 > max_lines - 1 or world > max_lines - 1 else 1
+    assert view.step == step and view.per_host == 0
+    heat = _heat_index(cells.ms, top)
+    assert view.n_lines == 1 + (world + step - 1) // step
+
+    def colors(r: int) -> tuple[str | None, ...]:
+        return _HEAT_COLORS_DIM if ranks[r].state in ("stale", "exited") else _HEAT_COLORS
+
+    for line in range(1, view.n_lines):
+        up = (line - 1) * step
+        down = up + 1 if step == 2 and up + 1 < world else None
+        got = [(ch, seg.style) for seg in view.line(line) for ch in seg.text][HEAT_LABEL_W:]
+        assert len(got) == 160 - HEAT_LABEL_W
+        for j in range(cells.ms.shape[1]):
+            up_color = colors(up)[min(int(heat[up, j]) + 1, len(_HEAT_COLORS) - 1)]
+            if down is None:
+                want = ("█" if up_color else " ", restyle(style(up_color)))
+            else:
+                down_color = colors(down)[min(int(heat[down, j]) + 1, len(_HEAT_COLORS) - 1)]
+                want = ("▀", restyle(style(up_color or "#000000", down_color)))
+            assert got[j] == want, (line, j)
