@@ -30,7 +30,7 @@ def test_the_footnote_names_how_latency_was_measured(capsys) -> None:
     _, cpu, _ = _report(capsys, str(CPU))
     _, gpu, _ = _report(capsys, str(H200))
     assert "CUDA" not in cpu and "host clock around each call: gloo/cpu" in cpu
-    assert "CUDA events on the GPU" in gpu and "host clock" not in gpu
+    assert "CUPTI records, or CUDA events on the GPU" in gpu and "host clock" not in gpu
 
 
 def test_none_rows_show_no_copy_settings(capsys) -> None:

@@ -907,7 +907,7 @@ def footnote(backend: str) -> list[str]:
     """How the numbers were measured: CUDA events on a GPU run, the host clock on gloo/CPU."""
     if backend.startswith("nccl") or "cuda" in backend:
         return [
-            "latency = collective duration per rank (CUDA events on the GPU); algbw/busbw GB/s as nccl-tests;",
+            "latency = collective duration per rank (GPU time: CUPTI records, or CUDA events on the GPU); algbw/busbw GB/s as nccl-tests;",
             "PCIe/NVLink GB/s, SM clock and power = mean per GPU of the node telemetry during the epoch",
         ]
     return [
