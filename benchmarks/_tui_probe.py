@@ -304,7 +304,9 @@ async def drive(
         return snap
 
     model.snapshot = timed_snapshot  # type: ignore[method-assign, assignment]
-    app = CommtopApp(LiveSource(conn), model, owns_source=True, title="commtop benchmark", interval_s=interval_s)
+    app = CommtopApp(
+        LiveSource(conn), model, owns_source=True, title="commtop benchmark", interval_s=interval_s, tune_gc=True
+    )
     meter = FrameMeter(app)
     async with app.run_test(size=size) as pilot:
         start_at = time.time() + 1.5  # publishers import numpy/zmq and connect first

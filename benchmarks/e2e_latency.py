@@ -64,7 +64,7 @@ class Latencies:
 async def measure(ns: argparse.Namespace, nproc: int, cpu: bool) -> tuple[list[float], Any, int, float]:
     config = config_from_args(ns, cpu=cpu)
     conn = create_run(label="e2e-bench")
-    app = CommtopApp(LiveSource(conn), RunModel(), owns_source=True, title="e2e benchmark")
+    app = CommtopApp(LiveSource(conn), RunModel(), owns_source=True, title="e2e benchmark", tune_gc=True)
     lat = Latencies(app)
     meter = FrameMeter(app, on_frame=lat.on_frame)
     job = JobProcess(torchrun_argv(nproc, config.to_argv(), conn), conn)

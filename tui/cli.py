@@ -429,7 +429,7 @@ def run_tui(
 ) -> int:
     from tui.view.app import build_app
 
-    app = build_app(collector=collector, job=job, title=title, hint=hint, connect=connect)
+    app = build_app(collector=collector, job=job, title=title, hint=hint, connect=connect, tune_gc=True)
     app.run()
     if job is not None and job.exit_code() not in (None, 0):
         print(f"commtop: the job exited with code {job.exit_code()}; its last lines:", file=sys.stderr)

@@ -38,6 +38,7 @@ from tui.model.interfaces import (
 )
 from tui.model.run_model import RunModel, Snapshot
 from tui.model.verdict import pcie_peak, verdict_text
+from tui.view.gc_tuning import settle_garbage_collector
 from tui.view.keys import KEYS, bindings
 from tui.view.messages import IngestError, SnapshotReady
 from tui.view.widgets.connect import ConnectPanel
@@ -101,8 +102,10 @@ class CommtopApp(App[None]):
         owns_source: bool = False,
         links: bool = True,
         connect: Sequence[str] = (),
+        tune_gc: bool = False,
     ) -> None:
         super().__init__()
+        self.tune_gc = tune_gc  # the CLI's process: tui.view.gc_tuning once mounted (not in tests)
         self.source = source
         self.model = model if model is not None else RunModel()
         self.sinks = list(sinks)
@@ -173,6 +176,8 @@ class CommtopApp(App[None]):
             self.ingest.start()
         self.set_interval(SIDE_POLL_S, self._side_poll)
         self._side_poll()
+        if self.tune_gc:
+            settle_garbage_collector()
 
     def _catch_sigterm(self) -> None:
         """SIGTERM ends the app the way q does: from the event loop, so Textual's driver puts
