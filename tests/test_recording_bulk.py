@@ -69,20 +69,6 @@ def test_a_synthetic_run_with_copies_telemetry_and_many_chunks(tmp_path: Path) -
     assert_bulk_is_by_chunk(path)
 
 
-@pytest.mark.parametrize("threads", [1, 2, 5])
-def test_the_thread_count_changes_no_value(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
-    """Chunks inflated, columns decoded and float blocks restored by 1, 2 or 5 threads (the
-    core count decides it: tui.recordings.cores), tasks and blocks made small so that there are many."""
-    path = tmp_path / "run.commtop"
-    write_recording(path, list(synth_run(duration_s=6.0, world=4)), chunk_s=0.05)
-    monkeypatch.setattr(bulk, "read_threads", lambda: threads)
-    monkeypatch.setattr(bulk, "READ_TASK", 4)
-    monkeypatch.setattr(bulk, "BLOCK", 333)
-    with open_recording(path) as rec:
-        assert len(rec.chunks) >= 4 * bulk.READ_TASK and rec.records > 10 * bulk.BLOCK
-    assert_bulk_is_by_chunk(path)
-
-
 def test_odd_values_and_empty_batches(tmp_path: Path) -> None:
     n = 7
     cols = {

@@ -12,6 +12,7 @@ way the writer never writes) goes to the per-chunk decoder, in its place, with i
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tui.recordings.cores import read_threads
 from tui.recordings.format import (
     COLL_CODECS,
     COPY_CODECS,
@@ -177,14 +177,6 @@ def _needed(codecs: dict[str, str], wanted: Sequence[str] | None) -> set[str]:
 BLOCK = 1 << 18
 
 
-def _width(codec: str, dtype: str) -> int:
-    """Bytes per stored value of a column: its dtype's for plain and delta integers, 4 for
-    float bits, 8 for a host-time offset."""
-    if codec in ("d", "p"):
-        return np.dtype(dtype).itemsize
-    return 8 if codec == "h" else 4
-
-
 def _columns(
     chunks: list[_Chunk],
     name: str,
@@ -192,52 +184,36 @@ def _columns(
     schema: dict[str, str],
     need: set[str],
     counts: np.ndarray,
-    pool: ThreadPoolExecutor | None = None,
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(batch ranks, per-record columns) of one part over ``chunks``, each column as the
-    per-chunk decoder's ``_decode_part`` gives it. With ``pool``, the columns' integers are
-    decoded side by side (numpy's passes release the GIL) and recomputed blocks likewise;
-    the values do not depend on it."""
+    per-chunk decoder's ``_decode_part`` gives it."""
     having = [c.parts[name] for c in chunks if name in c.parts]
     ranks = decode_ints([h["meta"]["rank"] for h in having]).view(np.int64)
-    wanted = [(col, codec) for col, codec in codecs.items() if col in need]  # dependencies first
-    jobs = [([h["cols"][col] for h in having], _width(codec, schema[col])) for col, codec in wanted]
-    raw = pool.map(lambda job: decode_ints(*job), jobs) if pool is not None else (decode_ints(*j) for j in jobs)
     cols: dict[str, np.ndarray] = {}
-    for (col, codec), ints in zip(wanted, raw, strict=True):
+    for col, codec in codecs.items():  # dict order puts every dependency first
+        if col not in need:
+            continue
+        encs = [h["cols"][col] for h in having]
         if codec in ("d", "p"):
-            cols[col] = ints.view(np.dtype(schema[col]))
+            dtype = np.dtype(schema[col])
+            cols[col] = decode_ints(encs, dtype.itemsize).view(dtype)
         elif codec == "h":
-            cols[col] = ints.view(np.int64) + cols["start_ns"]
+            cols[col] = decode_ints(encs).view(np.int64) + cols["start_ns"]
         elif codec == "f":
-            cols[col] = ints.view(np.float32)
+            cols[col] = decode_ints(encs, 4).view(np.float32)
         else:
+            bits = decode_ints(encs, 4)
             factor: Any = None
             if codec == "b":
                 bf = np.frombuffer(b"".join(h["bf"] for h in having), dtype=np.float64)
                 same = len(bf) and bool((bf.view(np.uint64) == bf.view(np.uint64)[0]).all())
                 factor = bf[0] if same else np.repeat(bf, counts)
-            _restore_floats(ints, codec, cols, factor, pool)
-            cols[col] = ints.view(np.float32)
+            for a in range(0, len(bits), BLOCK):
+                part = {c: v[a : a + BLOCK] for c, v in cols.items()}
+                f = factor[a : a + BLOCK] if isinstance(factor, np.ndarray) else factor
+                bits[a : a + BLOCK] ^= _f32_bits(_recomputed(codec, part, f))
+            cols[col] = bits.view(np.float32)
     return ranks, cols
-
-
-def _restore_floats(
-    bits: np.ndarray, codec: str, cols: dict[str, np.ndarray], factor: Any, pool: ThreadPoolExecutor | None
-) -> None:
-    """Stored XOR recomputed: a float column's bits, in place, one BLOCK at a time."""
-
-    def block(a: int) -> None:
-        part = {c: v[a : a + BLOCK] for c, v in cols.items()}
-        f = factor[a : a + BLOCK] if isinstance(factor, np.ndarray) else factor
-        bits[a : a + BLOCK] ^= _f32_bits(_recomputed(codec, part, f))
-
-    starts = range(0, len(bits), BLOCK)
-    if pool is None:
-        for a in starts:
-            block(a)
-    else:
-        list(pool.map(block, starts))
 
 
 def _segment_sums(values: np.ndarray, sizes: list[int]) -> np.ndarray:
@@ -272,9 +248,9 @@ def _bad_counts(chunks: list[_Chunk], kinds: np.ndarray, counts: dict[str, np.nd
     return bad
 
 
-#: Chunks per task of the reading threads (tui.recordings.cores). Each thread inflates (zlib,
-#: without the GIL) then unpacks and checks (Python, with it), so some inflate while one
-#: unpacks; this thread only waits. (Were it unpacking while they inflate, each worker would wait out the
+#: Chunks per task of the two reading threads. Each thread inflates (zlib, without the GIL)
+#: then unpacks and checks (Python, with it), so one inflates while the other unpacks; this
+#: thread only waits. (Were it unpacking while they inflate, each worker would wait out the
 #: interpreter's switch interval, 5 ms, for the GIL after every chunk.)
 READ_TASK = 32
 
@@ -293,31 +269,22 @@ def _read(data: Any, infos: Sequence[ChunkInfo], wanted: dict[str, set[str]]) ->
     return out
 
 
-def _read_all(rec: Recording, wanted: dict[str, set[str]], pool: ThreadPoolExecutor | None) -> list[_Chunk | None]:
+def _read_all(rec: Recording, wanted: dict[str, set[str]]) -> list[_Chunk | None]:
     chunks, data = rec.chunks, rec._data
-    if len(chunks) < 4 * READ_TASK or pool is None:
+    if len(chunks) < 4 * READ_TASK or (os.cpu_count() or 1) < 2:
         return _read(data, chunks, wanted)
     out: list[_Chunk | None] = []
-    tasks = [chunks[i : i + READ_TASK] for i in range(0, len(chunks), READ_TASK)]
-    for part in pool.map(lambda infos: _read(data, infos, wanted), tasks):
-        out += part
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="commtop-read") as pool:
+        tasks = [chunks[i : i + READ_TASK] for i in range(0, len(chunks), READ_TASK)]
+        for part in pool.map(lambda infos: _read(data, infos, wanted), tasks):
+            out += part
     return out
 
 
 def read_tables(rec: Recording, coll_columns: Sequence[str] | None = None) -> Tables:
     """``rec.tables(coll_columns)``, every chunk the per-chunk decoder reads read in bulk."""
     wanted = {"coll": _needed(COLL_CODECS, coll_columns), "copy": _needed(COPY_CODECS, None)}
-    threads = read_threads()
-    if threads < 2:
-        return _read_tables(rec, wanted, coll_columns, None)
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="commtop-read") as pool:
-        return _read_tables(rec, wanted, coll_columns, pool)
-
-
-def _read_tables(
-    rec: Recording, wanted: dict[str, set[str]], coll_columns: Sequence[str] | None, pool: ThreadPoolExecutor | None
-) -> Tables:
-    checked = _read_all(rec, wanted, pool)
+    checked = _read_all(rec, wanted)
     while True:
         good = [c for c in checked if c is not None]
         # Receive times: for the others, copy records and a wanted recv_ns column only.
@@ -336,7 +303,7 @@ def _read_tables(
         drop = {id(good[i]) for i in bad}
         checked = [None if c is not None and id(c) in drop else c for c in checked]
     have = {
-        name: (counts[name], *_columns(good, name, codecs, schema, wanted[name], counts[name], pool))
+        name: (counts[name], *_columns(good, name, codecs, schema, wanted[name], counts[name]))
         for name, _, codecs, schema, _ in _PARTS
     }
     return _assemble(rec, checked, t, kinds, have, others, coll_columns)

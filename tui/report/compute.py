@@ -25,7 +25,6 @@ import numpy as np
 
 from tui.model.ab_stats import as_json as ab_json
 from tui.model.ab_stats import format_table as ab_table
-from tui.recordings.cores import read_threads
 from tui.recordings.format import Recording, Tables, run_metadata
 from tui.report.overlap_report import ab_sections, class_fields, class_p50s, format_class_table
 from tui.report.peaks import Peaks, link_peaks, measured_lines, peak_fields, peaks_json, peaks_line
@@ -602,8 +601,7 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     epochs = _epochs(g.runs)
     orders: dict[int, _EpochOrder | None] = {}  # by the epoch's first record
     pure_epochs: dict[int, list[tuple[int, int, int]]] = {}  # mode -> its epochs of one mode and (op, size) code
-    # numpy sorts without the GIL: one thread per usable core (tui.recordings.cores), at least 2
-    with ThreadPoolExecutor(max_workers=max(2, read_threads()), thread_name_prefix="commtop-sort") as pool:
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="commtop-sort") as pool:  # numpy sorts without the GIL
         sorted_epochs = list(
             pool.map(
                 lambda ep: _EpochOrder.of(dur32[ep[1] : ep[2]], ocls[ep[1] : ep[2]], [b - a for _, a, b in ep[3]]),
