@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from tui.recordings.format import RecordingError, open_recording
-from tui.recordings.pages import collector_paused, small_pages
+from tui.recordings.pages import collector_paused, heap_kept, small_pages
 from tui.report import compare
 from tui.report.compute import (
     TRACE_WARN_BYTES,
@@ -66,7 +66,7 @@ def build_parser(prog: str = "commtop report") -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """`commtop report ...`: 0 on success, 1 on a file that is not a recording or a failed write."""
     ns = build_parser().parse_args(argv)
-    with small_pages(), collector_paused():  # a one-shot pass over hundreds of MB (tui.recordings.pages)
+    with small_pages(), heap_kept(), collector_paused():  # a one-shot pass over hundreds of MB (tui.recordings.pages)
         return run(ns)
 
 
