@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tui.recordings import summary as chunk_summary
 from tui.recordings.format import (
     COLL_CODECS,
     COPY_CODECS,
@@ -156,7 +157,7 @@ def _check_chunk(info: ChunkInfo, doc: Any, wanted: dict[str, set[str]]) -> _Chu
         bf = part.get("bf")
         if "busbw" in cols and (not isinstance(bf, bytes) or len(bf) != 8 * meta["n"][5]):  # type: ignore[index]
             return None
-        chunk.parts[name] = {"meta": meta, "cols": cols, "bf": bf}
+        chunk.parts[name] = {"meta": meta, "cols": cols, "bf": bf, "s": part.get("s")}
     return chunk
 
 
@@ -281,8 +282,9 @@ def _read_all(rec: Recording, wanted: dict[str, set[str]]) -> list[_Chunk | None
     return out
 
 
-def read_tables(rec: Recording, coll_columns: Sequence[str] | None = None) -> Tables:
-    """``rec.tables(coll_columns)``, every chunk the per-chunk decoder reads read in bulk."""
+def read_tables(rec: Recording, coll_columns: Sequence[str] | None = None, *, summary: bool = False) -> Tables:
+    """``rec.tables(coll_columns)``, every chunk the per-chunk decoder reads read in bulk;
+    ``summary``: with the chunks' collective summaries where every chunk has a valid one."""
     wanted = {"coll": _needed(COLL_CODECS, coll_columns), "copy": _needed(COPY_CODECS, None)}
     checked = _read_all(rec, wanted)
     while True:
@@ -306,7 +308,12 @@ def read_tables(rec: Recording, coll_columns: Sequence[str] | None = None) -> Ta
         name: (counts[name], *_columns(good, name, codecs, schema, wanted[name], counts[name]))
         for name, _, codecs, schema, _ in _PARTS
     }
-    return _assemble(rec, checked, t, kinds, have, others, coll_columns)
+    tables = _assemble(rec, checked, t, kinds, have, others, coll_columns)
+    if summary and all(c is not None for c in checked):
+        parts = [c.parts["coll"]["s"] for c in good if "coll" in c.parts]
+        if all(chunk_summary.valid(s) for s in parts):
+            tables.coll_summary = chunk_summary.join(parts)
+    return tables
 
 
 def _others(chunks: list[_Chunk], t: np.ndarray, kinds: np.ndarray) -> tuple[list[list[tuple[int, Any]]], set[int]]:

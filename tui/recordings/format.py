@@ -45,6 +45,7 @@ import msgpack
 import numpy as np
 
 from tui.model.interfaces import RecordingStatus
+from tui.recordings import summary
 from workers.wire import protocol as p
 from workers.wire.busbw import algbw_gbps
 from workers.wire.telemetry import Tick, decode_tick
@@ -222,6 +223,10 @@ def _encode_part(batches: list[p.Batch], codecs: dict[str, str], schema: dict[st
         else:
             enc[name] = _enc_int(_f32_bits(col) ^ _f32_bits(_recomputed(codec, cols, factor)), False)
     part["c"] = enc
+    if codecs is COLL_CODECS:
+        rank = np.repeat(np.array([b.rank for b in batches], dtype=np.int64), counts)
+        if summary.summarizable(rank):
+            part["s"] = summary.summarize(rank, cols)
     return part
 
 
@@ -425,6 +430,7 @@ class RecordingWriter:
         self.records = 0
         self.first_ns = 0
         self.last_ns = 0
+        meta = {**meta, summary.HEADER_KEY: summary.VERSION}  # every chunk's collectives summarised
         self._put(PREFIX.pack(MAGIC, FORMAT_VERSION, 0) + _frame(HEADER, _pack(meta)))
 
     def _put(self, data: bytes) -> None:
@@ -689,6 +695,9 @@ class Tables:
     byes: list[tuple[int, p.Bye]] = field(default_factory=list)
     ticks: list[tuple[int, Tick]] = field(default_factory=list)  # node telemetry, decoded once
     other: list[tuple[int, dict[str, Any]]] = field(default_factory=list)  # TELEM_CAPS, ...
+    #: Every chunk's collective summary rows (tui.recordings.summary), when asked for and every
+    #: chunk has one; else None.
+    coll_summary: dict[str, np.ndarray] | None = None
 
 
 class Recording:
@@ -864,14 +873,20 @@ class Recording:
             if chunk is not None:
                 yield from chunk_messages(chunk)
 
-    def tables(self, coll_columns: Sequence[str] | None = None) -> Tables:
+    def tables(self, coll_columns: Sequence[str] | None = None, *, summary: bool = False) -> Tables:
         """The whole recording as numpy columns (+ "rank" and "recv_ns" per record).
         ``coll_columns`` limits the collective columns decoded (faster, less memory); "rank"
-        always comes, "recv_ns" only when named. Read in bulk (:mod:`tui.recordings.bulk`):
+        always comes, "recv_ns" only when named. ``summary``: also the chunks' collective
+        summaries (``Tables.coll_summary``). Read in bulk (:mod:`tui.recordings.bulk`):
         one numpy pass per column over every chunk."""
         from tui.recordings.bulk import read_tables
 
-        return read_tables(self, coll_columns)
+        return read_tables(self, coll_columns, summary=summary)
+
+    @property
+    def has_summaries(self) -> bool:
+        """Whether its writer summarised every chunk's collectives (tui.recordings.summary)."""
+        return self.header.get(summary.HEADER_KEY) == summary.VERSION
 
     def tables_by_chunk(self, coll_columns: Sequence[str] | None = None) -> Tables:
         """:meth:`tables`, chunk by chunk with :func:`decode_chunk`: the reference the bulk

@@ -22,6 +22,7 @@ from tui.report.compute import (
     format_json,
     format_table,
     report_columns,
+    report_tables,
     window_tables,
     write_records_csv,
 )
@@ -127,8 +128,12 @@ def run(ns: argparse.Namespace) -> int:
     with rec:
         if rec.summary() and not (fmt == "table" and not ns.output):  # the table on stdout says it itself
             print(f"commtop report: warning: {rec.summary()}", file=sys.stderr)
-        wanted = None if ns.records or ns.trace else report_columns(rec)
-        tables = rec.tables(coll_columns=wanted)
+        if ns.records or ns.trace:
+            tables = rec.tables()
+        elif ns.plot or ns.window:  # every record's start time and bandwidths
+            tables = rec.tables(coll_columns=report_columns(rec))
+        else:
+            tables = report_tables(rec)
         if ns.window:
             tables = window_tables(tables, ns.window)
         try:
@@ -186,9 +191,10 @@ def run_compare(ns: argparse.Namespace) -> int:
         with rec:
             if rec.summary():
                 print(f"commtop report: warning: {path}: {rec.summary()}", file=sys.stderr)
-            tables = rec.tables(coll_columns=report_columns(rec))
             if ns.window:
-                tables = window_tables(tables, ns.window)
+                tables = window_tables(rec.tables(coll_columns=report_columns(rec)), ns.window)
+            else:
+                tables = report_tables(rec)
             reports.append(build_report(rec, tables, ns.measured))
     text = {"table": compare.format_table, "json": compare.format_json, "csv": compare.format_csv}[
         ns.format or "table"

@@ -25,7 +25,9 @@ import numpy as np
 
 from tui.model.ab_stats import as_json as ab_json
 from tui.model.ab_stats import format_table as ab_table
+from tui.recordings import summary as chunk_summary
 from tui.recordings.format import Recording, Tables, run_metadata
+from tui.recordings.summary import window_end_ns
 from tui.report.overlap_report import ab_sections, class_fields, class_p50s, format_class_table
 from tui.report.peaks import Peaks, link_peaks, measured_lines, peak_fields, peaks_json, peaks_line
 from workers.wire import protocol as p
@@ -289,7 +291,7 @@ def _epoch_windows(epoch: np.ndarray, start: np.ndarray, dur32: np.ndarray) -> d
     out: dict[int, tuple[int, int]] = {}
     for a in range(0, len(epoch), BLOCK):
         e, s = epoch[a : a + BLOCK], start[a : a + BLOCK]
-        end = s + (dur32[a : a + BLOCK].astype(np.float64) * 1e3).astype(np.int64)
+        end = window_end_ns(s, dur32[a : a + BLOCK])
         lo, hi = int(e.min()), int(e.max())
         for ep in [lo] if lo == hi else np.unique(e).tolist():
             sel = slice(None) if lo == hi else e == ep
@@ -548,46 +550,113 @@ def report_columns(rec: Recording) -> tuple[str, ...]:
     return tuple(c for c in REPORT_COLUMNS if c != "step")
 
 
+def summary_columns(rec: Recording) -> tuple[str, ...]:
+    """The collective columns a report reads where the chunks carry summaries: those of
+    :func:`report_columns` less algbw and busbw (summed in the summaries) and, without copies,
+    the start times (the windows are in the summaries; only the overlap classes need them)."""
+    drop = {"algbw", "busbw"} if sum(c.copy_records for c in rec.chunks) else {"algbw", "busbw", "start_ns"}
+    return tuple(c for c in report_columns(rec) if c not in drop)
+
+
+def report_tables(rec: Recording) -> Tables:
+    """The tables :func:`build_report` needs: fewer columns and the summaries where the writer
+    summarised its chunks (tui.recordings.summary), else the report's columns."""
+    if rec.has_summaries:
+        return rec.tables(coll_columns=summary_columns(rec), summary=True)
+    return rec.tables(coll_columns=report_columns(rec))
+
+
+@dataclass(frozen=True)
+class _Sums:
+    """What a report takes from sums over the records: per (epoch, rank) group id the sums of
+    duration, algbw and busbw; per epoch its window (first start, last end) and (first start,
+    last start); the first start of all."""
+
+    dur: np.ndarray
+    alg: np.ndarray
+    bus: np.ndarray
+    windows: dict[int, tuple[int, int]]
+    starts: dict[int, tuple[int, int]] | None  # None: from the start_ns column (ab_sections)
+    t_base: int | None
+
+
+def _sums_of_columns(coll: dict[str, np.ndarray], g: _Groups) -> _Sums:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commtop-report") as side:  # numpy without the GIL
+        windows = side.submit(_epoch_windows, coll["epoch"], coll["start_ns"], coll["dur_us"])
+        dur, alg, bus = (_group_sums(g.gid, coll[name], g.span) for name in ("dur_us", "algbw", "busbw"))
+        t_base = int(coll["start_ns"].min()) if len(coll["start_ns"]) else None
+        return _Sums(dur, alg, bus, windows.result(), None, t_base)
+
+
+def _sums_of_summary(rows: dict[str, np.ndarray] | None, g: _Groups) -> _Sums | None:
+    """The same from the chunks' summaries, or None where they do not count the very records
+    read (a group missing, or a count that differs): the columns then decide."""
+    if rows is None:
+        return None
+    per = chunk_summary.by_key(rows)
+    keys = [key for key, _, _ in g.runs]
+    if per["key"].tolist() != keys or per["n"].tolist() != [b - a for _, a, b in g.runs]:
+        return None
+    sums = {f: np.zeros(g.span) for f in chunk_summary.FLOAT_FIELDS}
+    for f, out in sums.items():
+        out[g.ids] = per[f]
+    epochs = (per["key"] >> chunk_summary.RANK_BITS).tolist()
+    windows: dict[int, tuple[int, int]] = {}
+    starts: dict[int, tuple[int, int]] = {}
+    for e, s0, s1, t1 in zip(epochs, per["s0"].tolist(), per["s1"].tolist(), per["t1"].tolist(), strict=True):
+        w, st = windows.get(e), starts.get(e)
+        windows[e] = (s0, t1) if w is None else (min(w[0], s0), max(w[1], t1))
+        starts[e] = (s0, s1) if st is None else (min(st[0], s0), max(st[1], s1))
+    t_base = int(per["s0"].min()) if len(keys) else None
+    return _Sums(sums["d"], sums["a"], sums["b"], windows, starts, t_base)
+
+
 def build_report(rec: Recording, tables: Tables | None = None, measured: Sequence[Any] = ()) -> Report:
-    """Every number of the report, from a recording (``tables`` when already loaded)."""
-    tables = tables or rec.tables(coll_columns=report_columns(rec))
+    """Every number of the report, from a recording (``tables`` when already loaded: with the
+    columns of :func:`report_columns`, or of :func:`summary_columns` and the summaries)."""
+    tables = tables or report_tables(rec)
+    g = _group(tables.coll["epoch"], tables.coll["rank"])
+    sums = None if "busbw" in tables.coll else _sums_of_summary(tables.coll_summary, g)
+    if sums is None and "busbw" not in tables.coll:  # summaries that do not add up: read the columns
+        tables = rec.tables(coll_columns=report_columns(rec))
     coll, copy = tables.coll, tables.copy
-    t_base = int(coll["start_ns"].min()) if len(coll["start_ns"]) else rec.first_ns
     settings = _settings_by_epoch(tables.hellos)
     gpu_of = {h.rank: (h.host, h.gpu_uuid) for _, h in tables.hellos}
     telemetry = _Telemetry(tables.ticks)
     peaks = link_peaks(tables.ticks, [msg for _, msg in tables.other], measured)
 
     # Sorted once by (epoch, rank), only the columns that need a slice per row: durations (for
-    # exact percentiles), modes and (op, size) codes. Sums per row come from per-group sums over
-    # the columns in file order, time windows from a blocked pass: no full-size temporaries.
-    # Time windows and per-group sums (numpy, without the GIL) on a second thread meanwhile.
+    # exact percentiles), modes and (op, size) codes. Sums per row come from the chunks'
+    # summaries, or per-group sums over the columns in file order, time windows from a blocked
+    # pass: no full-size temporaries. Those (numpy, without the GIL) on a second thread meanwhile.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commtop-report") as side:
-        epoch_windows = side.submit(_epoch_windows, coll["epoch"], coll["start_ns"], coll["dur_us"])
-        g = _group(coll["epoch"], coll["rank"])
-        sums = side.submit(lambda: [_group_sums(g.gid, coll[name], g.span) for name in ("dur_us", "algbw", "busbw")])
+        summed = side.submit(_sums_of_columns, coll, g) if sums is None else None
         order = g.order
         dur32 = coll["dur_us"][order]  # percentiles sort these (workers.wire.stats)
         if len(copy["rank"]):
             ocls, ofrac = classify_columns(coll, copy)
         else:  # what classify_columns says of collectives without copies, without reading their steps
             ocls, ofrac = np.zeros(len(dur32), dtype=np.uint8), np.zeros(len(dur32), dtype=np.float32)
-        ab = tuple(
-            ab_sections(
-                tables,
-                ocls,
-                ofrac,
-                lambda t0, t1: _link_tx(telemetry, t0, t1),
-                lambda t0, t1: telemetry.mean(HBM_UTIL, t0, t1, None),
-            )
-        )
-        if len(copy["rank"]):
-            ocls, ofrac = ocls[order], ofrac[order]
         mode = coll["mode"][order]
         codes, combos = _combo_codes(coll["op"], coll["nbytes"])
         code = codes[order]
-        dur_sum, alg_sum, bus_sum = sums.result()
-        windows = epoch_windows.result()
+        if summed is not None:
+            sums = summed.result()
+    assert sums is not None
+    ab = tuple(
+        ab_sections(
+            tables,
+            ocls,
+            ofrac,
+            lambda t0, t1: _link_tx(telemetry, t0, t1),
+            lambda t0, t1: telemetry.mean(HBM_UTIL, t0, t1, None),
+            sums.starts,
+        )
+    )
+    if len(copy["rank"]):
+        ocls, ofrac = ocls[order], ofrac[order]
+    dur_sum, alg_sum, bus_sum, windows = sums.dur, sums.alg, sums.bus, sums.windows
+    t_base = sums.t_base if sums.t_base is not None else rec.first_ns
     gid_of = dict(zip((key for key, _, _ in g.runs), g.ids, strict=True))
     copies_by = _group(copy["epoch"], copy["rank"])
     corder, cruns = copies_by.order, copies_by.runs

@@ -87,10 +87,12 @@ def ab_sections(
     frac: np.ndarray,
     link: Callable[[int, int], float] | None = None,
     hbm: Callable[[int, int], float] | None = None,
+    epoch_starts: dict[int, tuple[int, int]] | None = None,
 ) -> list[Any]:
     """The A/B experiments recorded in ``tables`` (their marks), re-analysed from the records.
     ``link(t0, t1)``: link tx GB/s over a time window, ``hbm(t0, t1)``: HBM bandwidth
-    utilisation % (GPM), each averaged per arm over its blocks."""
+    utilisation % (GPM), each averaged per arm over its blocks' (first start, last start) of
+    collectives: from ``epoch_starts`` per epoch where given, else from the start_ns column."""
     from tui.model.ab_stats import analyse, blocks_from_marks
 
     out = []
@@ -104,24 +106,34 @@ def ab_sections(
                 tables.copy,
                 a=a,
                 b=b,
-                link_gbps=_per_arm(tables, blocks, link),
-                hbm_util_pct=_per_arm(tables, blocks, hbm),
+                link_gbps=_per_arm(tables, blocks, link, epoch_starts),
+                hbm_util_pct=_per_arm(tables, blocks, hbm, epoch_starts),
             )
         )
     return out
 
 
-def _per_arm(tables: Any, blocks: list[Any], value: Callable[[int, int], float] | None) -> tuple[float, float]:
+def _per_arm(
+    tables: Any,
+    blocks: list[Any],
+    value: Callable[[int, int], float] | None,
+    epoch_starts: dict[int, tuple[int, int]] | None = None,
+) -> tuple[float, float]:
     """Per arm, the mean over its blocks of ``value`` over each block's collective window."""
     if value is None or not blocks:
         return (math.nan, math.nan)
-    epochs = np.asarray(tables.coll["epoch"])
-    starts = np.asarray(tables.coll["start_ns"])
+    if epoch_starts is None:
+        epochs = np.asarray(tables.coll["epoch"])
+        starts = np.asarray(tables.coll["start_ns"])
+        epoch_starts = {}
+        for ep in {blk.epoch for blk in blocks}:
+            sel = epochs == ep
+            if sel.any():
+                epoch_starts[ep] = (int(starts[sel].min()), int(starts[sel].max()))
     per_arm: dict[str, list[float]] = {"A": [], "B": []}
     for blk in blocks:
-        sel = epochs == blk.epoch
-        if sel.any():
-            per_arm[blk.arm].append(value(int(starts[sel].min()), int(starts[sel].max())))
+        if blk.epoch in epoch_starts:
+            per_arm[blk.arm].append(value(*epoch_starts[blk.epoch]))
     a_vals = [v for v in per_arm["A"] if math.isfinite(v)]
     b_vals = [v for v in per_arm["B"] if math.isfinite(v)]
     return (
