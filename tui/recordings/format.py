@@ -18,7 +18,9 @@ reads on. A file cut at any byte keeps every frame before the cut. Frame types:
   where values creep (iteration, step, start_ns, the bits of dur_us), narrowed to the fewest
   bytes that hold it and byte-shuffled, so zlib sees long runs of equal bytes. algbw/busbw/gbps
   are stored as the XOR of their bits with the value recomputed from nbytes and dur_us: zero
-  (free) when the worker used the usual formula, and still exact when it did not.
+  (free) when the worker used the usual formula, and still exact when it did not. The
+  collective part also holds a summary per (epoch, rank) (:mod:`tui.recordings.summary`):
+  counts, sums and first/last times, so ``commtop report`` decodes durations, not every column.
 * TRAILER: totals, written on a clean close only; without it the recording is "incomplete".
 
 :class:`Recorder` is the collector's Sink: ``write`` only appends to a bounded in-memory list;
