@@ -619,6 +619,7 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     sums = None if "busbw" in tables.coll else _sums_of_summary(tables.coll_summary, g)
     if sums is None and "busbw" not in tables.coll:  # summaries that do not add up: read the columns
         tables = rec.tables(coll_columns=report_columns(rec))
+        g = _group(tables.coll["epoch"], tables.coll["rank"])  # (the chunks it takes are checked anew)
     coll, copy = tables.coll, tables.copy
     settings = _settings_by_epoch(tables.hellos)
     gpu_of = {h.rank: (h.host, h.gpu_uuid) for _, h in tables.hellos}
