@@ -51,12 +51,7 @@ def summarize(rank: np.ndarray, cols: dict[str, np.ndarray]) -> dict[str, bytes]
     inverse = inverse.ravel()
     rows = len(uniq)
     start = cols["start_ns"].astype(np.int64)
-    s0 = np.full(rows, np.iinfo(np.int64).max)
-    s1 = np.full(rows, np.iinfo(np.int64).min)
-    t1 = np.full(rows, np.iinfo(np.int64).min)
-    np.minimum.at(s0, inverse, start)
-    np.maximum.at(s1, inverse, start)
-    np.maximum.at(t1, inverse, window_end_ns(start, cols["dur_us"]))
+    s0, s1, t1 = _extremes(inverse, rows, start, start, window_end_ns(start, cols["dur_us"]))
     out = {
         "e": uniq >> RANK_BITS,
         "r": uniq & ((1 << RANK_BITS) - 1),
@@ -70,6 +65,19 @@ def summarize(rank: np.ndarray, cols: dict[str, np.ndarray]) -> dict[str, bytes]
     return {f: out[f].astype(_DTYPE[f]).tobytes() for f in FIELDS}
 
 
+def _extremes(
+    inverse: np.ndarray, n: int, first: np.ndarray, last: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group of ``inverse`` (n groups): min of ``first``, max of ``last``, max of ``end``."""
+    s0 = np.full(n, np.iinfo(np.int64).max)
+    s1 = np.full(n, np.iinfo(np.int64).min)
+    t1 = np.full(n, np.iinfo(np.int64).min)
+    np.minimum.at(s0, inverse, first)
+    np.maximum.at(s1, inverse, last)
+    np.maximum.at(t1, inverse, end)
+    return s0, s1, t1
+
+
 def summarizable(rank: np.ndarray) -> bool:
     """Whether a chunk's ranks fit the summary's key (always, for real ranks)."""
     return len(rank) == 0 or (int(rank.min()) >= 0 and int(rank.max()) < 1 << RANK_BITS)
@@ -81,10 +89,8 @@ def valid(value: Any) -> bool:
     if not isinstance(value, dict) or len(value) != len(FIELDS):
         return False
     fields = [value.get(f) for f in FIELDS]
-    if not all(type(v) is bytes for v in fields):
-        return False
-    size = len(fields[0])  # type: ignore[arg-type]
-    return size % 8 == 0 and all(len(v) == size for v in fields)  # type: ignore[arg-type]
+    sizes = {len(v) for v in fields if type(v) is bytes}
+    return len(sizes) == 1 and all(type(v) is bytes for v in fields) and sizes.pop() % 8 == 0
 
 
 def join(summaries: Sequence[dict[str, bytes]]) -> dict[str, np.ndarray]:
@@ -104,11 +110,6 @@ def by_key(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     out = {"key": uniq, "n": counts}
     for f in FLOAT_FIELDS:
         out[f] = np.bincount(inverse, weights=rows[f], minlength=n)
-    s0 = np.full(n, np.iinfo(np.int64).max)
-    s1 = np.full(n, np.iinfo(np.int64).min)
-    t1 = np.full(n, np.iinfo(np.int64).min)
-    np.minimum.at(s0, inverse, rows["s0"])
-    np.maximum.at(s1, inverse, rows["s1"])
-    np.maximum.at(t1, inverse, rows["t1"])
+    s0, s1, t1 = _extremes(inverse, n, rows["s0"], rows["s1"], rows["t1"])
     out.update(s0=s0, s1=s1, t1=t1)
     return out
