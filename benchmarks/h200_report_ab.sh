@@ -16,14 +16,7 @@ import recordings
 print('write s', recordings.write(Path('/tmp/bench10m.commtop'), 10_000_000, 8))
 "
 top=$PWD
-wall() {  # the child's wall time, system time, minor faults and max RSS (no /usr/bin/time needed)
-  python3 -c '
-import resource, subprocess, sys, time
-t = time.perf_counter(); subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=True); d = time.perf_counter() - t
-u = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(f"{d:.3f} s wall ({10_000_110 / d / 1e6:.2f} M rec/s), {u.ru_stime:.2f} s sys, {u.ru_minflt} minor faults, max RSS {u.ru_maxrss // 1024} MB")
-' "$@"
-}
+. benchmarks/_h200_wall.sh
 for i in 1 2 3 4; do
   echo -n "before run $i: "; (cd _before && PYTHONPATH=$top/_before:/tmp/site wall python3 -m tui.cli report /tmp/bench10m.commtop --format json)
   echo -n "after run $i: "; wall python3 -m tui.cli report /tmp/bench10m.commtop --format json
