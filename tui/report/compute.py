@@ -545,16 +545,20 @@ def report_columns(rec: Recording) -> tuple[str, ...]:
     """The collective columns the report reads from ``rec``: :data:`REPORT_COLUMNS`, less the
     step where the recording holds no copy record (only the overlap classes, which match
     collectives to their step's copies, read it)."""
-    if sum(c.copy_records for c in rec.chunks):
+    if _has_copies(rec):
         return REPORT_COLUMNS
     return tuple(c for c in REPORT_COLUMNS if c != "step")
+
+
+def _has_copies(rec: Recording) -> bool:
+    return any(c.copy_records for c in rec.chunks)
 
 
 def summary_columns(rec: Recording) -> tuple[str, ...]:
     """The collective columns a report reads where the chunks carry summaries: those of
     :func:`report_columns` less algbw and busbw (summed in the summaries) and, without copies,
     the start times (the windows are in the summaries; only the overlap classes need them)."""
-    drop = {"algbw", "busbw"} if sum(c.copy_records for c in rec.chunks) else {"algbw", "busbw", "start_ns"}
+    drop = {"algbw", "busbw"} if _has_copies(rec) else {"algbw", "busbw", "start_ns"}
     return tuple(c for c in report_columns(rec) if c not in drop)
 
 
@@ -581,11 +585,11 @@ class _Sums:
 
 
 def _sums_of_columns(coll: dict[str, np.ndarray], g: _Groups) -> _Sums:
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commtop-report") as side:  # numpy without the GIL
-        windows = side.submit(_epoch_windows, coll["epoch"], coll["start_ns"], coll["dur_us"])
-        dur, alg, bus = (_group_sums(g.gid, coll[name], g.span) for name in ("dur_us", "algbw", "busbw"))
-        t_base = int(coll["start_ns"].min()) if len(coll["start_ns"]) else None
-        return _Sums(dur, alg, bus, windows.result(), None, t_base)
+    """The same from every record's columns (blocked numpy passes)."""
+    windows = _epoch_windows(coll["epoch"], coll["start_ns"], coll["dur_us"])
+    dur, alg, bus = (_group_sums(g.gid, coll[name], g.span) for name in ("dur_us", "algbw", "busbw"))
+    t_base = int(coll["start_ns"].min()) if len(coll["start_ns"]) else None
+    return _Sums(dur, alg, bus, windows, None, t_base)
 
 
 def _sums_of_summary(rows: dict[str, np.ndarray] | None, g: _Groups) -> _Sums | None:
@@ -616,8 +620,9 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     columns of :func:`report_columns`, or of :func:`summary_columns` and the summaries)."""
     tables = tables or report_tables(rec)
     g = _group(tables.coll["epoch"], tables.coll["rank"])
-    sums = None if "busbw" in tables.coll else _sums_of_summary(tables.coll_summary, g)
-    if sums is None and "busbw" not in tables.coll:  # summaries that do not add up: read the columns
+    lean = "busbw" not in tables.coll  # read with summary_columns: the sums must come from the summaries
+    sums = _sums_of_summary(tables.coll_summary, g) if lean else None
+    if lean and sums is None:  # summaries missing or not adding up: read the columns
         tables = rec.tables(coll_columns=report_columns(rec))
         g = _group(tables.coll["epoch"], tables.coll["rank"])  # (the chunks it takes are checked anew)
     coll, copy = tables.coll, tables.copy
