@@ -18,10 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.wire.control import EPOCH_HISTORY
 from workers.wire.protocol import COLL, MODES, Batch, Bye, Hello
-
-#: Epochs whose settings are remembered.
-HISTORY = 256
 
 
 @dataclass(frozen=True)
@@ -58,7 +56,7 @@ class InForceTracker:
         """Every epoch's settings at once (a replay reads them from the recording's hellos), so
         a jump shows the settings of the epoch it lands in before that epoch's first Hello."""
         with self._lock:
-            self._known = {int(e): dict(v) for e, v in list(settings.items())[-HISTORY:]}
+            self._known = {int(e): dict(v) for e, v in list(settings.items())[-EPOCH_HISTORY:]}
 
     def note_settings(self, epoch: int, settings: Mapping[str, Any]) -> None:
         """The settings of ``epoch`` (the collector published them, or a Hello reported them)."""
@@ -67,7 +65,7 @@ class InForceTracker:
 
     def _remember(self, epoch: int, settings: Mapping[str, Any]) -> None:
         self._by_epoch[epoch] = dict(settings)
-        if len(self._by_epoch) > HISTORY:
+        if len(self._by_epoch) > EPOCH_HISTORY:
             del self._by_epoch[min(self._by_epoch)]
 
     def note(self, message: object) -> None:

@@ -37,11 +37,9 @@ from workers.wire.telemetry import Tick
 
 TRACE_WARN_BYTES = 500_000_000
 REPORT_COLUMNS = ("epoch", "step", "mode", "op", "nbytes", "start_ns", "dur_us", "algbw", "busbw")
-LINK_METRICS = (
-    "pcie_tx_gbps",
-    "pcie_rx_gbps",
-    "nvlink_tx_gbps",
-    "nvlink_rx_gbps",
+#: Tick metrics averaged over an epoch's window: the links, then clocks and power.
+TICK_METRICS = (
+    *p.LINK_METRICS,
     "sm_clock_mhz",
     "mem_clock_mhz",
     "power_w",
@@ -335,7 +333,7 @@ class _Telemetry:
         for host, host_ticks in by_host.items():
             uuids = Counter(t.uuids for t in host_ticks).most_common(1)[0][0]
             kept = sorted((t for t in host_ticks if t.uuids == uuids), key=lambda t: t.t_ns)
-            mats = {name: np.array([t.metrics[name] for t in kept]) for name in (*LINK_METRICS, HBM_UTIL)}
+            mats = {name: np.array([t.metrics[name] for t in kept]) for name in (*TICK_METRICS, HBM_UTIL)}
             self.hosts[host] = (np.array([t.t_ns for t in kept], dtype=np.int64), uuids, mats)
 
     def mean(self, name: str, t0: int, t1: int, gpu: tuple[str, str] | None) -> float:
@@ -390,7 +388,7 @@ def _link_tx(telemetry: _Telemetry, t0: int, t1: int) -> float:
 
 
 def _link_means(telemetry: Any, t0: int, t1: int, gpu: Any) -> dict[str, Any]:
-    return {name: telemetry.mean(name, t0, t1, gpu) for name in LINK_METRICS}
+    return {name: telemetry.mean(name, t0, t1, gpu) for name in TICK_METRICS}
 
 
 class _EpochOrder:

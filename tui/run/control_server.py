@@ -39,7 +39,7 @@ from tui.model.sources import ipc_endpoint_in_use
 from tui.run.job_knobs import refusal
 from workers.wire import protocol
 from workers.wire.connection import Connection
-from workers.wire.control import ctl_reply_body, ctl_state_body
+from workers.wire.control import EPOCH_HISTORY, ctl_reply_body, ctl_state_body
 from workers.wire.settings import Settings, SettingsError, settings_from_wire
 
 PUBLISH_S = 0.5
@@ -50,8 +50,6 @@ NOTE_S = 15.0
 #: An A/B mark (``mark`` request): at most this many fields, strings this long.
 MAX_MARK_FIELDS = 16
 MAX_MARK_STR = 200
-#: Epochs whose settings are remembered (to name the settings of a batch header's epoch).
-HISTORY = 256
 
 
 class ControlServerError(RuntimeError):
@@ -251,7 +249,7 @@ class ControlServer:
             )
         if seen is None or apply_at > seen:
             self._apply_at_seen[pending] = apply_at
-            if len(self._apply_at_seen) > HISTORY:
+            if len(self._apply_at_seen) > EPOCH_HISTORY:
                 del self._apply_at_seen[min(self._apply_at_seen)]
 
     def _set_note(self, text: str) -> None:

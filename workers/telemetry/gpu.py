@@ -15,9 +15,9 @@ from typing import Any
 
 from workers.telemetry import nvml, rates
 from workers.telemetry.nvml import NA
+from workers.wire.protocol import LINK_METRICS
 
 Value = float | NA
-LINK_METRICS = ("pcie_tx_gbps", "pcie_rx_gbps", "nvlink_tx_gbps", "nvlink_rx_gbps")
 #: Metrics only GPM gives (no field counter or older API to fall back on): absent without GPM.
 GPM_ONLY = ("dram_bw_util_pct",)
 GPM_READ = (*LINK_METRICS, *GPM_ONLY)

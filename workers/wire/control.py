@@ -13,6 +13,9 @@ from typing import Any
 from workers.wire import protocol
 from workers.wire.settings import Settings
 
+#: Settings epochs a collector remembers (to name the settings of a batch header's epoch).
+EPOCH_HISTORY = 256
+
 
 def ctl_state_body(session: str, epoch: int, settings: Settings) -> dict[str, Any]:
     """The desired-state message the collector publishes, re-sent every 0.5 s."""

@@ -82,12 +82,11 @@ COPY_COLUMNS: dict[str, str] = {
     "dur_us": "<f4",
     "gbps": "<f4",
 }
+#: Link throughput metrics of a GPU (GB/s): what the links panel, the report and the exporter show.
+LINK_METRICS: tuple[str, ...] = ("pcie_tx_gbps", "pcie_rx_gbps", "nvlink_tx_gbps", "nvlink_rx_gbps")
 #: Per-GPU telemetry metrics (float64 arrays, NaN where the metric is n/a; see TELEM_CAPS).
 TELEM_GPU_METRICS: tuple[str, ...] = (
-    "pcie_tx_gbps",
-    "pcie_rx_gbps",
-    "nvlink_tx_gbps",
-    "nvlink_rx_gbps",
+    *LINK_METRICS,
     "sm_clock_mhz",
     "mem_clock_mhz",
     "power_w",
