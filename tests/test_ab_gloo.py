@@ -56,7 +56,7 @@ def test_aa_experiment_runs_end_to_end_and_the_report_reproduces_its_verdict(
     Whether the interval contains 1 is not asserted here: a 95 % interval misses 1 in ~5 % of
     A/A runs by design, so such a test would fail now and then. Coverage is tested on generated
     experiments (tests/test_ab_stats.py, fixed seed) and measured on 20 real runs by
-    benchmarks/ab_aa_coverage.py."""
+    benchmarks/standing/ab_aa_coverage.py."""
     path = tmp_path / "aa.commtop"
     done = _run(
         "--a", "mode=none", "--b", "mode=none", "--duration", "14", "--block", "0.4", "--seed", "5",

@@ -1,6 +1,6 @@
 """Decoders of Flight Recorder dumps and CUPTI memcpy records, on real H200 captures.
 
-Fixtures (tests/fixtures/h200/, captured by benchmarks/capture_probe.py on one H200, torch
+Fixtures (tests/fixtures/h200/, captured by benchmarks/probes/capture_probe.py on one H200, torch
 2.11.0+cu130, NCCL 2.28.9, cupti-python 13.0.1, world size 1): ``fr_dump_*.pkl`` is the
 dump after a known list of collectives (see ``fixtures()`` in the probe) and two DDP steps;
 ``cupti_records_*.json`` the MEMCPY/CONCURRENT_KERNEL records of the same section.

@@ -169,7 +169,7 @@ def test_tui_sigkilled_and_restarted_five_times_never_stalls_the_workers(run, tm
     # machine is idle). How soon also depends on how much CPU the new TUI gets: 1110 ms was seen at load
     # 4.5 on 2 cores against a 1000 ms bound (issue 16). The bound catches workers that stopped
     # reconnecting or back off for seconds, not a starved scheduler: 3 s for data, 5 s to paint it.
-    # End-to-end latency is measured in benchmarks/e2e_latency.py.
+    # End-to-end latency is measured in benchmarks/standing/e2e_latency.py.
     assert max(to_data_ms) < 3000.0 and max(shown_ms) < 5000.0
     # No stall: a worker that waited for the dead collector would stop for a whole outage (>= 0.8 s
     # here), one iteration as long as the outage and a few iterations across it. The bounds leave

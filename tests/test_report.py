@@ -456,7 +456,7 @@ def test_copy_bandwidth_as_a_share_of_the_pcie_peak_on_the_h200_recording(capsys
 @pytest.mark.parametrize(
     ("name", "printed"),
     [
-        # what `commtop ab` printed on the H200 (benchmarks/h200_ab.sh, 2026-12-02), verdict without the peak
+        # what `commtop ab` printed on the H200 (benchmarks/device/h200_ab.sh, 2026-12-02), verdict without the peak
         ("overlap", "mode=overlap vs mode=none: p50 +1.8 % [+1.7, +1.8] · during copies +1.8 % · copies 55.1 GB/s"),
         (
             "sync",

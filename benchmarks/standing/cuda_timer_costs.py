@@ -1,7 +1,7 @@
 """What one collective record costs the worker's loop thread on a GPU, call by call (why the
 per-record CPU target is missed there), and the whole CudaTimer cycle.
 
-    python3 benchmarks/cuda_timer_costs.py --out $OUT/cuda_timer_costs.md --no-append
+    python3 benchmarks/standing/cuda_timer_costs.py --out $OUT/cuda_timer_costs.md --no-append
 
 Needs CUDA; on a CPU-only machine it reports the CpuTimer cycle only.
 """
@@ -12,7 +12,7 @@ import argparse
 import time
 from collections.abc import Callable
 
-from _common import Report, add_common_args, finish  # benchmarks/ is sys.path[0]
+from _common import Report, add_common_args, finish  # benchmarks/standing/ is sys.path[0]
 
 
 def per_call_us(fn: Callable[[], object], n: int) -> float:

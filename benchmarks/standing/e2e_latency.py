@@ -1,8 +1,8 @@
 """End-to-end latency: from a collective's completion (its ``start_ns + dur``) to the frame that
 puts it on screen (target: p99 <= 200 ms).
 
-    /work/venv/bin/python benchmarks/e2e_latency.py            # gloo, 2 CPU ranks, ~10 s measured
-    python3 benchmarks/e2e_latency.py --out $OUT/e2e.txt        # on a GPU node: NCCL, one rank per GPU
+    python benchmarks/standing/e2e_latency.py            # gloo, 2 CPU ranks, ~10 s measured
+    python3 benchmarks/standing/e2e_latency.py --out $OUT/e2e.txt        # on a GPU node: NCCL, one rank per GPU
 
 Real workers (``torchrun -m workers`` launched the way ``commtop run`` launches them) stream to
 the real app (headless ``run_test``: LiveSource -> IngestLoop -> RunModel -> snapshot ->
@@ -19,7 +19,7 @@ import asyncio
 import time
 from typing import Any
 
-from _common import Report, add_common_args, finish, percentile  # benchmarks/ is sys.path[0]
+from _common import Report, add_common_args, finish, percentile  # benchmarks/standing/ is sys.path[0]
 from _tui_probe import FrameMeter, quiesce, reference_paint
 
 from tui.model.run_model import RunModel

@@ -2,8 +2,8 @@
 client decode records right, what does a record cost, and do its durations agree with CUDA events
 around the same collectives and copies in every offload mode.
 
-    python3 benchmarks/cupti_timer_probe.py capture --out-dir $OUT     # CUDA + NCCL, world size 1
-    python3 benchmarks/cupti_timer_probe.py layouts --out-dir $OUT     # needs cupti-python; after capture
+    python3 benchmarks/probes/cupti_timer_probe.py capture --out-dir $OUT     # CUDA + NCCL, world size 1
+    python3 benchmarks/probes/cupti_timer_probe.py layouts --out-dir $OUT     # needs cupti-python; after capture
 
 ``capture`` runs the loop with both timers on the same operations (CUDA events on the issuing and
 side streams, and CUPTI records), saves a few raw CUPTI buffers with the offsets CUPTI's own
@@ -26,7 +26,8 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's workers/
+# the checkout's workers/ and tui/
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 RESULT: dict[str, Any] = {}
 FIXTURE_BUFFERS = 3

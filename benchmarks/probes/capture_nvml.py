@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Capture real NVML readings on a GPU machine for commtop's telemetry tests and report.
 
-Usage: python3 benchmarks/capture_nvml.py OUTFILE.json  (needs torch, pynvml, psutil, numpy)
+Usage: python3 benchmarks/probes/capture_nvml.py OUTFILE.json  (needs torch, pynvml, psutil, numpy)
 
 Phases (per GPU, a sample every ~100 ms): idle; a continuous pinned D2H copy stream of
 128 MiB bf16 on a side stream of GPU 0 (timed with CUDA events); a burst of fast PCIe-counter
@@ -26,7 +26,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 SCHEMA = 1
 SAMPLE_S = 0.1
@@ -449,12 +449,12 @@ def capture(doc: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python3 benchmarks/capture_nvml.py OUTFILE.json", file=sys.stderr)
+        print("usage: python3 benchmarks/probes/capture_nvml.py OUTFILE.json", file=sys.stderr)
         return 2
     out = Path(argv[1])
     doc: dict[str, Any] = {
         "schema": SCHEMA,
-        "tool": "commtop benchmarks/capture_nvml.py",
+        "tool": "commtop benchmarks/probes/capture_nvml.py",
         "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "python": platform.python_version(),

@@ -1,7 +1,7 @@
 """Records/s into the real TUI (target: >= 1,000,000/s with no drops and frames < 100 ms, 64 ranks
 of small all_reduces, on this 2-core machine).
 
-    /work/venv/bin/python benchmarks/ingest_rate.py [--ranks 64] [--rates 250000,500000,...]
+    python benchmarks/standing/ingest_rate.py [--ranks 64] [--rates 250000,500000,...]
 
 For each offered rate: synthetic publisher processes (``_synth_publisher.py``: real PUSH
 sockets and the worker's RecordPublisher, real sealed batches every 50 ms per rank) feed
@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from _common import Report, add_common_args, finish  # benchmarks/ is sys.path[0]
+from _common import Report, add_common_args, finish  # benchmarks/standing/ is sys.path[0]
 from _tui_probe import drive, reference_paint
 
 RATE_TARGET = 1_000_000

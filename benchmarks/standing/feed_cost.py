@@ -3,7 +3,7 @@ message: FeedPublisher.forward of a real signed batch (1000 collective records),
 subscriber (the usual case) and with one reading it. Prints the machine and µs per message,
 next to the cost of decoding the same message (what the collector does anyway), as a ratio.
 
-    python benchmarks/feed_cost.py [--n 20000]
+    python benchmarks/standing/feed_cost.py [--n 20000]
 """
 
 from __future__ import annotations

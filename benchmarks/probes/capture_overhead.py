@@ -1,7 +1,7 @@
 """What the no-code-change capture (workers.capture) costs a collectives loop, and how its
 durations agree with CUDA events (issue 14). One GPU, NCCL world size 1:
 
-    python3 benchmarks/capture_overhead.py --out $OUT          # ~2 min on an H200
+    python3 benchmarks/probes/capture_overhead.py --out $OUT          # ~2 min on an H200
 
 Blocks alternate (ABC / CBA per pair) between
 * bare: collectives on a process group without timing, nothing else;
@@ -31,7 +31,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from capture_probe import EventRing, dump, enable_timing, init_dist, t_ci  # noqa: E402

@@ -1,7 +1,7 @@
 """How fast the TUI model applies record batches and builds snapshots (target: >= 1e6
 records/s applied on one core; a snapshot of 8 ranks well under the 80 ms tick).
 
-    python benchmarks/bench_tui_model.py
+    python benchmarks/probes/bench_tui_model.py
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from frozen_run import frozen_coll  # noqa: E402  (test-only message builder)
 
 from tui.model.run_model import RunModel  # noqa: E402

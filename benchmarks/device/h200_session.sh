@@ -20,7 +20,7 @@ echo "== $(date -u +%FT%TZ) $(hostname)"; nvidia-smi -L || true
 $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 
 # MODE_S: seconds per mode (5 on one H200; >= 20 on 8 GPUs for >= 200 steps of 32 all_gathers).
-# COLLECTIVES: which collectives to record (the multi-GPU run of issue 8 wants "all_gather all_reduce").
+# COLLECTIVES: which collectives to record (a multi-GPU node: "all_gather all_reduce").
 for coll in ${COLLECTIVES:-all_gather}; do
   echo "== 1. recording $coll: none -> overlap -> sync -> sync-barrier -> none, then pageable and 2x copies, via ctl"
   rec="$OUT/$(hostname)-${coll}-modes.commtop"
@@ -44,8 +44,8 @@ for lc in 1 0 1 0; do
   echo "live_control=$lc $(grep -h commtop-summary /tmp/ct/*/job.log | tail -1)"
 done | tee "$OUT/control_cost.txt"
 
-echo "== 3. overhead A/B (benchmarks/overhead.py)"
-timeout 200 $PY benchmarks/overhead.py --out "$OUT/overhead.md" --no-append
+echo "== 3. overhead A/B (benchmarks/standing/overhead.py)"
+timeout 200 $PY benchmarks/standing/overhead.py --out "$OUT/overhead.md"
 
 echo "== 4. the monitored DDP example under commtop"
 timeout 120 $PY -m tui.cli run --headless -- $PY examples/train_ddp.py --steps ${DDP_STEPS:-300} 2>&1 | tail -30 | tee "$OUT/monitor_example.txt"

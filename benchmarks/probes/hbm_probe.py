@@ -3,7 +3,7 @@
 pinned D2H copies (PCIe), and during device-to-device copies (HBM-heavy). Prints one JSON object
 per phase (median and max per metric) and the machine. Needs a GPU with GPM (Hopper+).
 
-    python3 benchmarks/hbm_probe.py [--seconds 3] [--out FILE]
+    python3 benchmarks/probes/hbm_probe.py [--seconds 3] [--out FILE]
 """
 
 from __future__ import annotations

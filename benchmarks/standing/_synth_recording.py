@@ -1,4 +1,4 @@
-"""A synthetic GPU-like run for the recordings benchmark (benchmarks/recordings.py): an
+"""A synthetic GPU-like run for the recordings benchmark (benchmarks/standing/recordings.py): an
 all_gather every ~2.7 ms per rank, in 50 ms batches, as real protocol.Batch objects."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from workers.wire import protocol as p  # noqa: E402
 from workers.wire.busbw import algbw_gbps  # noqa: E402

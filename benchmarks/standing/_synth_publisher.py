@@ -2,7 +2,7 @@
 receiver's GIL): real ZeroMQ PUSH sockets (one per rank, the worker's RecordPublisher with its
 bounded queue and non-blocking sends), the real protocol (sealed columnar batches + Hellos).
 
-    python benchmarks/_synth_publisher.py --connection-file F --ranks 0:32 --rate 500000 --seconds 5
+    python benchmarks/standing/_synth_publisher.py --connection-file F --ranks 0:32 --rate 500000 --seconds 5
 
 Every ``--batch-ms`` each rank sends one batch of ``rate / world / (1000 / batch_ms)`` small
 all_reduce records whose times are real (``start_ns + dur`` just before the send), so the
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from workers.rank.publisher import RecordPublisher  # noqa: E402
 from workers.wire import protocol as p  # noqa: E402

@@ -1,8 +1,8 @@
 """What commtop costs the workload it measures (target: <= 1.01 x on the H200; CPU gloo reported).
 
-    python3 benchmarks/overhead.py --out $OUT/overhead.txt      # GPU (NCCL), world size 1, < 2 min
-    /work/venv/bin/python benchmarks/overhead.py                 # CPU (gloo) on this machine
-    torchrun --nproc-per-node 8 benchmarks/overhead.py           # several GPUs of one node
+    python3 benchmarks/standing/overhead.py --out $OUT/overhead.txt      # GPU (NCCL), world size 1, < 2 min
+    python benchmarks/standing/overhead.py                 # CPU (gloo) on this machine
+    torchrun --nproc-per-node 8 benchmarks/standing/overhead.py           # several GPUs of one node
 
 One process (or one torchrun job) runs the forum loop of ``workers.synthetic.loop.run_steps`` on one
 ``Workload``, alternating blocks A/B/B/A/A/B... so drift (clocks, thermals, other tenants)
@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from _common import ROOT, Report, add_common_args, finish, mean_ci  # benchmarks/ is sys.path[0]
+from _common import ROOT, Report, add_common_args, finish, mean_ci  # benchmarks/standing/ is sys.path[0]
 
 from workers.wire.config import add_loop_arguments, config_from_args
 

@@ -1,6 +1,6 @@
 """Does every process `commtop run` starts end when commtop ends, however it ends?
 
-    python benchmarks/orphans.py [--trials 20] [--parallel 4] [--ways sighup,sigkill,pty,torchrun]
+    python benchmarks/standing/orphans.py [--trials 20] [--parallel 4] [--ways sighup,sigkill,pty,torchrun]
 
 Each trial starts the real `commtop run` (the Textual TUI on a pseudo-terminal, torchrun, 2 gloo
 ranks of a tiny workload, the node sampler), waits until the ranks run (plus a random delay; every
@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MARKER = "COMMTOP_ORPHAN_TRIAL"
 WAYS = ("sighup", "sigkill", "pty", "torchrun", "both")
 #: A tiny job: 2 gloo ranks, 64x64, few copies (cheap on a loaded 2-core CI machine).

@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
 
-if str(ROOT) not in sys.path:  # `python3 benchmarks/x.py` from a checkout, installed or not
+if str(ROOT) not in sys.path:  # `python3 benchmarks/standing/x.py` from a checkout, installed or not
     sys.path.insert(0, str(ROOT))
 
 

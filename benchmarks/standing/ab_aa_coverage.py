@@ -5,7 +5,7 @@ cannot assert that: with a true 95 % interval, 18 or more of 20 happens only ~92
 so such a test fails by design now and then. This benchmark runs the 20 real experiments (2 gloo
 ranks on the CPU, the same loop as tests/test_ab_gloo.py) and prints what it saw.
 
-    python benchmarks/ab_aa_coverage.py [--runs 20] [--duration 14] [--tiny]
+    python benchmarks/standing/ab_aa_coverage.py [--runs 20] [--duration 14] [--tiny]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOOP = ["--collective", "all_reduce", "--shape", "256x256", "--collectives-per-step", "4", "--backend", "gloo"]
 
 

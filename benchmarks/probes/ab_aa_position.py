@@ -7,7 +7,7 @@ second block of each pair, and the last block. If arm B looked faster in A/A (RE
 15 of 20 estimates below 1), a position effect and an uneven share of AB-first pairs would
 show here; the estimate without pair 0 says how much the first block weighs.
 
-    python benchmarks/ab_aa_position.py [--runs 6] [--duration 14]
+    python benchmarks/probes/ab_aa_position.py [--runs 6] [--duration 14]
 """
 
 from __future__ import annotations

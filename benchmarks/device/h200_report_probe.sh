@@ -9,7 +9,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1
 nproc; uptime; cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag
 python3 -c "
-import sys; sys.path.insert(0, 'benchmarks')
+import sys; sys.path.insert(0, 'benchmarks/standing')
 from pathlib import Path
 import recordings
 print('write s', recordings.write(Path('/tmp/bench10m.commtop'), 10_000_000, 8))

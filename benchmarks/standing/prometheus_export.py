@@ -1,7 +1,7 @@
 """What `--prometheus` costs: the rank's loop thread per record, the node sampler's CPU at 8
 ranks, and the scrape time of an 8-rank endpoint.
 
-    python benchmarks/prometheus_export.py [--tiny] [--seconds 10] [--rate 15000]
+    python benchmarks/standing/prometheus_export.py [--tiny] [--seconds 10] [--rate 15000]
 
 1. Worker side, in this process: the real RecordPublisher publishing real batches (750 records,
    one 50 ms batch of 66 µs collectives) with and without the tap, single calls 2 ms apart,
@@ -25,7 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from _common import ROOT, Report, add_common_args, finish  # benchmarks/ is sys.path[0]
+from _common import ROOT, Report, add_common_args, finish  # benchmarks/standing/ is sys.path[0]
 
 RANKS = 8
 BATCH = 750  # records in a 50 ms batch of 66 µs collectives (the H200 all_gather, README)

@@ -2,7 +2,7 @@
 cuda-bindings), GPU time the event pair adds to a collective loop, and how Flight Recorder, CUPTI
 and CUDA events on one stream agree on the same world-size-1 all_gather (issue 14).
 
-    python3 benchmarks/event_timer_probe.py --out-dir $OUT      # CUDA + NCCL, world size 1, ~2 min
+    python3 benchmarks/probes/event_timer_probe.py --out-dir $OUT      # CUDA + NCCL, world size 1, ~2 min
 
 Prints lines starting with ``P `` and writes ``event_timer_probe.json`` to ``--out-dir``.
 """
@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's workers/
+# the checkout's workers/ and tui/
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 RESULT: dict[str, Any] = {}
 

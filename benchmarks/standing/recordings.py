@@ -1,7 +1,7 @@
 """Recordings: bytes per collective record on disk (target <= 16) and `commtop report` read speed
 (target >= 5 million records/s) on a generated 10-million-record recording.
 
-    /work/venv/bin/python benchmarks/recordings.py [--records 10000000] [--ranks 8]
+    python benchmarks/standing/recordings.py [--records 10000000] [--ranks 8]
 
 The synthetic GPU-like run comes from ``_synth_recording.py`` (its ``batches`` generator: an
 all_gather every ~2.7 ms per rank in 50 ms batches, a new mode every minute); it is written
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import Report, add_common_args, finish  # benchmarks/ is sys.path[0]
+from _common import Report, add_common_args, finish  # benchmarks/standing/ is sys.path[0]
 from _synth_recording import batches
 
 from tui.recordings.format import Recorder, RecordingWriter, open_recording

@@ -1,6 +1,6 @@
 """Probe capture mechanisms on a GPU (issue 14): Flight Recorder timing, CUPTI activity, CUDA events.
 
-    python3 benchmarks/capture_probe.py --out $OUT        # one H200, world size 1, ~3 min
+    python3 benchmarks/probes/capture_probe.py --out $OUT        # one H200, world size 1, ~3 min
 
 Needs torch with NCCL and, for CUPTI, ``cupti-python`` (+ ``cuda-bindings``, ``cuda-pathfinder``).
 Writes into --out: ``probe.json`` (every number below), ``fr_dump.pkl`` (a real Flight Recorder

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The A/B verdicts of issue 13 on the single-H200 machine, in one device call (~4 minutes):
+# The A/B verdicts on the single-H200 machine, in one device call (~4 minutes):
 # `commtop ab --a mode=none --b mode=overlap` and `--b mode=sync` (the forum loop, world size 1),
 # each recorded, and `commtop report` on each recording (which reproduces the verdict from the
 # A/B marks). Run from the repo root with the carried wheels in .whl; results go to $OUT

@@ -1,7 +1,7 @@
 """What labelling collectives with their overlap class costs in the TUI's ingest, per record
 (target < 0.2 us), against the whole model ingest of the same batches measured in the same run.
 
-    python benchmarks/overlap_ingest.py
+    python benchmarks/standing/overlap_ingest.py
 
 Streams are generated like a worker sends them (a batch every 50 ms): the forum loop (32
 collectives of 66 us and 5 copies of 2.4 ms per step), collectives only (no copies), and small

@@ -1,7 +1,7 @@
 """Rendering at scale: 8, 64 and 512 ranks refreshed at 15 Hz (targets: 64 ranks <= 25 % of one
 core; 512 ranks readable, as the heat map, and <= 50 %).
 
-    /work/venv/bin/python benchmarks/render_scale.py [--ranks 8,64,512] [--seconds 6]
+    python benchmarks/standing/render_scale.py [--ranks 8,64,512] [--seconds 6]
 
 The real app (headless ``run_test``, snapshot interval 1/15 s; no event-loop lag probe, whose
 100 Hz task would count as the app's CPU) is fed by synthetic publisher
@@ -17,7 +17,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from _common import Report, add_common_args, finish  # benchmarks/ is sys.path[0]
+from _common import Report, add_common_args, finish  # benchmarks/standing/ is sys.path[0]
 from _tui_probe import drive, reference_paint
 
 #: CPU % of one core (the issue's targets: 8 ranks <= 15 %, 64 <= 25 %, 512 <= 50 %) and frames/s.
