@@ -6,6 +6,7 @@ records/s applied on one core; a snapshot of 8 ranks well under the 80 ms tick).
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,7 @@ def apply_rate(world: int, batch: int, total: int = 400_000) -> tuple[float, flo
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     print(f"{'ranks':>5} {'batch':>6} {'records/s':>12} {'snapshot ms':>12}")
     for world, batch in ((8, 50), (8, 200), (8, 1000), (64, 200), (512, 200)):
         rate, snap_s = apply_rate(world, batch)

@@ -12,6 +12,7 @@ Every call is wrapped: the script never stops halfway and always writes the JSON
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import math
@@ -447,11 +448,10 @@ def capture(doc: dict[str, Any]) -> None:
         g.free()
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python3 benchmarks/probes/capture_nvml.py OUTFILE.json", file=sys.stderr)
-        return 2
-    out = Path(argv[1])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("outfile", type=Path, help="the JSON file to write")
+    out = ap.parse_args(argv).outfile
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "tool": "commtop benchmarks/probes/capture_nvml.py",
@@ -481,4 +481,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

@@ -1,10 +1,11 @@
-"""What every commtop benchmark shares: the machine/date/versions header, result tables, and
-appending them to benchmarks/RESULTS.md.
+"""What every standing benchmark shares: the machine/date/versions header and the result tables.
 
-A benchmark builds a :class:`Report` (its title, tables of measured numbers, notes), then
-calls :func:`finish`, which prints it and appends it to RESULTS.md (``--results PATH``
-elsewhere, ``--no-append`` not at all) and to ``--out FILE`` when given. Numbers are
-formatted here so every table looks alike; nothing here measures anything.
+A benchmark builds a :class:`Report` (its title, tables of measured numbers with their targets
+and same-run reference, notes), then calls :func:`finish`, which prints it, writes it to
+``--out FILE`` (a raw result file, e.g. under benchmarks/results/) and appends it to
+``--results FILE`` when given. benchmarks/RESULTS.md is edited by hand: it keeps the latest
+figure per benchmark, not every run. Numbers are formatted here so every table looks alike;
+nothing here measures anything.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
 
 if str(ROOT) not in sys.path:  # `python3 benchmarks/standing/x.py` from a checkout, installed or not
     sys.path.insert(0, str(ROOT))
@@ -31,9 +31,8 @@ if str(ROOT) not in sys.path:  # `python3 benchmarks/standing/x.py` from a check
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tiny", action="store_true", help="smallest run that exercises every part (CI smoke)")
-    parser.add_argument("--out", default="", help="also write the report to this file")
-    parser.add_argument("--results", default=str(RESULTS), help="markdown file the report is appended to")
-    parser.add_argument("--no-append", action="store_true", help="print only; do not append to --results")
+    parser.add_argument("--out", default="", help="also write the report to this file (replaced)")
+    parser.add_argument("--results", default="", help="also append the report to this markdown file")
     parser.add_argument("--label", default="", help="a note in the report's heading (e.g. which code it measured)")
 
 
@@ -189,14 +188,14 @@ class Report:
 
 
 def finish(report: Report, ns: argparse.Namespace) -> None:
-    """Print the report; append it to --results (unless --no-append); write --out."""
+    """Print the report; write it to --out; append it to --results."""
     label = ", ".join(x for x in ("tiny (smoke) run" if getattr(ns, "tiny", False) else "", ns.label) if x)
     text = report.markdown(label)
     print(text, flush=True)
     if ns.out:
         Path(ns.out).parent.mkdir(parents=True, exist_ok=True)
         Path(ns.out).write_text(text)
-    if not ns.no_append:
+    if ns.results:
         path = Path(ns.results)
         with path.open("a") as f:
             f.write("\n" + text)

@@ -11,17 +11,20 @@ Ways: ``sighup`` (what tmux kill-session and a dropped SSH send), ``sigkill`` (c
 ``pty`` (the terminal's master side closed, nothing else), ``torchrun`` (the torchrun agent
 SIGKILLed: its ranks and the sampler must go, commtop stays and is then quit with SIGTERM),
 ``both`` (commtop SIGKILLed, then its torchrun at once: the ranks are orphaned with stderr on
-the pipe of a dead reader; before issue 16 this left both ranks and the sampler running).
+the pipe of a dead reader; this once left both ranks and the sampler running).
 After ``sighup`` and ``pty`` the run's folder must be gone too.
-Prints per way: trials, survivors, and the time until the last process was gone (p50/max).
-Exit 1 if any process survived. tests/test_orphans.py runs a few trials of each way in CI.
+
+Target: no process survives, whatever the way. Same-run reference: commtop's own quit
+(``sigterm``, what ``q`` does), run first; each way's time until the last process was gone
+is also given as a ratio to it. Prints per way: trials, trials with survivors, the time until
+the last process was gone (p50/max). Exit 1 if any process survived. tests/test_orphans.py runs
+a few trials of each way in CI.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import random
 import shutil
 import signal
@@ -34,9 +37,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from _common import Report, add_common_args, finish  # benchmarks/standing/ is sys.path[0]
+
 REPO = Path(__file__).resolve().parents[2]
 MARKER = "COMMTOP_ORPHAN_TRIAL"
 WAYS = ("sighup", "sigkill", "pty", "torchrun", "both")
+#: commtop's own quit (SIGTERM quits as ``q`` does): the same-run reference.
+REFERENCE = "sigterm"
 #: A tiny job: 2 gloo ranks, 64x64, few copies (cheap on a loaded 2-core CI machine).
 JOB = ["--nproc", "2", "--shape", "64x64", "--copies", "1", "--collectives-per-step", "8", "--warmup", "1"]
 
@@ -153,6 +160,8 @@ def run_trial(way: str, index: int, grace_s: float = 30.0, runtime_dir: str | No
             master = -1
         elif way == "sigkill":
             proc.kill()
+        elif way == REFERENCE:
+            proc.terminate()
         elif way == "pty":  # the terminal window closed: the kernel hangs up the session
             os.close(master)
             master = -1
@@ -178,7 +187,7 @@ def run_trial(way: str, index: int, grace_s: float = 30.0, runtime_dir: str | No
             except subprocess.TimeoutExpired:
                 survivors.append(f"{proc.pid} commtop itself ignored SIGTERM")
         note = ""
-        if way in ("sighup", "pty"):  # a hang-up is handled: the run's folder goes with it
+        if way in ("sighup", "pty", REFERENCE):  # a handled end: the run's folder goes with it
             proc.wait(20)
             left = [p.name for p in Path(rt).iterdir() if (p / "connection.json").exists()]
             note = f"run folder left behind: {left}" if left else ""
@@ -198,34 +207,42 @@ def run_trial(way: str, index: int, grace_s: float = 30.0, runtime_dir: str | No
             shutil.rmtree(rt, ignore_errors=True)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=20, help="trials per way (default 20)")
+    add_common_args(parser)
+    parser.add_argument("--trials", type=int, default=0, help="trials per way (default 20; tiny 1)")
     parser.add_argument("--parallel", type=int, default=4, help="trials of one way at a time (default 4)")
     parser.add_argument("--ways", default=",".join(WAYS))
     parser.add_argument("--grace", type=float, default=30.0, help="seconds a process may take to end (default 30)")
-    args = parser.parse_args()
-    print(
-        f"machine: {platform.node()} {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; python {sys.version.split()[0]}"
+    args = parser.parse_args(argv)
+    trials_per_way = args.trials or (1 if args.tiny else 20)
+    report = Report(f"orphans: `commtop run` ended {trials_per_way} times per way (TUI on a pty, 2 gloo ranks)")
+    table = report.table(
+        "per way; reference: commtop's own quit (SIGTERM) in the same run",
+        ("way", "trials", "with survivors", "all gone p50 s", "all gone max s", "p50 / reference", "target", "met"),
     )
     failed = 0
-    for way in args.ways.split(","):
-        started = time.monotonic()
+    ref_p50 = float("nan")
+    for way in [REFERENCE, *(w for w in args.ways.split(",") if w != REFERENCE)]:
         with ThreadPoolExecutor(args.parallel) as pool:
-            trials = list(pool.map(lambda i, w=way: run_trial(w, i, args.grace), range(args.trials)))
+            trials = list(pool.map(lambda i, w=way: run_trial(w, i, args.grace), range(trials_per_way)))
         bad = [t for t in trials if t.survivors or t.note.startswith("run folder")]
-        notes = [t.note for t in trials if t.note]
         gone = sorted(t.gone_s for t in trials if not t.note.startswith("never"))
         p50 = gone[len(gone) // 2] if gone else float("nan")
-        print(
-            f"{way:9s} trials {len(trials)}  with survivors {len(bad)}  all gone after p50 {p50:.2f} s, "
-            f"max {max(gone, default=float('nan')):.2f} s  ({time.monotonic() - started:.0f} s wall)"
+        if way == REFERENCE:
+            ref_p50 = p50
+        name = f"{way} (reference)" if way == REFERENCE else way
+        table.add(
+            name, len(trials), len(bad), p50, max(gone, default=float("nan")), p50 / ref_p50, "0 survivors", not bad
         )
         for t in bad:
-            print(f"  survivors ({t.phase}): {t.survivors} {t.note}")
-        for n in notes:
-            print(f"  note: {n}")
+            report.notes.append(f"{way}: survivors ({t.phase}): {t.survivors} {t.note}")
+        report.notes += [f"{way}: {t.note}" for t in trials if t.note and t not in bad]
         failed += len(bad)
+    report.notes.append(
+        f"load average at the end {os.getloadavg()[0]:.1f}; every 4th trial ends commtop during start-up"
+    )
+    finish(report, args)
     return 1 if failed else 0
 
 
