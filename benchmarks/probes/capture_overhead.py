@@ -1,5 +1,5 @@
 """What the no-code-change capture (workers.capture) costs a collectives loop, and how its
-durations agree with CUDA events (issue 14). One GPU, NCCL world size 1:
+durations agree with CUDA events. One GPU, NCCL world size 1:
 
     python3 benchmarks/probes/capture_overhead.py --out $OUT          # ~2 min on an H200
 

@@ -1,4 +1,4 @@
-"""Probe capture mechanisms on a GPU (issue 14): Flight Recorder timing, CUPTI activity, CUDA events.
+"""Probe capture mechanisms on a GPU: Flight Recorder timing, CUPTI activity, CUDA events.
 
     python3 benchmarks/probes/capture_probe.py --out $OUT        # one H200, world size 1, ~3 min
 

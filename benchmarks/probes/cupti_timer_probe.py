@@ -1,4 +1,4 @@
-"""CUPTI activity timing of the synthetic loop on the GPU machine (issue 14): does the raw CUPTI
+"""CUPTI activity timing of the synthetic loop on the GPU machine: does the raw CUPTI
 client decode records right, what does a record cost, and do its durations agree with CUDA events
 around the same collectives and copies in every offload mode.
 

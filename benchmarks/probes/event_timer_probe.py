@@ -1,6 +1,6 @@
 """Where a CUDA-event record's cost goes on the GPU machine: host CPU per call (torch, ctypes,
 cuda-bindings), GPU time the event pair adds to a collective loop, and how Flight Recorder, CUPTI
-and CUDA events on one stream agree on the same world-size-1 all_gather (issue 14).
+and CUDA events on one stream agree on the same world-size-1 all_gather.
 
     python3 benchmarks/probes/event_timer_probe.py --out-dir $OUT      # CUDA + NCCL, world size 1, ~2 min
 

@@ -39,7 +39,7 @@ from _common import ROOT, Report, add_common_args, finish, mean_ci  # benchmarks
 
 from workers.wire.config import add_loop_arguments, config_from_args
 
-CPU_TARGET_US = 2.0  # issue 14: loop-thread CPU per record
+CPU_TARGET_US = 2.0  # loop-thread CPU per record
 #: The per-record loop sleeps PACE_S every PACE_RECORDS records (both variants): a real loop
 #: releases the GIL in every collective; without it the harvesting thread cannot keep up with a
 #: loop that does nothing but record, the ring fills and most records go untimed (and cheap).
@@ -560,7 +560,7 @@ def run(ns: argparse.Namespace) -> Report:
         "",
     )
     report.notes.append(
-        f"targets (issue 14): < {CPU_TARGET_US:g} µs of loop-thread CPU per record; collectives-only B/A <= 1.01. "
+        f"targets: < {CPU_TARGET_US:g} µs of loop-thread CPU per record; collectives-only B/A <= 1.01. "
         f"GPU timing: {bench.timing_api()}. In B on a GPU the loop thread only records the two events "
         "(CUDA events) or stores the record's meta in a ring (CUPTI); the commtop-harvest thread reads them, builds and publishes the batches (its CPU is in 'process CPU')."
     )
