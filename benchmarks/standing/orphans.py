@@ -219,13 +219,25 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(f"orphans: `commtop run` ended {trials_per_way} times per way (TUI on a pty, 2 gloo ranks)")
     table = report.table(
         "per way; reference: commtop's own quit (SIGTERM) in the same run",
-        ("way", "trials", "with survivors", "all gone p50 s", "all gone max s", "p50 / reference", "target", "met"),
+        (
+            "way",
+            "trials",
+            "with survivors",
+            "run folder left",
+            "all gone p50 s",
+            "all gone max s",
+            "p50 / reference",
+            "target",
+            "met",
+        ),
     )
     failed = 0
     ref_p50 = float("nan")
     for way in [REFERENCE, *(w for w in args.ways.split(",") if w != REFERENCE)]:
         with ThreadPoolExecutor(args.parallel) as pool:
             trials = list(pool.map(lambda i, w=way: run_trial(w, i, args.grace), range(trials_per_way)))
+        survived = [t for t in trials if t.survivors]
+        left = [t for t in trials if t.note.startswith("run folder")]
         bad = [t for t in trials if t.survivors or t.note.startswith("run folder")]
         gone = sorted(t.gone_s for t in trials if not t.note.startswith("never"))
         p50 = gone[len(gone) // 2] if gone else float("nan")
@@ -233,10 +245,18 @@ def main(argv: list[str] | None = None) -> int:
             ref_p50 = p50
         name = f"{way} (reference)" if way == REFERENCE else way
         table.add(
-            name, len(trials), len(bad), p50, max(gone, default=float("nan")), p50 / ref_p50, "0 survivors", not bad
+            name,
+            len(trials),
+            len(survived),
+            len(left),
+            p50,
+            max(gone, default=float("nan")),
+            p50 / ref_p50,
+            "0 survivors, 0 folders",
+            not bad,
         )
         for t in bad:
-            report.notes.append(f"{way}: survivors ({t.phase}): {t.survivors} {t.note}")
+            report.notes.append(f"{way} ({t.phase}): survivors {t.survivors} {t.note}")
         report.notes += [f"{way}: {t.note}" for t in trials if t.note and t not in bad]
         failed += len(bad)
     report.notes.append(
