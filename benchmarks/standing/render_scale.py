@@ -20,7 +20,7 @@ from pathlib import Path
 from _common import Report, add_common_args, finish  # benchmarks/standing/ is sys.path[0]
 from _tui_probe import drive, reference_paint
 
-#: CPU % of one core (the issue's targets: 8 ranks <= 15 %, 64 <= 25 %, 512 <= 50 %) and frames/s.
+#: CPU % of one core (targets: 8 ranks <= 15 %, 64 <= 25 %, 512 <= 50 %) and frames/s.
 TARGETS = {8: 15.0, 64: 25.0, 512: 50.0}
 FPS_TARGETS = {8: 15.0, 64: 15.0, 512: 10.0}
 HZ = 15.0
