@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tui.run.ab_result import ABRun
 from workers.wire import connection as connections
 from workers.wire.config import ConfigError, add_loop_arguments, config_from_args
 from workers.wire.settings import Settings, SettingsError
@@ -99,17 +100,6 @@ def main(argv: list[str], launch: Launch) -> int:
         return 130
 
 
-@dataclass
-class ABRun:
-    """An experiment that ran, its result, the run's final snapshot and the job's exit code."""
-
-    experiment: Any
-    result: Any
-    snapshot: Any
-    code: int
-    job: Any
-
-
 def run(ns: argparse.Namespace, script: list[str], launch: Launch) -> int:
     done = run_experiment(ns, script, launch)
     experiment, result, code, job = done.experiment, done.result, done.code, done.job
@@ -122,12 +112,12 @@ def run(ns: argparse.Namespace, script: list[str], launch: Launch) -> int:
         from tui.model.ab_stats import format_table
         from tui.model.verdict import pcie_peak
 
-        peak = pcie_peak(getattr(done.snapshot, "telemetry", None))
+        peak = pcie_peak(done.snapshot.telemetry)
         print(format_table(result, peak.share(result.copy_gbps[1]) if peak is not None else ""))
         print(f"seed {experiment.seed} · {experiment.state}" + (f": {experiment.note}" if experiment.note else ""))
     if code and job is None:  # attached (--run): the settings could not be confirmed restored (said above)
         return code
-    if code:
+    if code and job is not None:
         print(f"commtop ab: the job exited with code {code}; its last lines:", file=sys.stderr)
         for line in job.error_lines():
             print(f"  {line}", file=sys.stderr)
@@ -157,7 +147,7 @@ def run_experiment(ns: argparse.Namespace, script: list[str], launch: Launch) ->
     if ns.run is not None:
         from tui.run.ab_attach import attach_experiment
 
-        return attach_experiment(ns, script, _percent(ns.until_ci))  # type: ignore[no-any-return]
+        return attach_experiment(ns, script, _percent(ns.until_ci))
     a, b = parse_arm(ns.a), parse_arm(ns.b)
     if not script:  # the synthetic loop's settings are known here: refuse a bad value before any rank starts
         for arm in (a, b):
