@@ -18,11 +18,13 @@ import math
 import signal
 import sys
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
+from tui.model.ab_experiment import ABExperiment
+from tui.model.ab_stats import ABResult
+from tui.model.run_model import Snapshot
 from tui.run.ab_result import ABRun
+from tui.run.launcher import JobProcess
+from tui.run.session import LiveSession, SessionError, job_finished, say_job_failed
 from workers.wire import connection as connections
 from workers.wire.config import ConfigError, add_loop_arguments, config_from_args
 from workers.wire.settings import Settings, SettingsError
@@ -69,20 +71,7 @@ def _percent(text: str) -> float:
     return value
 
 
-@dataclass(frozen=True)
-class Launch:
-    """What `commtop ab` borrows from the CLI to start a run like `commtop run --headless`
-    (passed in by tui.cli, which sits above this module)."""
-
-    open_collector: Callable[..., Any]
-    collector_error: type[Exception]
-    check_memory: Callable[..., None]
-    script_argv: Callable[[list[str], int], list[str]]
-    job_finished: Callable[[Any], Callable[[], bool]]
-    cpu_ranks: int
-
-
-def main(argv: list[str], launch: Launch) -> int:
+def main(argv: list[str]) -> int:
     script: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
@@ -92,7 +81,7 @@ def main(argv: list[str], launch: Launch) -> int:
             return 2
     ns = build_parser().parse_args(argv)
     try:
-        return run(ns, script, launch)
+        return show(run_experiment(ns, script), json_out=ns.json)
     except (ConfigError, ValueError, SettingsError, connections.ConnectionError_) as exc:
         print(f"commtop ab: error: {exc}", file=sys.stderr)
         return 2
@@ -100,10 +89,11 @@ def main(argv: list[str], launch: Launch) -> int:
         return 130
 
 
-def run(ns: argparse.Namespace, script: list[str], launch: Launch) -> int:
-    done = run_experiment(ns, script, launch)
+def show(done: ABRun, *, json_out: bool) -> int:
+    """Print the result (a table, or JSON); the exit code: 0 when the experiment is done with
+    at least two pairs, else 1, or the job's exit code (its last lines on stderr)."""
     experiment, result, code, job = done.experiment, done.result, done.code, done.job
-    if ns.json:
+    if json_out:
         from tui.model.ab_stats import as_json
 
         out = as_json(result) | {"seed": experiment.seed, "state": experiment.state, "note": experiment.note}
@@ -118,14 +108,12 @@ def run(ns: argparse.Namespace, script: list[str], launch: Launch) -> int:
     if code and job is None:  # attached (--run): the settings could not be confirmed restored (said above)
         return code
     if code and job is not None:
-        print(f"commtop ab: the job exited with code {code}; its last lines:", file=sys.stderr)
-        for line in job.error_lines():
-            print(f"  {line}", file=sys.stderr)
+        say_job_failed(job, code, prefix="commtop ab")
         return code
     return 0 if experiment.state == "done" and result.pairs >= 2 else 1
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: object) -> object:
     """JSON without NaN: n/a numbers become null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -136,11 +124,12 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def run_experiment(ns: argparse.Namespace, script: list[str], launch: Launch) -> ABRun:
-    """Start the job and its collector, run the experiment, stop both."""
-    from tui.model.ab_experiment import ABExperiment, parse_arm
+def run_experiment(ns: argparse.Namespace, script: list[str]) -> ABRun:
+    """Start the job and its session, run the experiment, stop both (or, with ``--run``, run
+    it on a run already going: tui.run.ab_attach)."""
+    from tui.model.ab_experiment import parse_arm
     from tui.run.gpus import visible_gpus
-    from tui.run.launcher import JobExitSource, JobProcess, torchrun_argv
+    from tui.run.job_plan import CPU_RANKS, JobPlan, check_memory, script_argv
 
     if ns.duration <= 0 or ns.block <= 0:
         raise ConfigError("--duration and --block must be positive")
@@ -155,59 +144,49 @@ def run_experiment(ns: argparse.Namespace, script: list[str], launch: Launch) ->
     until = _percent(ns.until_ci)
     gpus = visible_gpus()
     if script:
-        nproc = ns.nproc if ns.nproc is not None else (gpus.count or launch.cpu_ranks)
-        argv = launch.script_argv(script, nproc)
-        conn = connections.create_run(label="ab")
-        collective = "monitor"
+        nproc = ns.nproc if ns.nproc is not None else (gpus.count or CPU_RANKS)
+        plan = JobPlan(nproc, label="ab", collective="monitor", script=tuple(script_argv(script, nproc)))
     else:
         cpu = gpus.count == 0 or ns.backend == "gloo"
-        nproc = ns.nproc if ns.nproc is not None else (launch.cpu_ranks if cpu else gpus.count)
+        nproc = ns.nproc if ns.nproc is not None else (CPU_RANKS if cpu else gpus.count)
         if nproc < 1:
             raise ConfigError("--nproc must be at least 1")
         config = config_from_args(ns, cpu=cpu)
-        launch.check_memory(config, nproc, cpu, gpus.memory_bytes)
-        conn = connections.create_run(label="ab")
-        argv = torchrun_argv(nproc, config.to_argv(), conn)
-        collective = config.collective
+        check_memory(config, nproc, cpu, gpus.memory_bytes)
+        plan = JobPlan(nproc, label="ab", collective=config.collective, loop=config)
     try:
-        collector = launch.open_collector(conn, ns.record, collective)
-    except launch.collector_error as exc:
+        session = LiveSession.start(plan, ns.record)
+    except SessionError as exc:
         raise ConfigError(str(exc)) from None
-    recorder = collector.recorder
     experiment = ABExperiment(
-        collector.controller,
+        session.controller,
         a,
         b,
         duration_s=ns.duration,
         until_ci_pct=until,
         block_s=ns.block,
         seed=ns.seed,
-        mark=recorder.write if recorder is not None else None,
+        mark=session.recorder.write,
     )
-    job = JobProcess(argv, conn)
-    collector.source = JobExitSource(collector.source, job)
+    job = session.start_job()
     stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        result, snapshot, code = _collect(collector, job, experiment, stop, launch.job_finished(job))
+        result, snapshot, code = _collect(session, job, experiment, stop)
     finally:
         signal.signal(signal.SIGINT, previous)
         job.stop()
-        collector.close()
+        session.close()
     return ABRun(experiment, result, snapshot, code, job)
 
 
 def _collect(
-    collector: Any, job: Any, experiment: Any, stop: threading.Event, finished: Callable[[], bool]
-) -> tuple[Any, Any, int]:
+    session: LiveSession, job: JobProcess, experiment: ABExperiment, stop: threading.Event
+) -> tuple[ABResult, Snapshot, int]:
     """Ingest (model, control server, recorder, experiment) until the experiment is over,
     the job ends, or Ctrl-C; then the result and the job's exit code (0 while it runs)."""
-    from tui.run.headless import run_headless
-
-    sinks = [*collector.sinks, experiment]
-    snapshot = run_headless(
-        collector.source, collector.model, stop, until=lambda: experiment.tick() or finished(), sinks=sinks
-    )
+    finished = job_finished(job)
+    snapshot = session.collect(stop, until=lambda: experiment.tick() or finished(), sinks=[experiment])
     experiment.stop()
     code = job.exit_code()
     return experiment.result(), snapshot, (code if code not in (None, 0) and experiment.state != "done" else 0)
