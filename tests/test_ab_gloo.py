@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tui import cli
 from tui.model.ab_stats import analyse
-from tui.report import command
 from tui.run import ab
 from workers.wire import connection
 
@@ -35,7 +35,7 @@ def runtime_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _run(*args: str) -> ab.ABRun:
-    ns = ab.build_parser().parse_args([*args, "--nproc", "2", *LOOP])
+    ns = cli.build_parser().parse_args(["ab", *args, "--nproc", "2", *LOOP])
     return ab.run_experiment(ns, [])
 
 
@@ -67,10 +67,10 @@ def test_aa_experiment_runs_end_to_end_and_the_report_reproduces_its_verdict(
     p50 = res.overall.p50
     assert p50.known and p50.lo <= p50.estimate <= p50.hi, p50
     capsys.readouterr()
-    assert command.main([str(path), "--format", "json"]) == 0
+    assert cli.main(["report", str(path), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [x["verdict"] for x in doc["ab"]] == [res.verdict()]
-    assert command.main([str(path)]) == 0
+    assert cli.main(["report", str(path)]) == 0
     assert f"verdict: {res.verdict()}" in capsys.readouterr().out
 
 

@@ -1,7 +1,8 @@
 """The `commtop` command: run, watch, replay, report, ctl, ab.
 
-This module only parses arguments and calls the run's session (tui.run.session) or the
-subcommand's module. It must never import torch (the workers run in torchrun's
+This module only parses arguments (one argparse subparser per subcommand) and calls the
+run's session (tui.run.session) or the subcommand's module; `report`, `ctl` and `ab` add their
+own options when they are used. It must never import torch (the workers run in torchrun's
 processes).
 """
 
@@ -22,27 +23,8 @@ ABOUT = "commtop: live profiler for GPU communication (NCCL collectives vs. offl
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # ctl and report own their whole command line.
-    if argv and argv[0] == "ctl":
-        from tui.run import ctl
-
-        return ctl.main(argv[1:])
-    if argv and argv[0] == "ab":
-        from tui.run import ab
-
-        return ab.main(argv[1:])
-    if argv and argv[0] == "report":
-        from tui.report import command as report
-
-        return report.main(argv[1:])
-    script: list[str] | None = None
-    if argv and argv[0] == "run" and "--" in argv:  # `commtop run [options] -- python train.py ...`
-        cut = argv.index("--")
-        argv, script = argv[:cut], argv[cut + 1 :]
     parser = build_parser()
-    ns = parser.parse_args(argv)
-    ns.script = script
+    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if ns.command is None:
         parser.print_help()
         return 2
@@ -58,11 +40,11 @@ RECORD_HELP = "record to PATH (default: recordings/<date>-<time>-<host>-<collect
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tui.args import DefaultsFormatter, OneLineParser, version
+    from tui.args import CommandParser, DefaultsFormatter, OneLineParser, version
 
     parser = OneLineParser(prog="commtop", description=ABOUT)
     parser.add_argument("--version", action="version", version=f"commtop {version()}")
-    sub = parser.add_subparsers(dest="command", metavar="{run,watch,replay,report,ctl,ab}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,watch,replay,report,ctl,ab}", parser_class=CommandParser)
 
     run = sub.add_parser(
         "run",
@@ -70,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         usage=RUN_USAGE,
         epilog=RUN_EPILOG,
         formatter_class=DefaultsFormatter,
+        script=True,
     )
     run.add_argument("--nproc", type=int, default=None, help="ranks (default: one per visible GPU, or 2 on CPU)")
     run.add_argument("--headless", action="store_true", help="no TUI: run, then print the per-rank summary")
@@ -106,13 +89,43 @@ def build_parser() -> argparse.ArgumentParser:
     replay.set_defaults(func=_one_line_errors(cmd_replay))
 
     sub.add_parser(
-        "report", help="per-mode tables, CSV, Perfetto traces and plots from a recording (commtop report -h)"
+        "report",
+        help="per-mode tables, CSV, Perfetto traces and plots from a recording (commtop report -h)",
+        arguments=_report_arguments,
     )
     sub.add_parser(
-        "ctl", help="change a running job's settings: commtop ctl status | mode MODE | set NAME=VALUE ... (ctl -h)"
+        "ctl",
+        help="change a running job's settings: commtop ctl status | mode MODE | set NAME=VALUE ... (ctl -h)",
+        arguments=_ctl_arguments,
     )
-    sub.add_parser("ab", help="A/B experiment with a 95 %% confidence interval (commtop ab -h)")
+    sub.add_parser(
+        "ab",
+        help="A/B experiment with a 95 %% confidence interval (commtop ab -h)",
+        arguments=_ab_arguments,
+        script=True,
+    )
     return parser
+
+
+def _report_arguments(parser: argparse.ArgumentParser) -> None:
+    from tui.report import command as report
+
+    report.add_arguments(parser)
+    parser.set_defaults(func=report.run)
+
+
+def _ctl_arguments(parser: argparse.ArgumentParser) -> None:
+    from tui.run import ctl
+
+    ctl.add_arguments(parser)
+    parser.set_defaults(func=ctl.run)
+
+
+def _ab_arguments(parser: argparse.ArgumentParser) -> None:
+    from tui.run import ab
+
+    ab.add_arguments(parser)
+    parser.set_defaults(func=ab.run)
 
 
 def _add_prometheus_argument(parser: argparse.ArgumentParser) -> None:

@@ -30,10 +30,9 @@ from workers.wire.config import ConfigError, add_loop_arguments, config_from_arg
 from workers.wire.settings import Settings, SettingsError
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="commtop ab", description="A/B experiment: alternate two settings in random AB/BA blocks"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`commtop ab`'s options, on its subparser (tui.cli)."""
+    parser.description = "A/B experiment: alternate two settings in random AB/BA blocks"
     parser.add_argument("--a", required=True, metavar="NAME=VALUE[,...]", help="settings of arm A, e.g. mode=none")
     parser.add_argument("--b", required=True, metavar="NAME=VALUE[,...]", help="settings of arm B, e.g. mode=overlap")
     parser.add_argument("--duration", type=float, default=30.0, metavar="SECONDS", help="run this long (default 30)")
@@ -56,7 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
         "instead of starting one; its settings are restored at the end",
     )
     add_loop_arguments(parser)
-    return parser
 
 
 def _percent(text: str) -> float:
@@ -71,17 +69,13 @@ def _percent(text: str) -> float:
     return value
 
 
-def main(argv: list[str]) -> int:
-    script: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, script = argv[:cut], argv[cut + 1 :]
-        if not script:
-            print("commtop ab: error: nothing to run after `--`", file=sys.stderr)
-            return 2
-    ns = build_parser().parse_args(argv)
+def run(ns: argparse.Namespace) -> int:
+    """`commtop ab ...` (``ns.script``: the command after ``--``, None without one)."""
+    if ns.script is not None and not ns.script:
+        print("commtop ab: error: nothing to run after `--`", file=sys.stderr)
+        return 2
     try:
-        return show(run_experiment(ns, script), json_out=ns.json)
+        return show(run_experiment(ns, ns.script or []), json_out=ns.json)
     except (ConfigError, ValueError, SettingsError, connections.ConnectionError_) as exc:
         print(f"commtop ab: error: {exc}", file=sys.stderr)
         return 2
