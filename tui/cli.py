@@ -190,7 +190,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     else:
         prometheus = prometheus_setting(ns.prometheus)  # a bad address fails before anything is said
         plan = loop_plan(ns)
-    session = LiveSession.start(plan, ns.record, prometheus=prometheus)
+    session = LiveSession.for_job(plan, ns.record, prometheus=prometheus)
     with session.supervised() as job:
         if ns.headless:
             return session.run_headless(job)

@@ -149,7 +149,7 @@ def run_experiment(ns: argparse.Namespace, script: list[str]) -> ABRun:
         check_memory(config, nproc, cpu, gpus.memory_bytes)
         plan = JobPlan(nproc, label="ab", collective=config.collective, loop=config)
     try:
-        session = LiveSession.start(plan, ns.record)
+        session = LiveSession.for_job(plan, ns.record)
     except SessionError as exc:
         raise ConfigError(str(exc)) from None
     experiment = ABExperiment(

@@ -2,7 +2,7 @@
 
 A :class:`LiveSession` is the receiving side of a live run: the run's sockets, the model they
 fill, the control server, the recorder, the run's lock and, for a run this process starts, its
-torchrun job. Its constructors say which run: :meth:`LiveSession.start` (a job this process
+torchrun job. Its constructors say which run: :meth:`LiveSession.for_job` (a job this process
 starts: the synthetic loop or a user's script, see tui.run.job_plan), :meth:`LiveSession.watch`
 (a new run that ranks started by hand connect to, a TCP listener, or a re-attach to a run's
 connection file) and :meth:`LiveSession.open` (the collector of a given connection).
@@ -50,7 +50,7 @@ class LiveSession:
     lock_fd: int = -1
     #: remove the run's folder when closed (a run this process created; not a re-attached one)
     owns_run: bool = False
-    #: torchrun's command line, for a session that starts its job (:meth:`start`)
+    #: torchrun's command line, for a session that starts its job (:meth:`for_job`)
     job_argv: list[str] = field(default_factory=list)
     #: the job once started (:meth:`start_job`)
     job: JobProcess | None = None
@@ -106,7 +106,7 @@ class LiveSession:
         return session
 
     @classmethod
-    def start(cls, plan: JobPlan, record: str | None, *, prometheus: str = "") -> LiveSession:
+    def for_job(cls, plan: JobPlan, record: str | None, *, prometheus: str = "") -> LiveSession:
         """A new run for a job this process starts (:meth:`start_job`, or :meth:`supervised`)."""
         conn = connections.create_run(label=plan.label, prometheus=prometheus)
         session = cls.open(conn, record, plan.collective)
