@@ -21,10 +21,10 @@ import contextlib, io, os, sys, time
 if os.environ.get("GC_ON"):  # the before: the collector runs during the read
     import tui.report.command as c
     c.collector_paused = contextlib.nullcontext
-from tui.report import command
+from tui import cli
 t = time.perf_counter()
 with contextlib.redirect_stdout(io.StringIO()):
-    rc = command.main([sys.argv[1], "--format", "json"])
+    rc = cli.main(["report", sys.argv[1], "--format", "json"])
 dt = time.perf_counter() - t
 print(f"report gc_on={bool(os.environ.get('GC_ON'))} rc={rc} {dt:.3f} s {10_000_110 / dt / 1e6:.2f} M rec/s")
 PY

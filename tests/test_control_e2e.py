@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from tui import cli
 from tui.model.sources import LiveSource
-from tui.run import ctl
 from tui.run.control_server import ControlServer
 from tui.run.launcher import JobProcess, torchrun_argv
 from workers.rank import live_control
@@ -164,7 +164,7 @@ def test_random_ctl_changes_switch_every_rank_at_the_same_iteration(conn, capsys
             time.sleep(rng.uniform(0.0, 0.4))
             change = random_change(rng)
             args = ["--run", conn.path, "--wait", "30", "set", *(f"{k}={v}" for k, v in change.items())]
-            code = ctl.main(args)
+            code = cli.main(["ctl", *args])
             assert code == 0, (change, capsys.readouterr().err, "\n".join(job.lines()[-20:]))
             new = current.updated(change)
             if new != current:  # a change that changes nothing starts no epoch
@@ -208,7 +208,7 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
     job = start_job(conn, ranks)
     try:
         wait_for(lambda: len(records.hellos) == ranks and records.last_iteration() > 100, 90, "all ranks", job)
-        assert ctl.main(["--run", conn.path, "set", "mode=sync-barrier", "copies=3"]) == 0, capsys.readouterr()
+        assert cli.main(["ctl", "--run", conn.path, "set", "mode=sync-barrier", "copies=3"]) == 0, capsys.readouterr()
         in_force = Settings(mode="sync-barrier", copies=3)
         old_valid = protocol.seal(conn.key, _state(conn, 1, in_force))
         collector.close()  # the collector dies; the workers go on
@@ -280,7 +280,7 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
 
         wait_for(lambda: logged() == counts, live_control.LOG_S + 5, f"the log to say {counts}", job)
         # still controllable through the new collector
-        assert ctl.main(["--run", conn.path, "mode", "none"]) == 0, capsys.readouterr()
+        assert cli.main(["ctl", "--run", conn.path, "mode", "none"]) == 0, capsys.readouterr()
         assert collector.server.in_force().settings["mode"] == "none"
     finally:
         job.stop()

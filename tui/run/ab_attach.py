@@ -21,9 +21,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+from tui.model.ab_experiment import ABExperiment
 from tui.model.interfaces import ControlView
+from tui.run.ab_result import ABRun
 from tui.run.ctl import BUILTIN, CtlClient, CtlError, resolve_run
 from workers.wire.config import ConfigError
 from workers.wire.settings import Settings
@@ -83,12 +86,11 @@ def check_arguments(ns: argparse.Namespace, script: list[str]) -> None:
         raise ConfigError("--nproc with --run: the run already has its ranks")
 
 
-def attach_experiment(ns: argparse.Namespace, script: list[str], until_ci_pct: float) -> Any:
-    """Run the experiment on the live run ``ns.run``; returns a tui.run.ab.ABRun."""
-    from tui.model.ab_experiment import ABExperiment, parse_arm
+def attach_experiment(ns: argparse.Namespace, script: list[str], until_ci_pct: float) -> ABRun:
+    """Run the experiment on the live run ``ns.run``."""
+    from tui.model.ab_experiment import parse_arm
     from tui.model.feed import FeedError, FeedSource
     from tui.model.run_model import RunModel
-    from tui.run.ab import ABRun
     from tui.run.headless import run_headless
     from tui.run.run_dirs import has_live_collector
 
@@ -141,7 +143,7 @@ def attach_experiment(ns: argparse.Namespace, script: list[str], until_ci_pct: f
     return ABRun(experiment, result, snapshot, code, None)
 
 
-def _collector_gone(alive: Any) -> Any:
+def _collector_gone(alive: Callable[[], bool]) -> Callable[[], bool]:
     """A check of the run's collector, at most every ALIVE_CHECK_S (it reads /proc/locks)."""
     state = {"at": 0.0, "gone": False}
 
@@ -155,7 +157,7 @@ def _collector_gone(alive: Any) -> Any:
     return gone
 
 
-def _report_restore(client: CtlClient, controller: RemoteController, experiment: Any) -> int:
+def _report_restore(client: CtlClient, controller: RemoteController, experiment: ABExperiment) -> int:
     """Wait until the settings from before the experiment are in force again; 0 if they are."""
     restore = dict(experiment.restore)
     if not restore:

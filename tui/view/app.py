@@ -5,7 +5,7 @@ model and hands a frozen Snapshot to :meth:`CommtopApp._from_ingest`, which post
 ``SnapshotReady`` message (coalesced: never more than one in the queue), so a flood of
 records cannot starve the keyboard. Widgets are updated in one ``batch_update()``.
 
-Build it with :func:`build_app` (from the CLI's collector, or from a connection file for
+Build it with :func:`build_app` (from a run's session, or from a connection for
 tests), or directly with ``CommtopApp(source, model, ...)``.
 """
 
@@ -16,7 +16,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.css.query import NoMatches
@@ -48,6 +48,7 @@ from tui.view.widgets.links import LinksPanel, RankGpu
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from tui.view.widgets.status import ReplayBar, StatusLine
 from tui.view.widgets.verdict import VerdictLine
+from workers.wire.connection import Connection
 from workers.wire.protocol import DIRECTIONS, MODES
 from workers.wire.settings import COPY_SCALES, MAX_COPIES
 
@@ -498,29 +499,50 @@ class CommtopApp(App[None]):
             self._side_poll()
 
 
+class Session(Protocol):
+    """What the app reads of a run's session (tui.run.session's LiveSession and ReplaySession fit)."""
+
+    @property
+    def source(self) -> Source: ...
+    @property
+    def model(self) -> RunModel: ...
+    @property
+    def sinks(self) -> list[Sink]:
+        """Get every accepted message after the model (control server, recorder)."""
+        ...
+
+    @property
+    def controller(self) -> ControllerLike | None: ...
+    @property
+    def recorder(self) -> RecorderLike | None: ...
+    @property
+    def job(self) -> ProcessWatch | None:
+        """The job this process started (exit code, error lines), if any."""
+        ...
+
+
 def build_app(
-    collector: Any = None,
+    session: Session | None = None,
     *,
-    connection: Any = None,
-    job: ProcessWatch | None = None,
+    connection: Connection | None = None,
     title: str = "commtop",
     **kwargs: Any,
 ) -> CommtopApp:
-    """The app for the CLI's collector (source, model, sinks, controller, recorder), or for
+    """The app for a run's session (source, model, sinks, controller, recorder, job), or for
     a connection alone (binds a LiveSource on ``connection.data``; the app closes it)."""
-    if collector is not None:
+    if session is not None:
         return CommtopApp(
-            collector.source,
-            collector.model,
-            sinks=getattr(collector, "sinks", ()),
-            controller=getattr(collector, "controller", None),
-            recorder=getattr(collector, "recorder", None),
-            process_watch=job,
+            session.source,
+            session.model,
+            sinks=session.sinks,
+            controller=session.controller,
+            recorder=session.recorder,
+            process_watch=session.job,
             title=title,
             **kwargs,
         )
     if connection is None:
-        raise ValueError("build_app needs a collector or a connection")
+        raise ValueError("build_app needs a session or a connection")
     from tui.model.sources import LiveSource
 
-    return CommtopApp(LiveSource(connection), RunModel(), process_watch=job, title=title, owns_source=True, **kwargs)
+    return CommtopApp(LiveSource(connection), RunModel(), title=title, owns_source=True, **kwargs)
