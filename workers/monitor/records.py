@@ -17,27 +17,19 @@ import numpy as np
 from workers.rank.publisher import NullPublisher, RecordBatcher, RecordPublisher
 from workers.wire import protocol
 from workers.wire.busbw import algbw_gbps
-from workers.wire.protocol import COLL_COLUMNS
+from workers.wire.protocol import COLL_COLUMNS, row_dtype
 
 #: Every op the monitor names: protocol.COLLECTIVES first (same codes), then the others
 #: (the schema's names, so reports and traces can name them too).
 OPS: tuple[str, ...] = protocol.OP_NAMES
 OP_INDEX: dict[str, int] = {name: i for i, name in enumerate(OPS)}
 
-#: What a timer hands over per collective of a user's job.
-MONITOR_COLL_ROW = np.dtype(
-    [
-        ("iteration", "<i8"),
-        ("step", "<i8"),
-        ("epoch", "<i4"),
-        ("mode", "u1"),
-        ("op", "u1"),
-        ("nbytes", "<i8"),
-        ("ranks", "<i4"),  # size of the process group the op ran in (for busbw)
-        ("host_ns", "<i8"),
-        ("start_ns", "<i8"),
-        ("dur_us", "<f4"),
-    ]
+#: What a timer hands over per collective of a user's job; ``ranks``, the size of the process
+#: group the op ran in (for busbw), is not on the wire.
+MONITOR_COLL_ROW = row_dtype(
+    COLL_COLUMNS,
+    ("iteration", "step", "epoch", "mode", "op", "nbytes", "ranks", "host_ns", "start_ns", "dur_us"),
+    extra={"ranks": "<i4"},
 )
 
 
