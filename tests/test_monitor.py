@@ -28,10 +28,11 @@ from tui.cli import script_argv  # noqa: E402
 from tui.model.sources import LiveSource  # noqa: E402
 from workers import monitor  # noqa: E402
 from workers.monitor import patch as monitor_patch
-from workers.monitor.records import OP_INDEX, OPS, MonitorBatcher, bus_factors  # noqa: E402
+from workers.monitor.records import OP_INDEX, OPS, MonitorBatcher  # noqa: E402
 from workers.rank.publisher import NullPublisher  # noqa: E402
 from workers.wire import connection as connections  # noqa: E402
 from workers.wire import protocol
+from workers.wire.busbw import bus_factors
 from workers.wire.control import ctl_state_body  # noqa: E402
 from workers.wire.settings import Settings  # noqa: E402
 

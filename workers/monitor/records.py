@@ -16,7 +16,7 @@ import numpy as np
 
 from workers.rank.publisher import NullPublisher, RecordBatcher, RecordPublisher
 from workers.wire import protocol
-from workers.wire.busbw import algbw_gbps
+from workers.wire.busbw import algbw_gbps, bus_factors
 from workers.wire.protocol import COLL_COLUMNS, row_dtype
 
 #: Every op the monitor names: protocol.COLLECTIVES first (same codes), then the others
@@ -31,31 +31,6 @@ MONITOR_COLL_ROW = row_dtype(
     ("iteration", "step", "epoch", "mode", "op", "nbytes", "ranks", "host_ns", "start_ns", "dur_us"),
     extra={"ranks": "<i4"},
 )
-
-
-def op_bus_factor(op: str, n: int) -> float:
-    """nccl-tests' busbw factor, extended to the ops nccl-tests has none for (0 = no data moved)."""
-    if n <= 0:
-        return 0.0
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
-        return (n - 1) / n
-    if op in ("broadcast", "reduce"):
-        return 1.0
-    return 0.0  # barrier
-
-
-def bus_factors(op: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """Per-row busbw factor; one scalar computation per distinct (op, group size)."""
-    out = np.zeros(len(op), dtype=np.float64)
-    if not len(op):
-        return out
-    key = op.astype(np.int64) << 32 | ranks.astype(np.int64)
-    for k in np.unique(key):
-        code, n = int(k >> 32), int(k & 0xFFFFFFFF)
-        out[key == k] = op_bus_factor(OPS[code] if code < len(OPS) else "", n)
-    return out
 
 
 class MonitorBatcher(RecordBatcher):
