@@ -491,7 +491,7 @@ def test_cuda_branch_ends_async_collectives_on_the_private_stream_and_never_wait
     monitor.patch_distributed()
     fake_torch = FakeTorchCuda()
     timer = FakeCudaTimer(fake_torch)
-    mon._cuda = SimpleNamespace(torch=fake_torch, coll=timer, copy=FakeCudaTimer(fake_torch), stream="private")
+    mon.timers.cuda = SimpleNamespace(torch=fake_torch, coll=timer, copy=FakeCudaTimer(fake_torch), stream="private")
     spec = monitor_patch._spec("all_reduce", monitor_patch._originals["all_reduce"])
     t = FakeCudaTensor()
 
