@@ -28,10 +28,11 @@ from tui.model.sources import LiveSource  # noqa: E402
 from tui.run.job_plan import script_argv  # noqa: E402
 from workers import monitor  # noqa: E402
 from workers.monitor import patch as monitor_patch
-from workers.monitor.records import OP_INDEX, OPS, MonitorBatcher, bus_factors  # noqa: E402
+from workers.monitor.records import OP_INDEX, OPS, MonitorBatcher  # noqa: E402
 from workers.rank.publisher import NullPublisher  # noqa: E402
 from workers.wire import connection as connections  # noqa: E402
 from workers.wire import protocol
+from workers.wire.busbw import bus_factors
 from workers.wire.control import ctl_state_body  # noqa: E402
 from workers.wire.settings import Settings  # noqa: E402
 
@@ -490,7 +491,7 @@ def test_cuda_branch_ends_async_collectives_on_the_private_stream_and_never_wait
     monitor.patch_distributed()
     fake_torch = FakeTorchCuda()
     timer = FakeCudaTimer(fake_torch)
-    mon._cuda = SimpleNamespace(torch=fake_torch, coll=timer, copy=FakeCudaTimer(fake_torch), stream="private")
+    mon.timers.cuda = SimpleNamespace(torch=fake_torch, coll=timer, copy=FakeCudaTimer(fake_torch), stream="private")
     spec = monitor_patch._spec("all_reduce", monitor_patch._originals["all_reduce"])
     t = FakeCudaTensor()
 
