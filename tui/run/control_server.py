@@ -40,7 +40,7 @@ from tui.run.job_knobs import refusal
 from workers.wire import protocol
 from workers.wire.connection import Connection
 from workers.wire.control import EPOCH_HISTORY, ctl_reply_body, ctl_state_body
-from workers.wire.settings import Settings, SettingsError, settings_from_wire
+from workers.wire.settings import Settings, SettingsError, knob_name, settings_from_wire
 
 PUBLISH_S = 0.5
 POLL_MS = 50
@@ -168,7 +168,8 @@ class ControlServer:
         mk, choices = self._mode_knob, (self._knob_choices or {}).get(self._mode_knob, ())
         if not mk:
             return changes
-        knob = changes.get(f"knob.{mk}", changes.get(mk))
+        named = [name for name in changes if knob_name(name, self._knob_choices) == mk]
+        knob = changes[min(named, key=lambda n: not n.startswith("knob."))] if named else None  # knob.X wins
         if "mode" in changes and knob is None and changes["mode"] in choices:
             changes[f"knob.{mk}"] = changes["mode"]
         elif knob is not None and "mode" not in changes and knob in protocol.MODES:
