@@ -27,7 +27,7 @@ LOOP = ["--collective", "all_reduce", "--shape", "256x256", "--collectives-per-s
 
 def one(duration: float, seed: int) -> dict[str, float]:
     from tui.cli import ab_launch
-    from tui.model.ab_stats import analyse
+    from tui.experiment.ab_stats import analyse
     from tui.run import ab
 
     ns = ab.build_parser().parse_args(

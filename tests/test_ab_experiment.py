@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from tui.model.ab_experiment import ABExperiment, arm_hbm, arm_link
-from tui.model.ab_stats import AB_MARK, WARMUP, Block, blocks_from_marks
-from tui.model.interfaces import ControlView
+from tui.experiment.ab_experiment import ABExperiment, arm_hbm, arm_link
+from tui.experiment.ab_stats import AB_MARK, WARMUP, Block, blocks_from_marks
+from tui.ingest.interfaces import ControlView
 from workers.wire.protocol import COLL, COLL_COLUMNS, Batch
 
 

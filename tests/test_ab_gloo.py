@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tui.cli import ab_launch
-from tui.model.ab_stats import analyse
+from tui.experiment.ab_stats import analyse
 from tui.report import command
 from tui.run import ab
 from workers.wire import connection

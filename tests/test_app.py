@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from frozen_run import FakePublisher, frozen_coll, frozen_hello, frozen_run, frozen_snapshot
 
-from tui.model.interfaces import ControlView, RecordingStatus, ReplayPosition
+from tui.ingest.interfaces import ControlView, RecordingStatus, ReplayPosition
 from tui.view.app import CommtopApp, build_app
 from tui.view.widgets.header import header_text
 from tui.view.widgets.rank_grid import RankGrid

@@ -7,7 +7,7 @@ from typing import Any
 
 from textual.widgets import Input
 
-from tui.model.interfaces import ControlView
+from tui.ingest.interfaces import ControlView
 from tui.view.app import CommtopApp
 from tui.view.widgets.verdict import VerdictLine
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from frozen_run import frozen_snapshot
 
-from tui.model.interfaces import ControlView
+from tui.ingest.interfaces import ControlView
 from tui.view.app import CommtopApp
 from tui.view.messages import SnapshotReady
 
@@ -111,8 +111,8 @@ def test_verdict_line_after_an_ab_experiment(snap_compare: Any) -> None:
     """The line under the header shows a finished A/B's verdict with its interval."""
     import numpy as np
 
-    from tui.model.ab_experiment import Progress
-    from tui.model.ab_stats import Block, analyse
+    from tui.experiment.ab_experiment import Progress
+    from tui.experiment.ab_stats import Block, analyse
 
     rng = np.random.default_rng(4)
     blocks, durs, epochs, classes = [], [], [], []

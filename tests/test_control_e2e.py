@@ -1,6 +1,6 @@
 """Live control end to end: real torchrun gloo ranks, real sockets, `commtop ctl` in-process.
 
-The test collector is the real one minus the TUI: tui.model.sources.LiveSource (PULL) feeding the
+The test collector is the real one minus the TUI: tui.ingest.sources.LiveSource (PULL) feeding the
 real ControlServer (its Sink side), plus a record keeper that checks exactness from the
 records themselves: for every iteration index, every rank reports the same epoch.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from tui.model.sources import LiveSource
+from tui.ingest.sources import LiveSource
 from tui.run import ctl
 from tui.run.control_server import ControlServer
 from tui.run.launcher import JobProcess, torchrun_argv

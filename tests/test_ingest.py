@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from frozen_run import T0, FakePublisher, frozen_coll, frozen_hello, frozen_run, seal_message
 
-from tui.model.ingest import IngestLoop
-from tui.model.interfaces import ResetModel
+from tui.ingest.interfaces import ResetModel
+from tui.ingest.loop import IngestLoop
+from tui.ingest.sources import LiveSource, SourceError
 from tui.model.run_model import RunModel
-from tui.model.sources import LiveSource, SourceError
 from tui.run.headless import format_summary, run_headless
 from workers.wire import protocol as p
 from workers.wire.connection import Connection
@@ -387,7 +387,7 @@ def test_messages_gather_until_the_snapshot_is_due_not_one_wake_up_each() -> Non
 
 def test_a_backlog_is_drained_without_waiting_for_the_snapshot() -> None:
     """A poll that returns a whole chunk (a backlog) is followed by the next poll at once."""
-    from tui.model.ingest import APPLY_CHUNK
+    from tui.ingest.loop import APPLY_CHUNK
 
     src = TrickleSource(per_poll=APPLY_CHUNK)
     snaps: list[Any] = []

@@ -25,7 +25,7 @@ import torch.distributed as dist  # noqa: E402
 import zmq
 
 from tui.cli import script_argv  # noqa: E402
-from tui.model.sources import LiveSource  # noqa: E402
+from tui.ingest.sources import LiveSource  # noqa: E402
 from workers import monitor  # noqa: E402
 from workers.monitor import patch as monitor_patch
 from workers.monitor.records import OP_INDEX, OPS, MonitorBatcher, bus_factors  # noqa: E402

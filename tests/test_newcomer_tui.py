@@ -292,7 +292,7 @@ def test_a_narrow_header_is_condensed_not_cut() -> None:
 
     from frozen_run import frozen_snapshot
 
-    from tui.model.interfaces import ControlView
+    from tui.ingest.interfaces import ControlView
     from tui.view.widgets.header import header_text
 
     base = {"mode": "overlap", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
@@ -367,7 +367,7 @@ async def test_after_c_the_banner_says_the_change_made() -> None:
 
     from frozen_run import frozen_snapshot
 
-    from tui.model.interfaces import ControlView
+    from tui.ingest.interfaces import ControlView
     from tui.view.widgets.header import header_text
 
     class Controller:

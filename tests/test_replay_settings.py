@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tui.model.interfaces import ResetModel
+from tui.ingest.interfaces import ResetModel
 from tui.model.run_model import RunModel
 from tui.recordings.replay import open_replay
 from tui.view.app import CommtopApp

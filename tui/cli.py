@@ -22,7 +22,7 @@ from tui.run.connect_help import connect_lines
 from workers.wire import connection as connections
 
 if TYPE_CHECKING:  # the parts are imported when used, so `commtop -h` stays fast
-    from tui.model.interfaces import Sink, Source
+    from tui.ingest.interfaces import Sink, Source
     from tui.model.run_model import RunModel
     from tui.recordings.format import Recorder
     from tui.run.control_server import ControlServer
@@ -224,8 +224,8 @@ def open_collector(
     conn: connections.Connection, record: str | None, collective: str = "", *, owns_run: bool = True
 ) -> Collector:
     """The collector of ``conn`` (one per run); ``owns_run``: its folder goes when it closes."""
+    from tui.ingest.sources import LiveSource
     from tui.model.run_model import RunModel
-    from tui.model.sources import LiveSource
     from tui.run.run_dirs import RunBusy, lock_run, prune_runs
 
     try:
@@ -238,7 +238,7 @@ def open_collector(
     except Exception as exc:
         os.close(lock_fd)
         raise CollectorError(str(exc)) from None
-    from tui.model.feed import FeedError, FeedPublisher
+    from tui.ingest.feed import FeedError, FeedPublisher
 
     try:  # the run's records for `commtop ab --run` (a local subscriber); the run goes on without it
         source.attach_feed(FeedPublisher(conn))

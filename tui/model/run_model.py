@@ -2,7 +2,7 @@
 
 Plain Python + numpy, no Textual, no torch, so the headless collector, the report and the
 tests use it as is. ``RunModel.apply`` is called on the ingest thread, ``snapshot`` too;
-neither is thread-safe on its own (``tui.model.ingest.IngestLoop`` holds a lock around both).
+neither is thread-safe on its own (``tui.ingest.loop.IngestLoop`` holds a lock around both).
 
 Counting rules (per rank), chosen so nothing is counted twice:
 
@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from tui.model.epochs import EpochComparison, compare_epochs
 from tui.model.history import HistoryMatrix
 from tui.model.in_force import InForceTracker
 from tui.model.overlap_live import RankOverlap
 from tui.model.stats import RING_SIZE, Ring, RunAggregate, RunStats, weighted_rate
 from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
-from tui.model.verdict import EpochComparison, compare_epochs
 from workers.wire.protocol import COLL, COPY, MODES, TELEM, TELEM_CAPS, Batch, Bye, Hello, Message
 from workers.wire.stats import percentiles
 
@@ -206,7 +206,7 @@ class Snapshot:
     clock_ref: str = ""
     telemetry: TelemetrySnapshot | None = None  # node telemetry (None before any TELEM)
     version: int = 0  # model changes applied so far
-    #: The two newest settings epochs compared, for the verdict line (tui.model.verdict).
+    #: The two newest settings epochs compared, for the verdict line (tui.model.epochs).
     epochs: EpochComparison | None = None
 
     @property

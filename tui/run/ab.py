@@ -5,8 +5,8 @@
     commtop ab --run RUN --a mode=none --b mode=overlap   (a run already going: tui.run.ab_attach)
 
 It starts its own run like ``commtop run --headless`` (the synthetic forum loop, or a user's
-script after ``--``), alternates A and B in blocks (tui.model.ab_experiment), then prints the
-table of tui.model.ab_stats and exits 0. With ``--record`` the A/B marks go into the
+script after ``--``), alternates A and B in blocks (tui.experiment.ab_experiment), then prints the
+table of tui.experiment.ab_stats and exits 0. With ``--record`` the A/B marks go into the
 recording, and ``commtop report FILE`` prints the same verdict again.
 """
 
@@ -114,13 +114,13 @@ def run(ns: argparse.Namespace, script: list[str], launch: Launch) -> int:
     done = run_experiment(ns, script, launch)
     experiment, result, code, job = done.experiment, done.result, done.code, done.job
     if ns.json:
-        from tui.model.ab_stats import as_json
+        from tui.experiment.ab_stats import as_json
 
         out = as_json(result) | {"seed": experiment.seed, "state": experiment.state, "note": experiment.note}
         print(json.dumps(_finite(out), indent=1))
     else:
-        from tui.model.ab_stats import format_table
-        from tui.model.verdict import pcie_peak
+        from tui.experiment.ab_stats import format_table
+        from tui.experiment.verdict import pcie_peak
 
         peak = pcie_peak(getattr(done.snapshot, "telemetry", None))
         print(format_table(result, peak.share(result.copy_gbps[1]) if peak is not None else ""))
@@ -148,7 +148,7 @@ def _finite(value: Any) -> Any:
 
 def run_experiment(ns: argparse.Namespace, script: list[str], launch: Launch) -> ABRun:
     """Start the job and its collector, run the experiment, stop both."""
-    from tui.model.ab_experiment import ABExperiment, parse_arm
+    from tui.experiment.ab_experiment import ABExperiment, parse_arm
     from tui.run.gpus import visible_gpus
     from tui.run.launcher import JobExitSource, JobProcess, torchrun_argv
 

@@ -6,7 +6,7 @@ The run's collector keeps its job, its TUI and its recording. This process
 * switches the blocks through the run's control channel (signed ``set`` requests with
   ``new_epoch``, as `commtop ctl` sends them), so the workers switch at the same iteration
   exactly as for the TUI's A/B key, and every block is one settings epoch;
-* reads the run's records from the collector's data feed (tui.model.feed), keeping those of
+* reads the run's records from the collector's data feed (tui.ingest.feed), keeping those of
   its blocks' epochs;
 * sends its A/B marks to the collector, which writes them into the run's recording if it
   records (`commtop report` on it then reproduces the verdict);
@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from tui.model.interfaces import ControlView
+from tui.ingest.interfaces import ControlView
 from tui.run.ctl import BUILTIN, CtlClient, CtlError, resolve_run
 from workers.wire.config import ConfigError
 from workers.wire.settings import Settings
@@ -35,7 +35,7 @@ ALIVE_CHECK_S = 1.0
 
 
 class RemoteController:
-    """What tui.model.ab_experiment.ABExperiment needs from a controller (``view``,
+    """What tui.experiment.ab_experiment.ABExperiment needs from a controller (``view``,
     ``request(changes, new_epoch=...)``, ``desired``), over a run's request channel."""
 
     def __init__(self, client: CtlClient) -> None:
@@ -85,8 +85,8 @@ def check_arguments(ns: argparse.Namespace, script: list[str]) -> None:
 
 def attach_experiment(ns: argparse.Namespace, script: list[str], until_ci_pct: float) -> Any:
     """Run the experiment on the live run ``ns.run``; returns a tui.run.ab.ABRun."""
-    from tui.model.ab_experiment import ABExperiment, parse_arm
-    from tui.model.feed import FeedError, FeedSource
+    from tui.experiment.ab_experiment import ABExperiment, parse_arm
+    from tui.ingest.feed import FeedError, FeedSource
     from tui.model.run_model import RunModel
     from tui.run.ab import ABRun
     from tui.run.headless import run_headless

@@ -32,10 +32,10 @@ from typing import Any
 
 import zmq
 
-from tui.model.ab_stats import AB_MARK
+from tui.experiment.ab_stats import AB_MARK
+from tui.ingest.interfaces import ControlView
+from tui.ingest.sources import ipc_endpoint_in_use
 from tui.model.in_force import InForce, InForceTracker
-from tui.model.interfaces import ControlView
-from tui.model.sources import ipc_endpoint_in_use
 from tui.run.job_knobs import refusal
 from workers.wire import protocol
 from workers.wire.connection import Connection
@@ -285,7 +285,7 @@ class ControlServer:
         except SettingsError as exc:
             return -1, str(exc)
         # nothing changes (`set pinned=false` while pageable): no new epoch, unless asked for one
-        # (an A/B block is exactly one epoch, also when both arms are the same: tui.model.ab_experiment)
+        # (an A/B block is exactly one epoch, also when both arms are the same: tui.experiment.ab_experiment)
         if settings == current and not new_epoch:
             return epoch, ""
         self._desired = (epoch + 1, settings)

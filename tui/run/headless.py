@@ -8,10 +8,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from tui.model.ingest import IngestLoop
-from tui.model.interfaces import Sink, Source
+from tui.experiment.verdict import epochs_text, pcie_peak
+from tui.ingest.interfaces import Sink, Source
+from tui.ingest.loop import IngestLoop
 from tui.model.run_model import RankView, RunModel, Snapshot
-from tui.model.verdict import epochs_text, pcie_peak
 
 #: At the end, drain until one poll this long brings nothing, for at most DRAIN_MAX_S.
 DRAIN_QUIET_S = 0.1

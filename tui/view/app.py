@@ -1,6 +1,6 @@
 """The commtop terminal app: header, one grid of rank rows, the links panel, status, footer.
 
-The app never ingests: an :class:`~tui.model.ingest.IngestLoop` thread drains the source into the
+The app never ingests: an :class:`~tui.ingest.loop.IngestLoop` thread drains the source into the
 model and hands a frozen Snapshot to :meth:`CommtopApp._from_ingest`, which posts ONE
 ``SnapshotReady`` message (coalesced: never more than one in the queue), so a flood of
 records cannot starve the keyboard. Widgets are updated in one ``batch_update()``.
@@ -24,9 +24,9 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer
 
-from tui.model.ab_experiment import ABSlot
-from tui.model.ingest import IngestLoop
-from tui.model.interfaces import (
+from tui.experiment.ab_experiment import ABSlot
+from tui.experiment.verdict import pcie_peak, verdict_text
+from tui.ingest.interfaces import (
     ControllerLike,
     ControlView,
     ProcessWatch,
@@ -36,8 +36,8 @@ from tui.model.interfaces import (
     Sink,
     Source,
 )
+from tui.ingest.loop import IngestLoop
 from tui.model.run_model import RunModel, Snapshot
-from tui.model.verdict import pcie_peak, verdict_text
 from tui.view.gc_tuning import settle_garbage_collector
 from tui.view.keys import KEYS, bindings
 from tui.view.messages import IngestError, SnapshotReady
@@ -521,6 +521,6 @@ def build_app(
         )
     if connection is None:
         raise ValueError("build_app needs a collector or a connection")
-    from tui.model.sources import LiveSource
+    from tui.ingest.sources import LiveSource
 
     return CommtopApp(LiveSource(connection), RunModel(), process_watch=job, title=title, owns_source=True, **kwargs)

@@ -9,7 +9,7 @@ from typing import Any
 from rich.text import Text
 from textual.widget import Widget
 
-from tui.model.interfaces import ControlView, RecordingStatus
+from tui.ingest.interfaces import ControlView, RecordingStatus
 from tui.model.run_model import Snapshot
 from tui.view.widgets.palette import (
     ACCENT,

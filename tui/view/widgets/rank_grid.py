@@ -22,7 +22,7 @@ from textual.widget import Widget
 
 from tui.model.run_model import Snapshot
 from tui.model.stats import AxisScale
-from tui.model.time_axis import TimeAxis
+from tui.view.time_axis import TimeAxis
 from tui.view.widgets.rank_rows import (
     HEAT_LABEL_W,
     MIN_SPARK,

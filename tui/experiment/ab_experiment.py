@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tui.model.ab_stats import AB_MARK, WARMUP, ABResult, Block, analyse
+from tui.experiment.ab_stats import AB_MARK, WARMUP, ABResult, Block, analyse
 from workers.wire.overlap import classify_columns
 from workers.wire.protocol import COLL, TELEM, Batch, ProtocolError
 from workers.wire.telemetry import decode_tick

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from tui.model.interfaces import ResetModel, Sink, Source
+from tui.ingest.interfaces import ResetModel, Sink, Source
 from tui.model.run_model import RunModel, Snapshot
 
 #: Even with no new messages a snapshot is rebuilt this often (liveness ages with time).
