@@ -149,7 +149,7 @@ def test_bucket_equals_the_max_of_every_k_iterations() -> None:
 
     import numpy as np
 
-    from tui.model.run_model import History
+    from tui.model.snapshot import History
     from tui.view.widgets.rank_rows import NO_MODE, bucket
 
     rng = np.random.default_rng(3)

@@ -15,7 +15,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from tui.ingest.interfaces import ResetModel, Sink, Source
-from tui.model.run_model import RunModel, Snapshot
+from tui.model.run_model import RunModel
+from tui.model.snapshot import Snapshot
 
 #: Even with no new messages a snapshot is rebuilt this often (liveness ages with time).
 IDLE_SNAPSHOT_S = 0.5

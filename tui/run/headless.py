@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterable
 from tui.experiment.verdict import epochs_text, pcie_peak
 from tui.ingest.interfaces import Sink, Source
 from tui.ingest.loop import IngestLoop
-from tui.model.run_model import RankView, RunModel, Snapshot
+from tui.model.run_model import RunModel
+from tui.model.snapshot import RankView, Snapshot
 
 #: At the end, drain until one poll this long brings nothing, for at most DRAIN_MAX_S.
 DRAIN_QUIET_S = 0.1

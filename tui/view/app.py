@@ -37,7 +37,8 @@ from tui.ingest.interfaces import (
     Source,
 )
 from tui.ingest.loop import IngestLoop
-from tui.model.run_model import RunModel, Snapshot
+from tui.model.run_model import RunModel
+from tui.model.snapshot import Snapshot
 from tui.view.gc_tuning import settle_garbage_collector
 from tui.view.keys import KEYS, bindings
 from tui.view.messages import IngestError, SnapshotReady

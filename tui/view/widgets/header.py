@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from tui.ingest.interfaces import ControlView, RecordingStatus
-from tui.model.run_model import Snapshot
+from tui.model.snapshot import Snapshot
 from tui.view.widgets.palette import (
     ACCENT,
     EXITED,

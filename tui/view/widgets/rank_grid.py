@@ -20,7 +20,7 @@ from textual.strip import Strip
 from textual.style import Style as VisualStyle
 from textual.widget import Widget
 
-from tui.model.run_model import Snapshot
+from tui.model.snapshot import Snapshot
 from tui.model.stats import AxisScale
 from tui.view.time_axis import TimeAxis
 from tui.view.widgets.rank_rows import (

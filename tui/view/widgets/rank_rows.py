@@ -18,7 +18,7 @@ from rich.segment import Segment
 from rich.style import Style
 
 from tui.model.history import NO_MODE
-from tui.model.run_model import History, RankView, Snapshot
+from tui.model.snapshot import History, RankView, Snapshot
 from tui.view.time_axis import iteration_edges
 from tui.view.widgets.class_row import class_numbers
 from tui.view.widgets.palette import (
