@@ -238,17 +238,17 @@ async def test_v_toggles_rows_and_heat_map_and_many_ranks_switch_automatically()
         await pilot.pause()
         grid = app.query_one(RankGrid)
         assert grid.shown_view == "rows"
-        assert app.model.whole_run_stats  # the rows view draws whole-run numbers: refreshed
+        assert app.whole_run_stats  # the rows view draws whole-run numbers: refreshed
         await pilot.press("v")
         assert grid.shown_view == "heat"
-        assert not app.model.whole_run_stats  # the heat map draws none
+        assert not app.whole_run_stats  # the heat map draws none
         assert grid_text(app)[0].startswith("mode")
         await pilot.press("v")
-        assert grid.shown_view == "rows" and app.model.whole_run_stats
+        assert grid.shown_view == "rows" and app.whole_run_stats
         grid.view_mode = "auto"
         app.show_snapshot(frozen_snapshot(world=64, iterations=200))
         await pilot.pause()
-        assert grid.shown_view == "heat" and not app.model.whole_run_stats
+        assert grid.shown_view == "heat" and not app.whole_run_stats
         assert len(grid_text(app)) == 1 + 32  # mode line + two ranks per line
 
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.css.query import NoMatches
+from textual.reactive import var
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer
@@ -86,6 +87,10 @@ class CommtopApp(App[None]):
     ENABLE_COMMAND_PALETTE = True
 
     BINDINGS = bindings()
+
+    whole_run_stats: var[bool] = var(True, init=False)
+    """Whether the ranks' whole-run numbers are on screen (the rows view, with rows taller than
+    one line): the app asks the ingest loop to refresh them only then."""
 
     def __init__(
         self,
@@ -174,6 +179,8 @@ class CommtopApp(App[None]):
                 clock=self.clock,
                 on_error=self._from_ingest_error,
             )
+            if not self.whole_run_stats:
+                self.ingest.request_whole_run_stats(False)
             self.ingest.start()
         self.set_interval(SIDE_POLL_S, self._side_poll)
         self._side_poll()
@@ -382,9 +389,12 @@ class CommtopApp(App[None]):
         self._want_run_stats(grid)
 
     def _want_run_stats(self, grid: RankGrid) -> None:
-        """Whole-run numbers are drawn only by the rows view, on a rank's second line and below:
-        the model refreshes them only while they are on screen (RunModel.whole_run_stats)."""
-        self.model.whole_run_stats = grid.shown_view == "rows" and grid.row_h > 1
+        """Whole-run numbers are drawn only by the rows view, on a rank's second line and below."""
+        self.whole_run_stats = grid.shown_view == "rows" and grid.row_h > 1
+
+    def watch_whole_run_stats(self, on: bool) -> None:
+        if self.ingest is not None:
+            self.ingest.request_whole_run_stats(on)
 
     def _current(self) -> dict[str, Any]:
         """Settings to change from: what was last requested, else what is in force."""
