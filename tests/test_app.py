@@ -24,6 +24,7 @@ from tui.view.widgets.header import header_text
 from tui.view.widgets.rank_grid import RankGrid
 from tui.view.widgets.status import StatusLine
 from workers.wire.connection import Connection
+from workers.wire.settings import Settings, settings_from_wire
 
 KEY = bytes(range(32))
 SESSION = "app-sess"
@@ -103,7 +104,7 @@ class FakeController:
         return ""
 
     def view(self) -> ControlView:
-        return ControlView(requested=dict(self.settings))
+        return ControlView(requested=settings_from_wire(self.settings))
 
 
 @run_async
@@ -327,9 +328,13 @@ def test_header_text_without_data_and_with_pending_switch() -> None:
     assert "waiting for ranks" in header_text(None).plain
     base = {"copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
     snap = replace(
-        frozen_snapshot(world=2), settings={"mode": "overlap", **base}, epoch_in_force=3, pending_epoch=4, apply_at=640
+        frozen_snapshot(world=2),
+        settings=Settings(mode="overlap", **base),
+        epoch_in_force=3,
+        pending_epoch=4,
+        apply_at=640,
     )
-    view = ControlView(requested={"mode": "sync", **base})
+    view = ControlView(requested=Settings(mode="sync", **base))
     text = header_text(snap, view).plain
     assert "mode  overlap " in text and "epoch 3" in text and "⇢ switching mode overlap → sync at iteration 640" in text
 
@@ -364,11 +369,11 @@ def test_header_lists_rejections_by_reason() -> None:
 
 def test_header_shows_only_the_requested_changes_not_yet_in_force() -> None:
     base = {"mode": "overlap", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
-    snap = replace(frozen_snapshot(world=2), settings=base, epoch_in_force=3)
-    view = ControlView(requested={**base, "mode": "sync", "pinned": False})
+    snap = replace(frozen_snapshot(world=2), settings=Settings(**base), epoch_in_force=3)
+    view = ControlView(requested=Settings(**{**base, "mode": "sync", "pinned": False}))
     text = header_text(snap, view).plain
     assert "requested mode overlap → sync, pinned → pageable (not yet in force)" in text
-    same = ControlView(requested=base)
+    same = ControlView(requested=Settings(**base))
     assert "requested" not in header_text(snap, same).plain
 
 

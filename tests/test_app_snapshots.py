@@ -15,6 +15,7 @@ from frozen_run import frozen_snapshot
 from tui.ingest.interfaces import ControlView
 from tui.view.app import CommtopApp
 from tui.view.messages import SnapshotReady
+from workers.wire.settings import Settings
 
 SETTINGS = {"copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
 
@@ -26,7 +27,7 @@ class FrozenController:
         return ""
 
     def view(self) -> ControlView:
-        return ControlView(requested={"mode": "none", **SETTINGS})
+        return ControlView(requested=Settings(mode="none", **SETTINGS))
 
 
 def frozen_app(world: int, **kw: Any) -> tuple[CommtopApp, Any]:
@@ -34,7 +35,7 @@ def frozen_app(world: int, **kw: Any) -> tuple[CommtopApp, Any]:
     # frozen mid-switch: overlap in force at epoch 1, epoch 2 pending at iteration 640
     snap = replace(
         frozen_snapshot(world=world, **kw),
-        settings={"mode": "overlap", **SETTINGS},
+        settings=Settings(mode="overlap", **SETTINGS),
         epoch_in_force=1,
         pending_epoch=2,
         apply_at=640,
@@ -73,7 +74,7 @@ def frozen_links_app(world: int, gpus: int, **kw: Any) -> tuple[CommtopApp, Any]
     app = CommtopApp(title="commtop run", controller=FrozenController())
     snap = replace(
         frozen_snapshot(world=world, gpus=gpus, **kw),
-        settings={"mode": "overlap", **SETTINGS},
+        settings=Settings(mode="overlap", **SETTINGS),
         epoch_in_force=1,
         pending_epoch=2,
         apply_at=640,

@@ -56,7 +56,7 @@ def test_header_fields_come_from_the_hello() -> None:
         (1024, 1024),
         "float32",
     )
-    assert s.tensor_bytes == TENSOR_BYTES and s.settings["mode"] == "overlap"
+    assert s.tensor_bytes == TENSOR_BYTES and s.settings is not None and s.settings.mode == "overlap"
     assert [r.state for r in s.ranks] == ["waiting", "waiting"]
     assert s.ranks[0].host == "node-a" and s.ranks[0].gpu == "cpu"
 

@@ -20,6 +20,7 @@ from tui.run.connect_help import connect_lines
 from tui.view.app import CommtopApp, build_app
 from tui.view.widgets.connect import ConnectPanel
 from workers.wire.connection import Connection
+from workers.wire.settings import Settings, settings_from_wire
 
 KEY = bytes(range(32))
 SESSION = "newcomer"
@@ -296,8 +297,10 @@ def test_a_narrow_header_is_condensed_not_cut() -> None:
     from tui.view.widgets.header import header_text
 
     base = {"mode": "overlap", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
-    snap = replace(frozen_snapshot(world=4, gpus=1), settings=base, epoch_in_force=1, pending_epoch=2, apply_at=640)
-    view = ControlView(requested={**base, "mode": "none"})
+    snap = replace(
+        frozen_snapshot(world=4, gpus=1), settings=Settings(**base), epoch_in_force=1, pending_epoch=2, apply_at=640
+    )
+    view = ControlView(requested=Settings(**{**base, "mode": "none"}))
     wide = header_text(snap, view, title="commtop run", width=200).plain.split("\n")
     narrow = header_text(snap, view, title="commtop run", width=80).plain.split("\n")
     assert max(len(line) for line in wide) > 80  # the full header would be cut at 80 columns
@@ -379,14 +382,14 @@ async def test_after_c_the_banner_says_the_change_made() -> None:
             return ""
 
         def view(self) -> ControlView | None:
-            return ControlView(requested=dict(self.requested)) if self.requested else None
+            return ControlView(requested=settings_from_wire(self.requested)) if self.requested else None
 
     controller = Controller()
     app = CommtopApp(links=False, controller=controller)
     async with app.run_test(size=SIZE) as pilot:
         snap = frozen_snapshot(world=2)
         app.show_snapshot(snap)
-        controller.requested = dict(snap.settings)
+        controller.requested = snap.settings.as_dict()
         await pilot.press("C")
         await wait_for(pilot, lambda: any(n.message.startswith("requested") for n in app._notifications))
         assert controller.requested["copies"] == 6

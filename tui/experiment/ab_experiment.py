@@ -189,10 +189,11 @@ class ABExperiment:
             return True
         now = self.clock()
         if self.state == "starting":
-            in_force = dict(self.controller.view().requested or {})
-            if not in_force:
+            requested = self.controller.view().requested
+            if requested is None:
                 self.note = "waiting for the workers to report their settings"
                 return False
+            in_force = requested.as_dict()
             keys = set(self.a) | set(self.b)
             knobs = dict(in_force.get("knobs") or {})
             self._restore = {k: in_force[k] for k in keys if k in in_force}

@@ -15,6 +15,7 @@ import numpy as np
 from tui.model.epochs import EpochComparison
 from tui.model.stats import RunStats
 from tui.model.telemetry import TelemetrySnapshot
+from workers.wire.settings import Settings
 
 #: A skew event is worth a headline when the others waited this many typical collectives.
 SKEW_HEADLINE_FACTOR = 2.0
@@ -111,12 +112,16 @@ class Snapshot:
     dtype: str = ""
     tensor_bytes: int = 0
     config: dict[str, Any] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)  # in force (rank 0's hello)
+    #: The settings in force (tui.model.in_force), None until a hello, the recording or the
+    #: collector told them.
+    settings: Settings | None = None
+    #: The mode in force ("": unknown); the records tell it before the other settings are known.
+    mode_in_force: str = ""
     epoch_in_force: int = -1
     pending_epoch: int = -1
     apply_at: int = -1
-    #: The settings the pending epoch brings, when a hello (or the recording) told them ({} = unknown).
-    pending_settings: dict[str, Any] = field(default_factory=dict)
+    #: The settings the pending epoch brings, when a hello (or the recording) told them (None = unknown).
+    pending_settings: Settings | None = None
     started_ns: int = 0
     iter_rate: float = math.nan  # median over ranks with data
     drops: int = 0

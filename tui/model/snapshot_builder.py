@@ -138,6 +138,7 @@ class SnapshotBuilder:
             tensor_bytes=int(config.get("tensor_bytes", 0) or 0),
             config=config,
             settings=in_force.settings,
+            mode_in_force=in_force.mode,
             epoch_in_force=in_force.epoch,
             pending_epoch=in_force.pending_epoch,
             pending_settings=in_force.pending_settings,

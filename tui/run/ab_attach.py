@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from tui.ingest.interfaces import ControlView
+from tui.model.in_force import reported_settings
 from tui.run.ctl import BUILTIN, CtlClient, CtlError, resolve_run
 from workers.wire.config import ConfigError
 from workers.wire.settings import Settings
@@ -48,8 +49,8 @@ class RemoteController:
         try:
             status = self.client.status()
         except CtlError as exc:
-            return ControlView(requested={}, note=str(exc))
-        return ControlView(requested=dict(status.get("requested") or {}), note=str(status.get("note") or ""))
+            return ControlView(requested=None, note=str(exc))
+        return ControlView(requested=reported_settings(status.get("requested")), note=str(status.get("note") or ""))
 
     def request(self, changes: dict[str, Any], *, new_epoch: bool = False) -> str:
         try:

@@ -181,7 +181,7 @@ class ControlServer:
 
     def view(self) -> ControlView:
         with self._lock:
-            requested = self._desired[1].as_dict() if self._desired else {}
+            requested = self._desired[1] if self._desired else None
             note = self._note if time.monotonic() < self._note_until else ""
             if self._desired is None:
                 note = note or "waiting for the workers to report the settings in force"
@@ -289,7 +289,7 @@ class ControlServer:
         if settings == current and not new_epoch:
             return epoch, ""
         self._desired = (epoch + 1, settings)
-        self._in_force.note_settings(epoch + 1, settings.as_dict())
+        self._in_force.note_settings(epoch + 1, settings)
         self._kick = True
         return epoch + 1, ""
 
@@ -384,7 +384,7 @@ class ControlServer:
         return {
             "desired_epoch": self._desired[0] if self._desired else -1,
             "requested": self._desired[1].as_dict() if self._desired else {},
-            "in_force": in_force.settings,
+            "in_force": in_force.wire(),
             "epoch_in_force": in_force.epoch,
             "pending_epoch": in_force.pending_epoch,
             "apply_at": in_force.apply_at,

@@ -65,7 +65,7 @@ def _gbps(value: float) -> str:
 def header_line(s: Snapshot) -> str:
     """backend · world size · collective · shape · dtype · modes — one line."""
     shape = "x".join(map(str, s.shape)) or "?"
-    modes = ", ".join(s.modes_seen) or str(s.settings.get("mode", "?"))
+    modes = ", ".join(s.modes_seen) or (s.mode_in_force or "?")
     backend = s.backend or "?"
     if s.device and s.device != "cpu":
         backend = f"{backend} on {s.device}"

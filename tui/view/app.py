@@ -51,7 +51,7 @@ from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from tui.view.widgets.status import ReplayBar, StatusLine
 from tui.view.widgets.verdict import VerdictLine
 from workers.wire.protocol import DIRECTIONS, MODES
-from workers.wire.settings import COPY_SCALES, MAX_COPIES
+from workers.wire.settings import COPY_SCALES, MAX_COPIES, Settings
 
 #: How often the app reads the controller, recorder, job and replay position (UI thread).
 SIDE_POLL_S = 0.25
@@ -396,16 +396,22 @@ class CommtopApp(App[None]):
         if self.ingest is not None:
             self.ingest.request_whole_run_stats(on)
 
-    def _current(self) -> dict[str, Any]:
-        """Settings to change from: what was last requested, else what is in force."""
-        if self._control is not None and self._control.requested:
-            return dict(self._control.requested)
-        return dict(self.snapshot.settings) if self.snapshot else {}
+    def _current(self) -> Settings | None:
+        """Settings to change from: what the controller was last asked for, which it starts from
+        the settings the workers report in force (None until they did; it refuses changes then)."""
+        if self.controller is None:
+            return None
+        try:
+            view = self.controller.view()
+        except Exception:
+            return None
+        return view.requested if view is not None else None
 
     def _request(self, changes: dict[str, Any]) -> None:
         if self.controller is None:
             return
-        before = self._current()
+        current = self._current()
+        before = current.as_dict() if current is not None else {}
         try:
             error = self.controller.request(changes)
         except Exception as exc:
@@ -416,8 +422,11 @@ class CommtopApp(App[None]):
             self.notify(f"requested {settings_change(before, changes) or 'no change'}", timeout=2)
         self._side_poll()
 
+    # Unknown settings (None) count as mode none, no copies, size x1, pinned, d2h.
+
     def action_cycle_mode(self) -> None:
-        mode = self._current().get("mode", MODES[0])
+        current = self._current()
+        mode = current.mode if current is not None else MODES[0]
         nxt = MODES[(MODES.index(mode) + 1) % len(MODES)] if mode in MODES else MODES[0]
         self._request({"mode": nxt})
 
@@ -425,19 +434,23 @@ class CommtopApp(App[None]):
         self._request({"mode": MODES[index]})
 
     def action_copies(self, delta: int) -> None:
-        copies = int(self._current().get("copies", 0))
+        current = self._current()
+        copies = current.copies if current is not None else 0
         self._request({"copies": max(0, min(MAX_COPIES, copies + delta))})
 
     def action_cycle_scale(self) -> None:
-        scale = float(self._current().get("copy_scale", 1.0))
+        current = self._current()
+        scale = current.copy_scale if current is not None else 1.0
         i = COPY_SCALES.index(scale) if scale in COPY_SCALES else -1
         self._request({"copy_scale": COPY_SCALES[(i + 1) % len(COPY_SCALES)]})
 
     def action_toggle_pinned(self) -> None:
-        self._request({"pinned": not bool(self._current().get("pinned", True))})
+        current = self._current()
+        self._request({"pinned": not (current.pinned if current is not None else True)})
 
     def action_toggle_direction(self) -> None:
-        cur = self._current().get("direction", DIRECTIONS[0])
+        current = self._current()
+        cur = current.direction if current is not None else DIRECTIONS[0]
         self._request({"direction": DIRECTIONS[1] if cur == DIRECTIONS[0] else DIRECTIONS[0]})
 
     def _show_verdict(self) -> None:
@@ -457,7 +470,8 @@ class CommtopApp(App[None]):
             return
         from tui.view.widgets.ab_dialog import ABDialog
 
-        mode = str(self._current().get("mode", "overlap"))
+        current = self._current()
+        mode = current.mode if current is not None else "overlap"
         b = f"mode={mode if mode != 'none' else 'overlap'}"
         self.push_screen(ABDialog("mode=none", b), self._start_ab)
 
