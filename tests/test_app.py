@@ -379,8 +379,9 @@ def test_header_shows_only_the_requested_changes_not_yet_in_force() -> None:
 
 def test_rows_mark_failed_exits_red_and_clean_exits_dim() -> None:
     from tui.model.run_model import RunModel
-    from tui.view.widgets.palette import EXITED
-    from tui.view.widgets.rank_rows import RowsView, bucket, style
+    from tui.view.widgets.grid_cells import bucket
+    from tui.view.widgets.palette import EXITED, style
+    from tui.view.widgets.rank_rows import RowsView
     from workers.wire.protocol import Bye
 
     model = RunModel()

@@ -220,7 +220,8 @@ def test_host_line_says_what_tick_and_drops_are() -> None:
 def test_whole_run_row_says_which_number_is_the_max() -> None:
     from frozen_run import frozen_snapshot
 
-    from tui.view.widgets.rank_rows import RowsView, bucket
+    from tui.view.widgets.grid_cells import bucket
+    from tui.view.widgets.rank_rows import RowsView
 
     snap = frozen_snapshot(world=2)
     view = RowsView(snap, bucket(snap.history, 40, 1), 15.0, 120, row_h=3)
@@ -310,7 +311,7 @@ def test_a_narrow_header_is_condensed_not_cut() -> None:
 
 
 def test_an_80_column_grid_leaves_more_chart_columns() -> None:
-    from tui.view.widgets.rank_rows import FIXED_W, fixed_width
+    from tui.view.widgets.grid_cells import FIXED_W, fixed_width
 
     assert 80 - fixed_width(80) >= 2 * (80 - FIXED_W)  # 37 columns of chart instead of 14
     assert fixed_width(200) == FIXED_W  # wide terminals keep host:gpu and copy
