@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from tui.experiment.ab_stats import AB_MARK, WARMUP, ABResult, Block, analyse
+from tui.ingest.interfaces import ControllerLike
 from workers.wire.overlap import classify_columns
 from workers.wire.protocol import COLL, TELEM, Batch, ProtocolError
 from workers.wire.telemetry import decode_tick
@@ -78,7 +79,7 @@ class ABExperiment:
 
     def __init__(
         self,
-        controller: Any,
+        controller: ControllerLike,
         a: Mapping[str, Any],
         b: Mapping[str, Any],
         *,
@@ -456,7 +457,7 @@ class ABSlot:
     def running(self) -> bool:
         return self.experiment is not None and self.experiment.state not in ("done", "failed")
 
-    def start(self, controller: Any, a: Mapping[str, Any], b: Mapping[str, Any], **kw: Any) -> ABExperiment:
+    def start(self, controller: ControllerLike, a: Mapping[str, Any], b: Mapping[str, Any], **kw: Any) -> ABExperiment:
         self.experiment = ABExperiment(controller, a, b, **kw)
         self._final = None
         return self.experiment

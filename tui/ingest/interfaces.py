@@ -110,8 +110,9 @@ class ControlView:
 class ControllerLike(Protocol):
     """Changes the settings of a running job (implemented by the control server)."""
 
-    def request(self, changes: dict[str, Any]) -> str:
-        """Ask for a change; returns "" if accepted, else a one-line error."""
+    def request(self, changes: dict[str, Any], *, new_epoch: bool = False) -> str:
+        """Ask for a change; returns "" if accepted, else a one-line error. ``new_epoch``: start a
+        settings epoch also when nothing changes (an A/B block is exactly one epoch)."""
         ...
 
     def view(self) -> ControlView: ...
