@@ -27,7 +27,7 @@ LOOP = ["--collective", "all_reduce", "--shape", "256x256", "--collectives-per-s
 
 def one(duration: float, seed: int) -> dict[str, float]:
     from tui import cli
-    from tui.model.ab_stats import analyse
+    from tui.experiment.ab_stats import analyse
     from tui.run import ab
 
     ns = cli.build_parser().parse_args(

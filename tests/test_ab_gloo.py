@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tui import cli
-from tui.model.ab_stats import analyse
+from tui.experiment.ab_stats import analyse
 from tui.run import ab
 from workers.wire import connection
 

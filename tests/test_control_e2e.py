@@ -1,6 +1,6 @@
 """Live control end to end: real torchrun gloo ranks, real sockets, `commtop ctl` in-process.
 
-The test collector is the real one minus the TUI: tui.model.sources.LiveSource (PULL) feeding the
+The test collector is the real one minus the TUI: tui.ingest.sources.LiveSource (PULL) feeding the
 real ControlServer (its Sink side), plus a record keeper that checks exactness from the
 records themselves: for every iteration index, every rank reports the same epoch.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tui import cli
-from tui.model.sources import LiveSource
+from tui.ingest.sources import LiveSource
 from tui.run.control_server import ControlServer
 from tui.run.launcher import JobProcess, torchrun_argv
 from workers.rank import live_control
@@ -243,8 +243,7 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         # not always from the same message): wait for both, then check them
         wait_for(
             lambda: (
-                collector.server.in_force().settings.get("mode") == "sync-barrier"
-                and collector.server.view().requested == in_force.as_dict()
+                collector.server.in_force().mode == "sync-barrier" and collector.server.view().requested == in_force
             ),
             5,
             "the mode in force and the request",
@@ -254,7 +253,7 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         view, now_in_force = collector.server.view(), collector.server.in_force()
         # the ranks say Hello as soon as they connect (else every 1 s): 4 s allows for a loaded machine
         assert learned_s < 4.0, f"took {learned_s:.2f} s to learn the mode in force"
-        assert view.requested == in_force.as_dict() == now_in_force.settings
+        assert view.requested == in_force == now_in_force.settings
         assert now_in_force.epoch == 1
         wait_for(lambda: records2.last_iteration() > before_restart + 50 * STEP, 20, "workers going on", job)
 
@@ -281,7 +280,7 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         wait_for(lambda: logged() == counts, live_control.LOG_S + 5, f"the log to say {counts}", job)
         # still controllable through the new collector
         assert cli.main(["ctl", "--run", conn.path, "mode", "none"]) == 0, capsys.readouterr()
-        assert collector.server.in_force().settings["mode"] == "none"
+        assert collector.server.in_force().mode == "none"
     finally:
         job.stop()
         collector.close()

@@ -96,7 +96,7 @@ def test_publishes_nothing_until_the_workers_report_then_adopts_the_state_in_for
         in_force = Settings(mode="sync", copies=2)
         server.write(frozen_hello(0, 3, in_force))
         assert heard(listener) == (3, in_force)
-        assert server.view().requested == in_force.as_dict() == server.in_force().settings
+        assert server.view().requested == in_force == server.in_force().settings
         assert server.in_force().epoch == 3
     finally:
         listener.close()
@@ -123,7 +123,7 @@ def test_request_validates_and_bumps_the_epoch(conn, server):
     server.write(header(0, 1))
     now = server.in_force()
     assert (now.epoch, now.pending_epoch) == (1, -1)
-    assert now.settings["mode"] == "sync-barrier"
+    assert now.settings is not None and now.settings.mode == "sync-barrier"
 
 
 def test_holds_while_workers_switch_to_an_epoch_it_does_not_know(conn, server):
@@ -259,7 +259,8 @@ def test_a_restarted_server_learns_the_mode_in_force_without_resetting_it(conn):
         second.write(header(1, 1))
         second.write(frozen_hello(1, 1, Settings(mode="none", copies=7), rejected={"signature": 2}))
         assert heard(listener) == (1, Settings(mode="none", copies=7))
-        assert second.in_force().settings["mode"] == "none" and second.view().requested["copies"] == 7
+        in_force, requested = second.in_force().settings, second.view().requested
+        assert in_force is not None and in_force.mode == "none" and requested is not None and requested.copies == 7
         with ctl.CtlClient(conn) as client:
             assert client.status()["worker_rejected"] == 2
     finally:

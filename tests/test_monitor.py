@@ -24,7 +24,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import zmq
 
-from tui.model.sources import LiveSource  # noqa: E402
+from tui.ingest.sources import LiveSource  # noqa: E402
 from tui.run.job_plan import script_argv  # noqa: E402
 from workers import monitor  # noqa: E402
 from workers.monitor import patch as monitor_patch
@@ -353,14 +353,14 @@ def test_the_tuis_mode_key_through_the_real_control_server_moves_the_mode_knob(r
         first = seen.index("sync")
         assert set(seen[:first]) == {"overlap"} and set(seen[first:]) == {"sync"}
         until = time.monotonic() + 5  # the next Hello (1 s) tells the collector what is in force
-        while time.monotonic() < until and server.in_force().settings.get("knobs") != {"offload": "sync"}:
+        while time.monotonic() < until and getattr(server.in_force().settings, "knobs", None) != {"offload": "sync"}:
             with mon.step(step):  # the job goes on (batch headers say which epoch is in force)
                 dist.all_reduce(t)
             step += 1
             for message in source.poll(0.01):
                 server.write(message)
         now = server.in_force()
-        assert now.settings["knobs"] == {"offload": "sync"} and now.settings["mode"] == "sync"
+        assert now.settings is not None and now.settings.knobs == {"offload": "sync"} and now.settings.mode == "sync"
         assert now.epoch == 1
     finally:
         server.close()

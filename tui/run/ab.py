@@ -5,8 +5,8 @@
     commtop ab --run RUN --a mode=none --b mode=overlap   (a run already going: tui.run.ab_attach)
 
 It starts its own run like ``commtop run --headless`` (the synthetic forum loop, or a user's
-script after ``--``), alternates A and B in blocks (tui.model.ab_experiment), then prints the
-table of tui.model.ab_stats and exits 0. With ``--record`` the A/B marks go into the
+script after ``--``), alternates A and B in blocks (tui.experiment.ab_experiment), then prints the
+table of tui.experiment.ab_stats and exits 0. With ``--record`` the A/B marks go into the
 recording, and ``commtop report FILE`` prints the same verdict again.
 """
 
@@ -19,8 +19,8 @@ import signal
 import sys
 import threading
 
-from tui.model.ab_experiment import ABExperiment
-from tui.model.ab_stats import ABResult
+from tui.experiment.ab_experiment import ABExperiment
+from tui.experiment.ab_stats import ABResult
 from tui.model.run_model import Snapshot
 from tui.run.ab_result import ABRun
 from tui.run.launcher import JobProcess
@@ -88,13 +88,13 @@ def show(done: ABRun, *, json_out: bool) -> int:
     at least two pairs, else 1, or the job's exit code (its last lines on stderr)."""
     experiment, result, code, job = done.experiment, done.result, done.code, done.job
     if json_out:
-        from tui.model.ab_stats import as_json
+        from tui.experiment.ab_stats import as_json
 
         out = as_json(result) | {"seed": experiment.seed, "state": experiment.state, "note": experiment.note}
         print(json.dumps(_finite(out), indent=1))
     else:
-        from tui.model.ab_stats import format_table
-        from tui.model.verdict import pcie_peak
+        from tui.experiment.ab_stats import format_table
+        from tui.experiment.verdict import pcie_peak
 
         peak = pcie_peak(done.snapshot.telemetry)
         print(format_table(result, peak.share(result.copy_gbps[1]) if peak is not None else ""))
@@ -121,7 +121,7 @@ def _finite(value: object) -> object:
 def run_experiment(ns: argparse.Namespace, script: list[str]) -> ABRun:
     """Start the job and its session, run the experiment, stop both (or, with ``--run``, run
     it on a run already going: tui.run.ab_attach)."""
-    from tui.model.ab_experiment import parse_arm
+    from tui.experiment.ab_experiment import parse_arm
     from tui.run.gpus import visible_gpus
     from tui.run.job_plan import CPU_RANKS, JobPlan, check_memory, script_argv
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tui.model.ab_experiment import ABExperiment
-from tui.model.ab_stats import ABResult
+from tui.experiment.ab_experiment import ABExperiment
+from tui.experiment.ab_stats import ABResult
 from tui.model.run_model import Snapshot
 from tui.run.launcher import JobProcess
 

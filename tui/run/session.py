@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from tui.model.interfaces import Sink, Source
+from tui.ingest.interfaces import Sink, Source
 from tui.model.run_model import RunModel, Snapshot
 from tui.recordings.format import Recorder
 from tui.recordings.replay import ReplaySource
@@ -66,8 +66,8 @@ class LiveSession:
         """The collector of ``conn`` (one per run): binds its sockets, its control server, and
         starts recording if ``record`` is not None ("" = the default path). ``owns_run``: the
         run's folder goes when the session closes."""
-        from tui.model.feed import FeedError, FeedPublisher
-        from tui.model.sources import LiveSource
+        from tui.ingest.feed import FeedError, FeedPublisher
+        from tui.ingest.sources import LiveSource
         from tui.run.run_dirs import RunBusy, lock_run, prune_runs, remove_run
 
         try:
