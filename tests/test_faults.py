@@ -361,20 +361,20 @@ def test_rank_sigstopped_is_shown_stalled_by_the_sampler_not_lost(run) -> None:
     sampler reads the process state), distinct from an exit; SIGCONT -> live again."""
     import asyncio
 
-    from tui.cli import open_collector
+    from tui.run.session import LiveSession
     from tui.view.app import build_app
     from tui.view.widgets.rank_grid import RankGrid
     from workers.wire.connection import load
 
     conn_path, env, procs = run
-    collector = open_collector(load(conn_path), None)
+    collector = LiveSession.open(load(conn_path), None)
     job = start_job(conn_path, env, *SMALL_JOB)
     procs.append(job)
     pids = worker_pids(job, 2)
     found: dict[str, float | str] = {}
 
     async def body() -> None:
-        app = build_app(collector=collector, title="faults")
+        app = build_app(collector, title="faults")
         async with app.run_test(size=(160, 24)) as pilot:
 
             async def until(cond, timeout_s: float) -> float:  # noqa: ANN001

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recording_synth import T0, assert_same_message, hello, synth_run, telem, write_recording
 
-from tui.model.interfaces import RecordingStatus
+from tui.ingest.interfaces import RecordingStatus
 from tui.recordings.format import (
     CLOCK_SOURCE,
     FORMAT_VERSION,

@@ -26,15 +26,15 @@ LOOP = ["--collective", "all_reduce", "--shape", "256x256", "--collectives-per-s
 
 
 def one(duration: float, seed: int) -> dict[str, float]:
-    from tui.cli import ab_launch
-    from tui.model.ab_stats import analyse
+    from tui import cli
+    from tui.experiment.ab_stats import analyse
     from tui.run import ab
 
-    ns = ab.build_parser().parse_args(
-        ["--a", "mode=none", "--b", "mode=none", "--duration", str(duration), "--block", "0.4", "--seed", str(seed),
+    ns = cli.build_parser().parse_args(
+        ["ab", "--a", "mode=none", "--b", "mode=none", "--duration", str(duration), "--block", "0.4", "--seed", str(seed),
          "--nproc", "2", *LOOP]
     )  # fmt: skip
-    done = ab.run_experiment(ns, [], ab_launch())
+    done = ab.run_experiment(ns, [])
     coll, copy = done.experiment.columns()
     blocks = done.experiment.blocks
     med = {}

@@ -286,8 +286,8 @@ async def drive(
     ranks at ``rate`` records/s for ``seconds``; measured over the steady part. ``lag_probe``:
     also measure the event loop's lag (a 100 Hz task in the app's loop: 2-4 % of a core on the
     2-core VM, counted as the app's CPU; leave it off where the lag is not reported)."""
+    from tui.ingest.sources import LiveSource
     from tui.model.run_model import RunModel
-    from tui.model.sources import LiveSource
     from tui.view.app import CommtopApp
     from tui.view.widgets.rank_grid import RankGrid
     from workers.wire.connection import create_run

@@ -22,8 +22,8 @@ from typing import Any
 from _common import Report, add_common_args, finish, percentile  # benchmarks/standing/ is sys.path[0]
 from _tui_probe import FrameMeter, quiesce, reference_paint
 
+from tui.ingest.sources import LiveSource
 from tui.model.run_model import RunModel
-from tui.model.sources import LiveSource
 from tui.run.gpus import visible_gpus
 from tui.run.launcher import JobProcess, torchrun_argv
 from tui.view.app import CommtopApp

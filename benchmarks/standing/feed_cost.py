@@ -1,6 +1,7 @@
-"""What the collector's data feed (for `commtop ab --run`) costs per forwarded message:
-FeedPublisher.forward of a real signed batch (1000 collective records), with no subscriber (the
-usual case) and with one reading it.
+"""What the collector's data feed (tui.ingest.feed, for `commtop ab --run`) costs per forwarded
+message: FeedPublisher.forward of a real signed batch (1000 collective records), with no
+subscriber (the usual case) and with one reading it. Prints the machine and µs per message,
+next to the cost of decoding the same message (what the collector does anyway), as a ratio.
 
     python benchmarks/standing/feed_cost.py [--n 20000] [--tiny]
 
@@ -21,7 +22,7 @@ import time
 import numpy as np
 from _common import Report, add_common_args, finish  # benchmarks/standing/ is sys.path[0]
 
-from tui.model.feed import FeedPublisher
+from tui.ingest.feed import FeedPublisher
 from workers.wire import connection, protocol
 from workers.wire.protocol import COLL, COLL_COLUMNS, Batch, batch_body
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             reader = None
             if label == "one subscriber":  # another process, as `commtop ab --run` is
                 code = (
-                    "import sys, time; from workers.wire import connection; from tui.model.feed import FeedSource; "
+                    "import sys, time; from workers.wire import connection; from tui.ingest.feed import FeedSource; "
                     "s = FeedSource(connection.load(sys.argv[1])); end = time.monotonic() + float(sys.argv[2]); "
                     "n = sum(len(s.poll(0.05)) for _ in iter(lambda: time.monotonic() > end, True)); print(n)"
                 )

@@ -46,7 +46,7 @@ from typing import IO, Any
 import msgpack
 import numpy as np
 
-from tui.model.interfaces import RecordingStatus
+from tui.ingest.interfaces import RecordingStatus
 from tui.recordings import summary
 from workers.wire import protocol as p
 from workers.wire.busbw import algbw_gbps

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tui.model.interfaces import ReplayPosition, ResetModel
+from tui.ingest.interfaces import ReplayPosition, ResetModel
 from tui.recordings.format import Recording, chunk_messages, open_recording
 from workers.wire.protocol import Message
 

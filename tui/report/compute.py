@@ -23,8 +23,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from tui.model.ab_stats import as_json as ab_json
-from tui.model.ab_stats import format_table as ab_table
+from tui.experiment.ab_stats import as_json as ab_json
+from tui.experiment.ab_stats import format_table as ab_table
 from tui.recordings import summary as chunk_summary
 from tui.recordings.format import Recording, Tables, run_metadata
 from tui.recordings.summary import window_end_ns
@@ -166,7 +166,7 @@ class Report:
     rows: tuple[Row, ...]
     modes: tuple[ModeRow, ...]
     settings: tuple[SettingsRow, ...] = ()
-    ab: tuple[Any, ...] = ()  # tui.model.ab_stats.ABResult of each A/B experiment recorded
+    ab: tuple[Any, ...] = ()  # tui.experiment.ab_stats.ABResult of each A/B experiment recorded
     peaks: Peaks = Peaks()
 
 

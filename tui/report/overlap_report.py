@@ -93,7 +93,7 @@ def ab_sections(
     ``link(t0, t1)``: link tx GB/s over a time window, ``hbm(t0, t1)``: HBM bandwidth
     utilisation % (GPM), each averaged per arm over its blocks' (first start, last start) of
     collectives: from ``epoch_starts`` per epoch where given, else from the start_ns column."""
-    from tui.model.ab_stats import analyse, blocks_from_marks
+    from tui.experiment.ab_stats import analyse, blocks_from_marks
 
     out = []
     coll = {"epoch": tables.coll["epoch"], "dur_us": tables.coll["dur_us"], "cls": cls, "frac": frac}

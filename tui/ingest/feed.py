@@ -16,8 +16,8 @@ from typing import Any
 
 import zmq
 
-from tui.model.interfaces import ResetModel
-from tui.model.sources import MAX_PER_POLL, OVERSIZE_SLACK, drain_signed, ipc_endpoint_in_use
+from tui.ingest.interfaces import ResetModel
+from tui.ingest.sources import MAX_PER_POLL, OVERSIZE_SLACK, drain_signed, ipc_endpoint_in_use
 from workers.wire.connection import Connection
 from workers.wire.protocol import MAX_BODY_BYTES, Message
 
@@ -71,7 +71,7 @@ class FeedPublisher:
 
 
 class FeedSource:
-    """A Source (tui.model.interfaces) reading a live run's feed: verified, decoded messages
+    """A Source (tui.ingest.interfaces) reading a live run's feed: verified, decoded messages
     from the moment it connected (no history: the run's Hellos came before)."""
 
     def __init__(self, connection: Connection, *, context: zmq.Context[Any] | None = None) -> None:

@@ -5,17 +5,21 @@ every message into the model under a lock, hands each message to the sinks (the 
 the control server), and every ``interval_s`` builds a Snapshot if anything changed and
 passes it to ``on_snapshot`` (the app posts ONE Textual message from there; Textual's
 ``post_message`` is thread-safe). A sink or callback that raises is reported, never fatal.
+The other way, the view asks for what the snapshots should hold (``request_whole_run_stats``):
+the request is queued and applied to the model on this thread, under the lock.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from tui.model.interfaces import ResetModel, Sink, Source
-from tui.model.run_model import RunModel, Snapshot
+from tui.ingest.interfaces import ResetModel, Sink, Source
+from tui.model.run_model import RunModel
+from tui.model.snapshot import Snapshot
 
 #: Even with no new messages a snapshot is rebuilt this often (liveness ages with time).
 IDLE_SNAPSHOT_S = 0.5
@@ -68,6 +72,8 @@ class IngestLoop:
         self._last_emit = 0.0
         self._built_avg_s: float | None = None
         self._latest: Snapshot | None = None
+        #: Requests of the view, applied to the model before the next snapshot (ingest thread).
+        self._requests: queue.SimpleQueue[bool] = queue.SimpleQueue()
 
     # ----------------------------------------------------------------------- thread
 
@@ -167,9 +173,25 @@ class IngestLoop:
                         break  # one report per sink per chunk
         return len(messages)
 
+    def request_whole_run_stats(self, on: bool) -> None:
+        """Ask for the ranks' whole-run statistics to be refreshed in the snapshots (on) or kept
+        at their last values (off: nothing on screen shows them). Any thread; the model changes
+        on the ingest thread, before the next snapshot."""
+        self._requests.put(on)
+
+    def _apply_requests(self) -> None:
+        """The view's queued requests, the newest last (lock held)."""
+        while True:
+            try:
+                on = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            self.model.whole_run_stats = on
+
     def snapshot(self, fresh_run_stats: bool = False) -> Snapshot:
         """A fresh snapshot (thread-safe; also used by the headless collector at the end)."""
         with self.lock:
+            self._apply_requests()
             snap = self.model.snapshot(self.clock(), fresh_run_stats=fresh_run_stats)
         self._latest = snap
         return snap

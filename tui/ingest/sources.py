@@ -17,7 +17,7 @@ from typing import Any
 
 import zmq
 
-from tui.model.interfaces import ResetModel
+from tui.ingest.interfaces import ResetModel
 from workers.wire.connection import Connection
 from workers.wire.protocol import MAX_BODY_BYTES, Message, ProtocolError, decode, open_frames
 
@@ -131,7 +131,7 @@ class LiveSource:
         self._closed = False
 
     def attach_feed(self, feed: Any) -> None:
-        """Hand every accepted message's frames to ``feed`` (a tui.model.feed.FeedPublisher,
+        """Hand every accepted message's frames to ``feed`` (a tui.ingest.feed.FeedPublisher,
         closed with this source), for `commtop ab --run`."""
         self._feed = feed
 

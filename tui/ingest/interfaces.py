@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from workers.wire.protocol import Message
+from workers.wire.settings import Settings
 
 
 @runtime_checkable
@@ -101,7 +102,7 @@ class ControlView:
     """What the header shows about live control beyond the snapshot: the settings requested
     (the snapshot says which are in force), refusals and the latest note."""
 
-    requested: dict[str, Any]
+    requested: Settings | None  # None: the workers have not reported the settings in force yet
     rejected: int = 0  # control/telemetry messages refused (bad signature, replay, ...)
     note: str = ""  # e.g. "re-issued: rank 3 was past iteration 640"
 
@@ -109,8 +110,9 @@ class ControlView:
 class ControllerLike(Protocol):
     """Changes the settings of a running job (implemented by the control server)."""
 
-    def request(self, changes: dict[str, Any]) -> str:
-        """Ask for a change; returns "" if accepted, else a one-line error."""
+    def request(self, changes: dict[str, Any], *, new_epoch: bool = False) -> str:
+        """Ask for a change; returns "" if accepted, else a one-line error. ``new_epoch``: start a
+        settings epoch also when nothing changes (an A/B block is exactly one epoch)."""
         ...
 
     def view(self) -> ControlView: ...

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from tui.model.ab_stats import AB_MARK, WARMUP, ABResult, Block, analyse
+from tui.experiment.ab_stats import AB_MARK, WARMUP, ABResult, Block, analyse
+from tui.ingest.interfaces import ControllerLike
 from workers.wire.overlap import classify_columns
 from workers.wire.protocol import COLL, TELEM, Batch, ProtocolError
 from workers.wire.telemetry import decode_tick
@@ -78,7 +79,7 @@ class ABExperiment:
 
     def __init__(
         self,
-        controller: Any,
+        controller: ControllerLike,
         a: Mapping[str, Any],
         b: Mapping[str, Any],
         *,
@@ -189,10 +190,11 @@ class ABExperiment:
             return True
         now = self.clock()
         if self.state == "starting":
-            in_force = dict(self.controller.view().requested or {})
-            if not in_force:
+            requested = self.controller.view().requested
+            if requested is None:
                 self.note = "waiting for the workers to report their settings"
                 return False
+            in_force = requested.as_dict()
             keys = set(self.a) | set(self.b)
             knobs = dict(in_force.get("knobs") or {})
             self._restore = {k: in_force[k] for k in keys if k in in_force}
@@ -455,7 +457,7 @@ class ABSlot:
     def running(self) -> bool:
         return self.experiment is not None and self.experiment.state not in ("done", "failed")
 
-    def start(self, controller: Any, a: Mapping[str, Any], b: Mapping[str, Any], **kw: Any) -> ABExperiment:
+    def start(self, controller: ControllerLike, a: Mapping[str, Any], b: Mapping[str, Any], **kw: Any) -> ABExperiment:
         self.experiment = ABExperiment(controller, a, b, **kw)
         self._final = None
         return self.experiment
