@@ -86,6 +86,58 @@ def handler_call(name: str) -> Any:
     return call
 
 
+def server_call(path: str, query: str) -> Any:
+    """A POST to torch's worker server (C++ httplib thread, no GIL) over its unix socket."""
+    import http.client
+    import socket
+
+    class UnixConnection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(path)
+
+    def call() -> bytes:
+        conn = UnixConnection("localhost")
+        conn.request("POST", query)
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        if resp.status != 200:
+            raise RuntimeError(f"{query}: status {resp.status}: {data[:200]!r}")
+        return data
+
+    return call
+
+
+def job_rate(torch: Any, dist: Any, reader: Any, period_s: float, span_s: float = 3.0) -> tuple[float, int]:
+    """Collectives/s the main thread issues (256-float all_reduce, synchronised every 64) while
+    ``reader`` (None: nothing) runs every ``period_s`` on a second thread; and the reads done."""
+    t = torch.ones(256, device="cuda")
+    stop = threading.Event()
+    reads = [0]
+
+    def loop() -> None:
+        while not stop.wait(period_s):
+            reader()
+            reads[0] += 1
+
+    th = threading.Thread(target=loop) if reader is not None else None
+    if th is not None:
+        th.start()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < span_s:
+        dist.all_reduce(t)
+        n += 1
+        if n % 64 == 0:
+            torch.cuda.current_stream().synchronize()
+    torch.cuda.synchronize()
+    rate = n / (time.perf_counter() - t0)
+    stop.set()
+    if th is not None:
+        th.join()
+    return rate, reads[0]
+
+
 def gil_share(fn: Any, repeats: int) -> tuple[float, float]:
     """(mean wall s per call, share of that time the main thread could not run Python)."""
     # the main thread's loop rate alone
@@ -142,6 +194,17 @@ def main() -> None:
             methods["handler_" + name.rsplit("_", 1)[1]] = handler_call(name)
         except Exception as exc:  # noqa: BLE001
             print(f"{name}: not available: {exc!r}")
+    try:
+        from torch._C._distributed_c10d import _WorkerServer
+
+        sock = f"/tmp/fr-probe-{os.getpid()}.sock"
+        server = _WorkerServer(sock)
+        q = "/handler/dump_nccl_trace_pickle?includecollectives=true&includestacktraces=false&onlyactive=false"
+        methods["server_pickle"] = server_call(sock, q)
+        methods["server_json"] = server_call(sock, q.replace("pickle", "json").replace("&includestacktraces=false", ""))
+    except Exception as exc:  # noqa: BLE001
+        server = None
+        print(f"worker server: not available: {exc!r}")
     result: dict[str, Any] = {
         "ring": ns.ring,
         "torch": torch.__version__,
@@ -185,6 +248,21 @@ def main() -> None:
             row["tail_found"] = pos >= 0 and start >= 0
         print(name, json.dumps(row, default=str)[:1500], flush=True)
         result[name] = row
+    # what a reader every 0.25 s costs a job issuing collectives on its main thread
+    readers: dict[str, Any] = {"none": None}
+    readers["pickle+decode"] = lambda: pickle.loads(methods["pickle"]())
+    if "server_pickle" in methods:
+        readers["server_pickle"] = methods["server_pickle"]
+        readers["server_pickle+decode"] = lambda: pickle.loads(methods["server_pickle"]())
+    impact: dict[str, Any] = {}
+    for _rep in range(2):
+        for name, reader in readers.items():
+            rate, reads = job_rate(torch, dist, reader, 0.25)
+            impact.setdefault(name, []).append(round(rate, 1))
+            print(f"job rate with {name:22s}: {rate:9.1f} collectives/s ({reads} reads)", flush=True)
+    result["job_rate"] = impact
+    if server is not None:
+        server.shutdown()
     if ns.out:
         with open(ns.out, "w") as f:
             json.dump(result, f, indent=1, default=str)
