@@ -21,7 +21,9 @@ from pathlib import Path
 from _common import Report, add_common_args, finish  # benchmarks/ is sys.path[0]
 from _synth_recording import batches
 
-from tui.recordings.format import Recorder, RecordingWriter, open_recording
+from tui.recordings.reader import open_recording
+from tui.recordings.recorder import Recorder
+from tui.recordings.writer import RecordingWriter
 from tui.report import command as commtop_report_command
 from workers.wire import protocol as p
 

@@ -326,7 +326,7 @@ def test_plot_without_matplotlib_is_one_line(run, tmp_path: Path) -> None:
 
 
 def test_an_empty_recording_reports_replays_and_plots(capsys, tmp_path: Path) -> None:
-    from tui.recordings.format import Recorder
+    from tui.recordings.recorder import Recorder
     from tui.recordings.replay import open_replay
 
     recorder = Recorder(directory=tmp_path)
@@ -379,7 +379,7 @@ def test_trace_puts_every_host_on_the_reference_clock(capsys, tmp_path: Path) ->
 def test_a_cut_recording_started_before_any_hello_names_its_ranks_from_the_data(capsys, run, tmp_path: Path) -> None:
     """`commtop run --record` opens the file before the first Hello (an empty header); a cut
     file has no trailer to fill it in: the report takes the ranks and hosts from the Hellos."""
-    from tui.recordings.format import RecordingWriter
+    from tui.recordings.writer import RecordingWriter
 
     _, items = run
     path = tmp_path / "early.commtop"
@@ -479,7 +479,7 @@ def test_sorting_each_epoch_once_gives_the_report_that_sorting_every_subset_give
     Forcing the per-subset sorts (no order for any epoch) must give the same report, bit for bit."""
     from recording_synth import Epoch
 
-    from tui.recordings.format import open_recording
+    from tui.recordings.reader import open_recording
     from tui.report import compute
 
     epochs = [Epoch(0.0, "none"), Epoch(1.0, "overlap"), Epoch(2.0, "none"), Epoch(3.0, "overlap", copies=3)]
@@ -499,7 +499,7 @@ def test_baselines_read_out_of_the_sorted_epochs_are_the_baselines_of_the_record
     the records as before must give the same report, bit for bit, with one none epoch or two."""
     from recording_synth import Epoch
 
-    from tui.recordings.format import open_recording
+    from tui.recordings.reader import open_recording
     from tui.report import compute
 
     real = compute._baselines_of_pure_epochs
@@ -530,7 +530,7 @@ def test_a_recording_without_copies_is_reported_without_reading_its_steps(tmp_pa
     classifier says of them."""
     from recording_synth import Epoch
 
-    from tui.recordings.format import open_recording
+    from tui.recordings.reader import open_recording
     from workers.wire.overlap import classify_columns
 
     path = tmp_path / "nocopies.commtop"

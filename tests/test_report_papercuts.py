@@ -96,7 +96,7 @@ def test_a_recording_cut_inside_its_header_is_one_line_for_report_and_replay(tmp
 def test_plot_labels_every_settings_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import matplotlib.figure  # a dev dependency
 
-    from tui.recordings.format import open_recording
+    from tui.recordings.reader import open_recording
     from tui.report.plot import plot_recording
 
     texts: list[str] = []

@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from per_chunk_tables import tables_by_chunk
 from recording_synth import Epoch, synth_run, write_recording
 
 from tui.recordings import summary
-from tui.recordings.format import RecordingWriter, decode_chunk, open_recording
+from tui.recordings.codec import decode_chunk
+from tui.recordings.reader import open_recording
+from tui.recordings.writer import RecordingWriter
 from tui.report import compute
 from workers.wire import protocol as p
 
@@ -123,7 +126,7 @@ def test_a_rewritten_ab_recording_reports_the_same_from_its_summaries(tmp_path: 
 
 
 def _chunk_messages(rec, info):
-    from tui.recordings.format import chunk_messages
+    from tui.recordings.codec import chunk_messages
 
     chunk = rec.decode(info)
     assert chunk is not None
@@ -134,7 +137,7 @@ def test_the_per_chunk_decoder_reads_a_chunk_with_a_summary(runs) -> None:
     """Readers that do not know the summary skip it: the per-chunk decoder, the reference of the
     bulk reader, gives the same tables."""
     with open_recording(runs["copies"]) as rec:
-        bulk, by_chunk = rec.tables(), rec.tables_by_chunk()
+        bulk, by_chunk = rec.tables(), tables_by_chunk(rec)
         body = rec._data[rec.chunks[1].body : rec.chunks[1].end]
         import zlib
 

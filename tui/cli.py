@@ -24,7 +24,7 @@ from workers.wire import connection as connections
 if TYPE_CHECKING:  # the parts are imported when used, so `commtop -h` stays fast
     from tui.model.interfaces import Sink, Source
     from tui.model.run_model import RunModel
-    from tui.recordings.format import Recorder
+    from tui.recordings.recorder import Recorder
     from tui.run.control_server import ControlServer
 from workers.wire.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args
 
@@ -273,7 +273,7 @@ def ab_launch() -> Any:
 
 
 def make_recorder(collective: str) -> Any:
-    from tui.recordings.format import Recorder
+    from tui.recordings.recorder import Recorder
 
     return Recorder(collective=collective or "run")
 

@@ -12,8 +12,8 @@ import os
 import sys
 from typing import Any
 
-from tui.recordings.format import RecordingError, open_recording
 from tui.recordings.pages import collector_paused, heap_kept, small_pages
+from tui.recordings.reader import RecordingError, open_recording
 from tui.report import compare
 from tui.report.compute import (
     TRACE_WARN_BYTES,

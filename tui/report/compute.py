@@ -26,8 +26,10 @@ import numpy as np
 from tui.model.ab_stats import as_json as ab_json
 from tui.model.ab_stats import format_table as ab_table
 from tui.recordings import summary as chunk_summary
-from tui.recordings.format import Recording, Tables, run_metadata
+from tui.recordings.codec import Tables
+from tui.recordings.reader import Recording
 from tui.recordings.summary import window_end_ns
+from tui.recordings.writer import run_metadata
 from tui.report.overlap_report import ab_sections, class_fields, class_p50s, format_class_table
 from tui.report.peaks import Peaks, link_peaks, measured_lines, peak_fields, peaks_json, peaks_line
 from workers.wire import protocol as p
