@@ -29,7 +29,7 @@ from tui.recordings.codec import (
 )
 from tui.recordings.reader import open_recording
 from tui.recordings.writer import _frame
-from tui.report.compute import REPORT_COLUMNS
+from tui.report.reading import REPORT_COLUMNS
 from workers.wire import protocol as p
 
 ROOT = Path(__file__).parent.parent
