@@ -22,6 +22,7 @@ from tui.report.table_text import aligned_table, fmt_bytes, fmt_num
 from workers.wire import protocol as p
 from workers.wire.overlap import CLASS_KEYS, classify_columns
 
+#: The columns of ``--format csv --records``, in order.
 RECORD_FIELDS = (
     "rank",
     "iteration",
