@@ -1,5 +1,5 @@
 """Synthetic runs built from real protocol objects (Batch, Hello, Bye, TELEM bodies), for the
-recording/replay/report tests and benchmarks/_synth_recording.py.
+recording/replay/report tests and benchmarks/standing/_synth_recording.py.
 
 A run looks like the forum's: ranks time an all_gather every ~2.7 ms, batches leave every
 50 ms, each rank says Hello once a second, a node sampler ticks at 10 Hz; the settings epoch

@@ -510,7 +510,7 @@ def open_tcp_collector(label: str = "2nodes") -> tuple[Any, Any, int]:
     """A collector on three free TCP ports (PORT..PORT+2) and a rendezvous port apart from them.
     A port found free can be taken before it is bound (other tests run beside this one on a
     loaded CI machine): another block is tried then."""
-    from tui.cli import CollectorError, open_collector
+    from tui.run.session import LiveSession, SessionError
     from workers.wire import connection as connections
 
     for _ in range(10):
@@ -520,8 +520,8 @@ def open_tcp_collector(label: str = "2nodes") -> tuple[Any, Any, int]:
         data, control, request = connections.tcp_endpoints(f"tcp://127.0.0.1:{port}")
         conn = connections.create_run(data=data, control=control, request=request, label=label)
         try:
-            return conn, open_collector(conn, None), rdzv
-        except CollectorError as exc:
+            return conn, LiveSession.open(conn, None), rdzv
+        except SessionError as exc:
             if "in use" not in str(exc):
                 raise
     raise AssertionError("no free block of three TCP ports in 10 tries")

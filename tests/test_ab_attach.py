@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from tui import cli
-from tui.report import command
 from tui.run.control_server import ab_mark
 from tui.run.ctl import CtlClient, CtlError
 from workers.wire import connection
@@ -93,7 +92,7 @@ def test_ab_attaches_to_a_live_run_restores_its_settings_and_marks_its_recording
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
     # the run's own recording holds the A/B marks: `commtop report` reproduces the verdict
-    assert command.main([str(recording), "--format", "json"]) == 0
+    assert cli.main(["report", str(recording), "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [x["verdict"] for x in report["ab"]] == [doc["verdict"]]
 

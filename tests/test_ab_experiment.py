@@ -9,10 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from tui.model.ab_experiment import ABExperiment, arm_hbm, arm_link
-from tui.model.ab_stats import AB_MARK, WARMUP, Block, blocks_from_marks
-from tui.model.interfaces import ControlView
+from tui.experiment.ab_experiment import ABExperiment, arm_hbm, arm_link
+from tui.experiment.ab_stats import AB_MARK, WARMUP, Block, blocks_from_marks
+from tui.ingest.interfaces import ControlView
 from workers.wire.protocol import COLL, COLL_COLUMNS, Batch
+from workers.wire.settings import Settings
 
 
 class FakeController:
@@ -32,7 +33,7 @@ class FakeController:
         return (self.epoch, None)
 
     def view(self) -> ControlView:
-        return ControlView(requested={"mode": "overlap", "copies": 5})
+        return ControlView(requested=Settings(mode="overlap", copies=5))
 
 
 def batch(epoch: int, n: int, dur_us: float, t0: int) -> Batch:

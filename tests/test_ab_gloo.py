@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tui.cli import ab_launch
-from tui.model.ab_stats import analyse
-from tui.report import command
+from tui import cli
+from tui.experiment.ab_stats import analyse
 from tui.run import ab
 from workers.wire import connection
 
@@ -36,8 +35,8 @@ def runtime_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _run(*args: str) -> ab.ABRun:
-    ns = ab.build_parser().parse_args([*args, "--nproc", "2", *LOOP])
-    return ab.run_experiment(ns, [], ab_launch())
+    ns = cli.build_parser().parse_args(["ab", *args, "--nproc", "2", *LOOP])
+    return ab.run_experiment(ns, [])
 
 
 def _only_rank(done: ab.ABRun, rank: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -56,7 +55,7 @@ def test_aa_experiment_runs_end_to_end_and_the_report_reproduces_its_verdict(
     Whether the interval contains 1 is not asserted here: a 95 % interval misses 1 in ~5 % of
     A/A runs by design, so such a test would fail now and then. Coverage is tested on generated
     experiments (tests/test_ab_stats.py, fixed seed) and measured on 20 real runs by
-    benchmarks/ab_aa_coverage.py."""
+    benchmarks/standing/ab_aa_coverage.py."""
     path = tmp_path / "aa.commtop"
     done = _run(
         "--a", "mode=none", "--b", "mode=none", "--duration", "14", "--block", "0.4", "--seed", "5",
@@ -68,10 +67,10 @@ def test_aa_experiment_runs_end_to_end_and_the_report_reproduces_its_verdict(
     p50 = res.overall.p50
     assert p50.known and p50.lo <= p50.estimate <= p50.hi, p50
     capsys.readouterr()
-    assert command.main([str(path), "--format", "json"]) == 0
+    assert cli.main(["report", str(path), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [x["verdict"] for x in doc["ab"]] == [res.verdict()]
-    assert command.main([str(path)]) == 0
+    assert cli.main(["report", str(path)]) == 0
     assert f"verdict: {res.verdict()}" in capsys.readouterr().out
 
 
@@ -111,9 +110,9 @@ def test_injected_delay_on_one_rank_is_measured_as_the_others_wait(runtime_env: 
 @pytest.mark.timeout(180)
 def test_straggler_marker_names_the_delayed_rank(runtime_env: None) -> None:
     """`ctl set delay_ms=20 delay_rank=1` on a live run: the model's straggler is rank 1."""
-    from tui.cli import open_collector
     from tui.run.headless import run_headless
     from tui.run.launcher import JobExitSource, JobProcess, torchrun_argv
+    from tui.run.session import LiveSession
     from workers.wire.config import LoopConfig
 
     config = LoopConfig(
@@ -121,7 +120,7 @@ def test_straggler_marker_names_the_delayed_rank(runtime_env: None) -> None:
         collectives_per_step=4, backend="gloo",
     )  # fmt: skip
     conn = connection.create_run(label="straggler")
-    collector = open_collector(conn, None, config.collective)
+    collector = LiveSession.open(conn, None, config.collective)
     job = JobProcess(torchrun_argv(2, config.to_argv(), conn), conn)
     collector.source = JobExitSource(collector.source, job)
     state = {"epoch": -1, "since": -1}

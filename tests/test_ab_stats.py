@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from tui.model.ab_stats import ALL, Block, analyse, format_table, paired_ratio, pct, t975
+from tui.experiment.ab_stats import ALL, Block, analyse, format_table, paired_ratio, pct, t975
 from workers.wire.overlap import AFTER, DURING, NO_COPIES
 
 
@@ -88,7 +88,7 @@ def test_paired_ratio_by_hand() -> None:
 def test_hbm_utilisation_per_arm_in_table_json_and_verdict() -> None:
     """GPM HBM bandwidth per arm says which arm used HBM more; without GPM nothing is said. (Not
     in the one-line verdict: `commtop report` must reproduce that line exactly.)"""
-    from tui.model.ab_stats import as_json
+    from tui.experiment.ab_stats import as_json
 
     rng = np.random.default_rng(3)
     blocks, coll = fake_experiment(rng, pairs=4, effect=1.05)

@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 from frozen_run import FakePublisher, frozen_coll, frozen_hello, frozen_run, frozen_snapshot
 
-from tui.model.interfaces import ControlView, RecordingStatus, ReplayPosition
+from tui.ingest.interfaces import ControlView, RecordingStatus, ReplayPosition
 from tui.view.app import CommtopApp, build_app
 from tui.view.widgets.header import header_text
 from tui.view.widgets.rank_grid import RankGrid
 from tui.view.widgets.status import StatusLine
 from workers.wire.connection import Connection
+from workers.wire.settings import Settings, settings_from_wire
 
 KEY = bytes(range(32))
 SESSION = "app-sess"
@@ -103,7 +104,7 @@ class FakeController:
         return ""
 
     def view(self) -> ControlView:
-        return ControlView(requested=dict(self.settings))
+        return ControlView(requested=settings_from_wire(self.settings))
 
 
 @run_async
@@ -238,17 +239,17 @@ async def test_v_toggles_rows_and_heat_map_and_many_ranks_switch_automatically()
         await pilot.pause()
         grid = app.query_one(RankGrid)
         assert grid.shown_view == "rows"
-        assert app.model.whole_run_stats  # the rows view draws whole-run numbers: refreshed
+        assert app.whole_run_stats  # the rows view draws whole-run numbers: refreshed
         await pilot.press("v")
         assert grid.shown_view == "heat"
-        assert not app.model.whole_run_stats  # the heat map draws none
+        assert not app.whole_run_stats  # the heat map draws none
         assert grid_text(app)[0].startswith("mode")
         await pilot.press("v")
-        assert grid.shown_view == "rows" and app.model.whole_run_stats
+        assert grid.shown_view == "rows" and app.whole_run_stats
         grid.view_mode = "auto"
         app.show_snapshot(frozen_snapshot(world=64, iterations=200))
         await pilot.pause()
-        assert grid.shown_view == "heat" and not app.model.whole_run_stats
+        assert grid.shown_view == "heat" and not app.whole_run_stats
         assert len(grid_text(app)) == 1 + 32  # mode line + two ranks per line
 
 
@@ -327,9 +328,13 @@ def test_header_text_without_data_and_with_pending_switch() -> None:
     assert "waiting for ranks" in header_text(None).plain
     base = {"copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
     snap = replace(
-        frozen_snapshot(world=2), settings={"mode": "overlap", **base}, epoch_in_force=3, pending_epoch=4, apply_at=640
+        frozen_snapshot(world=2),
+        settings=Settings(mode="overlap", **base),
+        epoch_in_force=3,
+        pending_epoch=4,
+        apply_at=640,
     )
-    view = ControlView(requested={"mode": "sync", **base})
+    view = ControlView(requested=Settings(mode="sync", **base))
     text = header_text(snap, view).plain
     assert "mode  overlap " in text and "epoch 3" in text and "⇢ switching mode overlap → sync at iteration 640" in text
 
@@ -364,18 +369,19 @@ def test_header_lists_rejections_by_reason() -> None:
 
 def test_header_shows_only_the_requested_changes_not_yet_in_force() -> None:
     base = {"mode": "overlap", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
-    snap = replace(frozen_snapshot(world=2), settings=base, epoch_in_force=3)
-    view = ControlView(requested={**base, "mode": "sync", "pinned": False})
+    snap = replace(frozen_snapshot(world=2), settings=Settings(**base), epoch_in_force=3)
+    view = ControlView(requested=Settings(**{**base, "mode": "sync", "pinned": False}))
     text = header_text(snap, view).plain
     assert "requested mode overlap → sync, pinned → pageable (not yet in force)" in text
-    same = ControlView(requested=base)
+    same = ControlView(requested=Settings(**base))
     assert "requested" not in header_text(snap, same).plain
 
 
 def test_rows_mark_failed_exits_red_and_clean_exits_dim() -> None:
     from tui.model.run_model import RunModel
-    from tui.view.widgets.palette import EXITED
-    from tui.view.widgets.rank_rows import RowsView, bucket, style
+    from tui.view.widgets.grid_cells import bucket
+    from tui.view.widgets.palette import EXITED, style
+    from tui.view.widgets.rank_rows import RowsView
     from workers.wire.protocol import Bye
 
     model = RunModel()

@@ -7,9 +7,10 @@ from typing import Any
 
 from textual.widgets import Input
 
-from tui.model.interfaces import ControlView
+from tui.ingest.interfaces import ControlView
 from tui.view.app import CommtopApp
 from tui.view.widgets.verdict import VerdictLine
+from workers.wire.settings import Settings
 
 
 class FakeController:
@@ -29,7 +30,7 @@ class FakeController:
         return (self.epoch, None)
 
     def view(self) -> ControlView:
-        return ControlView(requested={"mode": "sync", "copies": 5})
+        return ControlView(requested=Settings(mode="sync", copies=5))
 
 
 def test_key_a_opens_the_dialog_and_starts_an_experiment() -> None:

@@ -12,9 +12,10 @@ from typing import Any
 
 from frozen_run import frozen_snapshot
 
-from tui.model.interfaces import ControlView
+from tui.ingest.interfaces import ControlView
 from tui.view.app import CommtopApp
 from tui.view.messages import SnapshotReady
+from workers.wire.settings import Settings
 
 SETTINGS = {"copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
 
@@ -26,7 +27,7 @@ class FrozenController:
         return ""
 
     def view(self) -> ControlView:
-        return ControlView(requested={"mode": "none", **SETTINGS})
+        return ControlView(requested=Settings(mode="none", **SETTINGS))
 
 
 def frozen_app(world: int, **kw: Any) -> tuple[CommtopApp, Any]:
@@ -34,7 +35,7 @@ def frozen_app(world: int, **kw: Any) -> tuple[CommtopApp, Any]:
     # frozen mid-switch: overlap in force at epoch 1, epoch 2 pending at iteration 640
     snap = replace(
         frozen_snapshot(world=world, **kw),
-        settings={"mode": "overlap", **SETTINGS},
+        settings=Settings(mode="overlap", **SETTINGS),
         epoch_in_force=1,
         pending_epoch=2,
         apply_at=640,
@@ -73,7 +74,7 @@ def frozen_links_app(world: int, gpus: int, **kw: Any) -> tuple[CommtopApp, Any]
     app = CommtopApp(title="commtop run", controller=FrozenController())
     snap = replace(
         frozen_snapshot(world=world, gpus=gpus, **kw),
-        settings={"mode": "overlap", **SETTINGS},
+        settings=Settings(mode="overlap", **SETTINGS),
         epoch_in_force=1,
         pending_epoch=2,
         apply_at=640,
@@ -111,8 +112,8 @@ def test_verdict_line_after_an_ab_experiment(snap_compare: Any) -> None:
     """The line under the header shows a finished A/B's verdict with its interval."""
     import numpy as np
 
-    from tui.model.ab_experiment import Progress
-    from tui.model.ab_stats import Block, analyse
+    from tui.experiment.ab_experiment import Progress
+    from tui.experiment.ab_stats import Block, analyse
 
     rng = np.random.default_rng(4)
     blocks, durs, epochs, classes = [], [], [], []

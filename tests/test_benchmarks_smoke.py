@@ -2,7 +2,7 @@
 
 Smoke only: the targets are for the benchmarks' normal sizes (benchmarks/RESULTS.md), never
 asserted here. Each benchmark runs as a subprocess, exactly as a person runs it, and appends
-its report to a temporary results file instead of benchmarks/RESULTS.md.
+its report to a temporary results file (--results).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_tiny_run_reports_a_table_of_numbers(name: str, tmp_path: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="cb", dir="/tmp") as runtime:  # ipc paths must stay short
         env = dict(os.environ, COMMTOP_RUNTIME_DIR=runtime, PYTHONPATH=str(ROOT))
         proc = subprocess.run(
-            [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--tiny", "--results", str(results)],
+            [sys.executable, str(ROOT / "benchmarks" / "standing" / f"{name}.py"), "--tiny", "--results", str(results)],
             cwd=tmp_path,
             env=env,
             capture_output=True,

@@ -72,7 +72,7 @@ def test_split_target() -> None:
 
 
 class FakeMonitor:
-    """Stands in for workers.monitor.api.Monitor: what CaptureThread reads and calls."""
+    """Stands in for workers.monitor.monitor.Monitor: what CaptureThread reads and calls."""
 
     def __init__(self) -> None:
         self._epoch = 0

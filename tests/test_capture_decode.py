@@ -1,6 +1,6 @@
 """Decoders of Flight Recorder dumps and CUPTI memcpy records, on real H200 captures.
 
-Fixtures (tests/fixtures/h200/, captured by benchmarks/capture_probe.py on one H200, torch
+Fixtures (tests/fixtures/h200/, captured by benchmarks/probes/capture_probe.py on one H200, torch
 2.11.0+cu130, NCCL 2.28.9, cupti-python 13.0.1, world size 1): ``fr_dump_*.pkl`` is the
 dump after a known list of collectives (see ``fixtures()`` in the probe) and two DDP steps;
 ``cupti_records_*.json`` the MEMCPY/CONCURRENT_KERNEL records of the same section.
@@ -12,10 +12,11 @@ import copy
 import json
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from workers.capture.cupti_copies import ClockMap, decode_copies
+from workers.capture.cupti_copies import FIELDS, ClockMap, CopyRecord, decode_copy
 from workers.capture.flight_recorder import FrCursor, entry_nbytes, load_dump, op_name, read_all
 from workers.capture.rows import RowMaker, StepTimeline
 from workers.monitor.records import MONITOR_COLL_ROW, OPS
@@ -25,6 +26,20 @@ FIXTURES = Path(__file__).parent / "fixtures" / "h200"
 FR_DUMP = FIXTURES / "fr_dump_h200_torch2.11_nccl2.28.9.pkl"
 CUPTI = FIXTURES / "cupti_records_h200_cupti13.0.1.json"
 MIB = 1 << 20
+
+
+def decode_copies(records: list[dict[str, Any]], clock: ClockMap) -> list[CopyRecord]:
+    """The fixture's records (dicts named like cupti.ActivityMemcpy6's fields) through the
+    capture's decoder: DtoH/HtoD memcpys as copies, every other record skipped."""
+    out = []
+    for r in records:
+        if r.get("kind", "MEMCPY") != "MEMCPY":
+            continue
+        kind, src, dst, nbytes, start, end = (int(r[f]) for f in FIELDS)
+        c = decode_copy((kind, src, dst, nbytes, start, end), clock)
+        if c is not None:
+            out.append(c)
+    return out
 
 
 @pytest.fixture

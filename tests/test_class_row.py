@@ -3,7 +3,7 @@ shortened to the room there is, empty before any collective is labelled."""
 
 from __future__ import annotations
 
-from tui.model.run_model import RankView
+from tui.model.snapshot import RankView
 from tui.model.stats import RunStats
 from tui.view.widgets.class_row import class_numbers, class_text
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from recording_synth import Epoch, synth_run, write_recording
 
-from tui.report import command
+from tui import cli
 
 EPOCHS = (Epoch(0.0, "none", copies=0), Epoch(2.0, "overlap"), Epoch(4.0, "sync"))
 
@@ -34,7 +34,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def call(capsys, *argv: str) -> tuple[int, str, str]:
-    rc = command.main([str(a) for a in argv])
+    rc = cli.main(["report", *(str(a) for a in argv)])
     out, err = capsys.readouterr()
     return rc, out, err
 

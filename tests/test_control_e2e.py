@@ -1,6 +1,6 @@
 """Live control end to end: real torchrun gloo ranks, real sockets, `commtop ctl` in-process.
 
-The test collector is the real one minus the TUI: tui.model.sources.LiveSource (PULL) feeding the
+The test collector is the real one minus the TUI: tui.ingest.sources.LiveSource (PULL) feeding the
 real ControlServer (its Sink side), plus a record keeper that checks exactness from the
 records themselves: for every iteration index, every rank reports the same epoch.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from tui.model.sources import LiveSource
-from tui.run import ctl
+from tui import cli
+from tui.ingest.sources import LiveSource
 from tui.run.control_server import ControlServer
 from tui.run.launcher import JobProcess, torchrun_argv
 from workers.rank import live_control
@@ -164,7 +164,7 @@ def test_random_ctl_changes_switch_every_rank_at_the_same_iteration(conn, capsys
             time.sleep(rng.uniform(0.0, 0.4))
             change = random_change(rng)
             args = ["--run", conn.path, "--wait", "30", "set", *(f"{k}={v}" for k, v in change.items())]
-            code = ctl.main(args)
+            code = cli.main(["ctl", *args])
             assert code == 0, (change, capsys.readouterr().err, "\n".join(job.lines()[-20:]))
             new = current.updated(change)
             if new != current:  # a change that changes nothing starts no epoch
@@ -208,7 +208,7 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
     job = start_job(conn, ranks)
     try:
         wait_for(lambda: len(records.hellos) == ranks and records.last_iteration() > 100, 90, "all ranks", job)
-        assert ctl.main(["--run", conn.path, "set", "mode=sync-barrier", "copies=3"]) == 0, capsys.readouterr()
+        assert cli.main(["ctl", "--run", conn.path, "set", "mode=sync-barrier", "copies=3"]) == 0, capsys.readouterr()
         in_force = Settings(mode="sync-barrier", copies=3)
         old_valid = protocol.seal(conn.key, _state(conn, 1, in_force))
         collector.close()  # the collector dies; the workers go on
@@ -243,8 +243,7 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         # not always from the same message): wait for both, then check them
         wait_for(
             lambda: (
-                collector.server.in_force().settings.get("mode") == "sync-barrier"
-                and collector.server.view().requested == in_force.as_dict()
+                collector.server.in_force().mode == "sync-barrier" and collector.server.view().requested == in_force
             ),
             5,
             "the mode in force and the request",
@@ -254,7 +253,7 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
         view, now_in_force = collector.server.view(), collector.server.in_force()
         # the ranks say Hello as soon as they connect (else every 1 s): 4 s allows for a loaded machine
         assert learned_s < 4.0, f"took {learned_s:.2f} s to learn the mode in force"
-        assert view.requested == in_force.as_dict() == now_in_force.settings
+        assert view.requested == in_force == now_in_force.settings
         assert now_in_force.epoch == 1
         wait_for(lambda: records2.last_iteration() > before_restart + 50 * STEP, 20, "workers going on", job)
 
@@ -280,8 +279,8 @@ def test_collector_restart_learns_the_mode_in_force_and_rogue_publisher_changes_
 
         wait_for(lambda: logged() == counts, live_control.LOG_S + 5, f"the log to say {counts}", job)
         # still controllable through the new collector
-        assert ctl.main(["--run", conn.path, "mode", "none"]) == 0, capsys.readouterr()
-        assert collector.server.in_force().settings["mode"] == "none"
+        assert cli.main(["ctl", "--run", conn.path, "mode", "none"]) == 0, capsys.readouterr()
+        assert collector.server.in_force().mode == "none"
     finally:
         job.stop()
         collector.close()

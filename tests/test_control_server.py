@@ -14,6 +14,7 @@ import time
 import pytest
 import zmq
 
+from tui import cli
 from tui.run import ctl
 from tui.run.control_server import ControlServer
 from tui.run.run_dirs import lock_run
@@ -95,7 +96,7 @@ def test_publishes_nothing_until_the_workers_report_then_adopts_the_state_in_for
         in_force = Settings(mode="sync", copies=2)
         server.write(frozen_hello(0, 3, in_force))
         assert heard(listener) == (3, in_force)
-        assert server.view().requested == in_force.as_dict() == server.in_force().settings
+        assert server.view().requested == in_force == server.in_force().settings
         assert server.in_force().epoch == 3
     finally:
         listener.close()
@@ -122,7 +123,7 @@ def test_request_validates_and_bumps_the_epoch(conn, server):
     server.write(header(0, 1))
     now = server.in_force()
     assert (now.epoch, now.pending_epoch) == (1, -1)
-    assert now.settings["mode"] == "sync-barrier"
+    assert now.settings is not None and now.settings.mode == "sync-barrier"
 
 
 def test_holds_while_workers_switch_to_an_epoch_it_does_not_know(conn, server):
@@ -161,12 +162,12 @@ def test_ctl_set_mode_and_status(conn, server, capsys):
     follower = threading.Thread(target=fake_workers_follow, args=(server, stop), daemon=True)
     follower.start()
     try:
-        assert ctl.main(["mode", "sync"]) == 0  # newest run of this user
+        assert cli.main(["ctl", "mode", "sync"]) == 0  # newest run of this user
         assert "mode=sync: in force from iteration 100 (epoch 1)" in capsys.readouterr().out
-        assert ctl.main(["--run", conn.run_id, "set", "copies=3", "pinned=false", "copy_scale=0.5"]) == 0
+        assert cli.main(["ctl", "--run", conn.run_id, "set", "copies=3", "pinned=false", "copy_scale=0.5"]) == 0
         assert server.desired == (2, Settings(mode="sync", copies=3, pinned=False, copy_scale=0.5))
         capsys.readouterr()
-        assert ctl.main(["--run", conn.path, "status"]) == 0
+        assert cli.main(["ctl", "--run", conn.path, "status"]) == 0
         out = capsys.readouterr().out
         assert "in force  (epoch 2): mode=sync copies=3 copy_scale=0.5 pinned=false direction=d2h" in out
         assert "requested (epoch 2): same" in out
@@ -178,7 +179,7 @@ def test_ctl_set_mode_and_status(conn, server, capsys):
 def test_ctl_out_of_range_is_a_clear_error_exit_2_and_changes_nothing(conn, server, capsys):
     server.write(frozen_hello(0, 0, Settings()))
     for argv in (["set", "copies=99"], ["mode", "fast"], ["set", "copy_scale=3"], ["set", "colour=red"]):
-        assert ctl.main(argv) == 2, argv
+        assert cli.main(["ctl", *argv]) == 2, argv
         *note, err = capsys.readouterr().err.splitlines()  # checked locally, or: which run it asked, then why
         assert note in ([], [f"commtop ctl: run {conn.run_id} (collector pid {os.getpid()})"]), note
         assert err.startswith("commtop ctl: error: ") and "nothing changed" in err, err
@@ -190,11 +191,13 @@ def test_ctl_out_of_range_is_a_clear_error_exit_2_and_changes_nothing(conn, serv
 
 
 def test_ctl_without_a_collector_says_so(conn, capsys):
-    assert ctl.main(["--timeout", "0.3", "status"]) == 2  # the only run has no collector: not a candidate
+    assert cli.main(["ctl", "--timeout", "0.3", "status"]) == 2  # the only run has no collector: not a candidate
     assert "no running commtop run of yours" in capsys.readouterr().err
-    assert ctl.main(["--timeout", "0.3", "--run", conn.run_id, "status"]) == 1  # named: it is asked, and says nothing
+    assert (
+        cli.main(["ctl", "--timeout", "0.3", "--run", conn.run_id, "status"]) == 1
+    )  # named: it is asked, and says nothing
     assert "no reply from the collector" in capsys.readouterr().err
-    assert ctl.main(["--run", "no-such-run", "status"]) == 2
+    assert cli.main(["ctl", "--run", "no-such-run", "status"]) == 2
 
 
 def raw_request(conn, frames: list[bytes], timeout_s: float = 0.3) -> list[bytes] | None:
@@ -256,7 +259,8 @@ def test_a_restarted_server_learns_the_mode_in_force_without_resetting_it(conn):
         second.write(header(1, 1))
         second.write(frozen_hello(1, 1, Settings(mode="none", copies=7), rejected={"signature": 2}))
         assert heard(listener) == (1, Settings(mode="none", copies=7))
-        assert second.in_force().settings["mode"] == "none" and second.view().requested["copies"] == 7
+        in_force, requested = second.in_force().settings, second.view().requested
+        assert in_force is not None and in_force.mode == "none" and requested is not None and requested.copies == 7
         with ctl.CtlClient(conn) as client:
             assert client.status()["worker_rejected"] == 2
     finally:
@@ -275,12 +279,12 @@ def test_knobs_of_a_monitored_job_are_validated_with_the_choices_it_declared(con
     knobs = {"offload": ["none", "overlap", "sync"]}
     in_force = Settings(mode="overlap", copies=0, knobs={"offload": "overlap"})
     server.write(frozen_hello(0, 0, in_force, config={"source": "monitor", "knobs": knobs}))
-    assert ctl.main(["--no-wait", "set", "knob.offload=sync"]) == 0, capsys.readouterr().err
+    assert cli.main(["ctl", "--no-wait", "set", "knob.offload=sync"]) == 0, capsys.readouterr().err
     assert server.desired == (1, Settings(mode="overlap", copies=0, knobs={"offload": "sync"}))
-    assert ctl.main(["--no-wait", "set", "offload=none"]) == 0, capsys.readouterr().err
+    assert cli.main(["ctl", "--no-wait", "set", "offload=none"]) == 0, capsys.readouterr().err
     assert server.desired[1].knobs == {"offload": "none"}
     capsys.readouterr()
-    assert ctl.main(["--no-wait", "set", "offload=fast"]) == 2
+    assert cli.main(["ctl", "--no-wait", "set", "offload=fast"]) == 2
     assert "offload must be one of none, overlap, sync; got 'fast'; nothing changed" in capsys.readouterr().err
     assert server.request({"knob.colour": "red"}) == "unknown knob 'colour'"
     assert server.desired == (2, Settings(mode="overlap", copies=0, knobs={"offload": "none"}))
@@ -297,7 +301,7 @@ def test_ctl_json_prints_the_status_without_the_envelope(conn, server, capsys):
     import json
 
     server.write(frozen_hello(0, 0, Settings()))
-    assert ctl.main(["--run", conn.run_id, "--json", "status"]) == 0
+    assert cli.main(["ctl", "--run", conn.run_id, "--json", "status"]) == 0
     reply = json.loads(capsys.readouterr().out)
     assert reply["epoch_in_force"] == 0 and reply["in_force"]["mode"] == Settings().mode
     assert not {"nonce", "s", "v", "k"} & set(reply) and conn.session not in json.dumps(reply)

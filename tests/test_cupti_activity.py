@@ -2,7 +2,7 @@
 
 The fixture (``fixtures/h200/cupti_raw_buffers_h200_cupti13.*``) holds three activity buffers
 exactly as CUPTI filled them, the record offsets CUPTI's own iterator gave, and every record
-decoded with cupti-python's numpy dtypes (benchmarks/cupti_timer_probe.py). CUPTI itself is
+decoded with cupti-python's numpy dtypes (benchmarks/probes/cupti_timer_probe.py). CUPTI itself is
 not needed: a ``FakeCupti`` (named so) replays the decoded buffers to the timers.
 """
 

@@ -169,7 +169,7 @@ def test_tui_sigkilled_and_restarted_five_times_never_stalls_the_workers(run, tm
     # machine is idle). How soon also depends on how much CPU the new TUI gets: 1110 ms was seen at load
     # 4.5 on 2 cores against a 1000 ms bound (issue 16). The bound catches workers that stopped
     # reconnecting or back off for seconds, not a starved scheduler: 3 s for data, 5 s to paint it.
-    # End-to-end latency is measured in benchmarks/e2e_latency.py.
+    # End-to-end latency is measured in benchmarks/standing/e2e_latency.py.
     assert max(to_data_ms) < 3000.0 and max(shown_ms) < 5000.0
     # No stall: a worker that waited for the dead collector would stop for a whole outage (>= 0.8 s
     # here), one iteration as long as the outage and a few iterations across it. The bounds leave
@@ -361,20 +361,20 @@ def test_rank_sigstopped_is_shown_stalled_by_the_sampler_not_lost(run) -> None:
     sampler reads the process state), distinct from an exit; SIGCONT -> live again."""
     import asyncio
 
-    from tui.cli import open_collector
+    from tui.run.session import LiveSession
     from tui.view.app import build_app
     from tui.view.widgets.rank_grid import RankGrid
     from workers.wire.connection import load
 
     conn_path, env, procs = run
-    collector = open_collector(load(conn_path), None)
+    collector = LiveSession.open(load(conn_path), None)
     job = start_job(conn_path, env, *SMALL_JOB)
     procs.append(job)
     pids = worker_pids(job, 2)
     found: dict[str, float | str] = {}
 
     async def body() -> None:
-        app = build_app(collector=collector, title="faults")
+        app = build_app(collector, title="faults")
         async with app.run_test(size=(160, 24)) as pilot:
 
             async def until(cond, timeout_s: float) -> float:  # noqa: ANN001

@@ -11,21 +11,11 @@ import pytest
 from frozen_run import frozen_snapshot
 from rich.style import Style
 
+from tui.view.widgets.grid_cells import HEAT_LABEL_W, bucket, visible_top
+from tui.view.widgets.grid_lines import Restyle, failed
+from tui.view.widgets.heat_map import _HEAT_COLORS, _HEAT_COLORS_DIM, HeatView, _heat_index
 from tui.view.widgets.palette import SPARK_CHARS, style
-from tui.view.widgets.rank_rows import (
-    _HEAT_COLORS,
-    _HEAT_COLORS_DIM,
-    HEAT_LABEL_W,
-    HeatView,
-    Restyle,
-    _heat_index,
-    _spark_bands,
-    _spark_style,
-    bucket,
-    failed,
-    state_note,
-    visible_top,
-)
+from tui.view.widgets.rank_rows import _spark_bands, _spark_style, state_note
 from workers.wire.protocol import MODES
 
 

@@ -36,9 +36,9 @@ from synthetic_ranks import (
     wait_bound,
 )
 
-from tui.model.ingest import IngestLoop
+from tui.ingest.loop import IngestLoop
+from tui.ingest.sources import LiveSource
 from tui.model.run_model import RunModel
-from tui.model.sources import LiveSource
 from workers.wire import protocol as p
 from workers.wire.connection import Connection, create_run
 

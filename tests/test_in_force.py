@@ -7,6 +7,7 @@ from frozen_run import frozen_coll, frozen_hello
 from tui.model.in_force import InForce, InForceTracker
 from tui.model.run_model import RunModel
 from workers.wire import protocol as p
+from workers.wire.settings import Settings
 
 
 def header(rank: int, epoch: int, pending: int = -1, apply_at: int = -1, t_ns: int = 1) -> p.Batch:
@@ -34,16 +35,16 @@ def test_lead_rank_names_the_epoch_and_a_newer_pending_epoch_on_any_rank_is_pend
 def test_settings_of_an_epoch_come_from_what_was_published_until_a_hello_reports_them() -> None:
     tracker = InForceTracker()
     tracker.note(frozen_hello(0, world=1))
-    tracker.note_settings(1, {"mode": "sync", "copies": 3})
+    tracker.note_settings(1, Settings(mode="sync", copies=3))
     tracker.note(header(0, 1, t_ns=2))
-    assert tracker.state().settings == {"mode": "sync", "copies": 3}
+    assert tracker.state().settings == Settings(mode="sync", copies=3)
 
 
 def test_the_mode_comes_from_the_newest_record_of_the_lead() -> None:
     tracker = InForceTracker()
     tracker.note(frozen_hello(0, world=1))
     tracker.note(frozen_coll(0, 0, [0, 1], [10.0, 10.0], world=1, mode=2))
-    assert tracker.state().settings["mode"] == protocol_mode(2)
+    assert tracker.state().settings.mode == protocol_mode(2)
 
 
 def test_a_bye_releases_a_pending_change() -> None:

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from frozen_run import T0, FakePublisher, frozen_coll, frozen_hello, frozen_run, seal_message
 
-from tui.model.ingest import IngestLoop
-from tui.model.interfaces import ResetModel
+from tui.ingest.interfaces import ResetModel
+from tui.ingest.loop import IngestLoop
+from tui.ingest.sources import LiveSource, SourceError
 from tui.model.run_model import RunModel
-from tui.model.sources import LiveSource, SourceError
 from tui.run.headless import format_summary, run_headless
 from workers.wire import protocol as p
 from workers.wire.connection import Connection
@@ -247,6 +247,26 @@ def test_source_clock_is_used_for_liveness() -> None:
     assert loop.snapshot().ranks[0].state == "live"
 
 
+def test_the_view_asks_for_whole_run_stats_and_the_ingest_thread_applies_it_before_a_snapshot() -> None:
+    """The view does not write the model: its request waits in the loop until the next snapshot."""
+    loop = IngestLoop(FrozenSource([[frozen_coll(0, 0, [0], [1000])]]), RunModel())
+    loop.step(0)
+    loop.request_whole_run_stats(False)
+    loop.request_whole_run_stats(True)
+    loop.request_whole_run_stats(False)
+    assert loop.model.whole_run_stats  # queued, not applied by the asking thread
+    loop.snapshot()
+    assert not loop.model.whole_run_stats  # the newest request wins
+    loop.request_whole_run_stats(True)
+    loop.start()
+    deadline = time.monotonic() + 5
+    while not loop.model.whole_run_stats and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loop.stop()
+    loop.join(5)
+    assert loop.model.whole_run_stats  # applied by the running thread (idle snapshots come anyway)
+
+
 def test_snapshots_are_emitted_only_when_something_changed() -> None:
     src = FrozenSource([[frozen_coll(0, 0, [0], [1000])]])
     snaps: list[Any] = []
@@ -387,7 +407,7 @@ def test_messages_gather_until_the_snapshot_is_due_not_one_wake_up_each() -> Non
 
 def test_a_backlog_is_drained_without_waiting_for_the_snapshot() -> None:
     """A poll that returns a whole chunk (a backlog) is followed by the next poll at once."""
-    from tui.model.ingest import APPLY_CHUNK
+    from tui.ingest.loop import APPLY_CHUNK
 
     src = TrickleSource(per_poll=APPLY_CHUNK)
     snaps: list[Any] = []

@@ -1,4 +1,4 @@
-"""The links panel shares the latency chart's time axis: one mapping (tui.model.time_axis)
+"""The links panel shares the latency chart's time axis: one mapping (tui.view.time_axis)
 from chart columns to wall-clock intervals, used by the rank grid and the links panel."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from frozen_links import fixture_ticks, gpu_uuid
 from frozen_run import T0, frozen_coll, frozen_hello
 
 from tui.model.run_model import RunModel
-from tui.model.time_axis import MAX_HOLD_NS, iteration_edges, resample
 from tui.view.app import CommtopApp
 from tui.view.messages import SnapshotReady
+from tui.view.time_axis import MAX_HOLD_NS, iteration_edges, resample
 from tui.view.widgets.links import LinksPanel
 from tui.view.widgets.rank_grid import RankGrid
 from workers.wire.telemetry import Caps, caps_body, tick_body
@@ -93,7 +93,7 @@ def test_the_panel_never_asks_for_more_lines_than_it_may_use() -> None:
     one line per link, one line per GPU."""
     from frozen_run import frozen_snapshot
 
-    from tui.model.time_axis import TimeAxis
+    from tui.view.time_axis import TimeAxis
 
     snap = frozen_snapshot(world=8, gpus=8, nvlink=True)
     axis = TimeAxis(59, snap.telemetry.t_ns - 2 * 10**9 + 20 * MS * np.arange(101))

@@ -56,7 +56,7 @@ def test_header_fields_come_from_the_hello() -> None:
         (1024, 1024),
         "float32",
     )
-    assert s.tensor_bytes == TENSOR_BYTES and s.settings["mode"] == "overlap"
+    assert s.tensor_bytes == TENSOR_BYTES and s.settings is not None and s.settings.mode == "overlap"
     assert [r.state for r in s.ranks] == ["waiting", "waiting"]
     assert s.ranks[0].host == "node-a" and s.ranks[0].gpu == "cpu"
 
@@ -240,7 +240,7 @@ def test_large_worlds_refresh_a_bounded_share_of_rank_numbers_per_snapshot() -> 
     """Above LARGE_WORLD ranks a snapshot recomputes at most max(REFRESH_MIN, n / REFRESH_SHARE)
     ranks' numbers, the longest-waiting first, so every rank is refreshed within REFRESH_SHARE
     snapshots; state and straggler share stay fresh in every snapshot."""
-    from tui.model.run_model import LARGE_WORLD, REFRESH_SHARE
+    from tui.model.snapshot_builder import LARGE_WORLD, REFRESH_SHARE
 
     world = 8 * REFRESH_SHARE  # budget = 8 ranks per snapshot
     assert world > LARGE_WORLD

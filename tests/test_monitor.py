@@ -24,14 +24,15 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import zmq
 
-from tui.cli import script_argv  # noqa: E402
-from tui.model.sources import LiveSource  # noqa: E402
+from tui.ingest.sources import LiveSource  # noqa: E402
+from tui.run.job_plan import script_argv  # noqa: E402
 from workers import monitor  # noqa: E402
 from workers.monitor import patch as monitor_patch
-from workers.monitor.records import OP_INDEX, OPS, MonitorBatcher, bus_factors  # noqa: E402
+from workers.monitor.records import OP_INDEX, OPS, MonitorBatcher  # noqa: E402
 from workers.rank.publisher import NullPublisher  # noqa: E402
 from workers.wire import connection as connections  # noqa: E402
 from workers.wire import protocol
+from workers.wire.busbw import bus_factors
 from workers.wire.control import ctl_state_body  # noqa: E402
 from workers.wire.settings import Settings  # noqa: E402
 
@@ -352,14 +353,14 @@ def test_the_tuis_mode_key_through_the_real_control_server_moves_the_mode_knob(r
         first = seen.index("sync")
         assert set(seen[:first]) == {"overlap"} and set(seen[first:]) == {"sync"}
         until = time.monotonic() + 5  # the next Hello (1 s) tells the collector what is in force
-        while time.monotonic() < until and server.in_force().settings.get("knobs") != {"offload": "sync"}:
+        while time.monotonic() < until and getattr(server.in_force().settings, "knobs", None) != {"offload": "sync"}:
             with mon.step(step):  # the job goes on (batch headers say which epoch is in force)
                 dist.all_reduce(t)
             step += 1
             for message in source.poll(0.01):
                 server.write(message)
         now = server.in_force()
-        assert now.settings["knobs"] == {"offload": "sync"} and now.settings["mode"] == "sync"
+        assert now.settings is not None and now.settings.knobs == {"offload": "sync"} and now.settings.mode == "sync"
         assert now.epoch == 1
     finally:
         server.close()
@@ -490,7 +491,7 @@ def test_cuda_branch_ends_async_collectives_on_the_private_stream_and_never_wait
     monitor.patch_distributed()
     fake_torch = FakeTorchCuda()
     timer = FakeCudaTimer(fake_torch)
-    mon._cuda = SimpleNamespace(torch=fake_torch, coll=timer, copy=FakeCudaTimer(fake_torch), stream="private")
+    mon.timers.cuda = SimpleNamespace(torch=fake_torch, coll=timer, copy=FakeCudaTimer(fake_torch), stream="private")
     spec = monitor_patch._spec("all_reduce", monitor_patch._originals["all_reduce"])
     t = FakeCudaTensor()
 

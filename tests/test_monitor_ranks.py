@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from tui.model.sources import LiveSource  # noqa: E402
+from tui.ingest.sources import LiveSource  # noqa: E402
 from workers.monitor.records import OPS  # noqa: E402
 from workers.wire import connection as connections  # noqa: E402
 from workers.wire import protocol  # noqa: E402

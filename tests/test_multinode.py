@@ -12,7 +12,7 @@ import time
 import pytest
 from synthetic_ranks import SMALL_JOB, child_env, open_tcp_collector, short_runtime_dir, start_job
 
-from tui.model.ingest import IngestLoop
+from tui.ingest.loop import IngestLoop
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -20,6 +20,7 @@ from tui.run.connect_help import connect_lines
 from tui.view.app import CommtopApp, build_app
 from tui.view.widgets.connect import ConnectPanel
 from workers.wire.connection import Connection
+from workers.wire.settings import Settings, settings_from_wire
 
 KEY = bytes(range(32))
 SESSION = "newcomer"
@@ -219,7 +220,8 @@ def test_host_line_says_what_tick_and_drops_are() -> None:
 def test_whole_run_row_says_which_number_is_the_max() -> None:
     from frozen_run import frozen_snapshot
 
-    from tui.view.widgets.rank_rows import RowsView, bucket
+    from tui.view.widgets.grid_cells import bucket
+    from tui.view.widgets.rank_rows import RowsView
 
     snap = frozen_snapshot(world=2)
     view = RowsView(snap, bucket(snap.history, 40, 1), 15.0, 120, row_h=3)
@@ -292,12 +294,14 @@ def test_a_narrow_header_is_condensed_not_cut() -> None:
 
     from frozen_run import frozen_snapshot
 
-    from tui.model.interfaces import ControlView
+    from tui.ingest.interfaces import ControlView
     from tui.view.widgets.header import header_text
 
     base = {"mode": "overlap", "copies": 5, "copy_scale": 1.0, "pinned": True, "direction": "d2h"}
-    snap = replace(frozen_snapshot(world=4, gpus=1), settings=base, epoch_in_force=1, pending_epoch=2, apply_at=640)
-    view = ControlView(requested={**base, "mode": "none"})
+    snap = replace(
+        frozen_snapshot(world=4, gpus=1), settings=Settings(**base), epoch_in_force=1, pending_epoch=2, apply_at=640
+    )
+    view = ControlView(requested=Settings(**{**base, "mode": "none"}))
     wide = header_text(snap, view, title="commtop run", width=200).plain.split("\n")
     narrow = header_text(snap, view, title="commtop run", width=80).plain.split("\n")
     assert max(len(line) for line in wide) > 80  # the full header would be cut at 80 columns
@@ -307,7 +311,7 @@ def test_a_narrow_header_is_condensed_not_cut() -> None:
 
 
 def test_an_80_column_grid_leaves_more_chart_columns() -> None:
-    from tui.view.widgets.rank_rows import FIXED_W, fixed_width
+    from tui.view.widgets.grid_cells import FIXED_W, fixed_width
 
     assert 80 - fixed_width(80) >= 2 * (80 - FIXED_W)  # 37 columns of chart instead of 14
     assert fixed_width(200) == FIXED_W  # wide terminals keep host:gpu and copy
@@ -367,7 +371,7 @@ async def test_after_c_the_banner_says_the_change_made() -> None:
 
     from frozen_run import frozen_snapshot
 
-    from tui.model.interfaces import ControlView
+    from tui.ingest.interfaces import ControlView
     from tui.view.widgets.header import header_text
 
     class Controller:
@@ -379,14 +383,14 @@ async def test_after_c_the_banner_says_the_change_made() -> None:
             return ""
 
         def view(self) -> ControlView | None:
-            return ControlView(requested=dict(self.requested)) if self.requested else None
+            return ControlView(requested=settings_from_wire(self.requested)) if self.requested else None
 
     controller = Controller()
     app = CommtopApp(links=False, controller=controller)
     async with app.run_test(size=SIZE) as pilot:
         snap = frozen_snapshot(world=2)
         app.show_snapshot(snap)
-        controller.requested = dict(snap.settings)
+        controller.requested = snap.settings.as_dict()
         await pilot.press("C")
         await wait_for(pilot, lambda: any(n.message.startswith("requested") for n in app._notifications))
         assert controller.requested["copies"] == 6

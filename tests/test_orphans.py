@@ -4,7 +4,7 @@ Real runs: the TUI on a pseudo-terminal, torchrun, 2 gloo ranks and the node sam
 by SIGHUP (tmux kill-session), SIGKILL of commtop, a closed terminal, the torchrun agent
 SIGKILLed, and commtop then torchrun SIGKILLed (ranks orphaned with a dead stderr pipe). Two
 trials per way here (one while the ranks run, one during start-up), four at a time, to stay
-within about a minute on a loaded 2-core CI machine; `benchmarks/orphans.py` runs the
+within about a minute on a loaded 2-core CI machine; `benchmarks/standing/orphans.py` runs the
 20 trials per way of the issue.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "standing"))
 from orphans import WAYS, run_trial  # noqa: E402
 
 

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from synthetic_ranks import REPO, SMALL_JOB, child_env, open_tcp_collector, short_runtime_dir, start_job
 from test_prometheus_metrics import dashboard_queries
 
-from tui.model.ingest import IngestLoop
+from tui.ingest.loop import IngestLoop
 from tui.recordings.reader import open_recording
 
 pytestmark = pytest.mark.timeout(240)

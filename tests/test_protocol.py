@@ -50,6 +50,17 @@ def test_copy_batch_round_trip() -> None:
     assert got.kind == p.COPY and len(got) == 3
 
 
+def test_row_layouts_take_their_dtypes_from_the_schema() -> None:
+    cols = p.pick_columns(p.COPY_COLUMNS, ("epoch", "start_ns", "gbps"))
+    assert cols == {"epoch": "<i4", "start_ns": "<i8", "gbps": "<f4"} and list(cols) == ["epoch", "start_ns", "gbps"]
+    row = p.row_dtype(p.COLL_COLUMNS, ("op", "ranks", "dur_us"), extra={"ranks": "<i4"})
+    assert row == np.dtype([("op", "u1"), ("ranks", "<i4"), ("dur_us", "<f4")])
+    with pytest.raises(KeyError):
+        p.row_dtype(p.COLL_COLUMNS, ("ranks",))
+    with pytest.raises(ValueError):
+        p.row_dtype(p.COLL_COLUMNS, ("op",), extra={"op": "<i8"})  # a wire column is not redefined
+
+
 def test_hello_and_bye_round_trip() -> None:
     hello = p.Hello(
         rank=1,

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recording_synth import T0, assert_same_message, hello, synth_run, telem, write_recording
 
-from tui.model.interfaces import RecordingStatus
+from tui.ingest.interfaces import RecordingStatus
 from tui.recordings.codec import FORMAT_VERSION
 from tui.recordings.reader import RecordingError, open_recording
 from tui.recordings.recorder import CLOCK_SOURCE, Recorder

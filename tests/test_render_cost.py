@@ -149,8 +149,9 @@ def test_bucket_equals_the_max_of_every_k_iterations() -> None:
 
     import numpy as np
 
-    from tui.model.run_model import History
-    from tui.view.widgets.rank_rows import NO_MODE, bucket
+    from tui.model.history import NO_MODE
+    from tui.model.snapshot import History
+    from tui.view.widgets.grid_cells import bucket
 
     rng = np.random.default_rng(3)
     for _ in range(400):
@@ -181,7 +182,7 @@ def test_bucket_equals_the_max_of_every_k_iterations() -> None:
 def test_the_axis_top_from_a_partition_is_the_one_percentile_definition() -> None:
     import numpy as np
 
-    from tui.view.widgets.rank_rows import _percentile_by_partition
+    from tui.view.widgets.grid_cells import _percentile_by_partition
     from workers.wire.stats import percentile
 
     rng = np.random.default_rng(1)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from recording_synth import synth_run, write_recording
 
-from tui.model.ingest import IngestLoop
+from tui.ingest.loop import IngestLoop
 from tui.model.run_model import RunModel
 from tui.recordings.reader import open_recording
 from tui.recordings.replay import ReplaySource

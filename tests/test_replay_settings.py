@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tui.model.interfaces import ResetModel
+from tui.ingest.interfaces import ResetModel
 from tui.model.run_model import RunModel
 from tui.recordings.replay import open_replay
 from tui.view.app import CommtopApp
@@ -51,8 +51,8 @@ def test_each_n_lands_in_the_next_epoch_with_its_own_settings() -> None:
         seen.append((snap.epoch_in_force, snap.settings))
     assert [e for e, _ in seen] == list(range(1, len(seen) + 1))  # none skipped
     # The report's epoch table (from the hellos) says epoch 5 is pageable: so does the header.
-    assert seen[4][1]["pinned"] is False and seen[4][1]["mode"] == "overlap"
-    assert seen[5][1]["pinned"] is True and seen[5][1]["copy_scale"] == 2.0
+    assert seen[4][1].pinned is False and seen[4][1].mode == "overlap"
+    assert seen[5][1].pinned is True and seen[5][1].copy_scale == 2.0
     assert "pageable" in header_text(_at_epoch(5)).plain
 
 
@@ -80,7 +80,7 @@ def test_p_goes_back_to_the_previous_epoch_and_its_settings() -> None:
     src.jump_change(-1)
     _drain(src, model)
     snap = model.snapshot(src.now_ns())
-    assert snap.epoch_in_force == 5 and snap.settings["pinned"] is False
+    assert snap.epoch_in_force == 5 and snap.settings is not None and snap.settings.pinned is False
 
 
 def test_a_pending_switch_says_what_changes() -> None:

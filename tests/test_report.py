@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from recording_synth import DEFAULT_EPOCHS, TENSOR, Epoch, synth_run, write_recording
 
-from tui.report import build, command, kernels, reading
+from tui import cli
+from tui.report import build, kernels, reading
 from workers.wire import protocol as p
 
 ROOT = Path(__file__).parent.parent
@@ -32,7 +33,7 @@ def run(tmp_path_factory) -> tuple[Path, list]:
 
 
 def call(capsys, *argv: str) -> tuple[int, str, str]:
-    rc = command.main(list(argv))
+    rc = cli.main(["report", *argv])
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -211,7 +212,7 @@ def test_the_command_line_exit_code(tmp_path: Path) -> None:
     bad = tmp_path / "x.txt"
     bad.write_text("not a recording\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "tui.report.command", str(bad)], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "tui.cli", "report", str(bad)], capture_output=True, text=True, cwd=ROOT
     )
     assert proc.returncode == 1 and proc.stderr == f"commtop report: error: {bad} is not a commtop recording\n"
 
@@ -261,7 +262,7 @@ def test_window_limits_every_output(capsys, run, tmp_path: Path) -> None:
     events = json.loads(out.read_text())["traceEvents"]
     assert {e["args"]["epoch"] for e in events if e["ph"] == "X"} == {1, 2}
     with pytest.raises(SystemExit) as exc:
-        command.main([str(path), "--window", "5:1"])
+        cli.main(["report", str(path), "--window", "5:1"])
     assert exc.value.code == 2
     assert "expected FROM:TO in seconds" in capsys.readouterr().err
 
@@ -312,8 +313,8 @@ def test_plot_without_matplotlib_is_one_line(run, tmp_path: Path) -> None:
     path, _ = run
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"
-        "from tui.report import command\n"
-        f"raise SystemExit(command.main([{str(path)!r}, '--plot', {str(tmp_path / 'p.png')!r}]))"
+        "from tui import cli\n"
+        f"raise SystemExit(cli.main(['report', {str(path)!r}, '--plot', {str(tmp_path / 'p.png')!r}]))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 1
@@ -455,7 +456,7 @@ def test_copy_bandwidth_as_a_share_of_the_pcie_peak_on_the_h200_recording(capsys
 @pytest.mark.parametrize(
     ("name", "printed"),
     [
-        # what `commtop ab` printed on the H200 (benchmarks/h200_ab.sh, 2026-12-02), verdict without the peak
+        # what `commtop ab` printed on the H200 (benchmarks/device/h200_ab.sh, 2026-12-02), verdict without the peak
         ("overlap", "mode=overlap vs mode=none: p50 +1.8 % [+1.7, +1.8] · during copies +1.8 % · copies 55.1 GB/s"),
         (
             "sync",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tui.report import command
+from tui import cli
 from tui.report.build import build_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,7 +21,7 @@ H200 = ROOT / "recordings" / "h200-nccl-1gpu-all_gather-modes.commtop"
 
 
 def _report(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = command.main(list(argv))
+    code = cli.main(["report", *argv])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -59,7 +59,7 @@ def test_csv_copies_are_integers_and_rank_is_a_number_or_empty(capsys) -> None:
 
 def test_trace_process_names_of_cpu_ranks(capsys, tmp_path: Path) -> None:
     out = tmp_path / "t.json"
-    assert command.main([str(CPU), "--trace", str(out)]) == 0
+    assert cli.main(["report", str(CPU), "--trace", str(out)]) == 0
     capsys.readouterr()
     names = [e["args"]["name"] for e in json.loads(out.read_text())["traceEvents"] if e.get("name") == "process_name"]
     ranks = [n for n in names if n.startswith("rank ")]

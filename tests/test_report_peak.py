@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tui.report import command
+from tui import cli
 from tui.report.nccl_tests import PeakFileError, load_peaks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,19 +32,19 @@ def test_the_nccl_tests_file_gives_the_best_busbw_per_size() -> None:
 
 
 def test_report_rows_are_shares_of_the_measured_peak(capsys: pytest.CaptureFixture[str]) -> None:
-    assert command.main([str(CPU), "--format", "json", "--peak", str(FAKE)]) == 0
+    assert cli.main(["report", str(CPU), "--format", "json", "--peak", str(FAKE)]) == 0
     doc = json.loads(capsys.readouterr().out)
     rows = [r for r in doc["rows"] if r["op"] == "all_gather"]
     assert rows and all(r["nbytes"] == 4 << 20 for r in rows)
     for r in rows:
         assert math.isclose(r["busbw_pct_measured"], r["busbw_gbps"] / 31.46 * 100, rel_tol=1e-9)
     assert doc["peaks"]["measured"][0]["op"] == "all_gather"
-    assert command.main([str(CPU), "--peak", str(FAKE)]) == 0
+    assert cli.main(["report", str(CPU), "--peak", str(FAKE)]) == 0
     text = capsys.readouterr().out
     assert f"measured peaks (all_gather_perf, {FAKE}): all_gather busbw up to 35.4 GB/s (at 8 MiB), 4 sizes" in text
     assert "  all_gather 4 MiB: busbw " in text and "% of the measured 31.5 GB/s" in text
     # without --peak: no measured share
-    assert command.main([str(CPU), "--format", "json"]) == 0
+    assert cli.main(["report", str(CPU), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert all(r["busbw_pct_measured"] is None for r in doc["rows"]) and doc["peaks"]["measured"] == []
 
@@ -64,7 +64,7 @@ def test_a_bad_peak_file_is_one_line_and_reads_no_recording(
 ) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(content)
-    assert command.main([str(tmp_path / "no-such.commtop"), "--peak", str(bad)]) == 1
+    assert cli.main(["report", str(tmp_path / "no-such.commtop"), "--peak", str(bad)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"commtop report: error: --peak {bad}: ") and message in err and err.count("\n") == 1, err
     with pytest.raises(PeakFileError):
@@ -74,11 +74,11 @@ def test_a_bad_peak_file_is_one_line_and_reads_no_recording(
 def test_peak_line_names_the_pcie_generation_and_width(capsys: pytest.CaptureFixture[str]) -> None:
     """From the node capability messages recorded beside the ticks (H200: Gen5 x16); the A/B
     verdict then says it as the live `commtop ab` did."""
-    assert command.main([str(H200)]) == 0
+    assert cli.main(["report", str(H200)]) == 0
     text = capsys.readouterr().out
     assert "link peaks (theoretical, from NVML): PCIe Gen5 x16 63.0 GB/s per direction; no NVLink" in text
     assert "= 87 % of PCIe Gen5 x16 (theoretical 63.0 GB/s)" in text
-    assert command.main([str(H200), "--format", "json"]) == 0
+    assert cli.main(["report", str(H200), "--format", "json"]) == 0
     peaks = json.loads(capsys.readouterr().out)["peaks"]
     assert (peaks["pcie_gen"], peaks["pcie_width"]) == (5, 16)
 

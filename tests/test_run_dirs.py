@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from synthetic_ranks import PY, REPO, child_env, short_runtime_dir
 
+from tui import cli
 from tui.run import ctl
 from tui.run.run_dirs import LOCK_NAME, has_live_collector, lock_run, prune_runs
 from workers.wire.connection import FILE_NAME, create_run, load
@@ -104,7 +105,7 @@ def test_ctl_chooses_the_newest_live_run_says_which_and_prunes_dead_ones(rt, cap
         newer_silent = create_run(label="nocollector")  # newer, but nobody collects it
         dead = _dead_owner_run("dead")
         _age(dead, 120)
-        assert ctl.main(["status", "--timeout", "5"]) == 0
+        assert cli.main(["ctl", "status", "--timeout", "5"]) == 0
         out = capsys.readouterr()
         assert f"run {live_id}: 0 rank(s) reporting" in out.out
         assert out.err.strip() == f"commtop ctl: run {live_id} (collector pid {proc.pid})"
@@ -113,16 +114,16 @@ def test_ctl_chooses_the_newest_live_run_says_which_and_prunes_dead_ones(rt, cap
         proc.terminate()
         proc.wait(30)
     assert sorted(p.name for p in root.iterdir()) == [newer_silent.run_id]
-    assert ctl.main(["status"]) == 2
+    assert cli.main(["ctl", "status"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("commtop ctl: error: no running commtop run of yours"), err
 
 
 def test_ctl_options_work_before_and_after_the_subcommand() -> None:
-    parser = ctl.build_parser()
-    after = parser.parse_args(["mode", "sync", "--no-wait", "--run", "abc", "--json"])
-    before = parser.parse_args(["--no-wait", "--run", "abc", "--json", "mode", "sync"])
-    neither = parser.parse_args(["mode", "sync"])
+    parser = cli.build_parser()
+    after = parser.parse_args(["ctl", "mode", "sync", "--no-wait", "--run", "abc", "--json"])
+    before = parser.parse_args(["ctl", "--no-wait", "--run", "abc", "--json", "mode", "sync"])
+    neither = parser.parse_args(["ctl", "mode", "sync"])
     for ns in (after, before):
         assert (ns.no_wait, ns.run, ns.json, ns.mode) == (True, "abc", True, "sync")
     assert (neither.no_wait, neither.run, neither.json, neither.timeout) == (False, None, False, ctl.REPLY_TIMEOUT_S)

@@ -12,6 +12,7 @@ from workers.wire.settings import (
     MAX_KNOBS,
     Settings,
     SettingsError,
+    knob_name,
     parse_assignment,
     settings_from_wire,
 )
@@ -52,6 +53,12 @@ def test_user_knobs_are_validated_against_declared_choices() -> None:
     assert Settings().updated({"offload": "none"}, knobs).knobs == {"offload": "none"}
     with pytest.raises(SettingsError):
         Settings().updated({"offload": "fast"}, knobs)
+
+
+def test_knob_name_reads_knob_dot_x_and_declared_bare_names() -> None:
+    knobs = {"offload": ("none", "overlap")}
+    assert knob_name("knob.offload") == knob_name("knob.offload", knobs) == knob_name("offload", knobs) == "offload"
+    assert knob_name("offload") is None and knob_name("dtype", knobs) is None
 
 
 def test_parse_assignment() -> None:

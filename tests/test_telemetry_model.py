@@ -13,7 +13,7 @@ import pynvml
 from textual.app import App, ComposeResult
 
 from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
-from tui.model.time_axis import TimeAxis
+from tui.view.time_axis import TimeAxis
 from tui.view.widgets.links import LinksPanel, RankGpu
 from workers.telemetry import nvml
 from workers.telemetry.sampler import NodeSampler

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 from test_overlap_live import coll_cols, copy_cols
 
-from tui.model.ab_experiment import Progress
-from tui.model.ab_stats import Block, analyse
+from tui.experiment.ab_experiment import Progress
+from tui.experiment.ab_stats import Block, analyse
+from tui.experiment.verdict import LinkPeak, pcie_peak, verdict_text
+from tui.model.epochs import compare_epochs
 from tui.model.overlap_live import RankOverlap
-from tui.model.verdict import LinkPeak, compare_epochs, pcie_peak, verdict_text
 
 
 def test_adjacent_epochs_compare_copies_against_the_epoch_without() -> None:

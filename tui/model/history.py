@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-#: Mode value where a rank has no record for an iteration (as in tui.model.run_model).
+#: Mode value where a rank has no record for an iteration (as in tui.model.snapshot.History).
 NO_MODE = 255
 #: Larger than any row index: "no rank gave this column its start time yet".
 _NO_ROW = np.iinfo(np.int32).max

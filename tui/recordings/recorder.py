@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from tui.model.interfaces import RecordingStatus
+from tui.ingest.interfaces import RecordingStatus
 from tui.recordings.codec import FORMAT_VERSION
 from tui.recordings.writer import RecordingWriter, default_path, run_metadata
 from workers.wire import protocol as p

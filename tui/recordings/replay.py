@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tui.model.interfaces import ReplayPosition, ResetModel
+from tui.ingest.interfaces import ReplayPosition, ResetModel
 from tui.recordings.codec import chunk_messages
 from tui.recordings.reader import Recording, open_recording
 from workers.wire.protocol import Message

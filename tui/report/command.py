@@ -24,13 +24,11 @@ from tui.report.text import format_csv, format_json, format_table, write_records
 TRACE_WARN_BYTES = 500_000_000
 
 
-def build_parser(prog: str = "commtop report") -> argparse.ArgumentParser:
-    from tui.args import OneLineParser
-
-    ap = OneLineParser(
-        prog=prog,
-        description="Summarise a commtop recording per settings epoch and rank; export CSV, a Perfetto trace or a plot; "
-        "or compare recordings per offload mode (commtop report A B).",
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """`commtop report`'s options, on its subparser (tui.cli)."""
+    ap.description = (
+        "Summarise a commtop recording per settings epoch and rank; export CSV, a Perfetto trace or a plot; "
+        "or compare recordings per offload mode (commtop report A B)."
     )
     ap.add_argument(
         "file",
@@ -57,14 +55,12 @@ def build_parser(prog: str = "commtop report") -> argparse.ArgumentParser:
         help="only records that start FROM..TO seconds after the first one (either may be empty), e.g. 60:90 "
         "(large recordings make traces too big for a browser)",
     )
-    return ap
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(ns: argparse.Namespace) -> int:
     """`commtop report ...`: 0 on success, 1 on a file that is not a recording or a failed write."""
-    ns = build_parser().parse_args(argv)
     with small_pages(), heap_kept(), collector_paused():  # a one-shot pass over hundreds of MB (tui.recordings.pages)
-        return run(ns)
+        return _run(ns)
 
 
 def _err(message: str) -> int:
@@ -92,7 +88,7 @@ def _measured(ns: argparse.Namespace) -> list[MeasuredPeaks]:
     return peaks
 
 
-def run(ns: argparse.Namespace) -> int:
+def _run(ns: argparse.Namespace) -> int:
     if ns.records and ns.format not in (None, "csv"):
         return _err("--records needs --format csv")
     try:
@@ -200,7 +196,3 @@ def run_compare(ns: argparse.Namespace) -> int:
     except OSError as exc:
         return _err(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from tui.model.ab_stats import ABResult, analyse, blocks_from_marks
+from tui.experiment.ab_stats import ABResult, analyse, blocks_from_marks
 from tui.recordings.codec import Tables
 from tui.report.rows import Row
 from tui.report.table_text import aligned_table, fmt_num

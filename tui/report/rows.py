@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tui.model.ab_stats import ABResult
+from tui.experiment.ab_stats import ABResult
 from tui.report.peaks import Peaks
 
 

@@ -12,8 +12,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from tui.model.ab_stats import as_json as ab_json
-from tui.model.ab_stats import format_table as ab_table
+from tui.experiment.ab_stats import as_json as ab_json
+from tui.experiment.ab_stats import format_table as ab_table
 from tui.recordings.codec import Tables
 from tui.report.overlap_report import format_class_table
 from tui.report.peaks import measured_lines, peaks_json, peaks_line

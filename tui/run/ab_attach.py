@@ -6,7 +6,7 @@ The run's collector keeps its job, its TUI and its recording. This process
 * switches the blocks through the run's control channel (signed ``set`` requests with
   ``new_epoch``, as `commtop ctl` sends them), so the workers switch at the same iteration
   exactly as for the TUI's A/B key, and every block is one settings epoch;
-* reads the run's records from the collector's data feed (tui.model.feed), keeping those of
+* reads the run's records from the collector's data feed (tui.ingest.feed), keeping those of
   its blocks' epochs;
 * sends its A/B marks to the collector, which writes them into the run's recording if it
   records (`commtop report` on it then reproduces the verdict);
@@ -21,9 +21,13 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from tui.model.interfaces import ControlView
+from tui.experiment.ab_experiment import ABExperiment
+from tui.ingest.interfaces import ControlView
+from tui.model.in_force import reported_settings
+from tui.run.ab_result import ABRun
 from tui.run.ctl import BUILTIN, CtlClient, CtlError, resolve_run
 from workers.wire.config import ConfigError
 from workers.wire.settings import Settings
@@ -35,7 +39,7 @@ ALIVE_CHECK_S = 1.0
 
 
 class RemoteController:
-    """What tui.model.ab_experiment.ABExperiment needs from a controller (``view``,
+    """What tui.experiment.ab_experiment.ABExperiment needs from a controller (``view``,
     ``request(changes, new_epoch=...)``, ``desired``), over a run's request channel."""
 
     def __init__(self, client: CtlClient) -> None:
@@ -48,8 +52,8 @@ class RemoteController:
         try:
             status = self.client.status()
         except CtlError as exc:
-            return ControlView(requested={}, note=str(exc))
-        return ControlView(requested=dict(status.get("requested") or {}), note=str(status.get("note") or ""))
+            return ControlView(requested=None, note=str(exc))
+        return ControlView(requested=reported_settings(status.get("requested")), note=str(status.get("note") or ""))
 
     def request(self, changes: dict[str, Any], *, new_epoch: bool = False) -> str:
         try:
@@ -83,12 +87,11 @@ def check_arguments(ns: argparse.Namespace, script: list[str]) -> None:
         raise ConfigError("--nproc with --run: the run already has its ranks")
 
 
-def attach_experiment(ns: argparse.Namespace, script: list[str], until_ci_pct: float) -> Any:
-    """Run the experiment on the live run ``ns.run``; returns a tui.run.ab.ABRun."""
-    from tui.model.ab_experiment import ABExperiment, parse_arm
-    from tui.model.feed import FeedError, FeedSource
+def attach_experiment(ns: argparse.Namespace, script: list[str], until_ci_pct: float) -> ABRun:
+    """Run the experiment on the live run ``ns.run``."""
+    from tui.experiment.ab_experiment import parse_arm
+    from tui.ingest.feed import FeedError, FeedSource
     from tui.model.run_model import RunModel
-    from tui.run.ab import ABRun
     from tui.run.headless import run_headless
     from tui.run.run_dirs import has_live_collector
 
@@ -141,7 +144,7 @@ def attach_experiment(ns: argparse.Namespace, script: list[str], until_ci_pct: f
     return ABRun(experiment, result, snapshot, code, None)
 
 
-def _collector_gone(alive: Any) -> Any:
+def _collector_gone(alive: Callable[[], bool]) -> Callable[[], bool]:
     """A check of the run's collector, at most every ALIVE_CHECK_S (it reads /proc/locks)."""
     state = {"at": 0.0, "gone": False}
 
@@ -155,7 +158,7 @@ def _collector_gone(alive: Any) -> Any:
     return gone
 
 
-def _report_restore(client: CtlClient, controller: RemoteController, experiment: Any) -> int:
+def _report_restore(client: CtlClient, controller: RemoteController, experiment: ABExperiment) -> int:
     """Wait until the settings from before the experiment are in force again; 0 if they are."""
     restore = dict(experiment.restore)
     if not restore:

@@ -32,15 +32,15 @@ from typing import Any
 
 import zmq
 
-from tui.model.ab_stats import AB_MARK
+from tui.experiment.ab_stats import AB_MARK
+from tui.ingest.interfaces import ControlView
+from tui.ingest.sources import ipc_endpoint_in_use
 from tui.model.in_force import InForce, InForceTracker
-from tui.model.interfaces import ControlView
-from tui.model.sources import ipc_endpoint_in_use
 from tui.run.job_knobs import refusal
 from workers.wire import protocol
 from workers.wire.connection import Connection
 from workers.wire.control import EPOCH_HISTORY, ctl_reply_body, ctl_state_body
-from workers.wire.settings import Settings, SettingsError, settings_from_wire
+from workers.wire.settings import Settings, SettingsError, knob_name, settings_from_wire
 
 PUBLISH_S = 0.5
 POLL_MS = 50
@@ -168,7 +168,8 @@ class ControlServer:
         mk, choices = self._mode_knob, (self._knob_choices or {}).get(self._mode_knob, ())
         if not mk:
             return changes
-        knob = changes.get(f"knob.{mk}", changes.get(mk))
+        named = [name for name in changes if knob_name(name, self._knob_choices) == mk]
+        knob = changes[min(named, key=lambda n: not n.startswith("knob."))] if named else None  # knob.X wins
         if "mode" in changes and knob is None and changes["mode"] in choices:
             changes[f"knob.{mk}"] = changes["mode"]
         elif knob is not None and "mode" not in changes and knob in protocol.MODES:
@@ -181,7 +182,7 @@ class ControlServer:
 
     def view(self) -> ControlView:
         with self._lock:
-            requested = self._desired[1].as_dict() if self._desired else {}
+            requested = self._desired[1] if self._desired else None
             note = self._note if time.monotonic() < self._note_until else ""
             if self._desired is None:
                 note = note or "waiting for the workers to report the settings in force"
@@ -285,11 +286,11 @@ class ControlServer:
         except SettingsError as exc:
             return -1, str(exc)
         # nothing changes (`set pinned=false` while pageable): no new epoch, unless asked for one
-        # (an A/B block is exactly one epoch, also when both arms are the same: tui.model.ab_experiment)
+        # (an A/B block is exactly one epoch, also when both arms are the same: tui.experiment.ab_experiment)
         if settings == current and not new_epoch:
             return epoch, ""
         self._desired = (epoch + 1, settings)
-        self._in_force.note_settings(epoch + 1, settings.as_dict())
+        self._in_force.note_settings(epoch + 1, settings)
         self._kick = True
         return epoch + 1, ""
 
@@ -384,7 +385,7 @@ class ControlServer:
         return {
             "desired_epoch": self._desired[0] if self._desired else -1,
             "requested": self._desired[1].as_dict() if self._desired else {},
-            "in_force": in_force.settings,
+            "in_force": in_force.wire(),
             "epoch_in_force": in_force.epoch,
             "pending_epoch": in_force.pending_epoch,
             "apply_at": in_force.apply_at,

@@ -89,15 +89,13 @@ def _add_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`commtop ctl`'s options and its subcommands (status, mode, set), on its subparser (tui.cli)."""
     from tui.args import OneLineParser
 
-    parser = OneLineParser(
-        prog="commtop ctl",
-        description="change a running commtop job's settings",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser.description = "change a running commtop job's settings"
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     _add_options(parser, top=True)
     sub = parser.add_subparsers(dest="op", required=True, metavar="{status,mode,set}", parser_class=OneLineParser)
     status = sub.add_parser("status", help="settings requested and in force, pending switch, refused messages")
@@ -107,7 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
     setp.add_argument("assignments", nargs="+", metavar="NAME=VALUE")
     for p in (status, mode, setp):
         _add_options(p, top=False)
-    return parser
 
 
 #: Envelope fields of a reply (request nonce, session id, schema, kind): plumbing, not status.
@@ -119,8 +116,8 @@ def as_json(reply: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in reply.items() if k not in ENVELOPE}, indent=1, sort_keys=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+def run(ns: argparse.Namespace) -> int:
+    """`commtop ctl ...`: the exit code (see the module docstring)."""
     try:
         changes = _changes(ns)
         conn = resolve_run(ns.run)

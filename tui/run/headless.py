@@ -8,10 +8,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from tui.model.ingest import IngestLoop
-from tui.model.interfaces import Sink, Source
-from tui.model.run_model import RankView, RunModel, Snapshot
-from tui.model.verdict import epochs_text, pcie_peak
+from tui.experiment.verdict import epochs_text, pcie_peak
+from tui.ingest.interfaces import Sink, Source
+from tui.ingest.loop import IngestLoop
+from tui.model.run_model import RunModel
+from tui.model.snapshot import RankView, Snapshot
 
 #: At the end, drain until one poll this long brings nothing, for at most DRAIN_MAX_S.
 DRAIN_QUIET_S = 0.1
@@ -64,7 +65,7 @@ def _gbps(value: float) -> str:
 def header_line(s: Snapshot) -> str:
     """backend · world size · collective · shape · dtype · modes — one line."""
     shape = "x".join(map(str, s.shape)) or "?"
-    modes = ", ".join(s.modes_seen) or str(s.settings.get("mode", "?"))
+    modes = ", ".join(s.modes_seen) or (s.mode_in_force or "?")
     backend = s.backend or "?"
     if s.device and s.device != "cpu":
         backend = f"{backend} on {s.device}"

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from tui.model.interfaces import ResetModel, Source
+from tui.ingest.interfaces import ResetModel, Source
 from workers.wire.connection import CONNECTION_FILE_ENV, Connection
 from workers.wire.lifeline import env_for_child
 from workers.wire.protocol import Bye, Hello, Message
@@ -137,7 +137,7 @@ class JobProcess:
                 if failed:
                     self.worker_exits[int(failed.group(2))] = int(failed.group(1))
 
-    # ProcessWatch (tui.model.interfaces): what the app's status line reads
+    # ProcessWatch (tui.ingest.interfaces): what the app's status line reads
     def lines(self) -> list[str]:
         with self._lock:
             return list(self._tail)

@@ -1,2 +1,3 @@
-"""The Textual app and its widgets: draws snapshots of :mod:`tui.model`, sends key presses to
-the control server. The only package of commtop that imports textual."""
+"""The Textual app and its widgets: draws the snapshots of :mod:`tui.model` that
+:mod:`tui.ingest` hands out, sends key presses to the control server, and holds the view's
+helpers (the chart's time axis). The only package of commtop that imports textual."""

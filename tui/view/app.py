@@ -1,11 +1,11 @@
 """The commtop terminal app: header, one grid of rank rows, the links panel, status, footer.
 
-The app never ingests: an :class:`~tui.model.ingest.IngestLoop` thread drains the source into the
+The app never ingests: an :class:`~tui.ingest.loop.IngestLoop` thread drains the source into the
 model and hands a frozen Snapshot to :meth:`CommtopApp._from_ingest`, which posts ONE
 ``SnapshotReady`` message (coalesced: never more than one in the queue), so a flood of
 records cannot starve the keyboard. Widgets are updated in one ``batch_update()``.
 
-Build it with :func:`build_app` (from the CLI's collector, or from a connection file for
+Build it with :func:`build_app` (from a run's session, or from a connection for
 tests), or directly with ``CommtopApp(source, model, ...)``.
 """
 
@@ -16,17 +16,18 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.css.query import NoMatches
+from textual.reactive import var
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer
 
-from tui.model.ab_experiment import ABSlot
-from tui.model.ingest import IngestLoop
-from tui.model.interfaces import (
+from tui.experiment.ab_experiment import ABSlot
+from tui.experiment.verdict import pcie_peak, verdict_text
+from tui.ingest.interfaces import (
     ControllerLike,
     ControlView,
     ProcessWatch,
@@ -36,8 +37,9 @@ from tui.model.interfaces import (
     Sink,
     Source,
 )
-from tui.model.run_model import RunModel, Snapshot
-from tui.model.verdict import pcie_peak, verdict_text
+from tui.ingest.loop import IngestLoop
+from tui.model.run_model import RunModel
+from tui.model.snapshot import Snapshot
 from tui.view.gc_tuning import settle_garbage_collector
 from tui.view.keys import KEYS, bindings
 from tui.view.messages import IngestError, SnapshotReady
@@ -48,8 +50,9 @@ from tui.view.widgets.links import LinksPanel, RankGpu
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from tui.view.widgets.status import ReplayBar, StatusLine
 from tui.view.widgets.verdict import VerdictLine
+from workers.wire.connection import Connection
 from workers.wire.protocol import DIRECTIONS, MODES
-from workers.wire.settings import COPY_SCALES, MAX_COPIES
+from workers.wire.settings import COPY_SCALES, MAX_COPIES, Settings
 
 #: How often the app reads the controller, recorder, job and replay position (UI thread).
 SIDE_POLL_S = 0.25
@@ -85,6 +88,10 @@ class CommtopApp(App[None]):
     ENABLE_COMMAND_PALETTE = True
 
     BINDINGS = bindings()
+
+    whole_run_stats: var[bool] = var(True, init=False)
+    """Whether the ranks' whole-run numbers are on screen (the rows view, with rows taller than
+    one line): the app asks the ingest loop to refresh them only then."""
 
     def __init__(
         self,
@@ -173,6 +180,8 @@ class CommtopApp(App[None]):
                 clock=self.clock,
                 on_error=self._from_ingest_error,
             )
+            if not self.whole_run_stats:
+                self.ingest.request_whole_run_stats(False)
             self.ingest.start()
         self.set_interval(SIDE_POLL_S, self._side_poll)
         self._side_poll()
@@ -381,20 +390,29 @@ class CommtopApp(App[None]):
         self._want_run_stats(grid)
 
     def _want_run_stats(self, grid: RankGrid) -> None:
-        """Whole-run numbers are drawn only by the rows view, on a rank's second line and below:
-        the model refreshes them only while they are on screen (RunModel.whole_run_stats)."""
-        self.model.whole_run_stats = grid.shown_view == "rows" and grid.row_h > 1
+        """Whole-run numbers are drawn only by the rows view, on a rank's second line and below."""
+        self.whole_run_stats = grid.shown_view == "rows" and grid.row_h > 1
 
-    def _current(self) -> dict[str, Any]:
-        """Settings to change from: what was last requested, else what is in force."""
-        if self._control is not None and self._control.requested:
-            return dict(self._control.requested)
-        return dict(self.snapshot.settings) if self.snapshot else {}
+    def watch_whole_run_stats(self, on: bool) -> None:
+        if self.ingest is not None:
+            self.ingest.request_whole_run_stats(on)
+
+    def _current(self) -> Settings | None:
+        """Settings to change from: what the controller was last asked for, which it starts from
+        the settings the workers report in force (None until they did; it refuses changes then)."""
+        if self.controller is None:
+            return None
+        try:
+            view = self.controller.view()
+        except Exception:
+            return None
+        return view.requested if view is not None else None
 
     def _request(self, changes: dict[str, Any]) -> None:
         if self.controller is None:
             return
-        before = self._current()
+        current = self._current()
+        before = current.as_dict() if current is not None else {}
         try:
             error = self.controller.request(changes)
         except Exception as exc:
@@ -405,8 +423,11 @@ class CommtopApp(App[None]):
             self.notify(f"requested {settings_change(before, changes) or 'no change'}", timeout=2)
         self._side_poll()
 
+    # Unknown settings (None) count as mode none, no copies, size x1, pinned, d2h.
+
     def action_cycle_mode(self) -> None:
-        mode = self._current().get("mode", MODES[0])
+        current = self._current()
+        mode = current.mode if current is not None else MODES[0]
         nxt = MODES[(MODES.index(mode) + 1) % len(MODES)] if mode in MODES else MODES[0]
         self._request({"mode": nxt})
 
@@ -414,19 +435,23 @@ class CommtopApp(App[None]):
         self._request({"mode": MODES[index]})
 
     def action_copies(self, delta: int) -> None:
-        copies = int(self._current().get("copies", 0))
+        current = self._current()
+        copies = current.copies if current is not None else 0
         self._request({"copies": max(0, min(MAX_COPIES, copies + delta))})
 
     def action_cycle_scale(self) -> None:
-        scale = float(self._current().get("copy_scale", 1.0))
+        current = self._current()
+        scale = current.copy_scale if current is not None else 1.0
         i = COPY_SCALES.index(scale) if scale in COPY_SCALES else -1
         self._request({"copy_scale": COPY_SCALES[(i + 1) % len(COPY_SCALES)]})
 
     def action_toggle_pinned(self) -> None:
-        self._request({"pinned": not bool(self._current().get("pinned", True))})
+        current = self._current()
+        self._request({"pinned": not (current.pinned if current is not None else True)})
 
     def action_toggle_direction(self) -> None:
-        cur = self._current().get("direction", DIRECTIONS[0])
+        current = self._current()
+        cur = current.direction if current is not None else DIRECTIONS[0]
         self._request({"direction": DIRECTIONS[1] if cur == DIRECTIONS[0] else DIRECTIONS[0]})
 
     def _show_verdict(self) -> None:
@@ -446,7 +471,8 @@ class CommtopApp(App[None]):
             return
         from tui.view.widgets.ab_dialog import ABDialog
 
-        mode = str(self._current().get("mode", "overlap"))
+        current = self._current()
+        mode = current.mode if current is not None else "overlap"
         b = f"mode={mode if mode != 'none' else 'overlap'}"
         self.push_screen(ABDialog("mode=none", b), self._start_ab)
 
@@ -498,29 +524,50 @@ class CommtopApp(App[None]):
             self._side_poll()
 
 
+class Session(Protocol):
+    """What the app reads of a run's session (tui.run.session's LiveSession and ReplaySession fit)."""
+
+    @property
+    def source(self) -> Source: ...
+    @property
+    def model(self) -> RunModel: ...
+    @property
+    def sinks(self) -> list[Sink]:
+        """Get every accepted message after the model (control server, recorder)."""
+        ...
+
+    @property
+    def controller(self) -> ControllerLike | None: ...
+    @property
+    def recorder(self) -> RecorderLike | None: ...
+    @property
+    def job(self) -> ProcessWatch | None:
+        """The job this process started (exit code, error lines), if any."""
+        ...
+
+
 def build_app(
-    collector: Any = None,
+    session: Session | None = None,
     *,
-    connection: Any = None,
-    job: ProcessWatch | None = None,
+    connection: Connection | None = None,
     title: str = "commtop",
     **kwargs: Any,
 ) -> CommtopApp:
-    """The app for the CLI's collector (source, model, sinks, controller, recorder), or for
+    """The app for a run's session (source, model, sinks, controller, recorder, job), or for
     a connection alone (binds a LiveSource on ``connection.data``; the app closes it)."""
-    if collector is not None:
+    if session is not None:
         return CommtopApp(
-            collector.source,
-            collector.model,
-            sinks=getattr(collector, "sinks", ()),
-            controller=getattr(collector, "controller", None),
-            recorder=getattr(collector, "recorder", None),
-            process_watch=job,
+            session.source,
+            session.model,
+            sinks=session.sinks,
+            controller=session.controller,
+            recorder=session.recorder,
+            process_watch=session.job,
             title=title,
             **kwargs,
         )
     if connection is None:
-        raise ValueError("build_app needs a collector or a connection")
-    from tui.model.sources import LiveSource
+        raise ValueError("build_app needs a session or a connection")
+    from tui.ingest.sources import LiveSource
 
-    return CommtopApp(LiveSource(connection), RunModel(), process_watch=job, title=title, owns_source=True, **kwargs)
+    return CommtopApp(LiveSource(connection), RunModel(), title=title, owns_source=True, **kwargs)

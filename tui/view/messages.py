@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from tui.model.run_model import Snapshot
+from tui.model.snapshot import Snapshot
 
 
 @dataclass

@@ -21,9 +21,10 @@ import time
 from collections import deque
 from typing import Any
 
-from workers.capture.cupti_copies import DTOH, HTOD, ClockMap, decode_copy
+from workers.capture.cupti_copies import FIELDS, ClockMap, decode_copy
 from workers.capture.flight_recorder import FrCursor, load_dump
 from workers.capture.rows import RowMaker, StepTimeline
+from workers.rank.cupti_activity import MEMCPY_DTOH, MEMCPY_HTOD
 
 log = logging.getLogger("commtop.capture")
 
@@ -105,9 +106,9 @@ class CuptiCopies:
             m = d.memcpy
             ck = m["copy_kind"]
             self.seen += len(ck)
-            keep = (ck == DTOH) | (ck == HTOD)
+            keep = (ck == MEMCPY_DTOH) | (ck == MEMCPY_HTOD)
             if keep.any():
-                cols = [m[f][keep].tolist() for f in ("copy_kind", "src_kind", "dst_kind", "bytes", "start", "end")]
+                cols = [m[f][keep].tolist() for f in FIELDS]
                 q.extend(zip(*cols, strict=True))
 
     def sync_clock(self) -> None:

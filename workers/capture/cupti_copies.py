@@ -1,9 +1,9 @@
 """Decode CUPTI MEMCPY activity records into commtop copy rows (torch-free, CUPTI-free).
 
-A record is read as the few fields commtop needs (``copy_kind``, ``src_kind``,
-``dst_kind``, ``bytes``, ``start``, ``end``), from a ``cupti.ActivityMemcpy6`` or from a
-dict with the same names (tests, fixtures). Device-to-device copies are not offloads (at
-world size 1 NCCL's own collectives are DtoD copies), so only DtoH and HtoD become rows.
+A record is read as the few fields commtop needs, :data:`FIELDS` (``copy_kind``,
+``src_kind``, ``dst_kind``, ``bytes``, ``start``, ``end``), gathered from CUPTI's buffers by
+:mod:`workers.rank.cupti_activity`. Device-to-device copies are not offloads (at world size 1
+NCCL's own collectives are DtoD copies), so only DtoH and HtoD become rows.
 
 CUPTI timestamps are in nanoseconds of CUPTI's clock; :class:`ClockMap` maps them to
 ``time.time_ns()`` from pairs read back to back (on the H200 with driver 580 the two
@@ -14,13 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-#: CUpti_ActivityMemcpyKind values used here.
-HTOD = 1
-DTOH = 2
-#: CUpti_ActivityMemoryKind: pinned host memory.
-PINNED = 2
+from workers.rank.cupti_activity import MEMCPY_DTOH, MEMCPY_HTOD, MEMORY_PINNED
+
 #: Fields read from each record (the names of cupti.ActivityMemcpy6's attributes).
 FIELDS = ("copy_kind", "src_kind", "dst_kind", "bytes", "start", "end")
 
@@ -56,40 +52,15 @@ class ClockMap:
         return cupti_ns + self.offset_ns
 
 
-def fields_of(record: Any) -> tuple[int, int, int, int, int, int]:
-    """The FIELDS of a record object or dict, as ints."""
-    if isinstance(record, Mapping):
-        return tuple(int(record[f]) for f in FIELDS)  # type: ignore[return-value]
-    return (
-        int(record.copy_kind),
-        int(record.src_kind),
-        int(record.dst_kind),
-        int(record.bytes),
-        int(record.start),
-        int(record.end),
-    )
-
-
 def decode_copy(fields: tuple[int, int, int, int, int, int], clock: ClockMap) -> CopyRecord | None:
     """A DtoH/HtoD copy as a CopyRecord; None for other kinds and for unfinished records."""
     kind, src, dst, nbytes, start, end = fields
-    if kind == DTOH:
+    if kind == MEMCPY_DTOH:
         direction, host = "d2h", dst
-    elif kind == HTOD:
+    elif kind == MEMCPY_HTOD:
         direction, host = "h2d", src
     else:
         return None
     if end <= start or start <= 0:
         return None
-    return CopyRecord(direction, host == PINNED, nbytes, clock.to_time_ns(start), (end - start) / 1e3)
-
-
-def decode_copies(records: Iterable[Any], clock: ClockMap) -> list[CopyRecord]:
-    out = []
-    for r in records:
-        if isinstance(r, Mapping) and r.get("kind", "MEMCPY") != "MEMCPY":
-            continue
-        c = decode_copy(fields_of(r), clock)
-        if c is not None:
-            out.append(c)
-    return out
+    return CopyRecord(direction, host == MEMORY_PINNED, nbytes, clock.to_time_ns(start), (end - start) / 1e3)

@@ -8,7 +8,6 @@ step in force at its host time, so a record drained seconds later still lands in
 from __future__ import annotations
 
 import bisect
-import threading
 from collections import deque
 from typing import Any
 
@@ -26,7 +25,6 @@ class StepTimeline:
 
     def __init__(self, capacity: int = TIMELINE) -> None:
         self._marks: deque[tuple[int, int]] = deque(maxlen=capacity)
-        self._lock = threading.Lock()
 
     def mark(self, time_ns: int, step: int) -> None:
         self._marks.append((time_ns, step))

@@ -16,54 +16,21 @@ import numpy as np
 
 from workers.rank.publisher import NullPublisher, RecordBatcher, RecordPublisher
 from workers.wire import protocol
-from workers.wire.busbw import algbw_gbps
-from workers.wire.protocol import COLL_COLUMNS
+from workers.wire.busbw import algbw_gbps, bus_factors
+from workers.wire.protocol import COLL_COLUMNS, row_dtype
 
 #: Every op the monitor names: protocol.COLLECTIVES first (same codes), then the others
 #: (the schema's names, so reports and traces can name them too).
 OPS: tuple[str, ...] = protocol.OP_NAMES
 OP_INDEX: dict[str, int] = {name: i for i, name in enumerate(OPS)}
 
-#: What a timer hands over per collective of a user's job.
-MONITOR_COLL_ROW = np.dtype(
-    [
-        ("iteration", "<i8"),
-        ("step", "<i8"),
-        ("epoch", "<i4"),
-        ("mode", "u1"),
-        ("op", "u1"),
-        ("nbytes", "<i8"),
-        ("ranks", "<i4"),  # size of the process group the op ran in (for busbw)
-        ("host_ns", "<i8"),
-        ("start_ns", "<i8"),
-        ("dur_us", "<f4"),
-    ]
+#: What a timer hands over per collective of a user's job; ``ranks``, the size of the process
+#: group the op ran in (for busbw), is not on the wire.
+MONITOR_COLL_ROW = row_dtype(
+    COLL_COLUMNS,
+    ("iteration", "step", "epoch", "mode", "op", "nbytes", "ranks", "host_ns", "start_ns", "dur_us"),
+    extra={"ranks": "<i4"},
 )
-
-
-def op_bus_factor(op: str, n: int) -> float:
-    """nccl-tests' busbw factor, extended to the ops nccl-tests has none for (0 = no data moved)."""
-    if n <= 0:
-        return 0.0
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
-        return (n - 1) / n
-    if op in ("broadcast", "reduce"):
-        return 1.0
-    return 0.0  # barrier
-
-
-def bus_factors(op: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """Per-row busbw factor; one scalar computation per distinct (op, group size)."""
-    out = np.zeros(len(op), dtype=np.float64)
-    if not len(op):
-        return out
-    key = op.astype(np.int64) << 32 | ranks.astype(np.int64)
-    for k in np.unique(key):
-        code, n = int(k >> 32), int(k & 0xFFFFFFFF)
-        out[key == k] = op_bus_factor(OPS[code] if code < len(OPS) else "", n)
-    return out
 
 
 class MonitorBatcher(RecordBatcher):

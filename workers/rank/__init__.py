@@ -1,2 +1,3 @@
-"""One rank's plumbing, shared by the synthetic loop and the monitor: timers, the never-blocking
-publisher, the heartbeat, and live control (the settings agreement through torchrun's store)."""
+"""One rank's plumbing, shared by the synthetic loop, the monitor and the capture: timers (CUDA
+events, the host clock, CUPTI activity records), the never-blocking publisher, the heartbeat,
+the rank's session, and live control (the settings agreement through torchrun's store)."""

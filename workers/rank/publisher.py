@@ -17,7 +17,7 @@ import zmq
 
 from workers.wire import protocol
 from workers.wire.busbw import algbw_gbps
-from workers.wire.protocol import COLL, COLL_COLUMNS, COPY, COPY_COLUMNS, Batch, Bye
+from workers.wire.protocol import COLL, COLL_COLUMNS, COPY, COPY_COLUMNS, Batch, Bye, row_dtype
 
 DEFAULT_HWM = 64
 #: Batches a rank holds for its node exporter (--prometheus) while the node sampler is still
@@ -26,29 +26,9 @@ TAP_HWM = 256
 MAX_RECORDS = 4096
 
 #: What the timers hand over per collective: (iteration, step, epoch, mode, host_ns, start_ns, dur_us).
-COLL_ROW = np.dtype(
-    [
-        ("iteration", "<i8"),
-        ("step", "<i8"),
-        ("epoch", "<i4"),
-        ("mode", "u1"),
-        ("host_ns", "<i8"),
-        ("start_ns", "<i8"),
-        ("dur_us", "<f4"),
-    ]
-)
+COLL_ROW = row_dtype(COLL_COLUMNS, ("iteration", "step", "epoch", "mode", "host_ns", "start_ns", "dur_us"))
 #: Per copy: (step, epoch, nbytes, direction, pinned, start_ns, dur_us).
-COPY_ROW = np.dtype(
-    [
-        ("step", "<i8"),
-        ("epoch", "<i4"),
-        ("nbytes", "<i8"),
-        ("direction", "u1"),
-        ("pinned", "u1"),
-        ("start_ns", "<i8"),
-        ("dur_us", "<f4"),
-    ]
-)
+COPY_ROW = row_dtype(COPY_COLUMNS, ("step", "epoch", "nbytes", "direction", "pinned", "start_ns", "dur_us"))
 
 Status = tuple[int, int, int]  # (epoch in force, pending epoch, apply at), from Control.status()
 

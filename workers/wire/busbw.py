@@ -1,26 +1,53 @@
 """Bandwidth arithmetic of nccl-tests, so commtop's numbers compare with theirs.
 
 algbw = S / t, busbw = algbw * factor(op, n). For all_gather and reduce_scatter S is the
-total (gathered) size; see nccl-tests' doc/PERFORMANCE.md.
+total (gathered) size; see nccl-tests' doc/PERFORMANCE.md. This module owns the factor rule:
+the synthetic loop asks it for its one collective (:func:`bus_factor`), a monitored job for
+every row it records (:func:`bus_factors`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from workers.wire.protocol import COLLECTIVES
+from workers.wire.protocol import COLLECTIVES, OP_NAMES
+
+#: Ops nccl-tests' PERFORMANCE.md gives a busbw factor for.
+NCCL_TESTS_OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce")
 
 
-def bus_factor(op: str, world_size: int) -> float:
-    """nccl-tests' busbw correction factor for ``op`` over ``world_size`` ranks."""
-    n = world_size
+def _factor(op: str, n: int) -> float:
+    """The rule: nccl-tests' factor; gather and scatter move (n-1)/n of S like all_gather;
+    any other op (barrier) moves no data, 0."""
     if op == "all_reduce":
         return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         return (n - 1) / n
     if op in ("broadcast", "reduce"):
         return 1.0
-    raise ValueError(f"unknown collective {op!r} (known: {', '.join(COLLECTIVES)})")
+    return 0.0
+
+
+def bus_factor(op: str, world_size: int) -> float:
+    """nccl-tests' busbw correction factor for ``op`` over ``world_size`` ranks; raises
+    ValueError for an op nccl-tests has none for."""
+    if op not in NCCL_TESTS_OPS:
+        raise ValueError(f"unknown collective {op!r} (known: {', '.join(COLLECTIVES)})")
+    return _factor(op, world_size)
+
+
+def bus_factors(op: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Per-row busbw factor of records that each carry their op (a code into ``OP_NAMES``)
+    and group size, one scalar computation per distinct (op, group size). 0 where the group
+    is empty, the op moves no data (barrier) or its code is unknown."""
+    out = np.zeros(len(op), dtype=np.float64)
+    if not len(op):
+        return out
+    key = op.astype(np.int64) << 32 | ranks.astype(np.int64)
+    for k in np.unique(key):
+        code, n = int(k >> 32), int(k & 0xFFFFFFFF)
+        out[key == k] = _factor(OP_NAMES[code], n) if code < len(OP_NAMES) and n > 0 else 0.0
+    return out
 
 
 def collective_bytes(op: str, tensor_bytes: int, world_size: int) -> int:

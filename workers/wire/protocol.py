@@ -23,7 +23,7 @@ import hashlib
 import hmac
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,7 @@ COPY_COLUMNS: dict[str, str] = {
     "dur_us": "<f4",
     "gbps": "<f4",
 }
+
 #: Link throughput metrics of a GPU (GB/s): what the links panel, the report and the exporter show.
 LINK_METRICS: tuple[str, ...] = ("pcie_tx_gbps", "pcie_rx_gbps", "nvlink_tx_gbps", "nvlink_rx_gbps")
 #: Per-GPU telemetry metrics (float64 arrays, NaN where the metric is n/a; see TELEM_CAPS).
@@ -199,6 +200,30 @@ def get_map(body: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- batches
+
+
+def pick_columns(
+    schema: Mapping[str, str], names: Iterable[str], extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """``{name: dtype}`` for ``names``, in that order: each from ``schema`` (COLL_COLUMNS or
+    COPY_COLUMNS), or from ``extra`` for a field that is not on the wire, so that every record
+    layout (a timer's rows, a ring of the viewer) takes its dtypes from the schema.
+
+    Raises KeyError for a name in neither, ValueError for an ``extra`` field that redefines a
+    column or is not in ``names``.
+    """
+    names, extra = tuple(names), extra or {}
+    if clash := set(extra) & set(schema):
+        raise ValueError(f"extra fields redefine wire columns: {', '.join(sorted(clash))}")
+    if unused := set(extra) - set(names):
+        raise ValueError(f"extra fields not in names: {', '.join(sorted(unused))}")
+    return {name: schema[name] if name in schema else extra[name] for name in names}
+
+
+def row_dtype(schema: Mapping[str, str], names: Iterable[str], extra: Mapping[str, str] | None = None) -> np.dtype:
+    """The numpy structured dtype of :func:`pick_columns` (field order = the order of the row
+    tuples a timer hands over)."""
+    return np.dtype(list(pick_columns(schema, names, extra).items()))
 
 
 def encode_columns(columns: Mapping[str, np.ndarray], schema: Mapping[str, str]) -> dict[str, bytes]:

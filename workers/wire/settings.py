@@ -70,8 +70,7 @@ class Settings:
                     raise SettingsError("knobs must be a map of name -> value")
                 for knob, value in raw.items():
                     knobs[str(knob)] = _knob(str(knob), value, knob_choices)
-            elif name.startswith("knob.") or (knob_choices and name in knob_choices):
-                knob = name.removeprefix("knob.")
+            elif (knob := knob_name(name, knob_choices)) is not None:
                 knobs[knob] = _knob(knob, raw, knob_choices)
             else:
                 allowed = "mode, copies, copy_scale, pinned, direction, delay_ms, delay_rank, delay_on" + (
@@ -81,6 +80,17 @@ class Settings:
         if len(knobs) > MAX_KNOBS:
             raise SettingsError(f"at most {MAX_KNOBS} knobs")
         return replace(self, knobs=knobs, **values)
+
+
+def knob_name(setting: str, knob_choices: Mapping[str, tuple[str, ...]] | None = None) -> str | None:
+    """The knob a setting's name addresses: ``knob.X`` (``commtop ctl set knob.X=...``) or a
+    bare declared knob name ``X`` -> ``"X"``; None for a name that is not a knob's. A name of
+    a Settings field is never a knob's: check those first (as :meth:`Settings.updated` does)."""
+    if setting.startswith("knob."):
+        return setting.removeprefix("knob.")
+    if knob_choices and setting in knob_choices:
+        return setting
+    return None
 
 
 #: The fields a peer may send; anything else in a wire dict is ignored.

@@ -1,6 +1,6 @@
 """The A/B dialog (key ``a``): settings of arm A and arm B and how long to run.
 
-It only collects the choice; the app starts a tui.model.ab_experiment.ABExperiment with it."""
+It only collects the choice; the app starts a tui.experiment.ab_experiment.ABExperiment with it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
-from tui.model.ab_experiment import parse_arm
+from tui.experiment.ab_experiment import parse_arm
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import math
 
 from rich.segment import Segment
 
-from tui.model.run_model import RankView
+from tui.model.snapshot import RankView
 from tui.view.widgets.palette import STALE, fmt_ms, style
 from workers.wire.overlap import CLASSES
 

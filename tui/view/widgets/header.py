@@ -4,13 +4,15 @@ and how healthy the stream is (rate, drops, rejected, ranks, recording, host loa
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from rich.text import Text
 from textual.widget import Widget
 
-from tui.model.interfaces import ControlView, RecordingStatus
-from tui.model.run_model import Snapshot
+from tui.ingest.interfaces import ControlView, RecordingStatus
+from tui.model.in_force import settings_wire
+from tui.model.snapshot import Snapshot
 from tui.view.widgets.palette import (
     ACCENT,
     EXITED,
@@ -23,6 +25,7 @@ from tui.view.widgets.palette import (
     fmt_duration,
     style,
 )
+from workers.wire.settings import Settings
 
 
 def _kv(text: Text, key: str, value: str, color: str = TEXT, *, bold: bool = False) -> None:
@@ -31,16 +34,16 @@ def _kv(text: Text, key: str, value: str, color: str = TEXT, *, bold: bool = Fal
     text.append("  ")
 
 
-def _settings_text(settings: dict[str, Any]) -> str:
-    if not settings:
-        return ""
-    copies = settings.get("copies", "?")
-    scale = float(settings.get("copy_scale", 1.0))
-    host = "pinned" if settings.get("pinned", True) else "pageable"
-    knobs = " ".join(f"{k}={v}" for k, v in sorted(dict(settings.get("knobs") or {}).items()))
-    if not copies and knobs:  # a monitored job: its own knobs are what matters
+def _settings_text(settings: Settings | None, mode: str) -> str:
+    if settings is None:  # the records told the mode, no hello the rest yet
+        return "? copies ×1 ? pinned" if mode else ""
+    host = "pinned" if settings.pinned else "pageable"
+    knobs = " ".join(f"{k}={v}" for k, v in sorted(settings.knobs.items()))
+    if not settings.copies and knobs:  # a monitored job: its own knobs are what matters
         return f"knobs {knobs}"
-    return f"{copies} copies ×{scale:g} {settings.get('direction', '?')} {host}" + (f"  {knobs}" if knobs else "")
+    return f"{settings.copies} copies ×{settings.copy_scale:g} {settings.direction} {host}" + (
+        f"  {knobs}" if knobs else ""
+    )
 
 
 def _fmt_value(value: Any) -> str:
@@ -51,7 +54,7 @@ def _fmt_value(value: Any) -> str:
     return str(value)
 
 
-def settings_change(before: dict[str, Any], after: dict[str, Any]) -> str:
+def settings_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
     """What a settings change does, in the words of the keys: "copies 5 → 6", "pinned →
     pageable", "size ×1 → ×2", "mode overlap → sync"; "" when nothing differs."""
     parts = []
@@ -161,21 +164,23 @@ def _header_text(
         t.append(clocks, style=style(MUTED))
     t.append("\n")
 
-    in_force = dict(snap.settings)
-    mode = str(in_force.get("mode", "?"))
+    # The settings' mode (the records' mode once any came), else the records' alone.
+    mode = snap.settings.mode if snap.settings is not None else snap.mode_in_force or "?"
+    in_force = settings_wire(snap.settings, snap.mode_in_force)
     t.append("mode ", style=style(MUTED))
     t.append(f" {mode} ", style=style("#000000", MODE_COLORS.get(mode, TEXT), bold=True))
-    t.append(f"  {_settings_text(in_force)}", style=style(TEXT))
+    t.append(f"  {_settings_text(snap.settings, snap.mode_in_force)}", style=style(TEXT))
     t.append(f"  epoch {snap.epoch_in_force}", style=style(MUTED))
     pending, apply_at = snap.pending_epoch, snap.apply_at
-    if control and control.requested and pending < 0:
-        wanted = settings_change(in_force, dict(control.requested))
+    requested = control.requested if control is not None else None
+    if requested is not None and pending < 0:
+        wanted = settings_change(in_force, requested.as_dict())
         if wanted:
             t.append(f"  requested {wanted} (not yet in force)", style=style(WARN))
     if pending >= 0:
         at = f" at iteration {apply_at}" if apply_at >= 0 else ""
-        target = dict(control.requested) if control and control.requested else dict(snap.pending_settings)
-        change = settings_change(in_force, target) if target else ""
+        target = requested if requested is not None else snap.pending_settings
+        change = settings_change(in_force, target.as_dict()) if target is not None else ""
         what = change or f"to epoch {pending}"
         if compact:  # "⇢ mode overlap → none at it 640"
             t.append(f"  ⇢ {what}{at.replace('iteration', 'it')}", style=style(WARN, bold=True))

@@ -1,7 +1,7 @@
 """The links panel: each GPU's PCIe and NVLink TX/RX as sparklines under the latency chart
 (and, in each GPU's title, its HBM bandwidth utilisation where GPM gives it).
 
-The sparklines share the latency chart's time axis (:class:`~tui.model.time_axis.TimeAxis`):
+The sparklines share the latency chart's time axis (:class:`~tui.view.time_axis.TimeAxis`):
 the same terminal column is the same wall-clock interval in both, so a copy burst in the PCIe
 row sits right under the collectives it slowed. Bars are scaled to the link's peak (PCIe from
 NVML's current generation x width, NVLink from links x speed), never to the data, so the axis
@@ -26,7 +26,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from tui.model.telemetry import GpuRow, TelemetrySnapshot
-from tui.model.time_axis import TimeAxis, resample
+from tui.view.time_axis import TimeAxis, resample
 
 BARS = "▁▂▃▄▅▆▇█"
 #: Most lines one sparkline may use (taller says no more).

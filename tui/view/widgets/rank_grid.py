@@ -1,8 +1,9 @@
 """One Line-API widget drawing every rank (rows with sparklines, or a heat map).
 
 STYLE.md point 5: one ``render_line`` grid instead of a widget per rank. The lines are
-built once per snapshot (or resize) by :mod:`tui.view.widgets.rank_rows`; ``render_line`` only
-hands out the cached Strip for the scrolled-to row.
+built once per snapshot (or resize) by :mod:`tui.view.widgets.rank_rows` or
+:mod:`tui.view.widgets.heat_map`; ``render_line`` only hands out the cached Strip for the
+scrolled-to row.
 """
 
 from __future__ import annotations
@@ -20,21 +21,13 @@ from textual.strip import Strip
 from textual.style import Style as VisualStyle
 from textual.widget import Widget
 
-from tui.model.run_model import Snapshot
+from tui.model.snapshot import Snapshot
 from tui.model.stats import AxisScale
-from tui.model.time_axis import TimeAxis
-from tui.view.widgets.rank_rows import (
-    HEAT_LABEL_W,
-    MIN_SPARK,
-    Cells,
-    HeatView,
-    Restyle,
-    RowsView,
-    bucket,
-    column_header,
-    fixed_width,
-    visible_top,
-)
+from tui.view.time_axis import TimeAxis
+from tui.view.widgets.grid_cells import HEAT_LABEL_W, MIN_SPARK, Cells, bucket, fixed_width, visible_top
+from tui.view.widgets.grid_lines import Restyle, column_header
+from tui.view.widgets.heat_map import HeatView
+from tui.view.widgets.rank_rows import RowsView
 
 #: Iterations per cell the grid may use; chosen so the screen covers ~ZOOM_TARGET_S.
 ZOOMS = (1, 2, 4, 8, 16, 32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from tui.model.interfaces import ReplayPosition
+from tui.ingest.interfaces import ReplayPosition
 from tui.view.widgets.palette import ACCENT, EXITED, MUTED, TEXT, WARN, fmt_duration, style
 
 

@@ -10,7 +10,7 @@ from tui.view.widgets.palette import ACCENT, MUTED, TEXT, WARN, style
 
 
 class VerdictLine(Widget):
-    """One line; the text comes from tui.model.verdict.verdict_text."""
+    """One line; the text comes from tui.experiment.verdict.verdict_text."""
 
     DEFAULT_CSS = "VerdictLine { height: 1; }"
 

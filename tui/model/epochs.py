@@ -1,0 +1,95 @@
+"""The two newest settings epochs compared, all ranks pooled: the statistics behind the
+verdict line when no A/B experiment ran (its text is :mod:`tui.experiment.verdict`'s).
+
+Epochs ran at different times, so drift is not cancelled and there is no interval; the
+snapshot carries the comparison, the view words it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tui.model.overlap_live import RankOverlap
+from tui.model.stats import RunAggregate
+from workers.wire.overlap import CLASSES
+from workers.wire.protocol import MODES
+
+#: Least collectives per epoch before two epochs are compared.
+MIN_RECORDS = 20
+
+
+@dataclass(frozen=True)
+class EpochComparison:
+    """Two adjacent epochs, all ranks pooled: ``other`` against ``base`` (the epoch in mode
+    none when one of them is, else the older one)."""
+
+    base_epoch: int
+    other_epoch: int
+    base_mode: str
+    other_mode: str
+    base_p50_ms: float
+    other_p50_ms: float
+    #: p50 (ms) of ``other``'s collectives per overlap class
+    class_p50_ms: dict[str, float] = field(default_factory=dict)
+    copy_gbps: float = math.nan  # copies of ``other``
+
+    @property
+    def ratio(self) -> float:
+        return self.other_p50_ms / self.base_p50_ms if self.base_p50_ms > 0 else math.nan
+
+
+def _mode_name(index: int | None) -> str:
+    return MODES[index] if index is not None and 0 <= index < len(MODES) else "?"
+
+
+def compare_epochs(overlaps: Iterable[RankOverlap], copies: Iterable[dict[str, np.ndarray]]) -> EpochComparison | None:
+    """The two newest epochs with enough settled collectives, compared (None: fewer than two)."""
+    overlaps = list(overlaps)
+    for ov in overlaps:
+        ov.settle()
+    epochs = sorted({e for ov in overlaps for e in ov.by_epoch})
+    merged: dict[int, list[RunAggregate]] = {}
+    for e in reversed(epochs):
+        aggs = [RunAggregate() for _ in CLASSES]
+        for ov in overlaps:
+            for total, part in zip(aggs, ov.by_epoch.get(e, ()), strict=False):
+                total.merge(part)
+        if sum(a.count for a in aggs) >= MIN_RECORDS:
+            merged[e] = aggs
+        if len(merged) == 2:
+            break
+    if len(merged) < 2:
+        return None
+    new, old = sorted(merged, reverse=True)
+    mode_of = {e: m for ov in overlaps for e, m in ov.epoch_mode.items()}
+    base, other = old, new
+    if _mode_name(mode_of.get(new)) == "none" and _mode_name(mode_of.get(old)) != "none":
+        base, other = new, old  # copies are what is judged: compare against the epoch without
+
+    def p50(aggs: list[RunAggregate]) -> float:
+        total = RunAggregate()
+        for a in aggs:
+            total.merge(a)
+        return total.stats().p50_ms
+
+    classes = {name: agg.stats().p50_ms for name, agg in zip(CLASSES, merged[other], strict=True) if agg.count}
+    nbytes = dur = 0.0
+    for cols in copies:
+        sel = cols["epoch"] == other
+        if sel.any():
+            nbytes += float(cols["nbytes"][sel].sum())
+            dur += float(cols["dur_us"][sel].astype(np.float64).sum())
+    return EpochComparison(
+        base_epoch=base,
+        other_epoch=other,
+        base_mode=_mode_name(mode_of.get(base)),
+        other_mode=_mode_name(mode_of.get(other)),
+        base_p50_ms=p50(merged[base]),
+        other_p50_ms=p50(merged[other]),
+        class_p50_ms=classes,
+        copy_gbps=nbytes / dur / 1e3 if dur > 0 else math.nan,
+    )

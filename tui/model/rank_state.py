@@ -1,0 +1,119 @@
+"""One rank in the run model: its rings of recent records, whole-run aggregates and the counters
+of what it lost, and how each of its messages changes them (the counting rules are in
+:mod:`tui.model.run_model`'s docstring)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tui.model.overlap_live import RankOverlap
+from tui.model.stats import RING_SIZE, Ring, RunAggregate
+from workers.wire.protocol import COLL, COLL_COLUMNS, COPY, COPY_COLUMNS, Batch, Bye, Hello
+
+#: The columns of a collective batch a rank's ring keeps, with their wire dtypes.
+COLL_RING = {name: COLL_COLUMNS[name] for name in ("iteration", "epoch", "mode", "start_ns", "dur_us", "busbw")}
+#: The columns of a copy batch a rank's ring keeps.
+COPY_RING = {name: COPY_COLUMNS[name] for name in ("epoch", "start_ns", "dur_us", "nbytes", "gbps")}
+COPY_RING_SIZE = 1024
+
+
+class RankState:
+    """Everything the model keeps of one rank; ``version`` changes with every message of it."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.hello: Hello | None = None
+        self.bye: Bye | None = None
+        self.last_seen_ns = 0
+        self.last_record_ns = 0  # arrival of the newest collective batch (the loop is moving)
+        self.coll = Ring(COLL_RING, RING_SIZE)
+        self.copy = Ring(COPY_RING, COPY_RING_SIZE)
+        self.run_by_mode: dict[int, RunAggregate] = {}
+        self.copy_run = RunAggregate()
+        self.first_iteration = -1
+        self.last_iteration = -1
+        self.received = 0
+        self.dropped = 0
+        self.max_seq = {COLL: -1, COPY: -1}
+        self.batches = {COLL: 0, COPY: 0}
+        self.sent_hint = {COLL: 0, COPY: 0}  # batches sent so far, from the hello
+        self.version = 0  # bumped by every message of this rank (snapshot caching)
+        self.overlap = RankOverlap()
+
+    @property
+    def missing(self) -> int:
+        if self.received == 0:
+            return 0
+        return max(0, self.last_iteration - self.first_iteration + 1 - self.received)
+
+    @property
+    def lost_batches(self) -> int:
+        lost = 0
+        for kind in (COLL, COPY):
+            expected = max(self.max_seq[kind] + 1, self.sent_hint[kind])
+            lost += max(0, expected - self.batches[kind])
+        return lost
+
+    def revive_if_newer(self, t_ns: int) -> None:
+        """A message sent after the rank's Bye means it came back (restarted)."""
+        if self.bye is not None and t_ns > self.bye.t_ns:
+            self.bye = None
+
+    def add_batch(self, batch: Batch, now: int) -> tuple[int, ...]:
+        """Count a batch and keep its records; returns the modes of its collectives."""
+        self.last_seen_ns = now
+        self.version += 1
+        self.revive_if_newer(batch.t_ns)
+        kind = batch.kind
+        self.max_seq[kind] = max(self.max_seq[kind], batch.seq)
+        self.batches[kind] += 1
+        self.dropped = max(self.dropped, batch.dropped)
+        n = len(batch)
+        if n == 0:
+            return ()
+        cols = batch.columns
+        if kind != COLL:
+            self.copy.append(cols)
+            self.copy_run.add(cols["dur_us"], cols["gbps"])
+            self.overlap.add_copy(cols)
+            return ()
+        self.last_record_ns = now
+        self.coll.append(cols)
+        self.overlap.add_coll(cols)
+        it = cols["iteration"]
+        lo, hi = int(it.min()), int(it.max())
+        self.first_iteration = lo if self.first_iteration < 0 else min(self.first_iteration, lo)
+        self.last_iteration = max(self.last_iteration, hi)
+        self.received += n
+        modes = cols["mode"]
+        m_lo, m_hi = int(modes.min()), int(modes.max())
+        if m_lo == m_hi:
+            self._agg(m_lo).add(cols["dur_us"], cols["busbw"])
+            return (m_lo,)
+        seen = []
+        for m in np.unique(modes):
+            sel = modes == m
+            self._agg(int(m)).add(cols["dur_us"][sel], cols["busbw"][sel])
+            seen.append(int(m))
+        return tuple(seen)
+
+    def _agg(self, mode: int) -> RunAggregate:
+        agg = self.run_by_mode.get(mode)
+        if agg is None:
+            agg = self.run_by_mode[mode] = RunAggregate()
+        return agg
+
+    def add_hello(self, hello: Hello, now: int) -> None:
+        self.last_seen_ns = now
+        self.version += 1
+        self.revive_if_newer(hello.t_ns)
+        if self.hello is None or hello.t_ns >= self.hello.t_ns:
+            self.hello = hello
+        self.dropped = max(self.dropped, hello.dropped)
+        self.sent_hint[COLL] = max(self.sent_hint[COLL], hello.seq_coll)
+        self.sent_hint[COPY] = max(self.sent_hint[COPY], hello.seq_copy)
+
+    def add_bye(self, bye: Bye, now: int) -> None:
+        self.bye = bye
+        self.last_seen_ns = now
+        self.version += 1

@@ -1,0 +1,133 @@
+"""Who holds the others up, and how far apart the hosts' clocks are: statistics of the aligned
+history and of the ranks' rings (plain numpy).
+
+All ranks leave a collective together, so the rank that *arrived* last waited least: the
+shortest latency of an iteration names its straggler, and the spread of its latencies is the
+skew. End times coincide across the ranks of a collective, so they also tell the clock offsets
+between hosts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from tui.model.rank_state import RankState
+from tui.model.snapshot import History, SkewEvent
+
+#: Iterations left out of the straggler headline when the run does not say its step length.
+SETTLE_ITERS = 32
+#: Complete iterations (all ranks reported) used to name the straggler.
+STRAGGLER_ITERS = 256
+#: Newest complete iterations searched for the worst skew at every snapshot (the worst one
+#: of the run is kept; a snapshot comes every ~70 ms, so every iteration is searched many times).
+SKEW_ITERS = 512
+#: Recent iterations (per host pair) used to estimate clock offsets between hosts.
+CLOCK_ITERS = 256
+
+
+def straggler_shares(history: History, complete: np.ndarray | None = None) -> np.ndarray | None:
+    """Per rank, the share of recent complete iterations in which it arrived last.
+
+    All ranks leave a collective together, so the rank that *arrived* last waited least:
+    it has the shortest duration for that iteration.
+    """
+    ms = history.ms
+    if ms.shape[0] < 2 or ms.shape[1] == 0:
+        return None
+    if complete is None:
+        complete = ~np.isnan(ms).any(axis=0)
+    cols = np.flatnonzero(complete)[-STRAGGLER_ITERS:]
+    if len(cols) == 0:
+        return None
+    last_in = np.argmin(ms[:, cols], axis=0)
+    return np.bincount(last_in, minlength=ms.shape[0]) / len(cols)
+
+
+def clearly_last(count: int, total: int, n: int) -> bool:
+    """Was the most-often-last of ``n`` ranks last in ``count`` of ``total`` iterations far more
+    often than chance? With many ranks someone is always last a few times: twice the fair
+    share is noise at 64 ranks. Here the binomial upper tail (p = 1/n) must be below
+    1e-4 / n (Bonferroni over the ranks), and the share at least twice the fair one (90 %
+    for two ranks)."""
+    if n < 2 or total == 0 or count < min(0.9, 2 / n) * total:
+        return False
+    p = 1.0 / n
+    log_p, log_q = math.log(p), math.log1p(-p)
+    head = math.lgamma(total + 1)
+    tail = sum(
+        math.exp(head - math.lgamma(k + 1) - math.lgamma(total - k + 1) + k * log_p + (total - k) * log_q)
+        for k in range(count, total + 1)
+    )
+    return tail < 1e-4 / n
+
+
+def worst_skew(
+    history: History, order: list[int], settle: int = 0, complete: np.ndarray | None = None
+) -> SkewEvent | None:
+    """The complete iteration of the history window whose ranks arrived furthest apart,
+    iterations before ``settle`` left out (the first step still carries the ranks' start-up)."""
+    ms = history.ms
+    if ms.shape[0] < 2 or ms.shape[1] == 0:
+        return None
+    its = history.first_iteration + np.arange(ms.shape[1])
+    if complete is None:
+        complete = ~np.isnan(ms).any(axis=0)
+    cols = np.flatnonzero(complete & (its >= settle))[-SKEW_ITERS:]
+    if len(cols) == 0:
+        return None
+    sub = ms[:, cols]
+    longest = sub.max(axis=0)
+    skew = longest - sub.min(axis=0)
+    j = int(np.argmax(skew))
+    last = int(np.argmin(sub[:, j]))
+    col = int(cols[j])
+    return SkewEvent(
+        iteration=history.first_iteration + col,
+        rank=order[last],
+        skew_ms=float(skew[j]),
+        wait_ms=float(longest[j]),
+        own_ms=float(sub[last, j]),
+        typical_ms=float(np.median(longest)),
+        t_ns=int(history.start_ns[col]) if len(history.start_ns) > col else 0,
+    )
+
+
+def clock_offsets(order: list[int], ranks: Mapping[int, RankState]) -> tuple[str, dict[str, float]]:
+    """(reference host, {host: its clock minus the reference's, ms}).
+
+    Every rank of one collective leaves it at (nearly) the same instant, so ``start + dur``
+    of one iteration must coincide across ranks: the median difference between a host's
+    end times and the reference host's, over the recent iterations both have, is the offset
+    of its clock. The reference is the host of the lowest rank."""
+    first: dict[str, int] = {}
+    for r in order:
+        h = ranks[r].hello
+        if h is not None and h.host not in first:
+            first[h.host] = r
+    if len(first) < 2:
+        return "", {}
+    ends: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for host, r in first.items():
+        v = ranks[r].coll.view(CLOCK_ITERS, copy=False)
+        end = v["start_ns"] + (v["dur_us"].astype(np.float64) * 1e3).astype(np.int64)
+        ends[host] = (v["iteration"], end)
+    ref = ranks[order[0]].hello.host if ranks[order[0]].hello is not None else next(iter(first))  # type: ignore[union-attr]
+    ref_it, ref_end = ends[ref]
+    offsets: dict[str, float] = {}
+    for host, (it, end) in ends.items():
+        _, i, j = np.intersect1d(it, ref_it, return_indices=True)  # a restarted rank repeats iterations
+        if len(i) >= 8:
+            offsets[host] = float(np.median(end[i] - ref_end[j])) / 1e6
+    return ref, offsets
+
+
+def straggler(shares: np.ndarray | None, complete: np.ndarray | None, order: list[int]) -> int | None:
+    """The rank most often last in the recent complete iterations, if clearly so (else None)."""
+    if shares is None or len(order) < 2:
+        return None
+    best = int(np.argmax(shares))
+    total = min(STRAGGLER_ITERS, int(complete.sum()) if complete is not None else 0)
+    return order[best] if clearly_last(round(float(shares[best]) * total), total, len(order)) else None

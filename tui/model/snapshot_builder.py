@@ -1,0 +1,349 @@
+"""Builds the frozen :class:`~tui.model.snapshot.Snapshot` of the run model, as cheaply as a tick
+allows: what has not changed is reused.
+
+A rank's numbers (window and whole-run statistics) are recomputed only when the rank changed,
+and in large worlds only for a share of the changed ranks per snapshot; whole-run statistics,
+clock offsets and the epochs' comparison are reused for RUN_STATS_EVERY_S (longer in large
+worlds). Called on the ingest thread, under the lock that also guards ``apply``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import numpy as np
+
+from tui.model.epochs import EpochComparison, compare_epochs
+from tui.model.history import HistoryMatrix
+from tui.model.in_force import InForceTracker
+from tui.model.rank_state import RankState
+from tui.model.skew import SETTLE_ITERS, clock_offsets, straggler, straggler_shares, worst_skew
+from tui.model.snapshot import History, RankView, SkewEvent, Snapshot
+from tui.model.stats import RunAggregate, RunStats, weighted_rate
+from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
+from workers.wire.protocol import MODES, Hello
+from workers.wire.stats import percentiles
+
+#: Windowed statistics (last / p50 / p99 / busbw / rate) cover this much record time.
+WINDOW_S = 5.0
+#: Whole-run statistics (histogram percentiles) of a snapshot are at most this old,
+#: unless the snapshot is asked for ``fresh_run_stats`` (the headless summary is).
+RUN_STATS_EVERY_S = 1.0
+#: Ranks whose epochs the verdict line compares per second of refresh interval (see _epochs).
+EPOCHS_RANKS_PER_S = 128
+#: Above LARGE_WORLD ranks, a rank's numbers (last/p50/p99/busbw/rate; not its history, which
+#: feeds the sparklines and the heat map at every snapshot) are recomputed for at most
+#: 1/REFRESH_SHARE of the ranks per snapshot (at least REFRESH_MIN), the longest-waiting first:
+#: every rank's numbers are then at most REFRESH_SHARE snapshots old (~2 s at 15 Hz), and a
+#: snapshot's cost no longer grows with the rank count (recomputing all of them was most of it).
+#: Nobody reads 64 rows of numbers at 15 Hz; 16 ranks or fewer are recomputed whenever they change.
+LARGE_WORLD = 16
+REFRESH_SHARE = 32
+REFRESH_MIN = 8
+
+_RunNumbers = tuple[RunStats, dict[str, RunStats], RunStats]  # whole run, per mode, copies
+
+
+class RunState(Protocol):
+    """What a snapshot is built from (:class:`tui.model.run_model.RunModel` is one)."""
+
+    ranks: dict[int, RankState]
+    rejected: dict[str, int]
+    refused_ranks: int
+    messages: int
+    records: int
+    modes_seen: set[int]
+    version: int
+    in_force: InForceTracker
+    telemetry: TelemetryModel
+
+    @property
+    def whole_run_stats(self) -> bool: ...
+
+    def lead_hello(self) -> Hello | None: ...
+
+    def history_matrix(self, order: list[int]) -> HistoryMatrix: ...
+
+
+class _Kept:
+    """What the builder computed for one rank last time, and when (rank version or ns)."""
+
+    __slots__ = ("view", "run", "classes")
+
+    def __init__(self) -> None:
+        self.view: tuple[int, int, RankView] | None = None  # (rank version, computed at ns, view)
+        self.run: tuple[int, _RunNumbers] | None = None
+        self.classes: tuple[int, dict[str, RunStats]] | None = None
+
+
+class SnapshotBuilder:
+    """Snapshots of one run model; ``reset()`` with the model."""
+
+    def __init__(self, stale_after_ns: int) -> None:
+        self.stale_after_ns = stale_after_ns
+        self._run_stats_on = True  # what the last snapshot found whole_run_stats to be
+        self.reset()
+
+    def reset(self) -> None:
+        self._kept: dict[int, _Kept] = {}
+        #: The largest arrival skew of the run so far.
+        self.worst_skew: SkewEvent | None = None
+        self._epochs_cache: tuple[int, EpochComparison | None] | None = None
+        self._offsets_cache: tuple[int, tuple[str, dict[str, float]]] | None = None
+
+    def build(self, run: RunState, now: int, *, fresh_run_stats: bool = False) -> Snapshot:
+        """A frozen view of ``run`` at ``now``. Whole-run percentiles are refreshed at most every
+        RUN_STATS_EVERY_S (they cost a histogram scan per rank and mode) unless ``fresh_run_stats``."""
+        order = sorted(run.ranks)
+        if run.whole_run_stats and not self._run_stats_on:
+            # Back on: every rank's numbers count as changed, so their kept views (with whole-run
+            # statistics of when they were off) are recomputed like those of a rank with news.
+            for kept in self._kept.values():
+                if kept.view is not None:
+                    kept.view = (-1, *kept.view[1:])
+        self._run_stats_on = run.whole_run_stats
+        if fresh_run_stats:  # the final summary: no copy can still come for what is pending
+            for state in run.ranks.values():
+                state.overlap.flush()
+        first, ms, mode, start = run.history_matrix(order).window()
+        history = History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
+        # Iterations every rank reported (one scan of the matrix, shared by the two below).
+        complete = ~np.isnan(history.ms).any(axis=0) if history.ms.shape[0] >= 2 else None
+        shares = straggler_shares(history, complete)
+        skew = worst_skew(history, order, _settle_iters(run.lead_hello()), complete)
+        if skew is not None and (self.worst_skew is None or skew.skew_ms > self.worst_skew.skew_ms):
+            self.worst_skew = skew
+        clock_ref, offsets = self._offsets(run, now, order, fresh_run_stats)
+        due = self._due_for_refresh(run, order) if len(order) > LARGE_WORLD and not fresh_run_stats else None
+        ranks = tuple(
+            self._rank_view(run, run.ranks[r], now, shares[i] if shares is not None else math.nan, fresh_run_stats, due)
+            for i, r in enumerate(order)
+        )
+        lead = run.lead_hello()
+        config = dict(lead.config) if lead else {}
+        rates = [v.iter_rate for v in ranks if math.isfinite(v.iter_rate)]
+        in_force = run.in_force.state()
+        hellos = [s.hello for s in run.ranks.values() if s.hello]
+        return Snapshot(
+            now_ns=now,
+            ranks=ranks,
+            history=history,
+            world_size=max((h.world_size for h in hellos), default=len(order)),
+            backend=lead.backend if lead else "",
+            device=lead.device if lead else "",
+            collective=str(config.get("collective", "")),
+            shape=tuple(int(d) for d in config.get("shape", ()) if isinstance(d, int)),
+            dtype=str(config.get("dtype", "")),
+            tensor_bytes=int(config.get("tensor_bytes", 0) or 0),
+            config=config,
+            settings=in_force.settings,
+            mode_in_force=in_force.mode,
+            epoch_in_force=in_force.epoch,
+            pending_epoch=in_force.pending_epoch,
+            pending_settings=in_force.pending_settings,
+            apply_at=in_force.apply_at,
+            started_ns=min((h.started_ns for h in hellos), default=0),
+            iter_rate=float(np.median(rates)) if rates else math.nan,
+            drops=sum(v.drops for v in ranks),
+            lost_batches=sum(v.lost_batches for v in ranks),
+            rejected=dict(run.rejected, **({"rank": run.refused_ranks} if run.refused_ranks else {})),
+            worker_rejected=sum(sum(h.rejected.values()) for h in hellos),
+            messages=run.messages,
+            records=run.records,
+            modes_seen=tuple(MODES[m] if m < len(MODES) else str(m) for m in sorted(run.modes_seen)),
+            straggler=straggler(shares, complete, order),
+            worst_skew=self.worst_skew,
+            clock_offsets_ms=offsets,
+            clock_ref=clock_ref,
+            telemetry=_telemetry_snapshot(run.telemetry, now, offsets),
+            version=run.version,
+            epochs=self._epochs(run, now, fresh_run_stats),
+        )
+
+    def _offsets(self, run: RunState, now: int, order: list[int], fresh: bool) -> tuple[str, dict[str, float]]:
+        """Clock offsets between hosts, re-estimated at most every RUN_STATS_EVERY_S (a median
+        per host over CLOCK_ITERS iterations: 64 hosts cost ~5 ms; clocks drift far slower)."""
+        cached = self._offsets_cache
+        if cached is not None and not fresh and 0 <= now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+            return cached[1]
+        result = clock_offsets(order, run.ranks)
+        self._offsets_cache = (now, result)
+        return result
+
+    def _epochs(self, run: RunState, now: int, fresh: bool = False) -> EpochComparison | None:
+        """The verdict line's comparison of the two newest epochs, at most once a second (every
+        ``ranks / EPOCHS_RANKS_PER_S`` seconds in larger worlds: it merges every rank's
+        per-class histograms, ~60 ms at 512 ranks)."""
+        cached = self._epochs_cache
+        if cached is not None and not fresh and 0 <= now - cached[0] < _run_stats_every_ns(run):
+            return cached[1]
+        states = list(run.ranks.values())
+        result = compare_epochs(
+            (s.overlap for s in states),
+            (s.copy.view(copy=False, columns=("epoch", "nbytes", "dur_us")) for s in states),
+        )
+        self._epochs_cache = (now, result)
+        return result
+
+    def _kept_of(self, rank: int) -> _Kept:
+        kept = self._kept.get(rank)
+        if kept is None:
+            kept = self._kept[rank] = _Kept()
+        return kept
+
+    def _due_for_refresh(self, run: RunState, order: list[int]) -> set[int]:
+        """The changed ranks whose numbers this snapshot recomputes (large worlds): the
+        ``len(order) / REFRESH_SHARE`` (at least REFRESH_MIN) computed longest ago."""
+        budget = max(REFRESH_MIN, -(-len(order) // REFRESH_SHARE))
+        changed = []
+        for r in order:
+            kept = self._kept.get(r)
+            cached = kept.view if kept is not None else None
+            if cached is None:
+                changed.append((-1, r))
+            elif cached[0] != run.ranks[r].version:
+                changed.append((cached[1], r))
+        if len(changed) > budget:
+            changed.sort()
+            changed = changed[:budget]
+        return {r for _, r in changed}
+
+    def _rank_view(
+        self, run: RunState, s: RankState, now: int, share: float, fresh: bool, due: set[int] | None = None
+    ) -> RankView:
+        """The rank's view, recomputed when the rank changed (with ``due``, a large world: only
+        when the rank is in it); state, silence and straggler share are always new."""
+        if s.bye is not None:
+            state = "exited"
+        elif now - s.last_seen_ns > self.stale_after_ns:
+            state = "stale"
+        elif s.received == 0:
+            state = "waiting"
+        elif now - s.last_record_ns > self.stale_after_ns:
+            state = "stalled"  # its heartbeat thread talks, its loop does not
+        else:
+            state = "live"
+        silent = max(0.0, (now - s.last_seen_ns) / 1e9)
+        idle = max(0.0, (now - s.last_record_ns) / 1e9) if s.received else 0.0
+        kept = self._kept_of(s.rank)
+        cached = kept.view
+        if cached is not None and not fresh and (cached[0] == s.version or (due is not None and s.rank not in due)):
+            view = cached[2]
+        else:
+            view = self._compute_rank_view(run, s, kept, now, fresh)
+            kept.view = (s.version, now, view)
+        return _with_live_fields(view, state, silent, idle, share)
+
+    def _run_stats(self, run: RunState, s: RankState, kept: _Kept, now: int, fresh: bool) -> _RunNumbers:
+        cached = kept.run
+        if cached is not None and not fresh and _run_stats_current(run, cached[0], now):
+            return cached[1]
+        total = RunAggregate()
+        for agg in s.run_by_mode.values():
+            total.merge(agg)
+        by_mode = {MODES[m] if m < len(MODES) else str(m): a.stats() for m, a in sorted(s.run_by_mode.items())}
+        result = (total.stats(), by_mode, s.copy_run.stats())
+        kept.run = (now, result)
+        return result
+
+    def _class_stats(self, run: RunState, s: RankState, kept: _Kept, now: int, fresh: bool) -> dict[str, RunStats]:
+        cached = kept.classes
+        if cached is not None and not fresh and _run_stats_current(run, cached[0], now):
+            return cached[1]
+        stats = s.overlap.stats()
+        kept.classes = (now, stats)
+        return stats
+
+    def _compute_rank_view(self, run: RunState, s: RankState, kept: _Kept, now: int, fresh: bool) -> RankView:
+        h = s.hello
+        win = _window(s.coll.view(copy=False), "start_ns")
+        cwin = _window(s.copy.view(copy=False), "start_ns")
+        dur = win["dur_us"]
+        rate = math.nan
+        if len(dur) > 1:
+            span = int(win["start_ns"][-1] - win["start_ns"][0])
+            rate = (len(dur) - 1) / (span / 1e9) if span > 0 else math.nan
+        whole, run_by_mode, copy_run = self._run_stats(run, s, kept, now, fresh)
+        p50, p99 = percentiles(dur, (50, 99))
+        copy_gbps = math.nan
+        if len(cwin["dur_us"]) and float(cwin["dur_us"].sum()) > 0:
+            copy_gbps = float(cwin["nbytes"].sum()) / float(cwin["dur_us"].astype(np.float64).sum()) / 1e3
+        missing, lost = s.missing, s.lost_batches
+        return RankView(
+            rank=s.rank,
+            host=h.host if h else "",
+            gpu=("cpu" if h.device in ("", "cpu") or h.device_index < 0 else str(h.device_index)) if h else "",
+            gpu_uuid=h.gpu_uuid if h else "",
+            pid=h.pid if h else 0,
+            exit_code=s.bye.exit_code if s.bye else None,
+            exit_reason=s.bye.reason if s.bye else "",
+            count=s.received,
+            missing=missing,
+            dropped=s.dropped,
+            lost_batches=lost,
+            drops=max(s.dropped, missing),
+            last_iteration=s.last_iteration,
+            last_ms=float(dur[-1]) / 1e3 if len(dur) else math.nan,
+            p50_ms=p50 / 1e3,
+            p99_ms=p99 / 1e3,
+            busbw_gbps=weighted_rate(win["busbw"], dur),
+            copy_gbps=copy_gbps,
+            iter_rate=rate,
+            mode=MODES[int(win["mode"][-1])] if len(dur) and int(win["mode"][-1]) < len(MODES) else "",
+            epoch=int(win["epoch"][-1]) if len(dur) else (h.epoch if h else -1),
+            run=whole,
+            run_by_mode=run_by_mode,
+            copy_run=copy_run,
+            copies=s.copy_run.count,
+            run_by_class=self._class_stats(run, s, kept, now, fresh),
+            overlapped=s.overlap.overlapped(),
+        )
+
+
+def _settle_iters(lead: Hello | None) -> int:
+    """Iterations of the first step: left out of the straggler headline (warm-up is not
+    reported, but the first step after it still carries the ranks' start-up skew)."""
+    per_step = (lead.config.get("collectives_per_step") if lead else None) or SETTLE_ITERS
+    return int(per_step) if isinstance(per_step, int) and per_step > 0 else SETTLE_ITERS
+
+
+def _run_stats_every_ns(run: RunState) -> float:
+    """How long a rank's whole-run statistics are reused: RUN_STATS_EVERY_S, and in large
+    worlds as long as the verdict's epochs (merging histograms is most of a rank's numbers)."""
+    return max(RUN_STATS_EVERY_S, len(run.ranks) / EPOCHS_RANKS_PER_S) * 1e9
+
+
+def _run_stats_current(run: RunState, computed_ns: int, now: int) -> bool:
+    """Whether whole-run statistics computed at ``computed_ns`` may be reused at ``now``."""
+    return not run.whole_run_stats or now - computed_ns < _run_stats_every_ns(run)
+
+
+def _telemetry_snapshot(telemetry: TelemetryModel, now: int, offsets_ms: dict[str, float]) -> TelemetrySnapshot:
+    """Node telemetry on the reference host's clock (the offsets estimated from collectives)."""
+    if not offsets_ms:
+        return telemetry.snapshot(now)
+    return telemetry.snapshot(now, {h: round(v * 1e6) for h, v in offsets_ms.items()})
+
+
+def _with_live_fields(view: RankView, state: str, silent_s: float, idle_s: float, share: float) -> RankView:
+    """A copy of ``view`` with the fields that change at every snapshot set: ``replace`` runs
+    the dataclass ``__init__`` (~25 us for RankView's 32 fields, 13 ms a snapshot at 512 ranks);
+    copying the instance dict costs ~1 us. RankView is frozen for its readers, not for its maker."""
+    new = object.__new__(RankView)
+    fields = new.__dict__
+    fields.update(view.__dict__)
+    fields["state"], fields["silent_s"], fields["idle_s"], fields["straggler_share"] = state, silent_s, idle_s, share
+    return new
+
+
+def _window(view: dict[str, np.ndarray], time_col: str) -> dict[str, np.ndarray]:
+    """The rows of ``view`` within WINDOW_S of its newest row (record time, not wall time)."""
+    t = view[time_col]
+    if len(t) == 0:
+        return view
+    keep = t >= t.max() - int(WINDOW_S * 1e9)
+    first = int(np.argmax(keep))
+    if keep[first:].all():  # records in time order (the usual case): the window is a suffix, no copies
+        return {k: v[first:] for k, v in view.items()}
+    return {k: v[keep] for k, v in view.items()}

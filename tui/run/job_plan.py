@@ -1,0 +1,119 @@
+"""What a live session runs under torchrun: commtop's synthetic loop, sized to fit this
+machine, or a user's script (``commtop run -- python train.py``). Everything here is decided
+and checked before a run's folder exists, so a bad size or command is one line and nothing
+is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tui.run.launcher import torchrun_argv, torchrun_prefix
+from workers.wire.config import ConfigError, LoopConfig, config_from_args
+from workers.wire.connection import Connection
+
+#: Ranks on a machine without a GPU (gloo on the CPU).
+CPU_RANKS = 2
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """One job: how many ranks, what they run, and how the run, its recording and its TUI
+    header are named."""
+
+    nproc: int
+    #: the run's label (the tail of its folder's name)
+    label: str
+    #: the recording's name: the loop's collective, or "monitor" for a user's script
+    collective: str
+    #: the TUI's header
+    title: str = "commtop"
+    #: the synthetic loop's settings; None: ``script`` runs instead
+    loop: LoopConfig | None = None
+    #: a user's script as torchrun runs it (:func:`script_argv`)
+    script: tuple[str, ...] = ()
+
+    def argv(self, conn: Connection) -> list[str]:
+        """torchrun's command line (the loop's workers are told the run's connection file)."""
+        if self.loop is not None:
+            return torchrun_argv(self.nproc, self.loop.to_argv(), conn)
+        return list(self.script)
+
+
+def loop_plan(ns: argparse.Namespace) -> JobPlan:
+    """`commtop run`'s synthetic loop: one rank per visible GPU (or ``--nproc``), or gloo ranks
+    on the CPU when there is no GPU (said on stderr); refuses sizes that cannot fit."""
+    from tui.run.gpus import visible_gpus
+
+    gpus = visible_gpus()
+    cpu = gpus.count == 0 or ns.backend == "gloo"
+    if ns.backend == "nccl" and gpus.count == 0:
+        raise ConfigError(f"--backend nccl needs a GPU: {gpus.reason}")
+    nproc = ns.nproc if ns.nproc is not None else (CPU_RANKS if cpu else gpus.count)
+    if nproc < 1:
+        raise ConfigError("--nproc must be at least 1")
+    if not cpu and nproc > gpus.count:
+        raise ConfigError(f"--nproc {nproc} but only {gpus.count} GPU(s) are visible")
+    config = config_from_args(ns, cpu=cpu)
+    check_memory(config, nproc, cpu, gpus.memory_bytes)
+    if cpu:
+        why = gpus.reason if gpus.count == 0 else "--backend gloo"
+        print(f"commtop: no GPU ({why}): running {nproc} gloo ranks on the CPU (backend gloo/cpu)", file=sys.stderr)
+    title = f"commtop run · {nproc} ranks · {'gloo/cpu' if cpu else 'nccl'}"
+    return JobPlan(nproc, label=config.collective, collective=config.collective, title=title, loop=config)
+
+
+def script_plan(script: list[str], nproc: int | None) -> JobPlan:
+    """`commtop run -- CMD ...`: the user's own script (instrumented with ``workers.monitor``)
+    under torchrun, one rank per visible GPU (or ``nproc``); the run is named after it."""
+    from tui.run.gpus import visible_gpus
+
+    gpus = visible_gpus()
+    ranks = nproc if nproc is not None else (gpus.count or CPU_RANKS)
+    if ranks < 1:
+        raise ConfigError("--nproc must be at least 1")
+    argv = script_argv(script, ranks)
+    label = next((Path(a).stem for a in script if a.endswith(".py")), "script")
+    title = f"commtop run · {' '.join(script)[:60]}"
+    return JobPlan(ranks, label=label, collective="monitor", title=title, script=tuple(argv))
+
+
+def script_argv(script: list[str], nproc: int) -> list[str]:
+    """torchrun on this node for ``python x.py ARGS``, ``python -m mod ARGS`` or ``x.py ARGS``;
+    a command that is already ``torchrun ...`` runs as given."""
+    if os.path.basename(script[0]) == "torchrun":
+        return script
+    rest = list(script)
+    if os.path.basename(rest[0]).startswith("python"):
+        rest = rest[1:]
+        while rest and rest[0].startswith("-") and rest[0] != "-m":  # python's own flags (-u, -O)
+            rest = rest[1:]
+    if not rest or (rest[0] == "-m" and len(rest) < 2):
+        raise ConfigError(f"nothing to run in {' '.join(script)!r}; expected e.g. `-- python train.py`")
+    # The bootstrap captures collectives and copies of the unmodified script, then runs it as __main__.
+    return [*torchrun_prefix(nproc), "-m", "workers.capture.bootstrap", *rest]
+
+
+def check_memory(config: LoopConfig, nproc: int, cpu: bool, gpu_memory: tuple[int, ...]) -> None:
+    """Refuse sizes that cannot fit before any rank starts (a clear error, not an OOM later)."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    host_need = nproc * config.peak_host_bytes() + (nproc * config.peak_device_bytes(nproc) if cpu else 0)
+    if host_need > 0.8 * available:
+        raise ConfigError(
+            f"{config.collective} of {'x'.join(map(str, config.shape))} {config.dtype} on {nproc} "
+            f"ranks needs ~{host_need / 2**30:.1f} GiB of host memory; {available / 2**30:.1f} GiB "
+            "is available (use a smaller --shape)"
+        )
+    if not cpu and gpu_memory:
+        need = config.peak_device_bytes(nproc)
+        if need > 0.9 * min(gpu_memory):
+            raise ConfigError(
+                f"needs ~{need / 2**30:.1f} GiB per GPU; the smallest has "
+                f"{min(gpu_memory) / 2**30:.1f} GiB (use a smaller --shape)"
+            )

@@ -1,0 +1,344 @@
+"""One run as this process sees it: a session.
+
+A :class:`LiveSession` is the receiving side of a live run: the run's sockets, the model they
+fill, the control server, the recorder, the run's lock and, for a run this process starts, its
+torchrun job. Its constructors say which run: :meth:`LiveSession.for_job` (a job this process
+starts: the synthetic loop or a user's script, see tui.run.job_plan), :meth:`LiveSession.watch`
+(a new run that ranks started by hand connect to, a TCP listener, or a re-attach to a run's
+connection file) and :meth:`LiveSession.open` (the collector of a given connection).
+A :class:`ReplaySession` plays a recording into the same model: no sockets, no job.
+
+`commtop run`, `watch`, `replay` and `ab` each build one and close it at the end; the TUI
+(tui.view.app.build_app) and the headless summary read the same parts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from tui.ingest.interfaces import Sink, Source
+from tui.model.run_model import RunModel, Snapshot
+from tui.recordings.recorder import Recorder
+from tui.recordings.replay import ReplaySource
+from tui.run.control_server import ControlServer
+from tui.run.job_plan import JobPlan
+from tui.run.launcher import JobProcess
+from workers.wire import connection as connections
+
+
+class SessionError(RuntimeError):
+    """The session could not start (address in use, run already watched, ...)."""
+
+
+@dataclass
+class LiveSession:
+    """Everything on the receiving side of one live run: sockets, model, control, recorder."""
+
+    connection: connections.Connection
+    source: Source
+    model: RunModel
+    controller: ControlServer
+    recorder: Recorder
+    lock_fd: int = -1
+    #: remove the run's folder when closed (a run this process created; not a re-attached one)
+    owns_run: bool = False
+    #: torchrun's command line, for a session that starts its job (:meth:`for_job`)
+    job_argv: list[str] = field(default_factory=list)
+    #: the job once started (:meth:`start_job`)
+    job: JobProcess | None = None
+    #: how to reach this run (`commtop watch`): said on stderr, and shown in the TUI
+    connect: tuple[str, ...] = ()
+
+    # ------------------------------------------------------------------ constructors
+
+    @classmethod
+    def open(
+        cls, conn: connections.Connection, record: str | None, collective: str = "", *, owns_run: bool = True
+    ) -> LiveSession:
+        """The collector of ``conn`` (one per run): binds its sockets, its control server, and
+        starts recording if ``record`` is not None ("" = the default path). ``owns_run``: the
+        run's folder goes when the session closes."""
+        from tui.ingest.feed import FeedError, FeedPublisher
+        from tui.ingest.sources import LiveSource
+        from tui.run.run_dirs import RunBusy, lock_run, prune_runs, remove_run
+
+        try:
+            lock_fd = lock_run(conn.run_dir)
+        except RunBusy as exc:
+            raise SessionError(f"run {conn.run_id} is already being watched ({exc})") from None
+        prune_runs()  # folders of runs whose owner is gone (killed, crashed); this one is locked
+        try:
+            source = LiveSource(conn)
+        except Exception as exc:
+            os.close(lock_fd)
+            raise SessionError(str(exc)) from None
+        try:  # the run's records for `commtop ab --run` (a local subscriber); the run goes on without it
+            source.attach_feed(FeedPublisher(conn))
+        except FeedError as exc:
+            print(f"commtop: {exc} (`commtop ab --run` cannot attach to this run)", file=sys.stderr)
+        model = RunModel()
+        try:
+            controller = ControlServer(conn, in_force=model.in_force)
+        except Exception as exc:
+            _close_all([source.close])
+            if owns_run:
+                remove_run(conn)
+            os.close(lock_fd)
+            raise SessionError(str(exc)) from None
+        recorder = Recorder(collective=collective or "run")
+        controller.marks = recorder.write  # `commtop ab --run` leaves its marks in the recording
+        session = cls(conn, source, model, controller, recorder, lock_fd=lock_fd, owns_run=owns_run)
+        if record is not None:
+            path = recorder.start(record or None)
+            error = recorder.status().error
+            if error:
+                session.close()
+                raise SessionError(error)
+            print(f"commtop: recording to {path}", file=sys.stderr)
+        return session
+
+    @classmethod
+    def for_job(cls, plan: JobPlan, record: str | None, *, prometheus: str = "") -> LiveSession:
+        """A new run for a job this process starts (:meth:`start_job`, or :meth:`supervised`)."""
+        conn = connections.create_run(label=plan.label, prometheus=prometheus)
+        session = cls.open(conn, record, plan.collective)
+        session.job_argv = plan.argv(conn)
+        return session
+
+    @classmethod
+    def watch(
+        cls, *, listen: str | None, connection_file: str | None, record: str | None, prometheus: str
+    ) -> LiveSession:
+        """`commtop watch`: a run for ranks started by hand (torchrun ... -m workers), on TCP
+        when ``listen`` (multi-node), or the run of ``connection_file`` (re-attach)."""
+        from tui.run.connect_help import connect_lines
+        from workers.wire.config import ConfigError
+
+        if connection_file and prometheus:
+            raise ConfigError("--prometheus is set when a run is created; it cannot be added to an existing run")
+        if listen:
+            data, control, request = connections.tcp_endpoints(listen)
+            host = connections.tcp_host(listen) or ""
+            if host not in ("127.0.0.1", "localhost", "::1"):
+                print(
+                    f"commtop watch: warning: listening on {listen} is reachable from the network; every message is "
+                    "signed with this run's key, so keep its connection file private",
+                    file=sys.stderr,
+                )
+            conn = connections.create_run(
+                data=data, control=control, request=request, label="watch", prometheus=prometheus
+            )
+        elif connection_file:
+            conn = connections.load(connection_file)
+        else:
+            conn = connections.create_run(label="watch", prometheus=prometheus)
+        try:
+            session = cls.open(conn, record, owns_run=not connection_file)
+        except SessionError:
+            if not connection_file:  # a run that never listened must not become the "newest run"
+                shutil.rmtree(conn.run_dir, ignore_errors=True)
+            raise
+        session.connect = tuple(connect_lines(conn, listen))
+        return session
+
+    # ------------------------------------------------------------------ the job
+
+    def start_job(self) -> JobProcess:
+        """Start the job (the sockets are bound already); torchrun's word on ranks that died
+        without saying so joins the source."""
+        from tui.run.launcher import JobExitSource
+
+        if not self.job_argv:
+            raise SessionError("this session has no job to start")
+        job = JobProcess(self.job_argv, self.connection)
+        self.source = JobExitSource(self.source, job)  # a SIGKILLed rank's exit code
+        self.job = job
+        return job
+
+    @contextlib.contextmanager
+    def supervised(self) -> Iterator[JobProcess]:
+        """Start the job, and stop the whole job and close this session however the block
+        ends. A closed terminal (tmux kill-session, a dropped SSH) stops the job first."""
+        from tui.run.hangup import on_hangup
+
+        job = self.start_job()
+        restore = on_hangup(job.stop, self.close_on_hangup)
+        try:
+            yield job
+        finally:
+            restore()
+            job.stop()
+            self.close()
+
+    def run_headless(self, job: JobProcess) -> int:
+        """Collect until the job ends (or Ctrl-C), then print the per-rank summary table."""
+        from tui.run.headless import format_summary
+
+        stop = threading.Event()
+        previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            snapshot = self.collect(stop, until=job_finished(job))
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        interrupted = stop.is_set()
+        code = job.stop() if interrupted else job.wait()
+        print(format_summary(snapshot))
+        if code != 0 and not interrupted:
+            say_job_failed(job, code)
+        return 130 if interrupted else code
+
+    def job_outcome(self) -> int:
+        """After the TUI: the job's exit code, its last lines on stderr if it failed (0 while it
+        runs, or without a job)."""
+        code = self.job.exit_code() if self.job is not None else None
+        if self.job is None or code in (None, 0):
+            return 0
+        say_job_failed(self.job, code)
+        return code
+
+    # ------------------------------------------------------------------ watch
+
+    @contextlib.contextmanager
+    def watching(self, *, headless: bool) -> Iterator[threading.Event]:
+        """`commtop watch`: close on hang-up (and on SIGINT/SIGTERM when ``headless``: the
+        event is set), say how to reach the run, close the session when the block ends."""
+        from tui.run.hangup import on_hangup
+
+        on_hangup(self.close_on_hangup)
+        stop = threading.Event()
+        if headless:  # before the lines below: a SIGTERM right after them must end it cleanly
+            signal.signal(signal.SIGINT, lambda *_: stop.set())
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        # Printed once listening, so a failed start says one line only; the TUI shows them too.
+        for line in self.connect:
+            print(f"commtop: {line}", file=sys.stderr)
+        try:
+            yield stop
+        finally:
+            self.close()
+
+    def summarise(self, stop: threading.Event) -> int:
+        """Collect until ``stop`` is set, then print the per-rank summary table."""
+        from tui.run.headless import format_summary
+
+        print(format_summary(self.collect(stop)))
+        return 0
+
+    # ------------------------------------------------------------------ ingest and close
+
+    @property
+    def sinks(self) -> list[Sink]:
+        """Who gets every accepted message after the model: the control server, the recorder."""
+        return [self.controller, self.recorder]
+
+    def collect(
+        self, stop: threading.Event, until: Callable[[], bool] = lambda: False, sinks: Iterable[Sink] = ()
+    ) -> Snapshot:
+        """Ingest on this thread (no TUI) into the model and the sinks (and ``sinks``) until
+        ``stop`` is set or ``until()``; the final snapshot."""
+        from tui.run.headless import run_headless
+
+        return run_headless(self.source, self.model, stop, until=until, sinks=[*self.sinks, *sinks])
+
+    def close_on_hangup(self) -> None:
+        """What can be done safely from a signal handler on the main thread while the ingest
+        thread may be inside a socket call: finish the recording, remove the run's folder."""
+        self.recorder.close()
+        if self.owns_run:
+            from tui.run.run_dirs import remove_run
+
+            remove_run(self.connection)
+
+    def close(self) -> None:
+        _close_all([self.recorder.stop, self.controller.close, self.source.close])
+        if self.owns_run:
+            from tui.run.run_dirs import remove_run
+
+            remove_run(self.connection)
+            self.owns_run = False
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
+
+
+@dataclass
+class ReplaySession:
+    """A recording played back (`commtop replay`): the same model and app as a live run;
+    no connection, no control, no recorder, no job."""
+
+    source: ReplaySource
+    model: RunModel = field(default_factory=RunModel)
+
+    @classmethod
+    def open(cls, path: str, speed: float) -> ReplaySession:
+        """Raises OSError, or ValueError (one line) if the file is not a recording."""
+        from tui.recordings.replay import open_replay
+
+        return cls(open_replay(path, speed=speed))
+
+    @property
+    def warning(self) -> str:
+        """One line on a damaged or incomplete recording ("" when it is clean)."""
+        return self.source.warning
+
+    @property
+    def sinks(self) -> list[Sink]:
+        return []
+
+    @property
+    def controller(self) -> None:
+        return None
+
+    @property
+    def recorder(self) -> None:
+        return None
+
+    @property
+    def job(self) -> None:
+        return None
+
+    def close(self) -> None:
+        _close_all([self.source.close])
+
+
+def job_finished(job: JobProcess) -> Callable[[], bool]:
+    """Whether to stop ingesting: the job ended half a second ago and its output is read to the
+    end (torchrun's last lines say which rank died of what), or three seconds ago at most."""
+    ended_at: list[float] = []
+
+    def finished() -> bool:
+        if job.exit_code() is None:
+            return False
+        if not ended_at:
+            ended_at.append(time.monotonic())
+        waited = time.monotonic() - ended_at[0]
+        # drain what is still in flight, and read torchrun's last lines (which rank died of what)
+        # from job.log to its end
+        return waited > 0.5 and (job.output_done() or waited > 3.0)
+
+    return finished
+
+
+def say_job_failed(job: JobProcess, code: int, prefix: str = "commtop") -> None:
+    """The job's exit code and the lines that explain it, on stderr."""
+    print(f"{prefix}: the job exited with code {code}; its last lines:", file=sys.stderr)
+    for line in job.error_lines():
+        print(f"  {line}", file=sys.stderr)
+
+
+def _close_all(closers: Iterable[Callable[[], None]]) -> None:
+    """Call each; one that fails is said in one line and the others still run."""
+    for close in closers:
+        try:
+            close()
+        except Exception as exc:  # closing must go on for the other parts
+            print(f"commtop: while closing {close.__qualname__.split('.')[0]}: {exc}", file=sys.stderr)

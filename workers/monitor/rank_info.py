@@ -1,0 +1,85 @@
+"""Who a monitored rank is, as its Hellos say: rank, backend, device, knobs, how it is captured.
+
+Read again whenever one of them appears (the process group, the first GPU record, a knob, a
+named copy, the capture the bootstrap picked), so the collector learns them as they become known.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from workers.monitor.knobs import Knobs
+from workers.monitor.records import OPS
+from workers.rank.heartbeat import RunInfo, reported_hostname
+
+
+def run_info(
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    local_world_size: int,
+    on_gpu: bool,
+    knobs: Knobs,
+    copy_names: list[str],
+    capture: str,
+) -> RunInfo:
+    """This rank's RunInfo; ``rank`` and ``world_size`` are the process group's once it exists.
+    ``on_gpu``: the monitor has timed a GPU record (the device is then reported without NCCL)."""
+    backend, device, index, uuid, torch_version, nccl = "unknown", "cpu", -1, "", "", ""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch_version = str(torch.__version__)
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            backend = str(dist.get_backend())
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+        if on_gpu or backend == "nccl":
+            from workers.rank.device import gpu_uuid, nccl_version
+
+            index = torch.cuda.current_device()
+            device, uuid, nccl = torch.cuda.get_device_name(index), gpu_uuid(index), nccl_version()
+    config = {
+        "source": "monitor",
+        "collective": f"monitor: {os.path.basename(sys.argv[0] or 'python')}",
+        "op_names": list(OPS),
+        "knobs": {k: list(v) for k, v in knobs.choices.items()},
+        "mode_knob": knobs.mode_knob,
+        "copy_names": list(copy_names),
+        "control_unit": "step",
+        "capture": capture or "monitor hooks",
+    }
+    return RunInfo(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        host=reported_hostname(),
+        pid=os.getpid(),
+        backend=backend if backend != "gloo" else "gloo/cpu",
+        device=device,
+        device_index=index,
+        gpu_uuid=uuid,
+        torch_version=torch_version,
+        nccl_version=nccl,
+        config=config,
+    )
+
+
+def node_gpus(local_world_size: int) -> list[str]:
+    """This node's GPUs, for the node sampler (none seen yet: it watches every GPU)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return []
+    from workers.rank.device import gpu_uuid
+
+    return [gpu_uuid(i) for i in range(min(local_world_size, torch.cuda.device_count()))]
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer torchrun sets ($RANK, $WORLD_SIZE, ...), ``default`` when unset or not one."""
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default

@@ -1,0 +1,230 @@
+"""A monitored rank's timers: its collectives and copies timed, finished records batched.
+
+The plumbing under :class:`~workers.monitor.monitor.Monitor`'s hooks. Finished records move
+into the :class:`MonitorBatcher` at each harvest. Errors propagate: the Monitor catches them,
+logs once and turns timing off.
+
+Timing (details in :meth:`Timers.coll_end`): on CUDA, events on the issuing stream around a
+blocking collective; for ``async_op=True``, the end event is recorded on a private stream
+made to wait on the Work's future (the NCCL stream's completion), so it marks the
+collective's end, not the later ``wait()``. On CPU (gloo): ``perf_counter_ns`` around the
+call, or until the Work's future completes (a done-callback on gloo's thread).
+PyTorch's own NCCL timing (TORCH_NCCL_ENABLE_TIMING + ``Work.get_duration()``) is not
+used: it must be set before the process group exists, gives a duration without a start
+time (no timeline), needs each Work kept and polled until done, and has no gloo twin.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from workers.monitor.patch import Args, Kwargs, OpSpec
+from workers.monitor.records import MonitorBatcher
+from workers.rank.heartbeat import WorkerStatus
+from workers.rank.timing import Anchor, CpuTimer, CudaTimer
+
+COLL_RING = 4096
+COPY_RING = 1024
+#: Collectives between harvests when a step runs many (keeps the CUDA event rings from filling).
+HARVEST_EVERY = 64
+#: Process groups whose size is remembered (a job makes a few; more are asked each time).
+MAX_GROUPS = 64
+
+
+class CudaTimers:
+    """Made at the first CUDA record: the one host sync anchors event times to time.time_ns()."""
+
+    def __init__(self, torch: Any) -> None:
+        torch.cuda.synchronize()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        anchor = Anchor(event, time.time_ns())
+        self.torch = torch
+        self.coll = CudaTimer(torch, COLL_RING, anchor)
+        self.copy = CudaTimer(torch, COPY_RING, anchor)
+        self.stream = torch.cuda.Stream()  # ends of async collectives: nothing else runs here
+
+
+class Ender:
+    """Done-callback of an async gloo Work's future: ends its timing on gloo's thread."""
+
+    __slots__ = ("timer", "token")
+
+    def __init__(self, timer: CpuTimer, token: Any) -> None:
+        self.timer = timer
+        self.token = token
+
+    def __call__(self, _future: Any) -> None:
+        try:
+            self.timer.end(self.token)
+        except Exception:  # noqa: BLE001 - never raise on torch's thread
+            pass
+
+
+class Timers:
+    """The host-clock and CUDA-event timers of one monitored rank, and its records' way into
+    the batcher. ``on_cuda`` runs once, when the first GPU record makes the CUDA timers."""
+
+    def __init__(self, batcher: MonitorBatcher, status: WorkerStatus, on_cuda: Callable[[], None]) -> None:
+        self.batcher = batcher
+        self.status = status
+        self.on_cuda = on_cuda
+        self.cpu_coll = CpuTimer()
+        self.cpu_copy = CpuTimer()
+        self.cuda: CudaTimers | None = None
+        self.iteration = 0  # collectives begun on this rank (the records' iteration)
+        self.lock = threading.RLock()  # harvest vs rows from a capture thread (add)
+        self._since_harvest = 0
+        self._groups: dict[Any, int] = {}
+        self._waiter: queue.SimpleQueue[tuple[Any, Ender] | None] | None = None
+        self._waiter_thread: threading.Thread | None = None
+
+    def cuda_timers(self) -> CudaTimers:
+        if self.cuda is None:
+            import torch
+
+            self.cuda = CudaTimers(torch)
+            self.on_cuda()
+        return self.cuda
+
+    def copy_timer(self, on_gpu: bool) -> CudaTimer | CpuTimer:
+        """The timer of a ``mon.copy()`` block: CUDA events with a stream, else the host clock."""
+        return self.cuda_timers().copy if on_gpu else self.cpu_copy
+
+    # ------------------------------------------------------------------ collectives
+
+    def coll_begin(self, spec: OpSpec, args: Args, kwargs: Kwargs, step: int, epoch: int, mode: int) -> Any:
+        """Before a collective: its metadata and the start of its timing (the token)."""
+        tensor, nbytes, group, is_async = spec.parse(args, kwargs)
+        ranks = self._groups.get(group)
+        if ranks is None:
+            ranks = self._group_size(group)
+        it = self.iteration
+        self.iteration = it + 1
+        meta = (it, step, epoch, mode, spec.code, nbytes, ranks, time.time_ns())
+        if tensor is not None and tensor.is_cuda:
+            timer = self.cuda_timers().coll
+            return timer, timer.begin(meta), is_async
+        return None, meta, is_async, time.perf_counter_ns()
+
+    def coll_end(self, token: Any, result: Any) -> bool:
+        """After the call returned: end now (blocking call), or when the Work completes.
+        True when a harvest is due.
+
+        CPU, blocking: the row is appended right here (start_ns = host_ns, as the schema
+        says for CPU). CPU, async: a CpuTimer token ended by the Work future's done-callback
+        on gloo's thread (or by a waiter thread for Works without a future). CUDA, blocking:
+        the end event on the issuing stream, which the call made wait for the NCCL stream.
+        CUDA, async: the end event on a private stream made to wait on the Work's future,
+        i.e. on the NCCL stream's completion event; the job's own wait() comes later and
+        does not move it. (Calling Work.wait() there instead would unstash the tensors the
+        Work keeps alive for the caching allocator: unsafe.)
+        """
+        timer = token[0]
+        if timer is None:
+            _, meta, is_async, pc = token
+            if not is_async or result is None:
+                self.batcher.coll_rows.append((*meta, meta[7], (time.perf_counter_ns() - pc) / 1000.0))
+            else:
+                ender = Ender(self.cpu_coll, (meta, meta[7], pc))
+                try:
+                    future = result.get_future()
+                except RuntimeError:  # a Work without a future (gloo's reduce_scatter_tensor)
+                    (self._waiter or self._start_waiter()).put((result, ender))
+                else:
+                    future.add_done_callback(ender)
+        else:
+            _, slot, is_async = token
+            if not is_async or result is None:
+                timer.end(slot)
+            elif slot >= 0:
+                cuda = self.cuda
+                assert cuda is not None
+                try:
+                    future = result.get_future()
+                except RuntimeError:  # a Work without a future: this record goes untimed
+                    future = None
+                if future is None or not future.done():  # NCCL marks it done at launch; never block
+                    timer.untimed += 1
+                    return False
+                with cuda.torch.cuda.stream(cuda.stream):
+                    future.wait()  # this private stream waits for the NCCL stream's end event
+                    timer.end(slot)  # ... so this end event marks the collective's completion
+        self._since_harvest += 1
+        return self._since_harvest >= HARVEST_EVERY
+
+    # ------------------------------------------------------------------ records
+
+    def harvest(self) -> None:
+        """Move finished records into the batcher; send a batch if one is due. Never waits
+        (the lock is only contended by a capture thread's add, a list extend)."""
+        self._since_harvest = 0
+        with self.lock:
+            b = self.batcher
+            self.cpu_coll.harvest(b.coll_rows)
+            self.cpu_copy.harvest(b.copy_rows)
+            cuda = self.cuda
+            if cuda is not None:
+                cuda.coll.harvest(b.coll_rows)
+                cuda.copy.harvest(b.copy_rows)
+            if b.due():
+                b.flush()
+                if cuda is not None:
+                    self.status.untimed = cuda.coll.untimed + cuda.copy.untimed
+
+    def add(self, coll_rows: list[tuple[Any, ...]], copy_rows: list[tuple[Any, ...]]) -> None:
+        """Rows captured off the job's thread (workers.capture), batched and sent from the
+        caller's thread."""
+        with self.lock:
+            b = self.batcher
+            b.coll_rows.extend(coll_rows)
+            b.copy_rows.extend(copy_rows)
+            if b.due():
+                b.flush()
+
+    def in_flight(self) -> bool:
+        """GPU records begun whose events have not completed yet."""
+        cuda = self.cuda
+        return cuda is not None and bool(cuda.coll.count or cuda.copy.count)
+
+    def flush(self) -> None:
+        with self.lock:
+            self.batcher.flush()
+
+    def stop_waiter(self, timeout_s: float) -> None:
+        """At close: the waiter thread ends once the Works it waits on have."""
+        if self._waiter is not None and self._waiter_thread is not None:
+            self._waiter.put(None)
+            self._waiter_thread.join(timeout_s)
+
+    # ------------------------------------------------------------------ internals
+
+    def _start_waiter(self) -> queue.SimpleQueue[tuple[Any, Ender] | None]:
+        """A thread that waits on async CPU Works without a future, to time their end."""
+        waiter: queue.SimpleQueue[tuple[Any, Ender] | None] = queue.SimpleQueue()
+
+        def run() -> None:
+            while (job := waiter.get()) is not None:
+                work, ender = job
+                try:
+                    work.wait()  # releases the GIL; the job's own wait() is unaffected
+                except Exception:  # noqa: BLE001 - the job sees the error from its own wait()
+                    continue
+                ender(None)
+
+        self._waiter_thread = threading.Thread(target=run, name="commtop-monitor-waiter", daemon=True)
+        self._waiter_thread.start()
+        self._waiter = waiter
+        return waiter
+
+    def _group_size(self, group: Any) -> int:
+        import torch.distributed as dist
+
+        n = int(dist.get_world_size(group))
+        if len(self._groups) < MAX_GROUPS:
+            self._groups[group] = n
+        return n
