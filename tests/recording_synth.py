@@ -195,7 +195,7 @@ def synth_run(
 
 def write_recording(path: Any, items: Sequence[tuple[int, Any]], chunk_s: float = 0.5, close: bool = True) -> None:
     """Write ``items`` with the real writer, one chunk per ``chunk_s`` of receive time."""
-    from tui.recordings.format import RecordingWriter, run_metadata
+    from tui.recordings.writer import RecordingWriter, run_metadata
 
     hellos = {m.rank: m for _, m in items if isinstance(m, p.Hello)}
     writer = RecordingWriter(open(path, "wb"), {"schema_version": p.SCHEMA_VERSION, **run_metadata(hellos)})

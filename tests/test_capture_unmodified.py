@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from tui import cli
-from tui.recordings.format import open_recording
+from tui.recordings.reader import open_recording
 from workers.monitor.records import OPS
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp_plain.py")

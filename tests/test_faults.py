@@ -35,7 +35,7 @@ from synthetic_ranks import (
     worker_summaries,
 )
 
-from tui.recordings.format import open_recording
+from tui.recordings.reader import open_recording
 from workers.wire.connection import create_run
 from workers.wire.protocol import COLL, Batch, Bye, Hello
 

@@ -36,7 +36,7 @@ def loaded_after_importing(names: list[str], watched: tuple[str, ...]) -> list[s
 
 def test_discovery_finds_every_package_of_the_layout() -> None:
     tui_modules, worker_modules = modules(tui), modules(workers)
-    for expected in ("tui.cli", "tui.model.run_model", "tui.view.app", "tui.recordings.format", "tui.report.compute"):
+    for expected in ("tui.cli", "tui.model.run_model", "tui.view.app", "tui.recordings.reader", "tui.report.build"):
         assert expected in tui_modules
     for expected in ("workers.wire.protocol", "workers.rank.timing", "workers.synthetic.loop", "workers.monitor.api"):
         assert expected in worker_modules

@@ -324,7 +324,7 @@ async def test_the_footer_shows_modes_copies_and_the_replay_keys() -> None:
     from recording_synth import synth_run, write_recording
 
     from tui.model.run_model import RunModel
-    from tui.recordings.format import open_recording
+    from tui.recordings.reader import open_recording
     from tui.recordings.replay import ReplaySource
 
     class Controller:

@@ -7,8 +7,8 @@ from pathlib import Path
 from recording_synth import synth_run, write_recording
 
 from tui.model.run_model import RunModel
-from tui.recordings.format import open_recording
-from tui.report.compute import build_report
+from tui.recordings.reader import open_recording
+from tui.report.build import build_report
 from tui.run.headless import format_summary
 
 

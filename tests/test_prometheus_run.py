@@ -24,7 +24,7 @@ from synthetic_ranks import REPO, SMALL_JOB, child_env, open_tcp_collector, shor
 from test_prometheus_metrics import dashboard_queries
 
 from tui.ingest.loop import IngestLoop
-from tui.recordings.format import open_recording
+from tui.recordings.reader import open_recording
 
 pytestmark = pytest.mark.timeout(240)
 ITERS = 1500

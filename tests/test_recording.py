@@ -19,14 +19,10 @@ from hypothesis import strategies as st
 from recording_synth import T0, assert_same_message, hello, synth_run, telem, write_recording
 
 from tui.ingest.interfaces import RecordingStatus
-from tui.recordings.format import (
-    CLOCK_SOURCE,
-    FORMAT_VERSION,
-    Recorder,
-    RecordingError,
-    default_path,
-    open_recording,
-)
+from tui.recordings.codec import FORMAT_VERSION
+from tui.recordings.reader import RecordingError, open_recording
+from tui.recordings.recorder import CLOCK_SOURCE, Recorder
+from tui.recordings.writer import default_path
 from workers.wire import protocol as p
 
 TESTS = Path(__file__).parent
@@ -374,7 +370,7 @@ WRITER = """
 import sys, time
 sys.path[:0] = [{tests!r}, {root!r}]
 from recording_synth import synth_run
-from tui.recordings.format import Recorder
+from tui.recordings.recorder import Recorder
 rec = Recorder(flush_s=0.05)
 rec.start({path!r})
 for i, (_, msg) in enumerate(synth_run(duration_s=120.0, world=4, seed=9)):
@@ -413,7 +409,8 @@ def test_sigkill_of_a_writing_process_leaves_a_readable_recording(tmp_path: Path
 
 def test_a_chunk_whose_counts_cannot_be_true_is_skipped_not_allocated(tmp_path: Path, small) -> None:
     """A checksummed chunk claiming 4 billion records (only a bug can write one) costs no memory."""
-    from tui.recordings.format import CHUNK, CHUNK_PREFIX, _frame
+    from tui.recordings.codec import CHUNK, CHUNK_PREFIX
+    from tui.recordings.writer import _frame
 
     items, data, chunks = small
     bogus = _frame(CHUNK, CHUNK_PREFIX.pack(T0, T0, 1, 2**32 - 1, 0) + b"\0" * 16)

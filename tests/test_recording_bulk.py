@@ -12,23 +12,24 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from per_chunk_tables import tables_by_chunk
 from recording_synth import T0, synth_run, telem, write_recording
 
 from tui.recordings import bulk
-from tui.recordings.format import (
+from tui.recordings.codec import (
     CHUNK,
     CHUNK_PREFIX,
     FLAG_ZLIB,
     Tables,
     _dec_int,
     _enc_int,
-    _frame,
     _pack,
     _unpack,
     encode_chunk,
-    open_recording,
 )
-from tui.report.compute import REPORT_COLUMNS
+from tui.recordings.reader import open_recording
+from tui.recordings.writer import _frame
+from tui.report.reading import REPORT_COLUMNS
 from workers.wire import protocol as p
 
 ROOT = Path(__file__).parent.parent
@@ -50,7 +51,7 @@ def assert_same_tables(a: Tables, b: Tables) -> None:
 def assert_bulk_is_by_chunk(path: Path) -> None:
     for cols in COLUMN_SETS:
         with open_recording(path) as one, open_recording(path) as two:
-            assert_same_tables(one.tables(cols), two.tables_by_chunk(cols))
+            assert_same_tables(one.tables(cols), tables_by_chunk(two, cols))
             assert one.problems == two.problems
 
 

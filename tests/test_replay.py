@@ -10,7 +10,7 @@ import pytest
 from recording_synth import assert_same_message, synth_run, write_recording
 
 from tui.ingest.interfaces import ReplayControls, ReplayPosition, ResetModel, Source
-from tui.recordings.format import RecordingError, open_recording
+from tui.recordings.reader import RecordingError, open_recording
 from tui.recordings.replay import MAX_SPEED, MIN_SPEED, ReplaySource, open_replay
 from workers.wire import protocol as p
 

@@ -14,7 +14,8 @@ import pytest
 from recording_synth import assert_same_message, synth_run, write_recording
 
 from tui.model.run_model import RunModel
-from tui.recordings.format import Recorder, open_recording
+from tui.recordings.reader import open_recording
+from tui.recordings.recorder import Recorder
 from tui.recordings.replay import ReplaySource
 from tui.view.app import CommtopApp
 from workers.wire import protocol as p

@@ -10,7 +10,7 @@ from recording_synth import synth_run, write_recording
 
 from tui.ingest.loop import IngestLoop
 from tui.model.run_model import RunModel
-from tui.recordings.format import open_recording
+from tui.recordings.reader import open_recording
 from tui.recordings.replay import ReplaySource
 from workers.wire import protocol as p
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from recording_synth import DEFAULT_EPOCHS, TENSOR, Epoch, synth_run, write_recording
 
 from tui import cli
-from tui.report import compute as report
+from tui.report import build, kernels, reading
 from workers.wire import protocol as p
 
 ROOT = Path(__file__).parent.parent
@@ -326,7 +326,7 @@ def test_plot_without_matplotlib_is_one_line(run, tmp_path: Path) -> None:
 
 
 def test_an_empty_recording_reports_replays_and_plots(capsys, tmp_path: Path) -> None:
-    from tui.recordings.format import Recorder
+    from tui.recordings.recorder import Recorder
     from tui.recordings.replay import open_replay
 
     recorder = Recorder(directory=tmp_path)
@@ -379,7 +379,7 @@ def test_trace_puts_every_host_on_the_reference_clock(capsys, tmp_path: Path) ->
 def test_a_cut_recording_started_before_any_hello_names_its_ranks_from_the_data(capsys, run, tmp_path: Path) -> None:
     """`commtop run --record` opens the file before the first Hello (an empty header); a cut
     file has no trailer to fill it in: the report takes the ranks and hosts from the Hellos."""
-    from tui.recordings.format import RecordingWriter
+    from tui.recordings.writer import RecordingWriter
 
     _, items = run
     path = tmp_path / "early.commtop"
@@ -409,7 +409,7 @@ def test_grouping_is_the_stable_sort_by_epoch_then_rank(ranks, epochs) -> None:
     n = 50_000
     epoch = rng.choice(epochs, n).astype(np.int32)
     rank = rng.choice(ranks, n).astype(np.int32)
-    g = report._group(epoch, rank)
+    g = kernels._group(epoch, rank)
     keys = (epoch.astype(np.int64) << 20) | rank
     want = np.argsort(keys, kind="stable")
     assert np.array_equal(g.order, want)
@@ -419,7 +419,7 @@ def test_grouping_is_the_stable_sort_by_epoch_then_rank(ranks, epochs) -> None:
     assert g.runs == list(zip(sorted_keys[starts].tolist(), starts.tolist(), ends.tolist(), strict=True))
     for (_, a, b), gid in zip(g.runs, g.ids, strict=True):  # ids name the same records
         assert np.array_equal(np.flatnonzero(g.gid == gid), np.sort(want[a:b]))
-    sums = report._group_sums(g.gid, np.ones(n, dtype=np.float32), g.span)
+    sums = kernels._group_sums(g.gid, np.ones(n, dtype=np.float32), g.span)
     assert [sums[i] for i in g.ids] == [b - a for _, a, b in g.runs]
 
 
@@ -430,7 +430,7 @@ def test_combo_codes_cover_rare_and_many_sizes() -> None:
         op = rng.integers(0, 3, n).astype(np.uint8) if distinct > 1 else np.zeros(n, dtype=np.uint8)
         nbytes = rng.choice(np.arange(1, distinct + 1) << 10, n).astype(np.int64)
         nbytes[12_345] = 7  # one record of a size the sample cannot see
-        codes, combos = report._combo_codes(op, nbytes)
+        codes, combos = kernels._combo_codes(op, nbytes)
         assert np.array_equal(np.array(combos, dtype=np.int64)[codes], (op.astype(np.int64) << 48) | nbytes)
         assert combos == sorted(set(combos))  # codes ascend with the combo
 
@@ -479,18 +479,18 @@ def test_sorting_each_epoch_once_gives_the_report_that_sorting_every_subset_give
     Forcing the per-subset sorts (no order for any epoch) must give the same report, bit for bit."""
     from recording_synth import Epoch
 
-    from tui.recordings.format import open_recording
-    from tui.report import compute
+    from tui.recordings.reader import open_recording
+    from tui.report.text import format_table
 
     epochs = [Epoch(0.0, "none"), Epoch(1.0, "overlap"), Epoch(2.0, "none"), Epoch(3.0, "overlap", copies=3)]
     path = tmp_path / "repeat.commtop"
     write_recording(path, list(synth_run(duration_s=4.0, world=3, epochs=epochs, seed=5)))
-    fast = compute.build_report(open_recording(path))
+    fast = build.build_report(open_recording(path))
     assert len(fast.settings) == 3 and any(len(r.epochs) == 2 for r in fast.settings)
-    monkeypatch.setattr(compute._EpochOrder, "of", classmethod(lambda cls, *a: None))
-    slow = compute.build_report(open_recording(path))
+    monkeypatch.setattr(kernels._EpochOrder, "of", classmethod(lambda cls, *a: None))
+    slow = build.build_report(open_recording(path))
     assert repr(fast) == repr(slow)  # every field (repr: NaN equals NaN there)
-    assert compute.format_table(fast) == compute.format_table(slow)
+    assert format_table(fast) == format_table(slow)
 
 
 def test_baselines_read_out_of_the_sorted_epochs_are_the_baselines_of_the_records(tmp_path: Path, monkeypatch) -> None:
@@ -499,10 +499,9 @@ def test_baselines_read_out_of_the_sorted_epochs_are_the_baselines_of_the_record
     the records as before must give the same report, bit for bit, with one none epoch or two."""
     from recording_synth import Epoch
 
-    from tui.recordings.format import open_recording
-    from tui.report import compute
+    from tui.recordings.reader import open_recording
 
-    real = compute._baselines_of_pure_epochs
+    real = build._baselines_of_pure_epochs
     for epochs in (
         [Epoch(0.0, "none"), Epoch(1.0, "overlap"), Epoch(2.0, "none"), Epoch(3.0, "sync")],
         [Epoch(0.0, "none"), Epoch(2.0, "overlap")],
@@ -515,12 +514,12 @@ def test_baselines_read_out_of_the_sorted_epochs_are_the_baselines_of_the_record
             taken.append(real(*a))
             return taken[-1]
 
-        monkeypatch.setattr(compute, "_baselines_of_pure_epochs", spy)
-        fast = compute.build_report(open_recording(path))
+        monkeypatch.setattr(build, "_baselines_of_pure_epochs", spy)
+        fast = build.build_report(open_recording(path))
         assert taken and taken[0] is not None and len(taken[0][1]) == 3  # read out of the orders, 3 ranks
         assert any(math.isfinite(r.slowdown) and r.slowdown > 1.5 for r in fast.rows)
-        monkeypatch.setattr(compute, "_baselines_of_pure_epochs", lambda *a: None)
-        slow = compute.build_report(open_recording(path))
+        monkeypatch.setattr(build, "_baselines_of_pure_epochs", lambda *a: None)
+        slow = build.build_report(open_recording(path))
         assert repr(fast) == repr(slow)
 
 
@@ -530,7 +529,7 @@ def test_a_recording_without_copies_is_reported_without_reading_its_steps(tmp_pa
     classifier says of them."""
     from recording_synth import Epoch
 
-    from tui.recordings.format import open_recording
+    from tui.recordings.reader import open_recording
     from workers.wire.overlap import classify_columns
 
     path = tmp_path / "nocopies.commtop"
@@ -541,19 +540,19 @@ def test_a_recording_without_copies_is_reported_without_reading_its_steps(tmp_pa
     ]
     write_recording(path, items)
     with open_recording(path) as rec:
-        assert "step" not in report.report_columns(rec)
+        assert "step" not in reading.report_columns(rec)
         tables = rec.tables()
         assert len(tables.coll["rank"]) and not len(tables.copy["rank"])
         cls, frac = classify_columns(tables.coll, tables.copy)
         assert cls.dtype == np.uint8 and frac.dtype == np.float32 and not cls.any() and not frac.any()
-        lean = report.build_report(rec)
-        full = report.build_report(rec, tables)
+        lean = build.build_report(rec)
+        full = build.build_report(rec, tables)
         assert repr(lean) == repr(full)
         assert all(r.none_n == r.count for r in lean.rows)
     with_copies = tmp_path / "copies.commtop"
     write_recording(with_copies, list(synth_run(duration_s=2.0, world=2, epochs=[Epoch(0.0, "overlap")], seed=3)))
     with open_recording(with_copies) as rec:
-        assert report.report_columns(rec) == report.REPORT_COLUMNS
+        assert reading.report_columns(rec) == reading.REPORT_COLUMNS
 
 
 @settings(max_examples=60, deadline=None)
@@ -570,10 +569,10 @@ def test_an_epoch_of_one_class_is_ordered_as_the_packed_keys_order_it(sizes, cls
     dur = rng.choice(np.array([0.0, 1.5, 2700.25, 1e-30, 3e38], dtype=np.float32), sum(sizes))
     if not zeros:
         dur = rng.lognormal(8, 0.3, sum(sizes)).astype(np.float32)
-    one = report._EpochOrder.of(dur, np.full(len(dur), cls, dtype=np.uint8), sizes)
+    one = kernels._EpochOrder.of(dur, np.full(len(dur), cls, dtype=np.uint8), sizes)
     odd = np.full(len(dur) + 1, cls, dtype=np.uint8)
     odd[-1] = (cls + 1) % 3  # one record of another class: the packed keys
-    keys = report._EpochOrder.of(np.append(dur, np.float32(dur[0])), odd, [*sizes[:-1], sizes[-1] + 1])
+    keys = kernels._EpochOrder.of(np.append(dur, np.float32(dur[0])), odd, [*sizes[:-1], sizes[-1] + 1])
     assert one is not None and keys is not None
     assert one.values.tobytes() == np.sort(dur).tobytes()
     for index in range(-1, len(sizes)):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tui import cli
-from tui.report import compute as report
+from tui.report.build import build_report
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = ROOT / "recordings" / "cpu-gloo-4ranks-all_gather-modes.commtop"
@@ -96,7 +96,7 @@ def test_a_recording_cut_inside_its_header_is_one_line_for_report_and_replay(tmp
 def test_plot_labels_every_settings_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import matplotlib.figure  # a dev dependency
 
-    from tui.recordings.format import open_recording
+    from tui.recordings.reader import open_recording
     from tui.report.plot import plot_recording
 
     texts: list[str] = []
@@ -109,7 +109,7 @@ def test_plot_labels_every_settings_change(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep_texts)
     with open_recording(CPU) as rec:
         plot_recording(rec, rec.tables(), str(tmp_path / "p.png"))
-        epochs = {r.epoch: r.mode for r in report.build_report(rec, rec.tables()).rows}
+        epochs = {r.epoch: r.mode for r in build_report(rec, rec.tables()).rows}
     assert (tmp_path / "p.png").stat().st_size > 10_000
     expected = [f"epoch {e}: {m}" for e, m in sorted(epochs.items()) if e > min(epochs)]
     assert [t for t in texts if t.startswith("epoch")] == expected, texts

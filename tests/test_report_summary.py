@@ -10,11 +10,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from per_chunk_tables import tables_by_chunk
 from recording_synth import Epoch, synth_run, write_recording
 
 from tui.recordings import summary
-from tui.recordings.format import RecordingWriter, decode_chunk, open_recording
-from tui.report import compute
+from tui.recordings.codec import decode_chunk
+from tui.recordings.reader import open_recording
+from tui.recordings.writer import RecordingWriter
+from tui.report import build, reading
+from tui.report.text import format_json
 from workers.wire import protocol as p
 
 ROOT = Path(__file__).parent.parent
@@ -39,14 +43,14 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 def test_the_summaries_give_the_report_of_the_columns_bit_for_bit(runs, name: str) -> None:
     with open_recording(runs[name]) as rec:
         assert rec.has_summaries
-        lean = compute.report_tables(rec)
+        lean = reading.report_tables(rec)
         assert lean.coll_summary is not None
         assert "algbw" not in lean.coll and "busbw" not in lean.coll
         assert ("start_ns" in lean.coll) == (name == "copies")  # only the overlap classes need it
-        from_summaries = compute.build_report(rec, lean)
-        from_columns = compute.build_report(rec, rec.tables(coll_columns=compute.report_columns(rec)))
+        from_summaries = build.build_report(rec, lean)
+        from_columns = build.build_report(rec, rec.tables(coll_columns=reading.report_columns(rec)))
     assert repr(from_summaries) == repr(from_columns)  # every field (repr: NaN equals NaN there)
-    assert compute.format_json(from_summaries) == compute.format_json(from_columns)
+    assert format_json(from_summaries) == format_json(from_columns)
 
 
 def test_summary_rows_are_the_sums_of_the_records_they_stand_for(runs) -> None:
@@ -84,11 +88,11 @@ def test_summaries_that_do_not_add_up_leave_the_report_to_the_columns(tmp_path: 
     monkeypatch.setattr(summary, "summarize", last_one_left_out)
     write_recording(bad, items)
     with open_recording(bad) as rec:
-        rows = compute.report_tables(rec).coll_summary
+        rows = reading.report_tables(rec).coll_summary
         assert rows is not None and rows["n"].sum() < rec.tables(coll_columns=["epoch"]).coll["epoch"].size
-        wrong = compute.build_report(rec)
+        wrong = build.build_report(rec)
     with open_recording(good) as rec:
-        right = compute.build_report(rec)
+        right = build.build_report(rec)
     assert repr(wrong).replace(str(bad), "") == repr(right).replace(str(good), "")
 
 
@@ -97,7 +101,7 @@ def test_a_recording_without_summaries_reads_the_columns(capsys) -> None:
     path = ROOT / "recordings" / "h200-nccl-1gpu-ab-none-overlap.commtop"
     with open_recording(path) as rec:
         assert not rec.has_summaries
-        tables = compute.report_tables(rec)
+        tables = reading.report_tables(rec)
         assert tables.coll_summary is None and "busbw" in tables.coll
 
 
@@ -116,14 +120,14 @@ def test_a_rewritten_ab_recording_reports_the_same_from_its_summaries(tmp_path: 
         writer.close({"complete": True})
     with open_recording(dst) as rec:
         assert rec.has_summaries
-        lean = compute.build_report(rec, compute.report_tables(rec))
-        full = compute.build_report(rec, rec.tables(coll_columns=compute.report_columns(rec)))
+        lean = build.build_report(rec, reading.report_tables(rec))
+        full = build.build_report(rec, rec.tables(coll_columns=reading.report_columns(rec)))
     assert lean.ab and lean.ab == full.ab
     assert repr(lean) == repr(full)
 
 
 def _chunk_messages(rec, info):
-    from tui.recordings.format import chunk_messages
+    from tui.recordings.codec import chunk_messages
 
     chunk = rec.decode(info)
     assert chunk is not None
@@ -134,7 +138,7 @@ def test_the_per_chunk_decoder_reads_a_chunk_with_a_summary(runs) -> None:
     """Readers that do not know the summary skip it: the per-chunk decoder, the reference of the
     bulk reader, gives the same tables."""
     with open_recording(runs["copies"]) as rec:
-        bulk, by_chunk = rec.tables(), rec.tables_by_chunk()
+        bulk, by_chunk = rec.tables(), tables_by_chunk(rec)
         body = rec._data[rec.chunks[1].body : rec.chunks[1].end]
         import zlib
 

@@ -14,7 +14,7 @@ timeout 100 bash -c "$(declare -f run); run ab --a mode=none --b mode=overlap --
 timeout 60 bash -c "$(declare -f run); run report $OUT/ab.commtop" > $OUT/ab_report.txt 2>&1; echo "report rc=$?" >> $OUT/ab_report.txt
 python3 - "$OUT/ab.commtop" > $OUT/ticks.txt 2>&1 <<'PY'
 import sys
-from tui.recordings.format import open_recording
+from tui.recordings.reader import open_recording
 rec = open_recording(sys.argv[1])
 ticks = rec.tables().ticks
 vals = [float(t.metrics["dram_bw_util_pct"][0]) for _, t in ticks if len(t.uuids)]

@@ -17,8 +17,9 @@ print('write s', recordings.write(Path('/tmp/bench10m.commtop'), 10_000_000, 8))
 cat > /tmp/phases.py <<'PY'
 import contextlib, os, resource, sys, time
 from tui.recordings import pages
-from tui.recordings.format import open_recording
-from tui.report.compute import build_report, report_tables
+from tui.recordings.reader import open_recording
+from tui.report.build import build_report
+from tui.report.reading import report_tables
 variant = sys.argv[1]
 small = pages.small_pages if "small" in variant else contextlib.nullcontext
 heap = pages.heap_kept if "heap" in variant else contextlib.nullcontext

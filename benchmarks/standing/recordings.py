@@ -22,7 +22,9 @@ from _common import Report, add_common_args, finish  # benchmarks/standing/ is s
 from _synth_recording import batches
 
 from tui import cli as commtop_cli
-from tui.recordings.format import Recorder, RecordingWriter, open_recording
+from tui.recordings.reader import open_recording
+from tui.recordings.recorder import Recorder
+from tui.recordings.writer import RecordingWriter
 from tui.report import command as _report_command  # noqa: F401 - imported before the timing, as it was
 from workers.wire import protocol as p
 

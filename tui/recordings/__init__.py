@@ -1,1 +1,2 @@
-"""Recordings: the ``.commtop`` file format (writer and reader) and the replay source."""
+"""Recordings: the ``.commtop`` file (``codec``: layout and chunk codec; ``writer``; the live
+``recorder``; ``reader`` and its ``bulk`` column reader; chunk ``summary``) and the replay source."""

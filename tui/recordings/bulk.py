@@ -1,6 +1,6 @@
 """A whole recording's columns at once: one numpy pass per column over every chunk.
 
-Decoding chunk by chunk (:func:`tui.recordings.format.decode_chunk`) costs a dozen numpy calls
+Decoding chunk by chunk (:func:`tui.recordings.codec.decode_chunk`) costs a dozen numpy calls
 per column per chunk, and the live recorder writes a chunk a second, so ten million records are
 some 7,000 chunks and that overhead was most of ``commtop report``'s read. Here each chunk is
 only inflated, unpacked and checked (a little Python); then, per column, the byte planes of
@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from tui.recordings import summary as chunk_summary
-from tui.recordings.format import (
+from tui.recordings.codec import (
     COLL_CODECS,
     COPY_CODECS,
     FLAG_ZLIB,
@@ -31,6 +31,7 @@ from tui.recordings.format import (
     K_COPY,
     K_HELLO,
     ChunkInfo,
+    DecodedChunk,
     Tables,
     _f32_bits,
     _recomputed,
@@ -39,9 +40,6 @@ from tui.recordings.format import (
 from workers.wire import protocol as p
 from workers.wire.telemetry import decode_tick
 
-if TYPE_CHECKING:
-    from tui.recordings.format import Recording
-
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _I64 = (-(1 << 63), 1 << 63)
 #: Columns whose stored values are deltas (the rest are plain), by codec letter.
@@ -49,6 +47,19 @@ _DELTA = {"d": 1, "f": 1, "p": 0, "h": 0, "a": 0, "b": 0, "g": 0}
 _PARTS = (("coll", "c", COLL_CODECS, p.COLL_COLUMNS, K_COLL), ("copy", "p", COPY_CODECS, p.COPY_COLUMNS, K_COPY))
 
 Enc = tuple[int, int, int, int, bytes, int]  # delta, first, base, width, payload, n
+
+
+class ChunkSource(Protocol):
+    """What this reader needs of an open recording (:class:`tui.recordings.reader.Recording`,
+    which reads through here): its chunk index, its notes, each chunk's stored body, and the
+    per-chunk decoder for the chunks this path does not take."""
+
+    chunks: list[ChunkInfo]
+    problems: list[str]
+
+    def chunk_body(self, info: ChunkInfo) -> bytes: ...
+
+    def decode(self, info: ChunkInfo, coll_columns: Sequence[str] | None = None) -> DecodedChunk | None: ...
 
 
 def _enc(value: Any, delta: int) -> Enc | None:
@@ -76,7 +87,7 @@ def _enc(value: Any, delta: int) -> Enc | None:
 
 def decode_ints(encs: Sequence[Enc], width: int = 8) -> np.ndarray:
     """The values of one column over many chunks (all delta, or all plain), in order: what
-    ``format._dec_int`` gives for each, concatenated, modulo 2**(8*width) as unsigned
+    ``codec._dec_int`` gives for each, concatenated, modulo 2**(8*width) as unsigned
     ``width``-byte ints (the per-chunk decoder's int64 wraps, so its low bytes are these).
 
     Every chunk's byte planes are joined into the output (a chunk's first value left 0 for
@@ -256,12 +267,14 @@ def _bad_counts(chunks: list[_Chunk], kinds: np.ndarray, counts: dict[str, np.nd
 READ_TASK = 32
 
 
-def _read(data: Any, infos: Sequence[ChunkInfo], wanted: dict[str, set[str]]) -> list[_Chunk | None]:
+def _read(
+    stored: Callable[[ChunkInfo], bytes], infos: Sequence[ChunkInfo], wanted: dict[str, set[str]]
+) -> list[_Chunk | None]:
     """The chunks ``infos`` inflated, unpacked and checked (None: for the per-chunk decoder)."""
     out: list[_Chunk | None] = []
     for info in infos:
         try:
-            body = data[info.body : info.end]
+            body = stored(info)
             if info.flags & FLAG_ZLIB:
                 body = zlib.decompress(body)
             out.append(_check_chunk(info, _unpack(body), wanted))
@@ -270,19 +283,19 @@ def _read(data: Any, infos: Sequence[ChunkInfo], wanted: dict[str, set[str]]) ->
     return out
 
 
-def _read_all(rec: Recording, wanted: dict[str, set[str]]) -> list[_Chunk | None]:
-    chunks, data = rec.chunks, rec._data
+def _read_all(rec: ChunkSource, wanted: dict[str, set[str]]) -> list[_Chunk | None]:
+    chunks, stored = rec.chunks, rec.chunk_body
     if len(chunks) < 4 * READ_TASK or (os.cpu_count() or 1) < 2:
-        return _read(data, chunks, wanted)
+        return _read(stored, chunks, wanted)
     out: list[_Chunk | None] = []
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="commtop-read") as pool:
         tasks = [chunks[i : i + READ_TASK] for i in range(0, len(chunks), READ_TASK)]
-        for part in pool.map(lambda infos: _read(data, infos, wanted), tasks):
+        for part in pool.map(lambda infos: _read(stored, infos, wanted), tasks):
             out += part
     return out
 
 
-def read_tables(rec: Recording, coll_columns: Sequence[str] | None = None, *, summary: bool = False) -> Tables:
+def read_tables(rec: ChunkSource, coll_columns: Sequence[str] | None = None, *, summary: bool = False) -> Tables:
     """``rec.tables(coll_columns)``, every chunk the per-chunk decoder reads read in bulk;
     ``summary``: with the chunks' collective summaries where every chunk has a valid one."""
     wanted = {"coll": _needed(COLL_CODECS, coll_columns), "copy": _needed(COPY_CODECS, None)}
@@ -349,7 +362,7 @@ def _table_columns(schema: dict[str, str], wanted: Sequence[str] | None) -> dict
 
 
 def _assemble(
-    rec: Recording,
+    rec: ChunkSource,
     checked: list[_Chunk | None],
     t: np.ndarray,
     kinds: np.ndarray,
@@ -380,7 +393,7 @@ def _assemble(
             _route(rec, tables, mine, chunk.info)
         return tables
     # Some chunks need the per-chunk decoder: records in file order, pieces of the bulk
-    # arrays between them (what the per-chunk loop of Recording.tables would have filled).
+    # arrays between them (what decoding every chunk on its own would have filled).
     pieces: dict[str, list[dict[str, np.ndarray]]] = {"coll": [], "copy": []}
     total = {"coll": sum(c.coll_records for c in rec.chunks), "copy": sum(c.copy_records for c in rec.chunks)}
     fill = {"coll": 0, "copy": 0}
@@ -436,7 +449,7 @@ def _assemble(
     return tables
 
 
-def _route(rec: Recording, tables: Tables, messages: list[tuple[int, Any]], info: ChunkInfo) -> None:
+def _route(rec: ChunkSource, tables: Tables, messages: list[tuple[int, Any]], info: ChunkInfo) -> None:
     """Hellos, Byes, telemetry ticks and other dicts into their lists, in order."""
     for time_ns, msg in messages:
         if isinstance(msg, p.Hello):

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from tui.ingest.interfaces import ReplayPosition, ResetModel
-from tui.recordings.format import Recording, chunk_messages, open_recording
+from tui.recordings.codec import chunk_messages
+from tui.recordings.reader import Recording, open_recording
 from workers.wire.protocol import Message
 
 MIN_SPEED = 0.25

@@ -1,7 +1,8 @@
-"""``commtop report``: the command line over the report's parts (compute, compare, trace, plot).
+"""``commtop report``: the command line over the report's parts (what it reads, the builder,
+the text, compare, trace, plot).
 
-It sits above both :mod:`tui.report.compute` and :mod:`tui.report.compare`, so neither
-imports the other's caller (compare builds on compute; compute knows nothing of compare).
+It sits above :mod:`tui.report.build`, :mod:`tui.report.text` and :mod:`tui.report.compare`,
+so none imports its caller (compare builds on the rows; the builder knows nothing of compare).
 """
 
 from __future__ import annotations
@@ -10,22 +11,17 @@ import argparse
 import math
 import os
 import sys
-from typing import Any
 
-from tui.recordings.format import RecordingError, open_recording
 from tui.recordings.pages import collector_paused, heap_kept, small_pages
+from tui.recordings.reader import RecordingError, open_recording
 from tui.report import compare
-from tui.report.compute import (
-    TRACE_WARN_BYTES,
-    build_report,
-    format_csv,
-    format_json,
-    format_table,
-    report_columns,
-    report_tables,
-    window_tables,
-    write_records_csv,
-)
+from tui.report.build import build_report
+from tui.report.nccl_tests import MeasuredPeaks, PeakFileError, load_peaks
+from tui.report.reading import report_columns, report_tables, window_tables
+from tui.report.text import format_csv, format_json, format_table, write_records_csv
+
+#: Traces larger than this get a warning: browsers give up near 1 GB.
+TRACE_WARN_BYTES = 500_000_000
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -83,15 +79,11 @@ def _window_arg(text: str) -> tuple[float, float]:
     return window
 
 
-def _measured(ns: argparse.Namespace) -> list[Any]:
+def _measured(ns: argparse.Namespace) -> list[MeasuredPeaks]:
     """The --peak files, read before any recording (a bad one: PeakFileError, one line)."""
-    from tui.report.nccl_tests import load_peaks
-
     peaks = [load_peaks(path) for path in getattr(ns, "peak", None) or ()]
     ops = [m.op for m in peaks]
     if len(set(ops)) != len(ops):
-        from tui.report.nccl_tests import PeakFileError
-
         raise PeakFileError(f"--peak: two files measure the same collective ({', '.join(ops)})")
     return peaks
 
@@ -99,8 +91,6 @@ def _measured(ns: argparse.Namespace) -> list[Any]:
 def _run(ns: argparse.Namespace) -> int:
     if ns.records and ns.format not in (None, "csv"):
         return _err("--records needs --format csv")
-    from tui.report.nccl_tests import PeakFileError
-
     try:
         ns.measured = _measured(ns)
     except PeakFileError as exc:

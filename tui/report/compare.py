@@ -4,7 +4,7 @@ The question after a change (a driver, an NCCL version, a fix in the offload cod
 node) is "did the modes get faster or slower?". Rows are grouped by the full settings (mode,
 copies, copy size, host memory, direction, knobs), not by mode alone: sync with 5 pinned D2H
 copies and sync with 6 pageable H2D copies are different experiments. Each recording is
-summarised by :func:`tui.report.compute.build_report`; this module lines the rows up, says
+summarised by :func:`tui.report.build.build_report`; this module lines the rows up, says
 which run facts differ and, per row, which settings differ from the row of A it is compared
 with, and prints the ratios. Plain Python: no Textual, no torch.
 """
@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tui.report.compute import Report, SettingsKey, SettingsRow, aligned_table, fmt_bytes, fmt_num, json_clean
+from tui.report.rows import Report, SettingsKey, SettingsRow
+from tui.report.table_text import aligned_table, fmt_bytes, fmt_num
+from tui.report.text import json_clean
 from workers.wire.protocol import MODES
 
 #: Run facts printed per recording and checked for differences, in this order.

@@ -11,6 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from tui.experiment.ab_stats import ABResult, analyse, blocks_from_marks
+from tui.recordings.codec import Tables
+from tui.report.rows import Row
+from tui.report.table_text import aligned_table, fmt_num
 from workers.wire.overlap import AFTER, CLASS_KEYS, CLASSES, DURING, NO_COPIES
 from workers.wire.stats import percentile, percentiles, percentiles_and_max_sorted
 
@@ -46,10 +50,8 @@ def class_p50s(dur_us: np.ndarray, cls: np.ndarray) -> tuple[float, float, float
     return (_p(dur_us[cls == DURING], 50), _p(dur_us[cls == AFTER], 50), _p(dur_us[cls == NO_COPIES], 50))
 
 
-def format_class_table(rows: Sequence[Any]) -> list[str]:
-    """Lines of the per-class section of the report table (rows: tui.report.compute.Row)."""
-    from tui.report.compute import aligned_table, fmt_num
-
+def format_class_table(rows: Sequence[Row]) -> list[str]:
+    """Lines of the per-class section of the report table."""
     head = ("epoch", "mode", "rank", "class", "n", "p50 ms", "p99 ms", "overlapped")
     body: list[tuple[str, ...]] = []
     keys: list[int] = []
@@ -82,19 +84,17 @@ def format_class_table(rows: Sequence[Any]) -> list[str]:
 
 
 def ab_sections(
-    tables: Any,
+    tables: Tables,
     cls: np.ndarray,
     frac: np.ndarray,
     link: Callable[[int, int], float] | None = None,
     hbm: Callable[[int, int], float] | None = None,
     epoch_starts: dict[int, tuple[int, int]] | None = None,
-) -> list[Any]:
+) -> list[ABResult]:
     """The A/B experiments recorded in ``tables`` (their marks), re-analysed from the records.
     ``link(t0, t1)``: link tx GB/s over a time window, ``hbm(t0, t1)``: HBM bandwidth
     utilisation % (GPM), each averaged per arm over its blocks' (first start, last start) of
     collectives: from ``epoch_starts`` per epoch where given, else from the start_ns column."""
-    from tui.experiment.ab_stats import analyse, blocks_from_marks
-
     out = []
     coll = {"epoch": tables.coll["epoch"], "dur_us": tables.coll["dur_us"], "cls": cls, "frac": frac}
     for start, blocks in blocks_from_marks(tables.other):
@@ -114,7 +114,7 @@ def ab_sections(
 
 
 def _per_arm(
-    tables: Any,
+    tables: Tables,
     blocks: list[Any],
     value: Callable[[int, int], float] | None,
     epoch_starts: dict[int, tuple[int, int]] | None = None,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tui.recordings.format import Recording, Tables
+from tui.recordings.codec import Tables
+from tui.recordings.reader import Recording
 from workers.wire import protocol as p
 
 MODE_COLOURS = {"none": "#4c72b0", "overlap": "#dd8452", "sync": "#c44e52", "sync-barrier": "#8172b3"}

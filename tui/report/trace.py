@@ -17,7 +17,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from tui.recordings.format import Recording, Tables
+from tui.recordings.codec import Tables
+from tui.recordings.reader import Recording
 from workers.wire import protocol as p
 from workers.wire.telemetry import Tick
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from tui.ingest.interfaces import Sink, Source
 from tui.model.run_model import RunModel, Snapshot
-from tui.recordings.format import Recorder
+from tui.recordings.recorder import Recorder
 from tui.recordings.replay import ReplaySource
 from tui.run.control_server import ControlServer
 from tui.run.job_plan import JobPlan

@@ -1,0 +1,186 @@
+"""The live recorder: the collector's Sink that writes what it accepts to a recording.
+
+``write`` (on the ingest thread) only appends to a bounded in-memory list; a writer thread
+encodes and writes a chunk at least once a second (:mod:`tui.recordings.writer`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from tui.ingest.interfaces import RecordingStatus
+from tui.recordings.codec import FORMAT_VERSION
+from tui.recordings.writer import RecordingWriter, default_path, run_metadata
+from workers.wire import protocol as p
+
+CLOCK_SOURCE = "time.time_ns (CLOCK_REALTIME) per host; GPU events anchored"
+
+
+def tool_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("commtop")
+    except Exception:  # not installed (running from a source tree)
+        return "0+unknown"
+
+
+class Recorder:
+    """The collector's Sink that records: ``r`` in the TUI, ``--record`` on the command line.
+
+    ``write`` (ingest thread) appends to a bounded list and returns; a writer thread turns
+    that list into a chunk every ``flush_s`` (at most a second). When the disk fails (ENOSPC,
+    EIO) recording stops, ``status().error`` says why, and the live view goes on.
+    """
+
+    def __init__(
+        self,
+        collective: str = "run",
+        directory: str | os.PathLike[str] = "recordings",
+        *,
+        flush_s: float = 0.9,
+        max_pending_records: int = 2_000_000,
+        max_pending_messages: int = 200_000,
+        opener: Callable[[str, str], IO[bytes]] | None = None,
+        level: int = 6,
+    ) -> None:
+        self.collective = collective
+        self.directory = directory
+        self.flush_s = min(flush_s, 1.0)
+        self.max_pending_records = max_pending_records
+        self.max_pending_messages = max_pending_messages
+        self._opener = opener or (lambda path, mode: open(path, mode))  # noqa: SIM115
+        self._level = level
+        self._lock = threading.Lock()
+        self._pending: list[tuple[int, Any]] = []
+        self._pending_records = 0
+        self._hellos: dict[int, p.Hello] = {}
+        self._caps: dict[str, Any] = {}
+        self._active = False
+        self._path = ""
+        self._started = 0.0
+        self._error = ""
+        self._lost = 0
+        self._writer: RecordingWriter | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # ---- Sink (ingest thread)
+    def write(self, message: p.Message) -> None:
+        if isinstance(message, p.Hello):
+            self._hellos[message.rank] = message
+        elif isinstance(message, dict) and message.get("k") == p.TELEM_CAPS:
+            self._caps[str(message.get("host", ""))] = message
+        if not self._active:
+            return
+        n = len(message) if isinstance(message, p.Batch) else 1
+        with self._lock:
+            if self._pending_records + n > self.max_pending_records or len(self._pending) >= self.max_pending_messages:
+                self._lost += 1
+                return
+            self._pending.append((time.time_ns(), message))
+            self._pending_records += n
+
+    # ---- RecorderLike
+    def start(self, path: str | None = None) -> str:
+        """Start recording to ``path`` (default under ``recordings/``); returns the path.
+        A file that cannot be opened leaves the recorder stopped with ``status().error`` set."""
+        if self._active:
+            return self._path
+        if self._thread is not None:
+            self._thread.join()
+        collective = next(
+            (str(h.config.get("collective")) for h in self._hellos.values() if h.config.get("collective")),
+            self.collective,
+        )
+        target = Path(path) if path else default_path(self.directory, collective)
+        self._path = str(target)
+        self._error = ""
+        self._lost = 0
+        meta = {
+            "tool": "commtop",
+            "tool_version": tool_version(),
+            "schema_version": p.SCHEMA_VERSION,
+            "format_version": FORMAT_VERSION,
+            "clock": CLOCK_SOURCE,
+            "created_ns": time.time_ns(),
+            "recorder_host": socket.gethostname(),
+            "recorder_pid": os.getpid(),
+            **run_metadata(dict(self._hellos), dict(self._caps)),
+        }
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = RecordingWriter(self._opener(str(target), "wb"), meta, level=self._level)
+            self._writer.flush()
+        except OSError as exc:
+            self._error = f"cannot record to {target}: {exc.strerror or exc}"
+            self._writer = None
+            return self._path
+        now = time.time_ns()
+        with self._lock:  # start with what a reader needs: every rank's Hello, the node caps
+            self._pending = [(now, h) for _, h in sorted(self._hellos.items())]
+            self._pending += [(now, c) for c in self._caps.values()]
+            self._pending_records = 0
+            self._active = True
+        self._started = time.monotonic()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="commtop-recorder", daemon=True)
+        self._thread.start()
+        return self._path
+
+    def stop(self) -> None:
+        """Write what is buffered and the trailer, then close the file."""
+        self._active = False
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    close = stop
+
+    def status(self) -> RecordingStatus:
+        writer = self._writer
+        error = self._error
+        if not error and self._lost:
+            error = f"recording fell behind: {self._lost} messages not recorded"
+        return RecordingStatus(
+            active=self._active,
+            path=self._path,
+            bytes_written=writer.bytes_written if writer else 0,
+            elapsed_s=time.monotonic() - self._started if self._active else 0.0,
+            error=error,
+        )
+
+    # ---- writer thread
+    def _take(self) -> list[tuple[int, Any]]:
+        with self._lock:
+            items, self._pending, self._pending_records = self._pending, [], 0
+        return items
+
+    def _run(self) -> None:
+        writer = self._writer
+        assert writer is not None
+        try:
+            while True:
+                stopping = self._stop.wait(self.flush_s)
+                items = self._take()
+                for i in range(0, len(items), 20_000):  # bounded chunk size
+                    writer.write_chunk(items[i : i + 20_000])
+                writer.flush()
+                if stopping:
+                    hellos = dict(self._hellos)
+                    writer.close({"complete": True, "lost_messages": self._lost, **run_metadata(hellos, self._caps)})
+                    return
+        except Exception as exc:  # ENOSPC, EIO, ...: stop recording, never the run
+            reason = os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else str(exc)
+            self._error = f"{reason}: recording stopped"
+            self._active = False
+            self._take()
+            writer.abort()
+            print(f"commtop: recording to {self._path} stopped: {reason}", file=sys.stderr)

@@ -1,0 +1,60 @@
+"""What `commtop report` reads of a recording: the collective columns it needs (fewer where
+the writer summarised its chunks, and no steps without copies), and the cut to a time window
+(``--window``)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tui.recordings.codec import Tables
+from tui.recordings.reader import Recording
+
+REPORT_COLUMNS = ("epoch", "step", "mode", "op", "nbytes", "start_ns", "dur_us", "algbw", "busbw")
+
+
+def report_columns(rec: Recording) -> tuple[str, ...]:
+    """The collective columns the report reads from ``rec``: :data:`REPORT_COLUMNS`, less the
+    step where the recording holds no copy record (only the overlap classes, which match
+    collectives to their step's copies, read it)."""
+    if _has_copies(rec):
+        return REPORT_COLUMNS
+    return tuple(c for c in REPORT_COLUMNS if c != "step")
+
+
+def _has_copies(rec: Recording) -> bool:
+    return any(c.copy_records for c in rec.chunks)
+
+
+def summary_columns(rec: Recording) -> tuple[str, ...]:
+    """The collective columns a report reads where the chunks carry summaries: those of
+    :func:`report_columns` less algbw and busbw (summed in the summaries) and, without copies,
+    the start times (the windows are in the summaries; only the overlap classes need them)."""
+    drop = {"algbw", "busbw"} if _has_copies(rec) else {"algbw", "busbw", "start_ns"}
+    return tuple(c for c in report_columns(rec) if c not in drop)
+
+
+def report_tables(rec: Recording) -> Tables:
+    """The tables :func:`build_report` needs: fewer columns and the summaries where the writer
+    summarised its chunks (tui.recordings.summary), else the report's columns."""
+    if rec.has_summaries:
+        return rec.tables(coll_columns=summary_columns(rec), summary=True)
+    return rec.tables(coll_columns=report_columns(rec))
+
+
+def window_tables(tables: Tables, window: tuple[float, float]) -> Tables:
+    """Only what starts ``window`` seconds after the first record (telemetry by its tick time)."""
+    starts = [t["start_ns"].min() for t in (tables.coll, tables.copy) if len(t["start_ns"])]
+    if not starts:
+        return tables
+    base = int(min(starts))
+    lo = base + window[0] * 1e9
+    hi = base + window[1] * 1e9 if math.isfinite(window[1]) else math.inf
+
+    def cut(table: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        keep = (table["start_ns"] >= lo) & (table["start_ns"] <= hi)
+        return {name: col[keep] for name, col in table.items()}
+
+    ticks = [(t, tick) for t, tick in tables.ticks if lo <= tick.t_ns <= hi]
+    return Tables(cut(tables.coll), cut(tables.copy), tables.hellos, tables.byes, ticks, tables.other)
