@@ -76,6 +76,8 @@ def frozen_coll(
         "epoch": np.full(n, epoch, dtype=np.int32),
         "mode": np.broadcast_to(np.asarray(mode, dtype=np.uint8), (n,)).copy(),
         "op": np.zeros(n, dtype=np.uint8),
+        "group": np.zeros(n, dtype="<u2"),
+        "dtype": np.zeros(n, dtype="u1"),
         "nbytes": np.full(n, nbytes, dtype=np.int64),
         "host_ns": start,
         "start_ns": start,

@@ -165,6 +165,8 @@ def synth_run(
                     ("epoch", e),
                     ("mode", p.MODES.index(ep.mode)),
                     ("op", 0),
+                    ("group", 0),
+                    ("dtype", 0),
                     ("nbytes", nbytes),
                     ("host_ns", host),
                     ("start_ns", clock[r]),

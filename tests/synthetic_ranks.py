@@ -391,6 +391,8 @@ class SyntheticRank:
             "epoch": np.zeros(n, dtype=np.int32),
             "mode": np.full(n, mode, dtype=np.uint8),
             "op": np.zeros(n, dtype=np.uint8),
+            "group": np.zeros(n, dtype="<u2"),
+            "dtype": np.zeros(n, dtype="u1"),
             "nbytes": np.full(n, nbytes, dtype=np.int64),
             "host_ns": start,
             "start_ns": start,

@@ -33,6 +33,8 @@ def coll_batch(
         "epoch": np.full(n, 3),
         "mode": np.full(n, mode),
         "op": np.zeros(n),
+        "group": np.zeros(n, dtype="<u2"),
+        "dtype": np.zeros(n, dtype="u1"),
         "nbytes": np.full(n, nbytes),
         "host_ns": np.arange(n) + 10**18,
         "start_ns": np.arange(n) + 10**18,

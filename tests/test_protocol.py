@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 
@@ -85,8 +86,36 @@ def test_hello_and_bye_round_trip() -> None:
         rejected={"signature": 2},
     )
     assert p.decode(p.open_frames(KEY, p.seal(KEY, p.hello_body(SESSION, hello)))) == hello
+    grouped = dataclasses.replace(hello, groups=(("0", "default_pg", 2), ("1", "tp", 2)), lost=7)
+    assert p.decode(p.open_frames(KEY, p.seal(KEY, p.hello_body(SESSION, grouped)))) == grouped
     bye = p.Bye(rank=1, exit_code=1, reason="RuntimeError: boom", t_ns=5)
     assert p.decode(p.open_frames(KEY, p.seal(KEY, p.bye_body(SESSION, bye)))) == bye
+
+
+def test_a_hello_without_groups_or_lost_reads_as_none_and_bad_groups_are_refused() -> None:
+    body = p.hello_body(SESSION, _hello())
+    del body["groups"], body["lost"]  # what a recording made before them holds
+    old = p.decode_hello(body)
+    assert old.groups == () and old.lost == 0
+    for bad in ([["0", "world"]], [["0", "world", -1]], [[0, "world", 2]], "0", [["0", "w", 2]] * (p.MAX_GROUPS + 1)):
+        body["groups"] = bad
+        with pytest.raises(p.ProtocolError):
+            p.decode_hello(body)
+
+
+def test_dtype_codes_from_torch_and_flight_recorder_names() -> None:
+    assert p.DTYPES[p.dtype_code("torch.bfloat16")] == "bfloat16"
+    assert p.dtype_code("BFloat16") == p.dtype_code("bfloat16") == p.DTYPE_INDEX["bfloat16"]
+    assert p.DTYPES[p.dtype_code("Float")] == "float32" and p.DTYPES[p.dtype_code("Long")] == "int64"
+    assert p.dtype_code("torch.qint8") == 0 and p.dtype_code("") == 0
+
+
+def _hello() -> p.Hello:
+    return p.Hello(
+        rank=0, world_size=1, local_rank=0, local_world_size=1, host="h", pid=1, backend="gloo/cpu", device="cpu",
+        device_index=-1, gpu_uuid="", torch_version="", nccl_version="", config={}, settings={}, epoch=0,
+        iteration=0, pinned_bytes=0, t_ns=1, started_ns=0,
+    )  # fmt: skip
 
 
 def _reason(frames: list[bytes], session: str | None = SESSION) -> str:
@@ -112,7 +141,7 @@ def test_rejections_have_reasons() -> None:
     assert _reason([hmac.new(KEY, b"\xc1", hashlib.sha256).digest(), b"\xc1"]) == "malformed"
     assert _reason(_signed([1, 2, 3])) == "malformed"
     assert _reason(_signed({"v": 99, "k": "coll", "s": SESSION})) == "version"
-    assert _reason(_signed({"v": 1, "k": "nope", "s": SESSION})) == "kind"
+    assert _reason(_signed({"v": p.SCHEMA_VERSION, "k": "nope", "s": SESSION})) == "kind"
     body = p.batch_body(p.COLL, SESSION, make_batch())
     body["cols"]["dur_us"] = body["cols"]["dur_us"][:-1]
     assert _reason(_signed(body)) == "field"

@@ -75,6 +75,8 @@ def test_round_trip_keeps_odd_values_exactly(tmp_path: Path) -> None:
         "epoch": np.array([0, 0, 1, 1, 2, 2, 2], dtype="<i4"),
         "mode": np.array([0, 1, 2, 3, 0, 1, 2], dtype="u1"),
         "op": np.arange(n, dtype="u1"),
+        "group": np.zeros(n, dtype="<u2"),
+        "dtype": np.zeros(n, dtype="u1"),
         "nbytes": np.array([1, 2**40, 3, 0, 5, 6, 7], dtype="<i8"),
         "host_ns": np.array([T0, 0, -1, 2**62, T0, T0, T0], dtype="<i8"),
         "start_ns": np.array([T0, T0 + 1, T0 - 10**15, 0, T0, T0, 2**62], dtype="<i8"),

@@ -60,6 +60,18 @@ def test_the_recordings_in_the_repository_read_the_same_in_bulk(name: str) -> No
     assert_bulk_is_by_chunk(ROOT / "recordings" / name)
 
 
+def test_recordings_made_before_group_and_dtype_read_them_as_zeros() -> None:
+    """The committed recordings were written before collective records named their group and
+    dtype: both decoders give the world group and "not known" for every record."""
+    with open_recording(ROOT / "recordings" / "cpu-gloo-4ranks-all_gather-modes.commtop") as rec:
+        coll = rec.tables().coll
+        per_chunk = tables_by_chunk(rec, None).coll
+    assert len(coll["group"]) == len(coll["iteration"]) > 0
+    for cols in (coll, per_chunk):
+        assert not cols["group"].any() and not cols["dtype"].any()
+        assert cols["group"].dtype == np.dtype(p.COLL_COLUMNS["group"])
+
+
 def test_a_synthetic_run_with_copies_telemetry_and_many_chunks(tmp_path: Path) -> None:
     path = tmp_path / "run.commtop"
     write_recording(path, list(synth_run(duration_s=6.0, world=4)), chunk_s=0.05)
@@ -78,6 +90,8 @@ def test_odd_values_and_empty_batches(tmp_path: Path) -> None:
         "epoch": np.array([0, 0, 1, 1, -(2**31), 2, 2**31 - 1], dtype="<i4"),
         "mode": np.array([0, 1, 2, 3, 0, 255, 2], dtype="u1"),
         "op": np.arange(n, dtype="u1"),
+        "group": np.zeros(n, dtype="<u2"),
+        "dtype": np.zeros(n, dtype="u1"),
         "nbytes": np.array([1, 2**40, 3, 0, 5, 6, 7], dtype="<i8"),
         "host_ns": np.array([T0, 0, -1, 2**62, T0, T0, T0], dtype="<i8"),
         "start_ns": np.array([T0, T0 + 1, T0 - 10**15, 0, T0, T0, 2**62], dtype="<i8"),

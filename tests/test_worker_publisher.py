@@ -30,6 +30,8 @@ def columns(n: int, first: int = 0) -> dict[str, np.ndarray]:
     cols = {name: arr[name] for name in COLL_ROW.names}
     cols |= {
         "op": np.zeros(n, "u1"),
+        "group": np.zeros(n, dtype="<u2"),
+        "dtype": np.zeros(n, dtype="u1"),
         "nbytes": np.full(n, 4096, "<i8"),
         "algbw": np.ones(n, "<f4"),
         "busbw": np.ones(n, "<f4"),

@@ -44,6 +44,8 @@ def batches(records: int, ranks: int, seed: int = 0):
                 "epoch": np.full(n, mode, dtype=np.int32),
                 "mode": np.full(n, mode, dtype=np.uint8),
                 "op": np.zeros(n, dtype=np.uint8),
+                "group": np.zeros(n, dtype="<u2"),
+                "dtype": np.zeros(n, dtype="u1"),
                 "nbytes": np.full(n, nbytes, dtype=np.int64),
                 "host_ns": starts - rng.integers(5_000, 40_000, n),
                 "start_ns": starts,

@@ -45,6 +45,8 @@ def coll_columns(n: int, mode: int, start: int) -> dict:
         "epoch": np.zeros(n),
         "mode": np.full(n, mode),
         "op": np.zeros(n),
+        "group": np.zeros(n, dtype="<u2"),
+        "dtype": np.zeros(n, dtype="u1"),
         "nbytes": np.full(n, 1 << 27),
         "host_ns": it + time.time_ns(),
         "start_ns": it + time.time_ns(),

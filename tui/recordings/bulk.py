@@ -30,12 +30,14 @@ from tui.recordings.codec import (
     K_COLL,
     K_COPY,
     K_HELLO,
+    OPTIONAL_COLUMNS,
     ChunkInfo,
     DecodedChunk,
     Tables,
     _f32_bits,
     _recomputed,
     _unpack,
+    zeros_enc,
 )
 from workers.wire import protocol as p
 from workers.wire.telemetry import decode_tick
@@ -162,14 +164,23 @@ def _check_chunk(info: ChunkInfo, doc: Any, wanted: dict[str, set[str]]) -> _Chu
         if not isinstance(part, dict) or not isinstance(part.get("m"), dict) or not isinstance(part.get("c"), dict):
             return None
         meta = {f: _enc(part["m"].get(f), 0) for f in ("n", "rank")}  # what a table needs
-        cols = {c: _enc(part["c"].get(c), _DELTA[codecs[c]]) for c in wanted[name]}
-        if any(e is None for e in meta.values()) or any(e is None for e in cols.values()):
+        if any(e is None for e in meta.values()):
+            return None
+        cols = {c: _enc(_stored(part["c"], c, meta["n"]), _DELTA[codecs[c]]) for c in wanted[name]}
+        if any(e is None for e in cols.values()):
             return None
         bf = part.get("bf")
         if "busbw" in cols and (not isinstance(bf, bytes) or len(bf) != 8 * meta["n"][5]):  # type: ignore[index]
             return None
         chunk.parts[name] = {"meta": meta, "cols": cols, "bf": bf, "s": part.get("s")}
     return chunk
+
+
+def _stored(encs: dict[str, Any], column: str, counts: Enc | None) -> Any:
+    """A column's stored encoding; zeros for an optional column a chunk written before it lacks."""
+    if column in encs or column not in OPTIONAL_COLUMNS or counts is None:
+        return encs.get(column)
+    return zeros_enc(int(decode_ints([counts]).view(np.int64).sum()))
 
 
 def _needed(codecs: dict[str, str], wanted: Sequence[str] | None) -> set[str]:

@@ -56,6 +56,9 @@ MAX_FRAME = 256 * 1024 * 1024
 # Kind codes of the messages in a chunk, in arrival order.
 K_COLL, K_COPY, K_HELLO, K_BYE, K_DICT = 0, 1, 2, 3, 4
 
+#: Columns added after recordings were first made: a chunk without one reads as zeros.
+OPTIONAL_COLUMNS = frozenset({"group", "dtype"})
+
 # How each column is stored: d = delta int, p = plain int, f = delta of float32 bits,
 # h = host_ns - start_ns, a = algbw residual, b = busbw residual, g = gbps residual.
 COLL_CODECS = {
@@ -64,6 +67,8 @@ COLL_CODECS = {
     "epoch": "d",
     "mode": "p",
     "op": "p",
+    "group": "p",
+    "dtype": "p",
     "nbytes": "d",
     "start_ns": "d",
     "host_ns": "h",
@@ -128,6 +133,11 @@ def _enc_int(values: np.ndarray, delta: bool) -> list[Any]:
     width = 0 if top == 0 else 1 if top < 1 << 8 else 2 if top < 1 << 16 else 4 if top < 1 << 32 else 8
     payload = b"" if width == 0 else _shuffle(u.astype(_UINT[width]))
     return [int(delta), first, base, width, payload, n]
+
+
+def zeros_enc(n: int) -> tuple[bool, int, int, int, bytes, int]:
+    """The encoding of ``n`` zeros: what an optional column absent from an older chunk holds."""
+    return (False, 0, 0, 0, b"", n)
 
 
 def _dec_int(enc: Any) -> np.ndarray:
@@ -230,7 +240,7 @@ def _decode_part(
     for name, codec in codecs.items():  # dict order puts every dependency first
         if name not in need:
             continue
-        raw = _dec_int(enc.get(name))
+        raw = _dec_int(enc[name] if name in enc or name not in OPTIONAL_COLUMNS else zeros_enc(total))
         if len(raw) != total:
             raise _BadChunk(f"column {name} has {len(raw)} values for {total} records")
         if codec in ("d", "p"):

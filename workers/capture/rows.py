@@ -14,7 +14,7 @@ from typing import Any
 from workers.capture.cupti_copies import CopyRecord
 from workers.capture.flight_recorder import FrCollective
 from workers.monitor.records import OP_INDEX
-from workers.wire.protocol import DIRECTIONS
+from workers.wire.protocol import DIRECTIONS, WORLD_GROUP
 
 #: Step boundaries kept (older records than this many steps get the oldest step known).
 TIMELINE = 4096
@@ -47,7 +47,20 @@ class RowMaker:
         it = self.iteration
         self.iteration = it + 1
         step = self.timeline.step_at(c.host_ns)
-        return (it, step, epoch, mode, OP_INDEX[c.op], c.nbytes, c.ranks, c.host_ns, c.host_ns, c.dur_us)
+        return (
+            it,
+            step,
+            epoch,
+            mode,
+            OP_INDEX[c.op],
+            WORLD_GROUP,
+            0,
+            c.nbytes,
+            c.ranks,
+            c.host_ns,
+            c.host_ns,
+            c.dur_us,
+        )
 
     def copy_row(self, c: CopyRecord, epoch: int) -> tuple[Any, ...]:
         step = self.timeline.step_at(c.start_ns)

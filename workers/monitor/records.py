@@ -28,7 +28,7 @@ OP_INDEX: dict[str, int] = {name: i for i, name in enumerate(OPS)}
 #: group the op ran in (for busbw), is not on the wire.
 MONITOR_COLL_ROW = row_dtype(
     COLL_COLUMNS,
-    ("iteration", "step", "epoch", "mode", "op", "nbytes", "ranks", "host_ns", "start_ns", "dur_us"),
+    ("iteration", "step", "epoch", "mode", "op", "group", "dtype", "nbytes", "ranks", "host_ns", "start_ns", "dur_us"),
     extra={"ranks": "<i4"},
 )
 

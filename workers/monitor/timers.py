@@ -26,6 +26,10 @@ from workers.monitor.patch import Args, Kwargs, OpSpec
 from workers.monitor.records import MonitorBatcher
 from workers.rank.heartbeat import WorkerStatus
 from workers.rank.timing import Anchor, CpuTimer, CudaTimer
+from workers.wire.protocol import WORLD_GROUP
+
+#: Where a collective's meta tuple (the MONITOR_COLL_ROW fields before start_ns) holds host_ns.
+HOST_NS = 9
 
 COLL_RING = 4096
 COPY_RING = 1024
@@ -105,7 +109,7 @@ class Timers:
             ranks = self._group_size(group)
         it = self.iteration
         self.iteration = it + 1
-        meta = (it, step, epoch, mode, spec.code, nbytes, ranks, time.time_ns())
+        meta = (it, step, epoch, mode, spec.code, WORLD_GROUP, 0, nbytes, ranks, time.time_ns())
         if tensor is not None and tensor.is_cuda:
             timer = self.cuda_timers().coll
             return timer, timer.begin(meta), is_async
@@ -128,9 +132,9 @@ class Timers:
         if timer is None:
             _, meta, is_async, pc = token
             if not is_async or result is None:
-                self.batcher.coll_rows.append((*meta, meta[7], (time.perf_counter_ns() - pc) / 1000.0))
+                self.batcher.coll_rows.append((*meta, meta[HOST_NS], (time.perf_counter_ns() - pc) / 1000.0))
             else:
-                ender = Ender(self.cpu_coll, (meta, meta[7], pc))
+                ender = Ender(self.cpu_coll, (meta, meta[HOST_NS], pc))
                 try:
                     future = result.get_future()
                 except RuntimeError:  # a Work without a future (gloo's reduce_scatter_tensor)

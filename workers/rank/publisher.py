@@ -17,7 +17,7 @@ import zmq
 
 from workers.wire import protocol
 from workers.wire.busbw import algbw_gbps
-from workers.wire.protocol import COLL, COLL_COLUMNS, COPY, COPY_COLUMNS, Batch, Bye, row_dtype
+from workers.wire.protocol import COLL, COLL_COLUMNS, COPY, COPY_COLUMNS, WORLD_GROUP, Batch, Bye, row_dtype
 
 DEFAULT_HWM = 64
 #: Batches a rank holds for its node exporter (--prometheus) while the node sampler is still
@@ -173,6 +173,7 @@ class RecordBatcher:
         *,
         op_index: int,
         coll_nbytes: int,
+        dtype_code: int = 0,
         bus_factor: float,
         batch_ms: float,
         max_records: int = MAX_RECORDS,
@@ -181,6 +182,7 @@ class RecordBatcher:
         self.status = status
         self.op_index = op_index
         self.coll_nbytes = coll_nbytes
+        self.dtype_code = dtype_code
         self.bus_factor = bus_factor
         self.batch_ns = int(batch_ms * 1e6)
         self.max_records = max_records
@@ -215,6 +217,8 @@ class RecordBatcher:
             "epoch": arr["epoch"],
             "mode": arr["mode"],
             "op": np.full(n, self.op_index, dtype=COLL_COLUMNS["op"]),
+            "group": np.full(n, WORLD_GROUP, dtype=COLL_COLUMNS["group"]),
+            "dtype": np.full(n, self.dtype_code, dtype=COLL_COLUMNS["dtype"]),
             "nbytes": nbytes,
             "host_ns": arr["host_ns"],
             "start_ns": arr["start_ns"],

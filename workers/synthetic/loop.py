@@ -43,7 +43,7 @@ from workers.synthetic.delay import Delayer, delay_s
 from workers.wire.busbw import bus_factor, collective_bytes
 from workers.wire.config import LoopConfig, batch_ms_for_world
 from workers.wire.connection import Connection
-from workers.wire.protocol import COLLECTIVES, DIRECTIONS, MODES, bye_reason
+from workers.wire.protocol import COLLECTIVES, DIRECTIONS, MODES, bye_reason, dtype_code
 from workers.wire.settings import COPY_SCALES, Settings
 
 COLL_RING = 4096
@@ -415,6 +415,7 @@ def _make_instrumentation(
         control.status,
         op_index=work.op_index,
         coll_nbytes=work.nbytes,
+        dtype_code=dtype_code(config.dtype),
         bus_factor=work.bus_factor,
         batch_ms=batch_ms_for_world(config.batch_ms, work.rt.world_size),
     )

@@ -30,7 +30,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: collective records carry group and dtype; Hellos their groups and lost records
 MAC_BYTES = 32
 #: Largest body accepted; also set as ZMQ_MAXMSGSIZE on every receiving socket.
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -44,6 +44,62 @@ MODES: tuple[str, ...] = ("none", "overlap", "sync", "sync-barrier")
 DIRECTIONS: tuple[str, ...] = ("d2h", "h2d")
 #: Names of the ``op`` column: COLLECTIVES, then ops only a monitored job reports (workers.monitor).
 OP_NAMES: tuple[str, ...] = (*COLLECTIVES, "reduce", "barrier", "gather", "scatter")
+#: Names of the ``dtype`` column (torch's names without "torch."); code 0: not known.
+DTYPES: tuple[str, ...] = (
+    "?",
+    "float32",
+    "bfloat16",
+    "float16",
+    "float64",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "complex64",
+    "complex128",
+    "uint16",
+    "uint32",
+    "uint64",
+)
+DTYPE_INDEX: dict[str, int] = {name: i for i, name in enumerate(DTYPES)}
+#: Code of the default (world) group in the ``group`` column; a rank's Hello names its groups.
+WORLD_GROUP = 0
+#: Largest number of process groups a rank names in its Hello (codes beyond it are not named).
+MAX_GROUPS = 256
+
+
+#: c10 ScalarType names (the Flight Recorder's ``input_dtypes``) -> DTYPES names.
+C10_DTYPES: dict[str, str] = {
+    "Float": "float32",
+    "BFloat16": "bfloat16",
+    "Half": "float16",
+    "Double": "float64",
+    "Long": "int64",
+    "Int": "int32",
+    "Short": "int16",
+    "Char": "int8",
+    "Byte": "uint8",
+    "Bool": "bool",
+    "Float8_e4m3fn": "float8_e4m3fn",
+    "Float8_e5m2": "float8_e5m2",
+    "ComplexFloat": "complex64",
+    "ComplexDouble": "complex128",
+    "UInt16": "uint16",
+    "UInt32": "uint32",
+    "UInt64": "uint64",
+}
+
+
+def dtype_code(name: str) -> int:
+    """The ``dtype`` code of a dtype name: torch's ("torch.bfloat16", "bfloat16") or the
+    Flight Recorder's c10 names ("BFloat16", "Float"); 0 when not known."""
+    key = name.removeprefix("torch.")
+    return DTYPE_INDEX.get(key) or DTYPE_INDEX.get(C10_DTYPES.get(key, ""), 0)
+
 
 # Kinds of message.
 HELLO = "hello"  # run metadata + liveness, every second, from a worker's heartbeat thread
@@ -63,7 +119,9 @@ COLL_COLUMNS: dict[str, str] = {
     "step": "<i8",  # index of the step (copies + collectives_per_step collectives)
     "epoch": "<i4",  # settings epoch the collective ran with
     "mode": "u1",  # index into MODES
-    "op": "u1",  # index into COLLECTIVES (or USER_OP for user-named ops, see `op_names`)
+    "op": "u1",  # index into OP_NAMES
+    "group": "<u2",  # the rank's code of the process group (its Hello's ``groups``; 0 = world)
+    "dtype": "u1",  # index into DTYPES (0: not known)
     "nbytes": "<i8",  # S of nccl-tests: total (gathered) size for all_gather/reduce_scatter
     "host_ns": "<i8",  # host wall clock (time.time_ns) when the collective was issued
     "start_ns": "<i8",  # GPU start on the host wall clock (anchored event time), or host_ns on CPU
@@ -339,6 +397,11 @@ class Hello:
     dropped: int = 0
     untimed: int = 0  # records whose GPU timing was dropped (event ring full)
     rejected: dict[str, int] = field(default_factory=dict)  # control messages rejected, by reason
+    #: (name, description, size) of each process group, indexed by the ``group`` column's code
+    groups: tuple[tuple[str, str, int], ...] = ()
+    #: collectives this rank knows it issued and never recorded (cumulative; e.g. overwritten
+    #: Flight Recorder entries): part of what a viewer counts as missing
+    lost: int = 0
 
 
 _HELLO_INTS = (
@@ -368,6 +431,8 @@ def hello_body(session: str, hello: Hello) -> dict[str, Any]:
     body["config"] = hello.config
     body["settings"] = hello.settings
     body["rejected"] = hello.rejected
+    body["groups"] = [list(g) for g in hello.groups[:MAX_GROUPS]]
+    body["lost"] = hello.lost
     return body
 
 
@@ -375,7 +440,35 @@ def decode_hello(body: Mapping[str, Any]) -> Hello:
     values: dict[str, Any] = {name: get_int(body, name, -1) for name in _HELLO_INTS}
     values.update({name: get_str(body, name)[:256] for name in _HELLO_STRS})
     rejected = {str(k): int(v) for k, v in get_map(body, "rejected").items() if isinstance(v, int)}
-    return Hello(config=get_map(body, "config"), settings=get_map(body, "settings"), rejected=rejected, **values)
+    lost = get_int(body, "lost") if "lost" in body else 0  # absent in recordings made before it
+    return Hello(
+        config=get_map(body, "config"),
+        settings=get_map(body, "settings"),
+        rejected=rejected,
+        groups=_groups(body.get("groups", [])),
+        lost=lost,
+        **values,
+    )
+
+
+def _groups(raw: Any) -> tuple[tuple[str, str, int], ...]:
+    """A Hello's group table: a list of [name, description, size]."""
+    if not isinstance(raw, list) or len(raw) > MAX_GROUPS:
+        raise ProtocolError("field", f"'groups' must be a list of at most {MAX_GROUPS} entries")
+    out = []
+    for g in raw:
+        if not (
+            isinstance(g, list)
+            and len(g) == 3
+            and isinstance(g[0], str)
+            and isinstance(g[1], str)
+            and isinstance(g[2], int)
+            and not isinstance(g[2], bool)
+            and 0 <= g[2] <= 1 << 24
+        ):
+            raise ProtocolError("field", "a 'groups' entry must be [name, description, size]")
+        out.append((g[0][:256], g[1][:256], g[2]))
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------- bye
