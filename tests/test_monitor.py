@@ -28,7 +28,7 @@ from tui.ingest.sources import LiveSource  # noqa: E402
 from tui.run.job_plan import script_argv  # noqa: E402
 from workers import monitor  # noqa: E402
 from workers.monitor import patch as monitor_patch
-from workers.monitor.records import OP_INDEX, OPS, MonitorBatcher  # noqa: E402
+from workers.monitor.records import MONITOR_COLL_ROW, OP_INDEX, OPS, MonitorBatcher  # noqa: E402
 from workers.rank.publisher import NullPublisher  # noqa: E402
 from workers.wire import connection as connections  # noqa: E402
 from workers.wire import protocol
@@ -161,7 +161,7 @@ def test_bus_factors_follow_nccl_tests_per_row() -> None:
     ranks = np.array([8, 8, 4, 8])
     assert bus_factors(op, ranks).tolist() == [1.75, 0.875, 1.0, 0.0]
     batcher = MonitorBatcher(NullPublisher(), lambda: (0, -1, -1), batch_ms=50)
-    cols = batcher.coll_columns([(0, 1, 0, 0, OP_INDEX["all_reduce"], 1000, 8, 5, 6, 1.0)])
+    cols = batcher.coll_columns([(0, 1, 0, 0, OP_INDEX["all_reduce"], 0, 0, 1000, 8, 5, 6, 1.0)])
     assert set(cols) == set(protocol.COLL_COLUMNS)
     assert cols["algbw"].tolist() == [1.0] and cols["busbw"].tolist() == [1.75]
 
@@ -511,4 +511,6 @@ def test_cuda_branch_ends_async_collectives_on_the_private_stream_and_never_wait
     ]
     assert done.waited_on == "private" and timer.untimed == 2 and mon.on
     metas = [c[2] for c in timer.calls if c[0] == "begin"]
-    assert [m[0] for m in metas] == [0, 1, 2, 3] and {m[4:7] for m in metas} == {(OP_INDEX["all_reduce"], 4096, 1)}
+    field = {name: i for i, name in enumerate(MONITOR_COLL_ROW.names)}
+    picked = {(m[field["op"]], m[field["nbytes"]], m[field["ranks"]]) for m in metas}
+    assert [m[0] for m in metas] == [0, 1, 2, 3] and picked == {(OP_INDEX["all_reduce"], 4096, 1)}
