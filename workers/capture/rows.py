@@ -14,7 +14,8 @@ from typing import Any
 from workers.capture.cupti_copies import CopyRecord
 from workers.capture.flight_recorder import FrCollective
 from workers.monitor.records import OP_INDEX
-from workers.wire.protocol import DIRECTIONS, WORLD_GROUP
+from workers.rank.groups import GroupTable
+from workers.wire.protocol import DIRECTIONS
 
 #: Step boundaries kept (older records than this many steps get the oldest step known).
 TIMELINE = 4096
@@ -37,10 +38,13 @@ class StepTimeline:
 
 
 class RowMaker:
-    """FR collectives and CUPTI copies -> MONITOR_COLL_ROW / COPY_ROW tuples."""
+    """FR collectives and CUPTI copies -> MONITOR_COLL_ROW / COPY_ROW tuples; a collective's
+    group gets its code from the rank's group table (by torch's group name, as the monitor's
+    wrappers key it)."""
 
-    def __init__(self, timeline: StepTimeline) -> None:
+    def __init__(self, timeline: StepTimeline, groups: GroupTable) -> None:
         self.timeline = timeline
+        self.groups = groups
         self.iteration = 0
 
     def coll_row(self, c: FrCollective, epoch: int, mode: int) -> tuple[Any, ...]:
@@ -53,8 +57,8 @@ class RowMaker:
             epoch,
             mode,
             OP_INDEX[c.op],
-            WORLD_GROUP,
-            0,
+            self.groups.code(c.pg, c.desc, c.ranks),
+            c.dtype,
             c.nbytes,
             c.ranks,
             c.host_ns,
