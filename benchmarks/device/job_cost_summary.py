@@ -113,8 +113,8 @@ def main() -> int:
             print(
                 f"  pair {i}: bare {bare['step_ms_mean']:.4f} ms, commtop {ct['step_ms_mean']:.4f} ms: "
                 f"ratio {r:.4f} (p50 {r50:.4f}); recorded {counts.get('recorded', '?')} lost {counts.get('lost', '?')} "
-                f"dropped {counts.get('dropped', '?')} issued {issued} (recorded + lost - issued = {extra:+d}: DDP's "
-                f"set-up collectives, not in the job's count) {counts.get('error', '')}"
+                f"dropped {counts.get('dropped', '?')} issued {issued} (recorded + lost - issued = {extra:+d}: the job "
+                f"counts neither DDP's set-up collectives nor its first step's own bucketing) {counts.get('error', '')}"
             )
             rows.append({"pair": i, "bare": bare, "commtop": ct, "ratio": r, "ratio_p50": r50, "counts": counts})
         m, h = mean_ci(ratios)
