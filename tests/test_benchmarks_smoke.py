@@ -27,6 +27,7 @@ BENCHMARKS = (
     "overlap_ingest",
     "prometheus_export",
     "monitor_hook_cost",
+    "fr_decode_cost",
 )
 ROW_WITH_NUMBER = re.compile(r"^\|[^\n]*\d[^\n]*\|$", re.M)
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import copy
 import math
+import pickle
 
 from fake_flight_recorder import FakeRing
 
-from workers.capture.flight_recorder import FrCursor, issued_by_group, op_name, read_all
+from workers.capture.flight_recorder import FrCursor, issued_by_group, load_dump, op_name, read_all
 from workers.capture.fr_source import (
     RING_DEFAULT,
     FlightRecorderSource,
@@ -29,17 +30,18 @@ LAYERS = (1000, 2000, 3000)  # parameters per rank of each fully_shard unit
 
 
 class FakeDump:
-    """A DumpReader over the fake ring."""
+    """A DumpReader over the fake ring (pickled as torch's dump is)."""
 
     how = "a fake ring"
 
     def __init__(self, ring: FakeRing) -> None:
         self.ring = ring
-        self.calls = 0
 
-    def __call__(self) -> dict:
-        self.calls += 1
-        return self.ring.dump()
+    def fetch(self) -> bytes:
+        return pickle.dumps(self.ring.dump(), protocol=2)
+
+    def decode(self, raw: bytes) -> dict:
+        return load_dump(raw)
 
 
 def rows_of(rows: list) -> list[tuple[str, str, int, str]]:

@@ -144,7 +144,7 @@ class CaptureThread:
             if fr is not None:
                 now = time.monotonic()
                 if fr.poll(now) or force_fr:
-                    coll = [self.rows.coll_row(c, epoch, mode) for c in fr.read(now)]
+                    coll = self.rows.coll_rows(fr.read(now), epoch, mode)
                     mon.status.iteration = self.rows.iteration
                     mon.status.untimed = fr.cursor.untimed
                     mon.status.lost = fr.lost
@@ -153,10 +153,12 @@ class CaptureThread:
                 cp.flush()
                 cp.sync_clock()
                 q = cp.queue
+                decoded = []
                 while q:
                     c = decode_copy(q.popleft(), cp.clock)
                     if c is not None:
-                        copy.append(self.rows.copy_row(c, epoch))
+                        decoded.append(c)
+                copy = self.rows.copy_rows(decoded, epoch)
             mon.add_records(coll, copy)  # also sends what an earlier call left batched, once due
 
     def stop(self, settle_s: float = 1.0) -> None:

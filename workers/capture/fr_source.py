@@ -24,6 +24,7 @@ the worker server exists, the bootstrap asks for :data:`RING_DEFAULT` (see there
 
 from __future__ import annotations
 
+import gc
 import http.client
 import json
 import logging
@@ -94,11 +95,14 @@ def choose_ring(environ: MutableMapping[str, str], server: bool) -> str:
 
 
 class DumpReader(Protocol):
-    """One way to read the whole ring; ``how`` names it in the start line."""
+    """One way to read the whole ring: ``fetch`` the bytes, ``decode`` them (the capture runs the
+    decode with the garbage collector paused); ``how`` names it in the start line."""
 
     how: str
 
-    def __call__(self) -> Dump: ...
+    def fetch(self) -> bytes: ...
+
+    def decode(self, raw: bytes) -> Dump: ...
 
 
 class InProcessDump:
@@ -109,8 +113,11 @@ class InProcessDump:
     def __init__(self, dump_fn: Callable[..., bytes]) -> None:
         self.dump_fn = dump_fn
 
-    def __call__(self) -> Dump:
-        return load_dump(self.dump_fn(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+    def fetch(self) -> bytes:
+        return self.dump_fn(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+
+    def decode(self, raw: bytes) -> Dump:
+        return load_dump(raw)
 
 
 class _UnixHTTP(http.client.HTTPConnection):
@@ -146,13 +153,18 @@ class ServerDump:
 
     how = "torch's worker server (off the GIL)"
 
-    def __init__(self, path: str, handler: str = "dump_nccl_trace_pickle", decode: Callable[[bytes], Dump] = load_dump):
+    def __init__(
+        self, path: str, handler: str = "dump_nccl_trace_pickle", decode: Callable[[bytes], Dump] = load_dump
+    ) -> None:
         self.path = path
         self.query = _QUERY.format(handler)
-        self.decode = decode
+        self._decode = decode
 
-    def __call__(self) -> Dump:
-        return self.decode(post(self.path, self.query))
+    def fetch(self) -> bytes:
+        return post(self.path, self.query)
+
+    def decode(self, raw: bytes) -> Dump:
+        return self._decode(raw)
 
 
 class WorkerServer:
@@ -290,11 +302,23 @@ class FlightRecorderSource:
         t0, c0 = time.perf_counter(), time.thread_time()
         seqs0 = sum(g.last_seq for g in self.cursor.groups.values())
         rec0, lost0 = self.cursor.last_record, self.cursor.overwritten
-        dump = self._dump()
-        held = len(dump.get("entries") or ())
-        if held > self.ring:  # torch's ring is larger than the environment said
-            self.ring = self.schedule.ring = held
-        rows = self.cursor.read(dump)
+        reader, raw = self._fetch()
+        # Unpickling builds ~10 containers an entry that live until the decode is done: with the
+        # collector running they would be traversed, promoted, and push the job's heap towards a
+        # full collection. They hold no cycles, so refcounting frees them: pause the collector.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            dump = reader.decode(raw)
+            del raw
+            held = len(dump.get("entries") or ())
+            if held > self.ring:  # torch's ring is larger than the environment said
+                self.ring = self.schedule.ring = held
+            rows = self.cursor.read(dump)
+            del dump
+        finally:
+            if collecting:
+                gc.enable()
         self.last_wall_s = time.perf_counter() - t0
         self.last_cost_s = time.thread_time() - c0
         self.reads += 1
@@ -322,15 +346,15 @@ class FlightRecorderSource:
                 issued = None
         return self.cursor.finish(issued)
 
-    def _dump(self) -> Dump:
+    def _fetch(self) -> tuple[DumpReader, bytes]:
         try:
-            return self.dump()
+            return self.dump, self.dump.fetch()
         except Exception as exc:
             if self.fallback is None:
                 raise
             log.warning("commtop capture: %s failed (%s); reading with %s", self.dump.how, exc, self.fallback.how)
             self.dump, self.fallback = self.fallback, None
-            return self.dump()
+            return self.dump, self.dump.fetch()
 
     def _new_entries(self, issued: Mapping[str, int]) -> float:
         """Ring entries recorded since the last read (torch counts collectives per group)."""
