@@ -90,10 +90,15 @@ class GroupTable:
 
     def of_pg(self, pg: Any) -> tuple[int, int]:
         """(code, size) of a group object (None: the default group). The job's thread calls
-        ``by_pg.get(pg)`` first, and this only when that misses (once per group)."""
-        if not self.table or not self.table[0][0]:  # the default group is not named yet
-            self.world(describe(None))
-        name, desc, size = describe(pg)
+        ``by_pg.get(pg)`` first, and this only when that misses (once per group). A group torch
+        cannot describe (no default group yet, a foreign object) gets code 0, size 0, uncached:
+        the collective still goes to torch, which says what is wrong with it."""
+        try:
+            if not self.table or not self.table[0][0]:  # the default group is not named yet
+                self.world(describe(None))
+            name, desc, size = describe(pg)
+        except Exception:  # noqa: BLE001 - never into the job from here
+            return WORLD_GROUP, 0
         code = self.code(name, desc, size)
         if len(self.by_pg) < MAX_OBJECTS:
             self.by_pg[pg] = (code, size)
