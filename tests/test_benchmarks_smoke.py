@@ -26,6 +26,8 @@ BENCHMARKS = (
     "cuda_timer_costs",
     "overlap_ingest",
     "prometheus_export",
+    "monitor_hook_cost",
+    "fr_decode_cost",
 )
 ROW_WITH_NUMBER = re.compile(r"^\|[^\n]*\d[^\n]*\|$", re.M)
 

@@ -14,8 +14,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from workers.capture.bootstrap import split_target
-from workers.capture.cuda_capture import CaptureThread, FlightRecorderSource
+from workers.capture.cuda_capture import CaptureThread
+from workers.capture.fr_source import FlightRecorderSource, InProcessDump
 from workers.capture.rows import StepTimeline
+from workers.rank.groups import GroupTable
 
 ROOT = Path(__file__).resolve().parent.parent
 FR_DUMP = ROOT / "tests" / "fixtures" / "h200" / "fr_dump_h200_torch2.11_nccl2.28.9.pkl"
@@ -77,7 +79,9 @@ class FakeMonitor:
     def __init__(self) -> None:
         self._epoch = 0
         self._mode = 0
-        self.status = SimpleNamespace(iteration=0, untimed=0)
+        self.status = SimpleNamespace(iteration=0, untimed=0, lost=0, groups=())
+        self.groups = GroupTable(self.status)
+        self.groups.world(("0", "default_pg", 1))
         self.coll: list[tuple[Any, ...]] = []
 
     def add_records(self, coll: list[tuple[Any, ...]], copies: list[tuple[Any, ...]]) -> None:
@@ -95,14 +99,21 @@ def test_capture_thread_reads_each_collective_once_and_waits_at_stop_for_unretir
     def fake_dump(**_kw: Any) -> bytes:
         return pickle.dumps(dumps.pop(0) if len(dumps) > 1 else dumps[0])
 
+    issued = {"0": 16, "1": 1}
+
+    def fake_status() -> dict:  # torch's status dump (JSON: counts as strings)
+        return {"pg_status": {g: {"last_enqueued_collective": str(n)} for g, n in issued.items()}}
+
     mon = FakeMonitor()
-    thread = CaptureThread(mon, StepTimeline(), FlightRecorderSource(fake_dump), None)
+    thread = CaptureThread(mon, StepTimeline(), FlightRecorderSource(InProcessDump(fake_dump), fake_status, 2000), None)
     thread.drain(force_fr=True)
     assert len(mon.coll) == 12 and thread.fr is not None and thread.fr.cursor.pending == 5
+    issued["1"] = 3  # two more on group "1" that no read will see
     thread.stop(settle_s=5.0)  # the final read waits until the watchdog has retired them
     assert [row[0] for row in mon.coll] == list(range(17))  # iteration: each collective once
     assert thread.fr.cursor.pending == 0 and thread.fr.cursor.untimed == 0
-    assert mon.status.iteration == 17
+    assert mon.status.iteration == 17 and mon.status.lost == 2  # the last Hello says so
+    assert [row[5] for row in mon.coll].count(1) == 1 and mon.groups.table[1] == ("1", "undefined", 1)
 
 
 def test_cupti_is_left_to_a_profiler_that_holds_it(monkeypatch) -> None:

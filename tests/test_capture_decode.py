@@ -17,10 +17,12 @@ from typing import Any
 import pytest
 
 from workers.capture.cupti_copies import FIELDS, ClockMap, CopyRecord, decode_copy
-from workers.capture.flight_recorder import FrCursor, entry_nbytes, load_dump, op_name, read_all
+from workers.capture.flight_recorder import FrCursor, entry_nbytes, issued_by_group, load_dump, op_name, read_all
 from workers.capture.rows import RowMaker, StepTimeline
 from workers.monitor.records import MONITOR_COLL_ROW, OPS
+from workers.rank.groups import GroupTable
 from workers.rank.publisher import COPY_ROW
+from workers.wire.protocol import DTYPE_INDEX
 
 FIXTURES = Path(__file__).parent / "fixtures" / "h200"
 FR_DUMP = FIXTURES / "fr_dump_h200_torch2.11_nccl2.28.9.pkl"
@@ -60,30 +62,35 @@ def test_flight_recorder_dump_decodes_to_the_collectives_the_probe_issued(dump: 
     ]  # fmt: skip
     assert [r.nbytes for r in rows[:9]] == [4 * MIB, 8192, 16 * MIB, 4 * MIB, 4 * MIB, 4 * MIB, 4 * MIB, 4 * MIB, 0]
     assert rows[12].nbytes == 2099200 * 4 and rows[15].nbytes == rows[16].nbytes == 1049600 * 4
-    assert [r.pg for r in rows].count("1") == 1 and rows[7].pg == "1"
+    assert [r.pg for r in rows].count("1") == 1 and rows[7].pg == "1" and rows[7].desc == "undefined"
+    assert {r.desc for i, r in enumerate(rows) if i != 7} == {"default_pg"}
+    assert [r.dtype for r in rows[:3]] == [DTYPE_INDEX["float32"], DTYPE_INDEX["bfloat16"], DTYPE_INDEX["bfloat16"]]
+    assert rows[9].dtype == DTYPE_INDEX["int64"] and rows[13].dtype == DTYPE_INDEX["int32"]
     assert all(r.ranks == 1 and r.dur_us > 0 and r.host_ns > 1.7e18 for r in rows)
     assert rows[2].dur_us == pytest.approx(69.34, abs=0.01)  # the 16 MiB all_gather, CUDA events on NCCL's stream
     assert [r.host_ns for r in rows] == sorted(r.host_ns for r in rows)
-    assert (cursor.lost, cursor.untimed, cursor.skipped, cursor.watermark) == (0, 0, 0, 16)
+    assert (cursor.lost, cursor.untimed, cursor.p2p, cursor.floor) == (0, 0, 0, 16)
 
 
 def test_cursor_returns_each_entry_once_and_waits_for_unfinished_ones(dump: dict) -> None:
     early = copy.deepcopy(dump)
     for e in early["entries"][10:]:
         e["state"] = "started"  # as a dump taken while they ran would show them
+        e["retired"] = False
         e.pop("duration_ms")
     early["entries"][12]["state"] = "completed"  # finished out of order (another group)
     early["entries"][12]["duration_ms"] = dump["entries"][12]["duration_ms"]
+    early["entries"][12]["retired"] = True
     early["entries"][11]["state"] = "completed"  # finished, not yet retired by the watchdog: no duration yet
     early["entries"][11]["retired"] = False
     cursor = FrCursor()
     first = cursor.read(early)
     assert [r.record_id for r in first] == [*range(10), 12]
-    assert cursor.watermark == 9 and cursor.pending == 6
+    assert cursor.floor == 9 and cursor.pending == 6
     second = cursor.read(dump)
     assert [r.record_id for r in second] == [10, 11, 13, 14, 15, 16]
     assert cursor.read(dump) == []
-    assert cursor.watermark == 16 and cursor.lost == 0 and cursor.untimed == 0 and cursor.pending == 0
+    assert cursor.floor == 16 and cursor.lost == 0 and cursor.untimed == 0 and cursor.pending == 0
 
 
 def test_entries_the_ring_overwrote_unread_are_counted_lost(dump: dict) -> None:
@@ -94,16 +101,19 @@ def test_entries_the_ring_overwrote_unread_are_counted_lost(dump: dict) -> None:
     wrapped = copy.deepcopy(dump)
     wrapped["entries"] = wrapped["entries"][9:]  # ids 4..8 fell out of the ring before this dump
     assert [r.record_id for r in cursor.read(wrapped)] == list(range(9, 17))
-    assert cursor.lost == 5
+    assert cursor.overwritten == 4  # seqs 5-8 of the default group: its oldest entry left is seq 9
+    # Group "1"'s one collective (id 7) left with them, unseen: torch's own count says it was issued.
+    assert cursor.finish(issued_by_group(dump)) == 1 and cursor.lost == 5
 
 
 def test_untimed_and_point_to_point_entries_are_counted_not_emitted(dump: dict) -> None:
     d = copy.deepcopy(dump)
     d["entries"][0].pop("duration_ms")
-    d["entries"][1]["profiling_name"] = "nccl:send"
+    d["entries"][1]["profiling_name"] = "nccl:send 0->1"
     d["entries"][1]["is_p2p"] = True
     rows, cursor = read_all([d])
-    assert len(rows) == 15 and cursor.untimed == 1 and cursor.skipped == 1 and cursor.watermark == 16
+    assert len(rows) == 15 and cursor.untimed == 1 and cursor.p2p == 1 and cursor.floor == 16
+    assert cursor.lost == 1  # the untimed one; a send is no collective (never lost)
 
 
 def test_op_names_map_to_commtop_ops() -> None:
@@ -143,7 +153,9 @@ def test_rows_take_their_step_from_the_timeline_and_fit_the_batch_dtypes(dump: d
     timeline = StepTimeline()
     timeline.mark(rows[9].host_ns, 0)  # DDP's first collective starts step 0
     timeline.mark(rows[13].host_ns, 1)
-    maker = RowMaker(timeline)
+    groups = GroupTable()
+    groups.world(("0", "default_pg", 1))
+    maker = RowMaker(timeline, groups)
     coll = [maker.coll_row(r, epoch=0, mode=0) for r in rows]
     assert [c[1] for c in coll] == [-1] * 9 + [0] * 4 + [1] * 4
     assert [c[0] for c in coll] == list(range(17))
@@ -151,6 +163,8 @@ def test_rows_take_their_step_from_the_timeline_and_fit_the_batch_dtypes(dump: d
 
     arr = np.array(coll, dtype=MONITOR_COLL_ROW)
     assert arr["op"][2] == OPS.index("all_gather") and arr["nbytes"][2] == 16 * MIB
+    assert arr["group"].tolist() == [0] * 7 + [1] + [0] * 9 and groups.table[1] == ("1", "undefined", 1)
+    assert arr["dtype"][1] == DTYPE_INDEX["bfloat16"]
     data = json.loads(CUPTI.read_text())
     copies = decode_copies(data["records"], ClockMap.from_pairs(data["clock_pairs"]))
     carr = np.array([maker.copy_row(c, epoch=0) for c in copies], dtype=COPY_ROW)

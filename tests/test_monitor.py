@@ -28,7 +28,7 @@ from tui.ingest.sources import LiveSource  # noqa: E402
 from tui.run.job_plan import script_argv  # noqa: E402
 from workers import monitor  # noqa: E402
 from workers.monitor import patch as monitor_patch
-from workers.monitor.records import MONITOR_COLL_ROW, OP_INDEX, OPS, MonitorBatcher  # noqa: E402
+from workers.monitor.records import OP_INDEX, OPS, MonitorBatcher  # noqa: E402
 from workers.rank.publisher import NullPublisher  # noqa: E402
 from workers.wire import connection as connections  # noqa: E402
 from workers.wire import protocol
@@ -144,6 +144,38 @@ def test_every_patched_collective_and_copy_reaches_the_collector(run, source) ->
     assert not source.rejected
 
 
+def test_records_carry_their_group_and_dtype_and_hellos_name_the_groups(run, source) -> None:
+    mon = monitor.start(run.path, wait_s=2.0, sampler=False)
+    monitor.patch_distributed()
+    second = dist.new_group([0])
+    third = dist.new_group([0], group_desc="tp")
+    calls = [  # (tensor, group argument, expected code, expected dtype)
+        (torch.ones(N), None, 0, "float32"),
+        (torch.ones(N, dtype=torch.bfloat16), second, 1, "bfloat16"),
+        (torch.ones(N, dtype=torch.int64), third, 2, "int64"),
+        (torch.ones(N, dtype=torch.bfloat16), dist.group.WORLD, 0, "bfloat16"),  # the world, named: code 0
+        (torch.ones(N), second, 1, "float32"),
+    ]
+    with mon.step(0):
+        for t, group, _, _ in calls:
+            dist.all_reduce(t, group=group)
+        dist.barrier(group=third)
+    monitor.stop()
+    messages = drain(source)
+    coll = columns(messages, protocol.COLL)
+    order = np.argsort(coll["iteration"])
+    assert coll["group"][order].tolist() == [c[2] for c in calls] + [2]
+    assert [protocol.DTYPES[d] for d in coll["dtype"][order]] == [c[3] for c in calls] + ["?"]  # a barrier has none
+    hello = max((m for m in messages if isinstance(m, protocol.Hello)), key=lambda h: h.t_ns)  # two sockets
+    name = dist.distributed_c10d._get_process_group_name
+    assert hello.groups == (
+        (name(dist.group.WORLD), "default_pg", 1),
+        (name(second), "undefined", 1),
+        (name(third), "tp", 1),
+    )
+    assert hello.lost == 0
+
+
 def test_unpatched_and_stopped_monitor_record_nothing(run, source) -> None:
     monitor.patch_distributed()
     monitor.unpatch_distributed()
@@ -161,7 +193,7 @@ def test_bus_factors_follow_nccl_tests_per_row() -> None:
     ranks = np.array([8, 8, 4, 8])
     assert bus_factors(op, ranks).tolist() == [1.75, 0.875, 1.0, 0.0]
     batcher = MonitorBatcher(NullPublisher(), lambda: (0, -1, -1), batch_ms=50)
-    cols = batcher.coll_columns([(0, 1, 0, 0, OP_INDEX["all_reduce"], 0, 0, 1000, 8, 5, 6, 1.0)])
+    cols = batcher.coll_columns([(0, 1, 0, 0, OP_INDEX["all_reduce"], 0, 1, 1000, 8, 5, 6, 1.0)])
     assert set(cols) == set(protocol.COLL_COLUMNS)
     assert cols["algbw"].tolist() == [1.0] and cols["busbw"].tolist() == [1.75]
 
@@ -423,6 +455,7 @@ class FakeCudaTensor:
 
     is_cuda = True
     nbytes = 4096
+    dtype = torch.float16
 
 
 class FakeCudaTimer:
@@ -511,6 +544,6 @@ def test_cuda_branch_ends_async_collectives_on_the_private_stream_and_never_wait
     ]
     assert done.waited_on == "private" and timer.untimed == 2 and mon.on
     metas = [c[2] for c in timer.calls if c[0] == "begin"]
-    field = {name: i for i, name in enumerate(MONITOR_COLL_ROW.names)}
-    picked = {(m[field["op"]], m[field["nbytes"]], m[field["ranks"]]) for m in metas}
-    assert [m[0] for m in metas] == [0, 1, 2, 3] and picked == {(OP_INDEX["all_reduce"], 4096, 1)}
+    assert [m[0] for m in metas] == [0, 1, 2, 3] and {m[4:9] for m in metas} == {
+        (OP_INDEX["all_reduce"], 0, protocol.DTYPE_INDEX["float16"], 4096, 1)
+    }

@@ -11,7 +11,8 @@ reduce_scatter, on the world group or, with ``--groups 2``, some on a second gro
 three copies on a side stream (two device-to-host offloads and one host-to-device prefetch,
 pinned). On an H200 that is ~10 collectives and 3 copies per ~4.5 ms step. ``--layers 0``
 drops the model: a collectives-only job (e.g. ``--layers 0 --explicit 20`` for a job issuing
-thousands of collectives a second).
+thousands of collectives a second); ``--rate R --seconds S`` paces the timed steps so the job
+issues about R collectives/s for S seconds.
 
 The job counts what it issues from its own logic and prints, on rank 0, one JSON line at the
 end (``ddp_offload: {...}``): steps, the wall time of the timed steps, step time percentiles,
@@ -56,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--offload-mib", type=float, default=None, help="size of each copy (32 on GPU, 1 on CPU)")
     p.add_argument("--copies", type=int, default=3, help="copies per step: D2H, D2H, H2D, ... (GPU only)")
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
+    p.add_argument("--rate", type=float, default=0.0, help="pace the timed steps to about this many collectives/s")
+    p.add_argument("--seconds", type=float, default=0.0, help="with --rate: as many steps as fill this long")
     p.add_argument("--result", default="", help="also write the JSON line's object to this file")
     return p.parse_args(argv)
 
@@ -92,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     y = torch.randn(batch, hidden, device=device, generator=gen)
 
     plan = [EXPLICIT[i % len(EXPLICIT)] for i in range(args.explicit)]
+    per_step = args.explicit + args.layers  # collectives a step issues (one DDP bucket per layer)
+    period = per_step / args.rate if args.rate > 0 else 0.0
+    if period and args.seconds:
+        args.steps = max(1, int(args.seconds / period))
     buffers = []
     for op, nbytes, _g in plan:
         per_rank = max(1, nbytes // 4)
@@ -152,7 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     times: list[float] = []
     started = time.perf_counter()
     last = started
+    next_at = started
     for _ in range(args.steps):
+        if period:  # paced: start each step on its schedule (a step that runs late starts at once)
+            next_at += period
+            while (left := next_at - time.perf_counter()) > 0:
+                time.sleep(left if left > 2e-4 else 0)
         step()
         if cuda:
             torch.cuda.current_stream().synchronize()  # step time as the job sees it
@@ -178,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             "ddp_buckets": buckets,
             "issued": [[g, op, s, n] for (g, op, s), n in sorted(issued.items())],
             "issued_total": sum(issued.values()) + buckets * (args.steps + args.warmup),
+            "rate_per_s": round((args.explicit + buckets) * args.steps / elapsed, 1),  # timed steps
         }
         print("ddp_offload: " + json.dumps(out), flush=True)
         if args.result:

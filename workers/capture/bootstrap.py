@@ -4,7 +4,8 @@
     torchrun ... -m workers.capture.bootstrap -m package.mod ARGS
 
 Before the script: ``TORCH_NCCL_ENABLE_TIMING=1`` (NCCL groups then time every collective on
-their own stream, into the Flight Recorder), the monitor (connection, heartbeat, publisher),
+their own stream, into the Flight Recorder), the ring's size when the user set none
+(:func:`workers.capture.fr_source.choose_ring`), the monitor (connection, heartbeat, publisher),
 a global optimizer step hook (steps), and a wrapper of ``init_process_group`` that picks the
 capture once the backend is known: NCCL with a Flight Recorder -> :mod:`.cuda_capture`
 (plus CUPTI copies when ``cupti-python`` loads); anything else -> :mod:`.fallback`, said in
@@ -44,6 +45,8 @@ class Capture:
         self.how = ""
         self.user_steps = False  # the script drives steps itself (``with mon.step(n):``)
         self._mon_step: Any = None
+        self.ring_note = ""  # the Flight Recorder ring's size and who chose it, for the start line
+        self.server: Any = None  # torch's worker server, read off the GIL (workers.capture.fr_source)
 
     # ---------------------------------------------------------------- install
 
@@ -61,6 +64,7 @@ class Capture:
             return
         if self.mode != "hooks":
             os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")  # read when each NCCL group is made
+            self._size_ring()
         register_optimizer_step_post_hook(self._on_optimizer_step)
         self._mon_step = self.mon.step
         self.mon.step = self._user_step  # a script that names its steps takes over from the optimizer hook
@@ -121,13 +125,26 @@ class Capture:
         self.mon._refresh()  # Hello: backend, world size, device, capture
         self._begin_step()
 
+    def _size_ring(self) -> None:
+        """Before the script (torch reads the size once, at the ring's first use): where NCCL can
+        run and torch's worker server can read the ring off the GIL, a ring sized for a high
+        collective rate, unless the user set one."""
+        import torch
+
+        from workers.capture.fr_source import choose_ring
+
+        if torch.cuda.is_available():
+            c10d = getattr(torch._C, "_distributed_c10d", None)
+            self.ring_note = choose_ring(os.environ, server=hasattr(c10d, "_WorkerServer"))
+
     def _start_cuda(self) -> str:
         """Flight Recorder collectives (+ CUPTI copies); '' when the Flight Recorder cannot serve."""
-        from workers.capture.cuda_capture import CaptureThread, CuptiCopies, FlightRecorderSource, fr_dump_function
+        from workers.capture.cuda_capture import CaptureThread, CuptiCopies, fr_dump_function
+        from workers.capture.fr_source import FlightRecorderSource, InProcessDump, nccl_status, ring_size
 
         dump = fr_dump_function()
-        ring = os.environ.get("TORCH_FR_BUFFER_SIZE", os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", ""))
-        if dump is None or ring == "0" or os.environ.get("TORCH_NCCL_ENABLE_TIMING") in ("0", ""):
+        ring = ring_size(os.environ)
+        if dump is None or ring == 0 or os.environ.get("TORCH_NCCL_ENABLE_TIMING") in ("0", ""):
             return ""
         copies: CuptiCopies | None = None
         note = "copies from CUPTI"
@@ -141,12 +158,42 @@ class Capture:
             except Exception as exc:  # noqa: BLE001 - no cupti-python, or CUPTI held by a profiler
                 copies = None
                 note = f"copies not captured (CUPTI: {type(exc).__name__}: {str(exc)[:80]})"
-        self.thread = CaptureThread(self.mon, self.timeline, FlightRecorderSource(dump), copies)
+        in_process = InProcessDump(dump)
+        server, why = self._worker_server()
+        fr = FlightRecorderSource(
+            server or in_process, nccl_status(), ring, fallback=in_process if server else None, rank=self.mon.rank
+        )
+        self.thread = CaptureThread(self.mon, self.timeline, fr, copies)
         self.thread.start()
         self._monitor_api_uses_this_capture(copies is not None)
         if self.mon.rank == 0:
-            print(f"commtop: collectives from torch's Flight Recorder (NCCL timing on); {note}", file=sys.stderr)
+            ring_note = self.ring_note or f"ring {ring}"
+            print(
+                f"commtop: collectives from torch's Flight Recorder (NCCL timing on; {ring_note}; read through "
+                f"{fr.dump.how}{why}); {note}",
+                file=sys.stderr,
+            )
         return "flight recorder + CUPTI copies" if copies is not None else "flight recorder"
+
+    def _worker_server(self) -> tuple[Any, str]:
+        """(a ServerDump through torch's worker server on a socket in the run's folder, "") or
+        (None, why not)."""
+        from workers.capture.fr_source import ServerDump, WorkerServer, post
+
+        conn = self.mon.conn
+        folder = os.path.dirname(conn.path) if conn is not None and conn.path else "/tmp"
+        try:
+            server = WorkerServer(folder, f"fr-{self.mon.rank}-{os.getpid()}.sock")
+        except Exception as exc:  # noqa: BLE001 - a torch without it
+            return None, f" (no worker server: {type(exc).__name__}: {str(exc)[:60]})"
+        reader = ServerDump(server.path)
+        try:
+            post(server.path, reader.query.replace("includecollectives=true", "includecollectives=false"), timeout=5.0)
+        except OSError as exc:
+            server.shutdown()
+            return None, f" (the worker server cannot serve it: {str(exc)[:80]})"
+        self.server = server
+        return reader, ""
 
     def _monitor_api_uses_this_capture(self, copies: bool) -> None:
         """A script that also uses ``workers.monitor`` gets each record once: its
@@ -205,6 +252,9 @@ class Capture:
             except Exception:  # noqa: BLE001
                 pass
             thread.stop()
+        server, self.server = self.server, None
+        if server is not None:
+            server.shutdown()
         block, self.block = self.block, None
         if block is not None:
             block.__exit__(None, None, None)

@@ -5,12 +5,11 @@ collectives themselves (``TORCH_NCCL_ENABLE_TIMING=1``, set by the bootstrap bef
 exists: CUDA events on the NCCL stream, in C++) and record them in the Flight Recorder ring;
 CUPTI records every memcpy. This thread reads both and hands rows to the monitor.
 
-Costs measured on the H200 (benchmarks/results/capture_probe_h200.log): a Flight Recorder
-dump holds the GIL for its whole length, ~7.5 us per ring entry plus ~2.4 us to unpickle
-(15 + 5 ms for torch's default ring of 2000), whatever is new. So dumps are spaced so that
-they take at most ``FR_DUTY`` of the time (with the default ring, one every ~4 s); what the
-ring overwrote before a dump is counted as dropped. CUPTI's buffer callback runs on CUPTI's
-thread (the raw client's numpy decoder); the drain keeps only DtoH/HtoD records as 6 integers each.
+The ring is read when it is ~60 % new (:mod:`workers.capture.fr_source`: torch's status dump
+says how full it is, polled every 20-500 ms), through torch's worker server where it runs (the
+dump is built off the GIL), and whatever it overwrote before a read is counted as lost
+(Hello.lost). CUPTI's buffer callback runs on CUPTI's thread (the raw client's numpy decoder);
+the drain keeps only DtoH/HtoD records as 6 integers each, every TICK_S.
 """
 
 from __future__ import annotations
@@ -22,17 +21,12 @@ from collections import deque
 from typing import Any
 
 from workers.capture.cupti_copies import FIELDS, ClockMap, decode_copy
-from workers.capture.flight_recorder import FrCursor, load_dump
+from workers.capture.fr_source import FlightRecorderSource
 from workers.capture.rows import RowMaker, StepTimeline
 from workers.rank.cupti_activity import MEMCPY_DTOH, MEMCPY_HTOD
 
 log = logging.getLogger("commtop.capture")
 
-#: Largest share of wall time spent dumping the Flight Recorder (the dump holds the GIL).
-FR_DUTY = 0.005
-#: Shortest and longest time between two dumps.
-FR_MIN_PERIOD_S = 0.5
-FR_MAX_PERIOD_S = 10.0
 #: How often CUPTI buffers are flushed and copies handed over.
 TICK_S = 0.5
 #: Copies kept between two ticks at most (beyond: dropped and counted).
@@ -45,30 +39,6 @@ def fr_dump_function() -> Any:
 
     c10d = getattr(torch._C, "_distributed_c10d", None)
     return getattr(c10d, "_dump_nccl_trace", None) if c10d is not None else None
-
-
-class FlightRecorderSource:
-    """New finished collectives of the Flight Recorder ring, read at a GIL-bounded rate."""
-
-    def __init__(self, dump_fn: Any) -> None:
-        self.dump_fn = dump_fn
-        self.cursor = FrCursor()
-        self.next_at = 0.0
-        self.last_cost_s = 0.0
-        self.dumps = 0
-
-    def due(self, now: float) -> bool:
-        return now >= self.next_at
-
-    def read(self) -> list[Any]:
-        t0 = time.perf_counter()
-        raw = self.dump_fn(includeCollectives=True, includeStackTraces=False, onlyActive=False)
-        rows = self.cursor.read(load_dump(raw))  # plain data only: no class is ever loaded
-        cost = time.perf_counter() - t0
-        self.last_cost_s = cost
-        self.dumps += 1
-        self.next_at = t0 + min(FR_MAX_PERIOD_S, max(FR_MIN_PERIOD_S, cost / FR_DUTY))
-        return rows
 
 
 class CuptiCopies:
@@ -131,7 +101,8 @@ class CuptiCopies:
 
 
 class CaptureThread:
-    """Every TICK_S: CUPTI copies, and the Flight Recorder when its dump is due, to the monitor."""
+    """Reads the Flight Recorder when its fill level says so, CUPTI copies every TICK_S, and
+    hands both to the monitor (which batches and sends them from this thread)."""
 
     def __init__(
         self, mon: Any, timeline: StepTimeline, fr: FlightRecorderSource | None, copies: CuptiCopies | None
@@ -139,7 +110,7 @@ class CaptureThread:
         self.mon = mon
         self.fr = fr
         self.copies = copies
-        self.rows = RowMaker(timeline)
+        self.rows = RowMaker(timeline, mon.groups)
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one drain at a time (thread vs final drain)
         self.thread = threading.Thread(target=self._run, name="commtop-capture", daemon=True)
@@ -148,37 +119,51 @@ class CaptureThread:
         self.thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(TICK_S):
+        next_copies = time.monotonic() + TICK_S
+        wait = 0.0
+        while not self._stop.wait(wait):
+            now = time.monotonic()
             try:
-                self.drain(force_fr=False)
+                copies = now >= next_copies
+                if copies:
+                    next_copies = now + TICK_S
+                self.drain(force_fr=False, copies=copies)
             except Exception as exc:  # noqa: BLE001 - never into the job
                 log.warning("commtop capture: stopped after an internal error: %r", exc)
                 return
+            due = next_copies if self.fr is None else min(next_copies, self.fr.next_poll_at)
+            wait = max(0.0, due - time.monotonic())
 
-    def drain(self, force_fr: bool) -> None:
+    def drain(self, force_fr: bool, copies: bool = True) -> None:
         with self._lock:
             mon = self.mon
             epoch, mode = mon._epoch, mon._mode
             coll: list[tuple[Any, ...]] = []
             copy: list[tuple[Any, ...]] = []
             fr = self.fr
-            if fr is not None and (force_fr or fr.due(time.perf_counter())):
-                coll = [self.rows.coll_row(c, epoch, mode) for c in fr.read()]
-                mon.status.iteration = self.rows.iteration
-                mon.status.untimed = fr.cursor.untimed
+            if fr is not None:
+                now = time.monotonic()
+                if fr.poll(now) or force_fr:
+                    coll = self.rows.coll_rows(fr.read(now), epoch, mode)
+                    mon.status.iteration = self.rows.iteration
+                    mon.status.untimed = fr.cursor.untimed
+                    mon.status.lost = fr.lost
             cp = self.copies
-            if cp is not None:
+            if cp is not None and copies:
                 cp.flush()
                 cp.sync_clock()
                 q = cp.queue
+                decoded = []
                 while q:
                     c = decode_copy(q.popleft(), cp.clock)
                     if c is not None:
-                        copy.append(self.rows.copy_row(c, epoch))
-            mon.add_records(coll, copy)
+                        decoded.append(c)
+                copy = self.rows.copy_rows(decoded, epoch)
+            mon.add_records(coll, copy)  # also sends what an earlier call left batched, once due
 
     def stop(self, settle_s: float = 1.0) -> None:
-        """Stop the thread and read what finished meanwhile (at destroy_process_group / exit)."""
+        """Stop the thread and read what finished meanwhile (at destroy_process_group / exit);
+        then count what torch issued and nobody read."""
         self._stop.set()
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join(timeout=TICK_S + 5.0)
@@ -192,5 +177,11 @@ class CaptureThread:
             if self.fr is None or self.fr.cursor.pending == 0 or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
+        if self.fr is not None:
+            try:
+                self.fr.finish()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("commtop capture: final count failed: %r", exc)
+            self.mon.status.lost = self.fr.lost  # the last Hello (before the Bye) carries it
         if self.copies is not None:
             self.copies.stop()

@@ -1,25 +1,47 @@
-"""Decode torch's Flight Recorder dumps into commtop collective rows (torch-free).
+"""Decode torch's Flight Recorder dumps into commtop collectives, and count what they lost (torch-free).
 
-A dump (``torch._C._distributed_c10d._dump_nccl_trace``, unpickled) holds ``entries``: one
-dict per collective with ``record_id`` (global, increasing), ``pg_id``/``process_group``,
-``profiling_name`` ("nccl:_all_gather_base"), ``input_sizes``/``input_dtypes``,
-``output_sizes``/``output_dtypes``, ``state`` ("scheduled"/"started"/"completed"),
-``time_created_ns`` (host enqueue, wall clock) and, with collective timing on
-(``TORCH_NCCL_ENABLE_TIMING=1``), ``duration_ms`` measured by CUDA events on the NCCL stream.
+A dump (``_dump_nccl_trace``, or the worker server's ``dump_nccl_trace_pickle``, unpickled) holds
+``entries``, one dict per recorded operation, oldest first: ``record_id`` (global, increasing),
+``process_group`` ([name, description]), ``collective_seq_id`` (per group, from 1, contiguous:
+measured on the H200), ``p2p_seq_id``, ``profiling_name`` ("nccl:_all_gather_base"),
+``input_sizes``/``input_dtypes``/``output_sizes``/``output_dtypes``, ``state``
+("scheduled"/"started"/"completed"), ``retired``, ``is_p2p``, ``time_created_ns`` (host enqueue,
+wall clock) and, with collective timing on (``TORCH_NCCL_ENABLE_TIMING=1``), ``duration_ms``
+(CUDA events on the NCCL stream, set when torch's watchdog retires the entry).
 
-The ring keeps the last N entries whatever has been read, so :class:`FrCursor` remembers what
-it emitted and returns only new, finished entries; entries overwritten before a dump read
-them are counted as ``lost``. Bytes follow nccl-tests' S (total gathered size for all_gather,
-total input for reduce_scatter), as :mod:`workers.monitor.patch` does, so busbw compares.
+How entries count (one collective = one ``collective_seq_id`` of one group):
+
+* a plain collective: one entry, timed by itself;
+* a coalesced call (``all_gather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``,
+  ``allreduce_coalesced``): one entry whose sizes list every tensor: one collective, its bytes
+  summed;
+* a ``startCoalescing``/``endCoalescing`` block (``_coalescing_manager``): one entry per op, never
+  timed (no events: they stay "scheduled", never retired), then one ``nccl:coalesced`` entry with
+  empty sizes that carries the block's timing; all share one ``collective_seq_id``. One
+  collective: the ops' op and dtype (the first op's), their bytes summed, the closing entry's time;
+* point-to-point (``is_p2p``: ``nccl:send 0->1``, batched sends and their closing entry): not a
+  collective in commtop's schema; counted as ``p2p``, never as lost.
+
+Lost (Hello.lost) = ``overwritten`` (a gap in a group's sequence numbers between what was handled
+and the oldest entry still in the ring: the ring wrapped before a read) + ``untimed`` (finished
+without a duration) + ``unknown`` (an op commtop cannot name, or a closing entry whose ops were
+overwritten) + ``unread`` (at the end: issued per torch's own count, ``pg_status``, and never
+seen finished). Bytes follow nccl-tests' S (total gathered size for all_gather, total input
+otherwise), as :mod:`workers.monitor.patch` does.
 """
 
 from __future__ import annotations
 
+import bisect
 import io
 import pickle
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from workers.wire.protocol import dtype_code
+
+Entry = Mapping[str, Any]
 
 
 class _PlainData(pickle.Unpickler):
@@ -33,7 +55,9 @@ class _PlainData(pickle.Unpickler):
 def load_dump(raw: bytes) -> dict[str, Any]:
     """A Flight Recorder dump (the bytes torch's dump API returns) as plain data; raises
     pickle.UnpicklingError for anything but plain data (torch 2.11's dumps are plain data)."""
-    data = _PlainData(io.BytesIO(raw)).load()
+    # through a buffered reader: with ``peek`` the C unpickler reads ahead in blocks instead of one
+    # read() call per opcode (torch writes protocol 2, unframed): 3x faster, as fast as pickle.loads
+    data = _PlainData(io.BufferedReader(io.BytesIO(raw), 1 << 16)).load()
     if not isinstance(data, dict):
         raise pickle.UnpicklingError(f"a Flight Recorder dump is a map, not {type(data).__name__}")
     return data
@@ -79,29 +103,38 @@ OP_OF: dict[str, str] = {
     "reduce_scatter_base": "reduce_scatter",
     "reduce_scatter_tensor_coalesced": "reduce_scatter",
     "broadcast": "broadcast",
+    "broadcast_oop": "broadcast",
     "all_to_all": "all_to_all",
     "alltoall": "all_to_all",
     "alltoall_base": "all_to_all",
     "reduce": "reduce",
+    "reduce_oop": "reduce",
     "gather": "gather",
     "scatter": "scatter",
     "all_reduce_barrier": "barrier",
     "barrier": "barrier",
 }
 
+#: The closing entry of a startCoalescing/endCoalescing block.
+COALESCED = "coalesced"
 
-@dataclass(frozen=True)
-class FrCollective:
-    """One finished, timed collective of a dump."""
+WAIT, TIMED, UNTIMED = 0, 1, 2
 
-    record_id: int
-    pg: str  # process group name (Flight Recorder's pg_config key)
+
+class FrCollective(NamedTuple):
+    """One finished, timed collective of a dump (a named tuple: built for every collective read)."""
+
+    record_id: int  # the entry that carried its timing
+    pg: str  # process group name (torch's, as the monitor's group table keys it)
+    desc: str  # the group's description ("default_pg", "undefined", ...)
     seq: int  # collective_seq_id within its group
     op: str  # commtop op name (workers.monitor.records.OPS)
-    nbytes: int  # nccl-tests S
-    ranks: int  # size of the process group
+    dtype: int  # workers.wire.protocol.DTYPES code (0: not known)
+    nbytes: int  # nccl-tests S, summed over a coalesced collective's tensors
+    ranks: int  # size of the process group (0: the dump does not say)
     host_ns: int  # time_created_ns: when the rank enqueued it (wall clock)
     dur_us: float  # CUDA events on the NCCL stream
+    parts: int = 1  # ops of a startCoalescing block (1 otherwise)
 
 
 def op_name(profiling_name: str) -> str | None:
@@ -120,8 +153,9 @@ def _bytes(sizes: Any, dtypes: Any) -> int:
     return total
 
 
-def entry_nbytes(op: str, entry: Mapping[str, Any]) -> int:
-    """nccl-tests S of one entry: the gathered output for all_gather, the input otherwise."""
+def entry_nbytes(op: str, entry: Entry) -> int:
+    """nccl-tests S of one entry: the gathered output for all_gather, the input otherwise
+    (every tensor of a coalesced entry)."""
     if op == "barrier":
         return 0
     if op == "all_gather":
@@ -138,85 +172,272 @@ def group_sizes(dump: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
-class FrCursor:
-    """Reads successive dumps of the same ring: each finished entry is returned once.
+def issued_by_group(status: Mapping[str, Any]) -> dict[str, int]:
+    """Group name -> collectives issued so far, from a dump's ``pg_status``
+    (``last_enqueued_collective``: an int in a pickled dump, a string in a JSON one)."""
+    out: dict[str, int] = {}
+    for name, st in (status.get("pg_status") or {}).items():
+        try:
+            out[str(name)] = max(0, int(st.get("last_enqueued_collective", 0)))
+        except (TypeError, ValueError, AttributeError):
+            continue
+    return out
 
-    ``lost``: entries the ring overwrote before a dump saw them finished. ``untimed``:
-    finished entries without ``duration_ms`` (a group whose timing is off). ``skipped``:
-    point-to-point and unknown ops (commtop's rows name collectives only). A finished entry
-    gets its ``duration_ms`` when torch's watchdog retires it (``retired``), so finished but
-    unretired entries wait for a later dump (seen on the H200: read too early, 52 of 252
-    collectives of a DDP run came out untimed).
-    """
+
+def finished(e: Entry) -> int:
+    """TIMED (done, with its duration), UNTIMED (done without one: its group's timing is off,
+    or a ring that records no events, gloo's) or WAIT (running, or done but not retired yet:
+    the watchdog sets the duration when it retires it)."""
+    if e.get("duration_ms") is not None and (e.get("state") == "completed" or e.get("retired")):
+        return TIMED
+    return UNTIMED if e.get("retired") else WAIT
+
+
+def _rid(e: Entry) -> int:
+    return int(e.get("record_id", -1))
+
+
+@dataclass
+class GroupState:
+    """One group's bookkeeping: every seq below ``expect`` is accounted (read or lost)."""
+
+    desc: str = ""
+    expect: int = 1
+    done: set[int] = field(default_factory=set)  # accounted seqs above ``expect``
+    last_seq: int = 0  # highest seq any dump showed
+    p2p: bool = False  # it ran point-to-point ops (its pg_status count is then not collectives only)
+
+    def account(self, seq: int) -> None:
+        if seq == self.expect:
+            self.expect += 1
+            done = self.done
+            while self.expect in done:
+                done.discard(self.expect)
+                self.expect += 1
+        elif seq > self.expect:
+            self.done.add(seq)
+
+    def skip_to(self, seq: int) -> int:
+        """The ring's oldest entry of this group is ``seq``: the seqs below it that were not
+        accounted left the ring unread. Returns how many; all are accounted from now on."""
+        if seq <= self.expect:
+            return 0
+        below = {d for d in self.done if d < seq}
+        gone = seq - self.expect - len(below)
+        self.done -= below
+        self.expect = seq
+        while self.expect in self.done:
+            self.done.discard(self.expect)
+            self.expect += 1
+        return gone
+
+
+class FrCursor:
+    """Reads successive dumps of the same ring: each collective is returned once, and every one
+    not returned is counted (see the module docstring for how entries count)."""
 
     def __init__(self) -> None:
-        self.watermark = -1  # every record_id <= this was handled
-        self._done: set[int] = set()  # handled ids above the watermark
-        self.lost = 0
+        self.groups: dict[str, GroupState] = {}
+        self.floor = -1  # every entry with a record_id <= floor is accounted
+        self.last_record = -1  # newest record_id of the last dump
+        self.overwritten = 0
         self.untimed = 0
-        self.skipped = 0
-        self.pending = 0  # entries of the last dump still running or not retired yet
+        self.unknown = 0
+        self.unread = 0
+        self.p2p = 0  # point-to-point entries seen (not collectives; never lost)
+        self.pending = 0  # collectives of the last dump still running or not retired yet
+        self._pending: dict[str, set[int]] = {}
+        self._p2p_upto = -1
         self._sizes: dict[str, int] = {}
+        self._kinds: dict[str, tuple[str | None, bool]] = {}  # profiling name -> (op, closer)
+        self._dtypes: dict[str, int] = {}  # c10 dtype name -> code
+
+    @property
+    def lost(self) -> int:
+        """Collectives issued and never returned (Hello.lost)."""
+        return self.overwritten + self.untimed + self.unknown + self.unread
 
     def read(self, dump: Mapping[str, Any]) -> list[FrCollective]:
-        """New finished collectives of ``dump`` in record order."""
+        """New finished collectives of ``dump``, in the order they were issued."""
         self._sizes.update(group_sizes(dump))
-        entries = sorted(
-            (e for e in dump.get("entries") or () if int(e.get("record_id", -1)) > self.watermark),
-            key=lambda e: int(e["record_id"]),
-        )
-        if entries:
-            first = int(entries[0]["record_id"])
-            if first > self.watermark + 1:
-                missing = range(self.watermark + 1, first)
-                self.lost += sum(1 for rid in missing if rid not in self._done)
-                self._done.difference_update(missing)
-                self.watermark = first - 1
+        entries: Sequence[Entry] = dump.get("entries") or ()
+        if entries and not _rid(entries[0]) <= _rid(entries[len(entries) // 2]) <= _rid(entries[-1]):
+            entries = sorted(entries, key=_rid)  # torch dumps the ring oldest first; anything else is sorted
+        if entries and _rid(entries[-1]) < self.last_record:  # record ids restarted: the recorder was reset
+            self.floor = self._p2p_upto = -1
+        units, oldest = self._collect(entries[bisect.bisect_right(entries, self.floor, key=_rid) :])
+        for name, seq in oldest.items():
+            self.overwritten += self.groups[name].skip_to(seq)
         out: list[FrCollective] = []
-        self.pending = 0
-        for e in entries:
-            rid = int(e["record_id"])
-            if rid in self._done:
+        self._pending = {}
+        lowest_pending: int | None = None
+        for (name, seq), unit in units.items():
+            g = self.groups[name]
+            if seq < g.expect or seq in g.done:
                 continue
-            if e.get("state") != "completed" or (e.get("duration_ms") is None and not e.get("retired", True)):
-                self.pending += 1  # running, or finished but its duration not read yet (the watchdog retires it)
+            state, row = self._unit(name, seq, unit)
+            if state == WAIT:
+                self._pending.setdefault(name, set()).add(seq)
+                first = _rid(unit[0])
+                lowest_pending = first if lowest_pending is None else min(lowest_pending, first)
                 continue
-            row = self._row(e)
+            g.account(seq)
             if row is not None:
                 out.append(row)
-            self._done.add(rid)
-        self._advance()
+        self.pending = sum(len(s) for s in self._pending.values())
+        if entries:
+            self.last_record = _rid(entries[-1])
+            self.floor = lowest_pending - 1 if lowest_pending is not None else max(self.floor, self.last_record)
         return out
 
-    def _row(self, e: Mapping[str, Any]) -> FrCollective | None:
-        op = op_name(str(e.get("profiling_name", "")))
-        if op is None or e.get("is_p2p"):
-            self.skipped += 1
-            return None
-        duration = e.get("duration_ms")
-        if duration is None:
+    def finish(self, issued: Mapping[str, int] | None) -> int:
+        """At the end, after the last read: count what never came. ``issued``: torch's own count
+        per group (:func:`issued_by_group`), trusted for groups that ran no point-to-point op;
+        elsewhere the collectives still pending count. Returns how many were added to ``unread``."""
+        before = self.unread
+        issued = dict(issued or {})
+        for name, g in self.groups.items():
+            n = issued.pop(name, None)
+            if n is not None and not g.p2p:
+                self.unread += max(0, n - g.expect + 1 - sum(1 for d in g.done if d <= n))
+                g.done = {d for d in g.done if d > n}
+                g.expect = max(g.expect, n + 1)
+            else:
+                for seq in sorted(self._pending.get(name, ())):
+                    if seq >= g.expect and seq not in g.done:
+                        self.unread += 1
+                        g.account(seq)
+        for _name, n in issued.items():  # groups no dump ever showed
+            self.unread += n
+        self._pending = {}
+        self.pending = 0
+        return self.unread - before
+
+    # ------------------------------------------------------------------ internals
+
+    def _collect(self, entries: Iterable[Entry]) -> tuple[dict[tuple[str, int], list[Entry]], dict[str, int]]:
+        """The entries above the floor by (group, seq), and each group's oldest seq among them."""
+        units: dict[tuple[str, int], list[Entry]] = {}
+        oldest: dict[str, int] = {}
+        groups = self.groups
+        for e in entries:
+            try:  # torch writes every one of these fields
+                name, desc = e["process_group"][:2]
+                p2p = e["is_p2p"]
+                seq = e["collective_seq_id"]
+            except (KeyError, TypeError, ValueError):
+                pg = e.get("process_group") or (e.get("pg_id", ""), "")
+                name, desc = pg[0], pg[1] if len(pg) > 1 else ""
+                p2p = e.get("is_p2p", False)
+                seq = int(e.get("collective_seq_id", -1))
+            if type(name) is not str:
+                name = str(name)
+            g = groups.get(name)
+            if g is None:
+                g = groups[name] = GroupState(desc=str(desc))
+            if p2p:
+                g.p2p = True
+                rid = _rid(e)
+                if rid > self._p2p_upto:
+                    self.p2p += 1
+                    self._p2p_upto = rid
+                continue
+            if seq > g.last_seq:
+                g.last_seq = seq
+            if name not in oldest:
+                oldest[name] = seq
+            if seq >= g.expect and seq not in g.done:
+                key = (name, seq)
+                unit = units.get(key)
+                if unit is None:
+                    units[key] = [e]
+                else:
+                    unit.append(e)
+        return units, oldest
+
+    def _unit(self, name: str, seq: int, unit: list[Entry]) -> tuple[int, FrCollective | None]:
+        """(WAIT, None) while it runs; else it is accounted, with its row unless it is lost."""
+        if len(unit) == 1:  # a plain (or coalesced-call) collective: the common case, kept short
+            e = unit[0]
+            op, closer = self._kinds.get(e.get("profiling_name", "")) or self._kind(e)
+            if not closer:
+                dur = e.get("duration_ms")
+                if dur is None or not (e.get("state") == "completed" or e.get("retired")):
+                    if not e.get("retired"):
+                        return WAIT, None
+                    self.untimed += 1
+                    return UNTIMED, None
+                if op is None:
+                    self.unknown += 1
+                    return TIMED, None
+                dtypes: Sequence[str] = e.get("input_dtypes") or e.get("output_dtypes") or ("",)
+                dtype = self._dtypes.get(dtypes[0], -1)
+                if dtype < 0:
+                    dtype = self._dtypes[dtypes[0]] = dtype_code(str(dtypes[0]))
+                sizes: Sequence[Sequence[int]] = e.get("output_sizes" if op == "all_gather" else "input_sizes") or ()
+                if len(sizes) == 1 and len(sizes[0]) == 1 and op != "barrier":  # one 1-d tensor
+                    nbytes = int(sizes[0][0]) * DTYPE_BYTES.get(str(dtypes[0]), 0)
+                else:
+                    nbytes = entry_nbytes(op, e)
+                return TIMED, FrCollective(
+                    e["record_id"],
+                    name,
+                    self.groups[name].desc,
+                    seq,
+                    op,
+                    dtype,
+                    nbytes,
+                    self._sizes.get(name, 0),
+                    int(e.get("time_created_ns") or 0),
+                    float(dur) * 1e3,
+                )
+        # a startCoalescing block (its ops and closing entry), or a closing entry alone
+        ops = [e for e in unit if not self._kind(e)[1]]
+        done = [e for e in ops if finished(e) != WAIT]
+        if done:  # a plain collective, timed by itself
+            timing, parts = done[0], done[:1]
+        else:
+            closers = [e for e in unit if self._kind(e)[1]]
+            if not closers:
+                return WAIT, None
+            timing, parts = closers[-1], ops  # a startCoalescing block: its ops, its closing entry's time
+        state = finished(timing)
+        if state == WAIT:
+            return WAIT, None
+        if state == UNTIMED:
             self.untimed += 1
-            return None
-        pg = e.get("process_group") or (str(e.get("pg_id", "")), "")
-        name = str(pg[0])
-        return FrCollective(
-            record_id=int(e["record_id"]),
-            pg=name,
-            seq=int(e.get("collective_seq_id", -1)),
-            op=op,
-            nbytes=entry_nbytes(op, e),
-            ranks=self._sizes.get(name, 0),
-            host_ns=int(e.get("time_created_ns") or 0),
-            dur_us=float(duration) * 1e3,
+            return UNTIMED, None
+        op = self._kind(parts[0])[0] if parts else None
+        if op is None:
+            self.unknown += 1
+            return TIMED, None
+        first = parts[0]
+        names: Sequence[str] = first.get("input_dtypes") or first.get("output_dtypes") or ("",)
+        dtype = self._dtypes.get(names[0], -1)
+        if dtype < 0:
+            dtype = self._dtypes[names[0]] = dtype_code(str(names[0]))
+        return TIMED, FrCollective(
+            _rid(timing),
+            name,
+            self.groups[name].desc,
+            seq,
+            op,
+            dtype,
+            entry_nbytes(op, first) if len(parts) == 1 else sum(entry_nbytes(op, p) for p in parts),
+            self._sizes.get(name, 0),
+            int(timing.get("time_created_ns") or 0),
+            float(timing["duration_ms"]) * 1e3,
+            len(parts),
         )
 
-    def _advance(self) -> None:
-        done = self._done
-        w = self.watermark
-        while w + 1 in done:
-            w += 1
-            done.discard(w)
-        self.watermark = w
+    def _kind(self, e: Entry) -> tuple[str | None, bool]:
+        """(commtop op or None, is a startCoalescing closing entry) of an entry's profiling name."""
+        name = e.get("profiling_name", "")
+        kind = self._kinds.get(name)
+        if kind is None:
+            text = str(name)
+            kind = self._kinds[name] = (op_name(text), text.split(":", 1)[-1] == COALESCED)
+        return kind
 
 
 def read_all(dumps: Iterable[Mapping[str, Any]]) -> tuple[list[FrCollective], FrCursor]:

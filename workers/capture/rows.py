@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from workers.capture.cupti_copies import CopyRecord
 from workers.capture.flight_recorder import FrCollective
 from workers.monitor.records import OP_INDEX
-from workers.wire.protocol import DIRECTIONS, WORLD_GROUP
+from workers.rank.groups import GroupTable
+from workers.wire.protocol import DIRECTIONS
 
 #: Step boundaries kept (older records than this many steps get the oldest step known).
 TIMELINE = 4096
@@ -29,32 +31,56 @@ class StepTimeline:
     def mark(self, time_ns: int, step: int) -> None:
         self._marks.append((time_ns, step))
 
+    def snapshot(self) -> Callable[[int], int]:
+        """``step_at`` over the marks as they are now: one copy (the job's thread may append
+        meanwhile) for a whole batch of rows, then a bisect per row."""
+        marks = list(self._marks)
+        times = [t for t, _ in marks]
+        steps = [s for _, s in marks]
+
+        def step_at(time_ns: int) -> int:
+            i = bisect.bisect_right(times, time_ns) - 1
+            return steps[i] if i >= 0 else -1
+
+        return step_at
+
     def step_at(self, time_ns: int) -> int:
         """The step in force at ``time_ns`` (-1 before the first mark)."""
-        marks = list(self._marks)  # a copy: the job's thread may append meanwhile
-        i = bisect.bisect_right(marks, (time_ns, 1 << 62)) - 1
-        return marks[i][1] if i >= 0 else -1
+        return self.snapshot()(time_ns)
 
 
 class RowMaker:
-    """FR collectives and CUPTI copies -> MONITOR_COLL_ROW / COPY_ROW tuples."""
+    """FR collectives and CUPTI copies -> MONITOR_COLL_ROW / COPY_ROW tuples; a collective's
+    group gets its code from the rank's group table (by torch's group name, as the monitor's
+    wrappers key it)."""
 
-    def __init__(self, timeline: StepTimeline) -> None:
+    def __init__(self, timeline: StepTimeline, groups: GroupTable) -> None:
         self.timeline = timeline
+        self.groups = groups
         self.iteration = 0
 
-    def coll_row(self, c: FrCollective, epoch: int, mode: int) -> tuple[Any, ...]:
+    def coll_rows(self, cs: Iterable[FrCollective], epoch: int, mode: int) -> list[tuple[Any, ...]]:
+        at = self.timeline.snapshot()
+        return [self.coll_row(c, epoch, mode, at) for c in cs]
+
+    def copy_rows(self, cs: Iterable[CopyRecord], epoch: int) -> list[tuple[Any, ...]]:
+        at = self.timeline.snapshot()
+        return [self.copy_row(c, epoch, at) for c in cs]
+
+    def coll_row(
+        self, c: FrCollective, epoch: int, mode: int, step_at: Callable[[int], int] | None = None
+    ) -> tuple[Any, ...]:
         it = self.iteration
         self.iteration = it + 1
-        step = self.timeline.step_at(c.host_ns)
+        step = (step_at or self.timeline.step_at)(c.host_ns)
         return (
             it,
             step,
             epoch,
             mode,
             OP_INDEX[c.op],
-            WORLD_GROUP,
-            0,
+            self.groups.code(c.pg, c.desc, c.ranks),
+            c.dtype,
             c.nbytes,
             c.ranks,
             c.host_ns,
@@ -62,6 +88,6 @@ class RowMaker:
             c.dur_us,
         )
 
-    def copy_row(self, c: CopyRecord, epoch: int) -> tuple[Any, ...]:
-        step = self.timeline.step_at(c.start_ns)
+    def copy_row(self, c: CopyRecord, epoch: int, step_at: Callable[[int], int] | None = None) -> tuple[Any, ...]:
+        step = (step_at or self.timeline.step_at)(c.start_ns)
         return (step, epoch, c.nbytes, DIRECTIONS.index(c.direction), int(c.pinned), c.start_ns, c.dur_us)

@@ -25,10 +25,11 @@ from typing import Any
 
 from workers.monitor.knobs import MAX_NAME, Knobs, live_control
 from workers.monitor.patch import Args, Kwargs, OpSpec
-from workers.monitor.rank_info import env_int, node_gpus, run_info
+from workers.monitor.rank_info import env_int, node_gpus, run_info, world_group
 from workers.monitor.records import MonitorBatcher
 from workers.monitor.timers import Timers
 from workers.rank.control import Control, StaticControl
+from workers.rank.groups import GroupTable
 from workers.rank.heartbeat import RunInfo, WorkerStatus
 from workers.rank.session import RankSession
 from workers.wire.config import batch_ms_for_world
@@ -76,6 +77,8 @@ class Monitor:
         #: How records are captured, for Hello.config (workers.capture sets it; "" = this API's hooks).
         self.capture = ""
         self.status = WorkerStatus(settings=self._raw)
+        #: The rank's process groups by code (the records' ``group`` column, Hello.groups).
+        self.groups = GroupTable(self.status)
         self.session = RankSession(
             conn,
             self._run_info(on_gpu=False),  # rank and world size from the process group when it exists
@@ -87,7 +90,7 @@ class Monitor:
         self.batcher = MonitorBatcher(
             self.publisher, self._control_status, batch_ms=batch_ms_for_world(batch_ms, self.world_size)
         )
-        self.timers = Timers(self.batcher, self.status, on_cuda=self._refresh)
+        self.timers = Timers(self.batcher, self.status, on_cuda=self._refresh, groups=self.groups)
         if conn is not None:
             arm_from_env()  # under `commtop run -- ...`: end with the torchrun agent, however it ends
             _hook_excepthook(self)
@@ -298,6 +301,9 @@ class Monitor:
             capture=self.capture,
         )
         self.rank, self.world_size = info.rank, info.world_size
+        world = world_group()
+        if world is not None and (not self.groups.table or self.groups.table[0] != world):
+            self.groups.world(world)  # code 0, named in the Hellos from now on
         return info
 
     def _refresh(self) -> None:

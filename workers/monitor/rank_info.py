@@ -1,4 +1,5 @@
-"""Who a monitored rank is, as its Hellos say: rank, backend, device, knobs, how it is captured.
+"""Who a monitored rank is, as its Hellos say: rank, backend, device, knobs, how it is captured,
+its default process group (code 0 of the records' ``group`` column).
 
 Read again whenever one of them appears (the process group, the first GPU record, a knob, a
 named copy, the capture the bootstrap picked), so the collector learns them as they become known.
@@ -11,6 +12,7 @@ import sys
 
 from workers.monitor.knobs import Knobs
 from workers.monitor.records import OPS
+from workers.rank.groups import Group, describe
 from workers.rank.heartbeat import RunInfo, reported_hostname
 
 
@@ -65,6 +67,14 @@ def run_info(
         nccl_version=nccl,
         config=config,
     )
+
+
+def world_group() -> Group | None:
+    """The default process group's (name, description, size), None before it exists."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return describe(None)
 
 
 def node_gpus(local_world_size: int) -> list[str]:

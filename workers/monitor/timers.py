@@ -24,9 +24,10 @@ from typing import Any
 
 from workers.monitor.patch import Args, Kwargs, OpSpec
 from workers.monitor.records import MonitorBatcher
+from workers.rank.groups import GroupTable
 from workers.rank.heartbeat import WorkerStatus
 from workers.rank.timing import Anchor, CpuTimer, CudaTimer
-from workers.wire.protocol import WORLD_GROUP
+from workers.wire.protocol import dtype_code
 
 #: Where a collective's meta tuple (the MONITOR_COLL_ROW fields before start_ns) holds host_ns.
 HOST_NS = 9
@@ -35,8 +36,6 @@ COLL_RING = 4096
 COPY_RING = 1024
 #: Collectives between harvests when a step runs many (keeps the CUDA event rings from filling).
 HARVEST_EVERY = 64
-#: Process groups whose size is remembered (a job makes a few; more are asked each time).
-MAX_GROUPS = 64
 
 
 class CudaTimers:
@@ -73,9 +72,12 @@ class Timers:
     """The host-clock and CUDA-event timers of one monitored rank, and its records' way into
     the batcher. ``on_cuda`` runs once, when the first GPU record makes the CUDA timers."""
 
-    def __init__(self, batcher: MonitorBatcher, status: WorkerStatus, on_cuda: Callable[[], None]) -> None:
+    def __init__(
+        self, batcher: MonitorBatcher, status: WorkerStatus, on_cuda: Callable[[], None], groups: GroupTable
+    ) -> None:
         self.batcher = batcher
         self.status = status
+        self.groups = groups
         self.on_cuda = on_cuda
         self.cpu_coll = CpuTimer()
         self.cpu_copy = CpuTimer()
@@ -83,7 +85,7 @@ class Timers:
         self.iteration = 0  # collectives begun on this rank (the records' iteration)
         self.lock = threading.RLock()  # harvest vs rows from a capture thread (add)
         self._since_harvest = 0
-        self._groups: dict[Any, int] = {}
+        self._dtypes: dict[Any, int] = {}  # torch dtype -> protocol code (a handful per job)
         self._waiter: queue.SimpleQueue[tuple[Any, Ender] | None] | None = None
         self._waiter_thread: threading.Thread | None = None
 
@@ -104,12 +106,16 @@ class Timers:
     def coll_begin(self, spec: OpSpec, args: Args, kwargs: Kwargs, step: int, epoch: int, mode: int) -> Any:
         """Before a collective: its metadata and the start of its timing (the token)."""
         tensor, nbytes, group, is_async = spec.parse(args, kwargs)
-        ranks = self._groups.get(group)
-        if ranks is None:
-            ranks = self._group_size(group)
+        known = self.groups.by_pg.get(group)  # (code, size): one lookup once the group was seen
+        code, ranks = known if known is not None else self.groups.of_pg(group)
+        dtype = 0
+        if tensor is not None:
+            dtype = self._dtypes.get(tensor.dtype, -1)
+            if dtype < 0:
+                dtype = self._dtypes[tensor.dtype] = dtype_code(str(tensor.dtype))
         it = self.iteration
         self.iteration = it + 1
-        meta = (it, step, epoch, mode, spec.code, WORLD_GROUP, 0, nbytes, ranks, time.time_ns())
+        meta = (it, step, epoch, mode, spec.code, code, dtype, nbytes, ranks, time.time_ns())
         if tensor is not None and tensor.is_cuda:
             timer = self.cuda_timers().coll
             return timer, timer.begin(meta), is_async
@@ -179,6 +185,7 @@ class Timers:
                 b.flush()
                 if cuda is not None:
                     self.status.untimed = cuda.coll.untimed + cuda.copy.untimed
+                    self.status.lost = cuda.coll.untimed  # collectives begun, never timed nor sent
 
     def add(self, coll_rows: list[tuple[Any, ...]], copy_rows: list[tuple[Any, ...]]) -> None:
         """Rows captured off the job's thread (workers.capture), batched and sent from the
@@ -224,11 +231,3 @@ class Timers:
         self._waiter_thread.start()
         self._waiter = waiter
         return waiter
-
-    def _group_size(self, group: Any) -> int:
-        import torch.distributed as dist
-
-        n = int(dist.get_world_size(group))
-        if len(self._groups) < MAX_GROUPS:
-            self._groups[group] = n
-        return n

@@ -55,7 +55,8 @@ class StopFlag:
 
 @dataclass
 class WorkerStatus:
-    """What the loop is doing; written by the loop thread only (plain attribute writes)."""
+    """What the loop is doing: plain attribute writes (each field has one writer at a time: the
+    loop thread, or a capture thread for ``iteration``, ``untimed`` and ``lost``)."""
 
     started_ns: int = field(default_factory=time.time_ns)
     iteration: int = 0
@@ -63,6 +64,10 @@ class WorkerStatus:
     epoch: int = 0
     pinned_bytes: int = 0
     untimed: int = 0
+    #: The rank's process groups by code (workers.rank.groups.GroupTable publishes it here).
+    groups: tuple[tuple[str, str, int], ...] = ()
+    #: Collectives this rank issued and never recorded, cumulative (Hello.lost).
+    lost: int = 0
     #: Control messages refused so far, by reason (workers.rank.live_control: LiveControl.rejected).
     rejected: Callable[[], dict[str, int]] | None = None
     finished: bool = False
@@ -124,6 +129,8 @@ def hello_body(session: str, info: RunInfo, status: WorkerStatus, counters: Coun
         seq_copy=seq_copy,
         dropped=dropped,
         untimed=status.untimed,
+        groups=status.groups,
+        lost=status.lost,
         rejected=status.rejected() if status.rejected is not None else {},
     )
     return protocol.hello_body(session, hello)

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from workers.rank.control import Control
 from workers.rank.cuda_events import runtime_events
 from workers.rank.device import gpu_uuid, nccl_version
+from workers.rank.groups import describe
 from workers.rank.heartbeat import RunInfo, StopFlag, WorkerStatus, reported_hostname
 from workers.rank.publisher import NullPublisher, RecordBatcher, RecordPublisher
 from workers.rank.session import RankSession
@@ -453,6 +454,7 @@ def run_worker(
     """
     stop = stop or StopFlag()
     status = WorkerStatus(settings=config.initial_settings(), rejected=getattr(control, "rejected", None))
+    status.groups = (describe(None),)  # every record runs on the default group: code 0
     session = RankSession(
         None if bare else conn,
         run_info(config, rt),

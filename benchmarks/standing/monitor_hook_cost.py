@@ -1,0 +1,117 @@
+"""What the monitor's torch.distributed wrappers cost the job's thread per collective (gloo, CPU).
+
+    python3 benchmarks/standing/monitor_hook_cost.py --out $OUT/monitor_hook_cost.md
+
+The path every collective of an unmodified gloo job takes under commtop (workers.capture's
+fallback, and ``workers.monitor.patch_distributed``): ``coll_begin`` (op, bytes, the group's code
+and size, the dtype's code, the record's meta) + ``coll_end`` (the row, a harvest every 64 and
+the batches sent to a real PULL socket), on a world of one, measured without the collective
+itself; then the whole patched call against torch's original on a small all_reduce, in
+interleaved blocks. Target: < 2 µs of job-thread CPU per record. Same-run reference: one
+``time.time_ns()`` call; each row says how many of those it costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import tempfile
+import time
+from typing import Any
+
+from _common import Report, add_common_args, finish  # benchmarks/standing/ is sys.path[0]
+
+TARGET_US = 2.0
+
+
+def per_call_us(fn: Any, n: int) -> float:
+    c = time.thread_time()
+    for _ in range(n):
+        fn()
+    return (time.thread_time() - c) / n * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(ap)
+    ap.add_argument("--n", type=int, default=0, help="records per measure (default 200,000; tiny 2,000)")
+    ns = ap.parse_args(argv)
+    n = ns.n or (2_000 if ns.tiny else 200_000)
+    os.environ.setdefault("COMMTOP_RUNTIME_DIR", tempfile.mkdtemp(prefix="cmh-", dir="/tmp"))
+    import torch
+    import torch.distributed as dist
+    import zmq
+
+    from workers import monitor
+    from workers.monitor import patch as monitor_patch
+    from workers.wire import connection as connections
+    from workers.wire import protocol
+
+    conn = connections.create_run(label="hook-cost")
+    pull = zmq.Context.instance().socket(zmq.PULL)
+    pull.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_BODY_BYTES + 1024)
+    pull.setsockopt(zmq.RCVHWM, 1_000_000)
+    pull.bind(conn.data)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    second = dist.new_group([0])
+    mon = monitor.start(conn.path, wait_s=2.0, sampler=False)
+    monitor.patch_distributed()
+    spec = monitor_patch._spec("all_reduce", monitor_patch._originals["all_reduce"])
+    f32, bf16 = torch.ones(256), torch.ones(256, dtype=torch.bfloat16)
+    begin, end = mon.coll_begin, mon.coll_end
+
+    report = Report("the monitor's wrappers: job-thread CPU per collective (gloo, world of one)")
+    table = report.table(
+        f"µs of job-thread CPU per record ({n:,} each, best of 3); reference: time.time_ns() in the same run",
+        ("call", "µs", "x reference", "target", "met"),
+    )
+    ref_us = min(per_call_us(time.time_ns, n) for _ in range(3))
+    table.add("time.time_ns() (reference)", ref_us, 1.0, "", "")
+    for label, args, kwargs in (
+        ("coll_begin + coll_end: float32, default group", (f32,), {}),
+        ("coll_begin + coll_end: float32, a second group", (f32,), {"group": second}),
+        ("coll_begin + coll_end: bfloat16, a second group", (bf16,), {"group": second}),
+    ):
+        us = min(per_call_us(lambda a=args, k=kwargs: end(begin(spec, a, k), None), n) for _ in range(3))
+        table.add(label, us, us / ref_us, f"< {TARGET_US:g} µs", us < TARGET_US)
+    mon.harvest()
+
+    calls, blocks = (200, 4) if ns.tiny else (2_000, 15)
+    original = monitor_patch._originals["all_reduce"]
+    on: list[float] = []
+    off: list[float] = []
+    for _ in range(blocks):
+        for fn, out in ((dist.all_reduce, on), (original, off)):
+            c = time.thread_time()
+            for _ in range(calls):
+                fn(f32, group=second)
+            out.append((time.thread_time() - c) / calls * 1e6)
+        mon.harvest()
+    whole = report.table(
+        f"a gloo all_reduce of 1 KiB on a second group, job-thread CPU per call (median of {blocks} "
+        f"interleaved blocks of {calls:,})",
+        ("call", "µs", "x reference"),
+    )
+    m_on, m_off = statistics.median(on), statistics.median(off)
+    whole.add("torch's dist.all_reduce (unpatched)", m_off, m_off / ref_us)
+    whole.add("patched, under the monitor", m_on, m_on / ref_us)
+    whole.add("difference: the wrapper", m_on - m_off, (m_on - m_off) / ref_us)
+    monitor.stop()
+    received = 0
+    while pull.poll(200):
+        body = protocol.decode(protocol.open_frames(conn.key, pull.recv_multipart(), conn.session))
+        if isinstance(body, protocol.Batch) and body.kind == protocol.COLL:
+            received += len(body)
+    report.notes.append(f"records sent and received by the PULL socket: {received:,} (dropped {mon.publisher.dropped})")
+    dist.destroy_process_group()
+    finish(report, ns)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""A real torch Flight Recorder ring, read the way the capture reads NCCL's: through torch's worker
+server (its C++ thread, over a unix socket) on the fill level torch's status dump gives.
+
+gloo records every collective in the generic ring (no events, so every entry is untimed for
+commtop), and torch 2.13's worker server serves that ring as ``fr_trace_json``; everything else is
+the capture's own code (workers.capture.fr_source). Run by tests/test_fr_gloo_ring.py in a fresh
+process with ``TORCH_FR_BUFFER_SIZE`` set (torch reads it once per process): prints one JSON line.
+
+    TORCH_FR_BUFFER_SIZE=64 python tests/jobs/fr_ring_gloo.py FOLDER
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as c10d
+
+from workers.capture.fr_source import FlightRecorderSource, ServerDump, WorkerServer, ring_size
+
+KEEP_UP, BLIND, AFTER = 500, 200, 7
+
+
+def main(folder: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    server = WorkerServer(folder, "fr.sock")
+    ring = ring_size(os.environ)
+    warnings: list[str] = []
+    source = FlightRecorderSource(
+        ServerDump(server.path, handler="fr_trace_json", decode=json.loads),
+        lambda: json.loads(c10d._dump_fr_trace_json(includeCollectives=False, onlyActive=False)),
+        ring,
+        warn=warnings.append,
+    )
+    t = torch.ones(4)
+    now = 0.0
+    for _ in range(KEEP_UP):  # a poller that keeps up: it looks after every collective (1 ms apart)
+        dist.all_reduce(t)
+        now += 0.001
+        if source.poll(now):
+            source.read(now)
+    accounted = sum(g.expect - 1 for g in source.cursor.groups.values())  # read or lost so far
+    keep_up = {"reads": source.reads, "overwritten": source.cursor.overwritten, "accounted": accounted}
+    for _ in range(BLIND):  # nobody reads: the ring wraps
+        dist.all_reduce(t)
+    source.read(now + 1)
+    blind = {"overwritten": source.cursor.overwritten - keep_up["overwritten"]}
+    for _ in range(AFTER):  # issued after the last read
+        dist.all_reduce(t)
+    unread = source.finish()
+    c = source.cursor
+    print(
+        "fr_ring_gloo: "
+        + json.dumps(
+            {
+                "ring": ring,
+                "issued": KEEP_UP + BLIND + AFTER,
+                "keep_up": keep_up,
+                "blind": blind,
+                "untimed": c.untimed,
+                "overwritten": c.overwritten,
+                "unread": unread,
+                "lost": c.lost,
+                "warnings": warnings,
+                "how": source.dump.how,
+            }
+        ),
+        flush=True,
+    )
+    server.shutdown()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,223 @@
+"""The Flight Recorder decoder on the entries FSDP2, coalesced collectives and point-to-point write,
+and its count of what a ring loses, on a FAKE ring (tests/fake_flight_recorder.py: entries as
+torch 2.11's ProcessGroupNCCL writes them; CI has no NCCL).
+
+How each counts (workers/capture/flight_recorder.py): one collective per (group,
+collective_seq_id); a coalesced call is one collective with its tensors' bytes summed; a
+startCoalescing block is one collective with its ops' bytes summed and the closing entry's time;
+point-to-point is not a collective (counted as p2p, never lost).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+
+from fake_flight_recorder import FakeRing
+
+from workers.capture.flight_recorder import FrCursor, issued_by_group, load_dump, op_name, read_all
+from workers.capture.fr_source import (
+    RING_DEFAULT,
+    FlightRecorderSource,
+    choose_ring,
+    ring_advice,
+    ring_size,
+)
+from workers.wire.protocol import DTYPES
+
+LAYERS = (1000, 2000, 3000)  # parameters per rank of each fully_shard unit
+
+
+class FakeDump:
+    """A DumpReader over the fake ring (pickled as torch's dump is)."""
+
+    how = "a fake ring"
+
+    def __init__(self, ring: FakeRing) -> None:
+        self.ring = ring
+
+    def fetch(self) -> bytes:
+        return pickle.dumps(self.ring.dump(), protocol=2)
+
+    def decode(self, raw: bytes) -> dict:
+        return load_dump(raw)
+
+
+def rows_of(rows: list) -> list[tuple[str, str, int, str]]:
+    return [(r.pg, r.op, r.nbytes, DTYPES[r.dtype]) for r in rows]
+
+
+def test_an_fsdp2_step_gives_one_row_per_all_gather_and_reduce_scatter() -> None:
+    ring = FakeRing(world=2)
+    expected = []
+    for _step in range(2):
+        # forward: all-gather each unit (bf16 params); backward: all-gather again (resharded after
+        # forward), then reduce-scatter its fp32 gradients. 2.11 names them _all_gather_base / _reduce_scatter_base.
+        for n in (*LAYERS, *reversed(LAYERS)):
+            ring.collective("nccl:_all_gather_base", [[n]], [[2 * n]], "BFloat16")
+            expected.append(("0", "all_gather", 2 * n * 2, "bfloat16"))
+        for n in reversed(LAYERS):
+            ring.collective("nccl:_reduce_scatter_base", [[2 * n]], [[n]], "Float")
+            expected.append(("0", "reduce_scatter", 2 * n * 4, "float32"))
+    ring.complete(duration_ms=0.25)
+    rows, cursor = read_all([ring.dump()])
+    assert rows_of(rows) == expected
+    assert all(r.ranks == 2 and r.dur_us == 250.0 and r.parts == 1 for r in rows)
+    assert [r.seq for r in rows] == list(range(1, len(expected) + 1))
+    assert cursor.lost == 0 and cursor.pending == 0 and cursor.finish(issued_by_group(ring.status())) == 0
+    assert op_name("nccl:_allgather_base") == op_name("nccl:_all_gather_base") == "all_gather"
+
+
+def test_a_coalesced_call_is_one_collective_with_every_tensor_s_bytes() -> None:
+    ring = FakeRing(world=2)
+    ring.collective("nccl:all_gather_into_tensor_coalesced", [[100], [300]], [[200], [600]], "BFloat16")
+    ring.collective("nccl:reduce_scatter_tensor_coalesced", [[200], [600]], [[100], [300]], "Float")
+    ring.collective("nccl:allreduce_coalesced", [[10], [20], [30]], [[10], [20], [30]], "Float")
+    ring.complete()
+    rows, cursor = read_all([ring.dump()])
+    assert rows_of(rows) == [
+        ("0", "all_gather", (200 + 600) * 2, "bfloat16"),  # S = the gathered outputs
+        ("0", "reduce_scatter", (200 + 600) * 4, "float32"),  # S = the inputs
+        ("0", "all_reduce", 60 * 4, "float32"),
+    ]
+    assert [r.parts for r in rows] == [1, 1, 1] and cursor.lost == 0
+
+
+def test_a_start_coalescing_block_is_one_collective_timed_by_its_closing_entry() -> None:
+    ring = FakeRing(world=2)
+    ring.collective("nccl:all_reduce", [[4]], [[4]])
+    closer = ring.coalescing_block(
+        [("nccl:_all_gather_base", [[n]], [[2 * n]]) for n in LAYERS], dtype="BFloat16", pg="0"
+    )
+    ring.collective("nccl:_reduce_scatter_base", [[64]], [[32]])
+    members = [e for e in ring.entries if e["collective_seq_id"] == 2]
+    assert len(members) == 4 and members[-1] is closer and closer["input_sizes"] == []  # as torch writes it
+    # A dump taken between the ops and endCoalescing: the ops wait (no closing entry yet).
+    ring.complete(duration_ms=0.5, upto=0)
+    mid = ring.dump()
+    mid["entries"] = [e for e in mid["entries"] if e["record_id"] < closer["record_id"]]
+    cursor = FrCursor()
+    assert rows_of(cursor.read(mid)) == [("0", "all_reduce", 16, "float32")] and cursor.pending == 1
+    ring.complete(duration_ms=0.5)
+    rows = cursor.read(ring.dump())
+    assert rows_of(rows) == [
+        ("0", "all_gather", sum(LAYERS) * 2 * 2, "bfloat16"),
+        ("0", "reduce_scatter", 64 * 4, "float32"),
+    ]
+    block = rows[0]
+    assert block.parts == 3 and block.seq == 2 and block.record_id == closer["record_id"]
+    assert block.dur_us == 500.0 and block.host_ns == closer["time_created_ns"]
+    assert all(e["state"] == "scheduled" and not e["retired"] for e in members[:-1])  # never timed themselves
+    assert cursor.read(ring.dump()) == [] and cursor.lost == 0 and cursor.pending == 0
+
+
+def test_point_to_point_entries_are_no_collectives_and_never_lost() -> None:
+    ring = FakeRing(world=2)
+    ring.collective("nccl:all_reduce", [[256]], [[256]])
+    ring.send(1, 256)
+    ring.send(1, 256, recv=True)
+    ring.p2p_batch(64, 4)
+    ring.complete()
+    rows, cursor = read_all([ring.dump()])
+    assert rows_of(rows) == [("0", "all_reduce", 1024, "float32")]
+    assert cursor.p2p == 2 + 4 + 1 and cursor.lost == 0
+    # torch's count for the group is the last work's seq, here a p2p one (3 > 1 collective):
+    # not trusted for a group that ran p2p, so nothing is counted as never read.
+    assert issued_by_group(ring.status()) == {"0": 3}
+    assert cursor.finish(issued_by_group(ring.status())) == 0 and cursor.lost == 0
+
+
+def test_a_ring_smaller_than_the_issue_rate_loses_exactly_what_was_not_read() -> None:
+    ring = FakeRing(size=64, world=2)
+    ring.group("1", "tp")
+    cursor = FrCursor()
+    read = 0
+    for i in range(1000):
+        ring.collective("nccl:all_reduce", [[256]], [[256]], pg="1" if i % 3 == 0 else "0", done=True)
+        if i % 100 == 99:
+            read += len(cursor.read(ring.dump()))  # 100 new since the last read; the ring holds 64
+    for _ in range(10):  # issued after the last read, never read
+        ring.collective("nccl:all_reduce", [[256]], [[256]], done=True)
+    assert read == 10 * 64 and cursor.overwritten == 10 * 36
+    assert cursor.finish(issued_by_group(ring.status())) == 10
+    assert read + cursor.lost == ring.issued == 1010
+
+
+def test_untimed_and_unknown_collectives_count_as_lost() -> None:
+    ring = FakeRing(world=2)
+    ring.collective("nccl:all_reduce", [[4]], [[4]])
+    ring.complete(timed=False)  # its group's timing is off: finished, retired, no duration
+    ring.collective("nccl:all_reduce", [[4]], [[4]])
+    ring.collective("nccl:_some_new_op", [[4]], [[4]])
+    ring.complete()
+    rows, cursor = read_all([ring.dump()])
+    assert len(rows) == 1 and (cursor.untimed, cursor.unknown, cursor.lost) == (1, 1, 2)
+    assert len(rows) + cursor.lost == ring.issued
+
+
+def simulate(ring: FakeRing, source: FlightRecorderSource, rate: float, span_s: float) -> list[int]:
+    """A job issuing ``rate`` collectives/s (finished at once) while the capture thread polls and
+    reads as the source schedules; returns the ring entries new at each read."""
+    now, t_issue, last_id, fills = 0.0, 0.0, 0, []
+    while now < span_s:
+        while t_issue < now:
+            ring.collective("nccl:all_reduce", [[256]], [[256]], done=True)
+            t_issue += 1 / rate
+        if source.poll(now):
+            fills.append(ring.next_id - last_id)
+            last_id = ring.next_id
+            source.read(now)
+        now = max(source.next_poll_at, now + 1e-4)
+    return fills
+
+
+def test_fill_level_reads_come_before_the_ring_wraps_at_a_steady_rate() -> None:
+    ring = FakeRing(size=512, world=2)
+    source = FlightRecorderSource(FakeDump(ring), ring.status, ring=512)
+    fills = simulate(ring, source, rate=5000, span_s=10.0)
+    assert source.cursor.overwritten == 0
+    # Each read once 60 % of the ring is new, before it wraps (polls at most every 20 ms = 100 entries).
+    assert 0.6 * 512 <= min(fills[1:]) and max(fills) < 512
+    assert 50_000 / 512 < len(fills) <= 50_000 / (0.6 * 512) + 1
+    # Without torch's status the reads go by time only (at least every second): the ring wraps.
+    ring2 = FakeRing(size=512, world=2)
+    warned: list[str] = []
+    blind = FlightRecorderSource(FakeDump(ring2), None, ring=512, warn=warned.append)
+    simulate(ring2, blind, rate=5000, span_s=10.0)
+    assert blind.cursor.overwritten > 0 and len(warned) == 1
+    assert "wrapped before it was read" in warned[0] and "TORCH_FR_BUFFER_SIZE=" in warned[0]
+
+
+def test_the_ring_size_follows_torch_s_variables_and_is_only_chosen_when_unset() -> None:
+    assert ring_size({}) == 2000 and ring_size({"TORCH_NCCL_TRACE_BUFFER_SIZE": "300"}) == 300
+    assert ring_size({"TORCH_FR_BUFFER_SIZE": "100", "TORCH_NCCL_TRACE_BUFFER_SIZE": "300"}) == 100  # first wins
+    env: dict[str, str] = {}
+    assert choose_ring(env, server=True) == f"ring {RING_DEFAULT}" and env == {
+        "TORCH_FR_BUFFER_SIZE": str(RING_DEFAULT)
+    }
+    env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "20000"}
+    assert choose_ring(env, server=True) == "ring 20000 ($TORCH_NCCL_TRACE_BUFFER_SIZE)" and len(env) == 1
+    env = {}
+    assert choose_ring(env, server=False) == "ring 2000 (torch's default)" and env == {}
+
+
+def test_the_advice_names_a_ring_that_keeps_up_or_says_none_can() -> None:
+    # 5,000/s, 15 us an entry: after the trigger 80 us an entry are left, 65 beyond the read.
+    size = int(ring_advice(2000, 5000, 15e-6).rsplit("=", 1)[1])
+    assert size == 1 << math.ceil(math.log2(max(4000, 0.5 / 65e-6)))
+    assert "too slow for this rate at any ring size" in ring_advice(8192, 20000, 30e-6)
+
+
+def test_record_ids_that_restart_do_not_hide_new_collectives() -> None:
+    ring = FakeRing(world=2)
+    for _ in range(5):
+        ring.collective("nccl:all_reduce", [[4]], [[4]], done=True)
+    cursor = FrCursor()
+    assert len(cursor.read(ring.dump())) == 5
+    after = copy.deepcopy(ring)
+    after.entries.clear()
+    after.next_id = 0  # torch's soft reset (_reset_fr_recording_nccl): ids from 0, seqs go on
+    for _ in range(3):
+        after.collective("nccl:all_reduce", [[4]], [[4]], done=True)
+    assert [r.seq for r in cursor.read(after.dump())] == [6, 7, 8] and cursor.lost == 0

@@ -1,0 +1,123 @@
+"""Unmodified jobs under `commtop run --headless --record` (real torchrun, 2 gloo ranks, the real
+collector and recorder): every collective each rank issued is in the recording once, with its
+process group (named through the rank's Hello), op, dtype and size, and no rank lost any.
+
+* tests/jobs/two_groups.py: two process groups, six ops, three sizes, two dtypes; the expected
+  counts come from the job's own logic;
+* examples/train_fsdp2.py: FSDP2 (``fully_shard``) on gloo; the expected counts come from
+  torch.profiler in the same job (every c10d op the dispatcher ran, with its shapes),
+  independently of commtop's wrappers.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tui import cli
+from tui.recordings.codec import Tables
+from tui.recordings.reader import open_recording
+from workers.monitor.records import OPS
+from workers.wire import protocol
+
+REPO = Path(__file__).resolve().parent.parent
+Key = tuple[str, str, str, int]  # (group name, op, dtype, nbytes)
+
+
+def run_recorded(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str]) -> Tables:
+    """`commtop run --headless --nproc 2 --record` of ``argv``: the recording's tables."""
+    root = tempfile.mkdtemp(prefix="cm-", dir="/tmp")
+    rec_path = str(Path(root) / "job.commtop")
+    monkeypatch.setenv("COMMTOP_RUNTIME_DIR", root)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("COMMTOP_CONNECTION_FILE", raising=False)
+    try:
+        code = cli.main(["run", "--headless", "--nproc", "2", "--record", rec_path, "--", "python", *argv])
+        out = capsys.readouterr()
+        assert code == 0, out.err[-3000:] + out.out[-3000:]
+        with open_recording(rec_path) as rec:
+            assert rec.complete, rec.summary()
+            return rec.tables()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def last_hellos(tables: Tables) -> dict[int, protocol.Hello]:
+    """Each rank's newest Hello (the one sent at its end carries its final counts)."""
+    out: dict[int, protocol.Hello] = {}
+    for _, h in tables.hellos:
+        if h.backend != "unknown" and (h.rank not in out or h.t_ns >= out[h.rank].t_ns):
+            out[h.rank] = h
+    return out
+
+
+def recorded(tables: Tables, rank: int, hello: protocol.Hello) -> collections.Counter[Key]:
+    coll = tables.coll
+    mine = coll["rank"] == rank
+    # none lost, none twice: the rank's iterations are 0..n-1
+    assert np.array_equal(np.sort(coll["iteration"][mine]), np.arange(mine.sum()))
+    names = [g[0] for g in hello.groups]
+    return collections.Counter(
+        (names[g], OPS[o], protocol.DTYPES[d], n)
+        for g, o, d, n in zip(
+            coll["group"][mine].tolist(),
+            coll["op"][mine].tolist(),
+            coll["dtype"][mine].tolist(),
+            coll["nbytes"][mine].tolist(),
+            strict=True,
+        )
+    )
+
+
+def expected(prefix: str, rank: int, group: str | None = None) -> collections.Counter[Key]:
+    rows = json.loads(Path(f"{prefix}.rank{rank}.json").read_text())
+    if group is not None:  # counts without a group: all on the world group
+        rows = [[group, *r] for r in rows]
+    return collections.Counter({(g, op, dt, nb): n for g, op, dt, nb, n in rows})
+
+
+def test_a_job_with_two_groups_is_recorded_per_group_op_dtype_and_size(monkeypatch, capsys) -> None:
+    counts = tempfile.mkdtemp(prefix="cm-counts-", dir="/tmp")
+    prefix = f"{counts}/two_groups"
+    try:
+        tables = run_recorded(monkeypatch, capsys, [str(REPO / "tests" / "jobs" / "two_groups.py"), "--counts", prefix])
+        hellos = last_hellos(tables)
+        assert sorted(hellos) == [0, 1]
+        for rank, hello in hellos.items():
+            want = expected(prefix, rank)
+            got = recorded(tables, rank, hello)
+            assert got == want
+            by_stream = collections.Counter({(g, op, nb): n for (g, op, _dt, nb), n in got.items()})
+            assert len({k[0] for k in want}) == 2 and len({k[1] for k in want}) >= 4 and len({k[3] for k in want}) >= 3
+            assert sum(by_stream.values()) == sum(want.values())
+            assert hello.groups[0][1:] == ("default_pg", 2) and hello.groups[1][1:] == ("pair", 2)
+            assert hello.lost == 0 and hello.dropped == 0
+    finally:
+        shutil.rmtree(counts, ignore_errors=True)
+
+
+def test_fsdp2_on_two_gloo_ranks_shows_every_all_gather_and_reduce_scatter(monkeypatch, capsys) -> None:
+    counts = tempfile.mkdtemp(prefix="cm-counts-", dir="/tmp")
+    prefix = f"{counts}/fsdp2"
+    try:
+        tables = run_recorded(
+            monkeypatch, capsys, [str(REPO / "examples" / "train_fsdp2.py"), "--steps", "3", "--count", prefix]
+        )
+        hellos = last_hellos(tables)
+        assert sorted(hellos) == [0, 1]
+        for rank, hello in hellos.items():
+            world = hello.groups[0][0]
+            want = expected(prefix, rank, group=world)  # torch.profiler's count, in the same job
+            assert recorded(tables, rank, hello) == want
+            ops = {op: n for (_g, op, _dt, _nb), n in want.items()}
+            assert ops["all_gather"] == 3 * 4 * 2 and ops["reduce_scatter"] == 3 * 4  # 4 layers, 3 steps
+            assert hello.lost == 0
+    finally:
+        shutil.rmtree(counts, ignore_errors=True)
