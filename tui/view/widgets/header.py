@@ -34,13 +34,17 @@ def _kv(text: Text, key: str, value: str, color: str = TEXT, *, bold: bool = Fal
     text.append("  ")
 
 
-def _settings_text(settings: Settings | None, mode: str) -> str:
+def _settings_text(settings: Settings | None, mode: str, snap: Snapshot | None = None) -> str:
     if settings is None:  # the records told the mode, no hello the rest yet
         return "? copies ×1 ? pinned" if mode else ""
-    host = "pinned" if settings.pinned else "pageable"
+    cpu = snap is not None and snap.device in ("", "cpu")
+    host = "pinned" if settings.pinned and not cpu else "pageable"  # a CPU has no pinned memory
     knobs = " ".join(f"{k}={v}" for k, v in sorted(settings.knobs.items()))
-    if not settings.copies and knobs:  # a monitored job: its own knobs are what matters
-        return f"knobs {knobs}"
+    if snap is not None and snap.config.get("source") == "monitor":
+        # a user's job: the loop's copy settings mean nothing there; its copy records count
+        seen = sum(r.copies for r in snap.ranks)
+        parts = [f"{seen:,} copies" if seen else "no copies", f"knobs {knobs}" if knobs else ""]
+        return "  ".join(p for p in parts if p)
     return f"{settings.copies} copies ×{settings.copy_scale:g} {settings.direction} {host}" + (
         f"  {knobs}" if knobs else ""
     )
@@ -169,7 +173,7 @@ def _header_text(
     in_force = settings_wire(snap.settings, snap.mode_in_force)
     t.append("mode ", style=style(MUTED))
     t.append(f" {mode} ", style=style("#000000", MODE_COLORS.get(mode, TEXT), bold=True))
-    t.append(f"  {_settings_text(snap.settings, snap.mode_in_force)}", style=style(TEXT))
+    t.append(f"  {_settings_text(snap.settings, snap.mode_in_force, snap)}", style=style(TEXT))
     t.append(f"  epoch {snap.epoch_in_force}", style=style(MUTED))
     pending, apply_at = snap.pending_epoch, snap.apply_at
     requested = control.requested if control is not None else None
