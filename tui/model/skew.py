@@ -45,17 +45,21 @@ def straggler_shares(history: History, complete: np.ndarray | None = None) -> np
 
 
 def worst_skew(
-    history: History, order: list[int], settle: int = 0, complete: np.ndarray | None = None
+    history: History, order: list[int], settle: int = 0, complete: np.ndarray | None = None, since_ns: int = 0
 ) -> SkewEvent | None:
     """The complete iteration of the history window whose ranks arrived furthest apart,
-    iterations before ``settle`` left out (the first step still carries the ranks' start-up)."""
+    iterations before ``settle`` left out (the first step still carries the ranks' start-up),
+    and those that started before ``since_ns`` (a recent window)."""
     ms = history.ms
     if ms.shape[0] < 2 or ms.shape[1] == 0:
         return None
     its = history.first_iteration + np.arange(ms.shape[1])
     if complete is None:
         complete = ~np.isnan(ms).any(axis=0)
-    cols = np.flatnonzero(complete & (its >= settle))[-SKEW_ITERS:]
+    keep = complete & (its >= settle)
+    if since_ns and len(history.start_ns) == ms.shape[1]:
+        keep &= history.start_ns >= since_ns
+    cols = np.flatnonzero(keep)[-SKEW_ITERS:]
     if len(cols) == 0:
         return None
     sub = ms[:, cols]

@@ -10,6 +10,7 @@ worlds). Called on the ingest thread, under the lock that also guards ``apply``.
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Protocol
 
 import numpy as np
@@ -30,6 +31,11 @@ WINDOW_S = 5.0
 #: Whole-run statistics (histogram percentiles) of a snapshot are at most this old,
 #: unless the snapshot is asked for ``fresh_run_stats`` (the headless summary is).
 RUN_STATS_EVERY_S = 1.0
+#: The header's straggler line speaks of the iterations of the last this many seconds (the run's
+#: worst arrival skew stays in the snapshot beside it).
+RECENT_SKEW_S = 10.0
+#: Snapshots' recent findings kept (a snapshot every ~80 ms: 10 s is ~125).
+RECENT_SKEWS_KEPT = 256
 #: Ranks whose epochs the verdict line compares per second of refresh interval (see _epochs).
 EPOCHS_RANKS_PER_S = 128
 #: Above LARGE_WORLD ranks, a rank's numbers (last/p50/p99/busbw/rate; not its history, which
@@ -89,6 +95,8 @@ class SnapshotBuilder:
         self._kept: dict[int, _Kept] = {}
         #: The largest arrival skew of the run so far.
         self.worst_skew: SkewEvent | None = None
+        #: The largest of each snapshot's recent window (RECENT_SKEW_S), oldest first.
+        self._recent_skews: deque[SkewEvent] = deque(maxlen=RECENT_SKEWS_KEPT)
         self._epochs_cache: tuple[int, EpochComparison | None] | None = None
         self._offsets_cache: tuple[int, tuple[str, dict[str, float]]] | None = None
 
@@ -111,9 +119,11 @@ class SnapshotBuilder:
         # Iterations every rank reported (one scan of the matrix, shared by the two below).
         complete = ~np.isnan(history.ms).any(axis=0) if history.ms.shape[0] >= 2 else None
         shares = straggler_shares(history, complete)
-        skew = worst_skew(history, order, _settle_iters(run.lead_hello()), complete)
+        settle = _settle_iters(run.lead_hello())
+        skew = worst_skew(history, order, settle, complete)
         if skew is not None and (self.worst_skew is None or skew.skew_ms > self.worst_skew.skew_ms):
             self.worst_skew = skew
+        recent_skew = self._recent_skew(history, order, settle, complete, now)
         clock_ref, offsets = self._offsets(run, now, order, fresh_run_stats)
         due = self._due_for_refresh(run, order) if len(order) > LARGE_WORLD and not fresh_run_stats else None
         ranks = tuple(
@@ -154,12 +164,29 @@ class SnapshotBuilder:
             modes_seen=tuple(MODES[m] if m < len(MODES) else str(m) for m in sorted(run.modes_seen)),
             straggler=straggler(shares, complete, order),
             worst_skew=self.worst_skew,
+            recent_skew=recent_skew,
             clock_offsets_ms=offsets,
             clock_ref=clock_ref,
             telemetry=_telemetry_snapshot(run.telemetry, now, offsets),
             version=run.version,
             epochs=self._epochs(run, now, fresh_run_stats),
         )
+
+    def _recent_skew(
+        self, history: History, order: list[int], settle: int, complete: np.ndarray | None, now: int
+    ) -> SkewEvent | None:
+        """The largest arrival skew of the iterations that started in the last RECENT_SKEW_S: the
+        history window may hold less than that (fast collectives), so each snapshot's finding
+        is kept until it is older."""
+        since = now - int(RECENT_SKEW_S * 1e9)
+        found = worst_skew(history, order, settle, complete, since_ns=since)
+        kept = self._recent_skews
+        if found is not None and not any(e.iteration == found.iteration for e in kept):
+            kept.append(found)
+        while kept and kept[0].t_ns < since:
+            kept.popleft()
+        fresh = [e for e in kept if e.t_ns >= since]
+        return max(fresh, key=lambda e: e.skew_ms) if fresh else None
 
     def _offsets(self, run: RunState, now: int, order: list[int], fresh: bool) -> tuple[str, dict[str, float]]:
         """Clock offsets between hosts, re-estimated at most every RUN_STATS_EVERY_S (a median

@@ -13,6 +13,7 @@ from textual.widget import Widget
 from tui.ingest.interfaces import ControlView, RecordingStatus
 from tui.model.in_force import settings_wire
 from tui.model.snapshot import Snapshot
+from tui.model.snapshot_builder import RECENT_SKEW_S
 from tui.view.widgets.palette import (
     ACCENT,
     EXITED,
@@ -79,16 +80,26 @@ def settings_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
 
 
 def skew_text(snap: Snapshot, compact: bool = False) -> str:
-    """The run's worst arrival skew, when the others waited several typical collectives."""
-    e = snap.worst_skew
+    """The largest arrival skew of the last seconds, when the others waited several typical
+    collectives (the current state, not the worst ever: that is :func:`worst_skew_text`)."""
+    e = snap.recent_skew
     if e is None or not e.headline:
         return ""
     if compact:
         return f"⚠ straggler: rank {e.rank} {e.skew_ms:.1f} ms late at it {e.iteration}"
     return (
-        f"⚠ straggler: rank {e.rank} arrived {e.skew_ms:.1f} ms late at iteration {e.iteration} "
-        f"(the others waited {e.wait_ms:.1f} ms; typical {e.typical_ms:.2f} ms)"
+        f"⚠ straggler (last {RECENT_SKEW_S:g} s): rank {e.rank} arrived {e.skew_ms:.1f} ms late at iteration "
+        f"{e.iteration} (the others waited {e.wait_ms:.1f} ms; typical {e.typical_ms:.2f} ms)"
     )
+
+
+def worst_skew_text(snap: Snapshot) -> str:
+    """The run's worst arrival skew, as a detail beside the current state ("" when it is the
+    current one, or was never worth a headline)."""
+    e, now = snap.worst_skew, snap.recent_skew
+    if e is None or not e.headline or (now is not None and now.headline and now.iteration == e.iteration):
+        return ""
+    return f"run's worst: rank {e.rank} {e.skew_ms:.1f} ms late at iteration {e.iteration}"
 
 
 def clock_text(snap: Snapshot, most: int = 3) -> str:
@@ -195,6 +206,9 @@ def _header_text(
     skew = skew_text(snap, compact)
     if skew:
         t.append(f"  {skew}", style=style(WARN, bold=True))
+    worst = worst_skew_text(snap) if not compact else ""
+    if worst:
+        t.append(f"  {'· ' if skew else ''}{worst}", style=style(MUTED))
     t.append("\n")
     _health(t, snap, recording, control, compact)
     return t
