@@ -145,7 +145,8 @@ def _header_text(
     compact: bool,
 ) -> Text:
     t = Text(no_wrap=True, overflow="ellipsis")
-    t.append(f"{_short_title(title) if compact else title}  ", style=style(ACCENT, bold=True))
+    shown_title = _short_title(title) if compact else title
+    t.append(f"{shown_title}  ", style=style(ACCENT, bold=True))
     if snap is None or not snap.ranks:
         t.append("waiting for ranks to connect…", style=style(MUTED))
         t.append("\n\n")
@@ -157,11 +158,10 @@ def _header_text(
         backend = f"{backend}/cpu" if snap.device in ("", "cpu") else backend
     device = "" if snap.device in ("", "cpu") else f" on {snap.device}"
     if compact:  # "nccl H200": the value says what it is
-        t.append(
-            backend + device.replace(" on NVIDIA", "").replace(" on", ""),
-            style=style(WARN if "cpu" in backend else TEXT, bold=True),
-        )
-        t.append("  ")
+        short = backend + device.replace(" on NVIDIA", "").replace(" on", "")
+        if short not in shown_title:  # `commtop run`'s title already says "· gloo/cpu"
+            t.append(short, style=style(WARN if "cpu" in backend else TEXT, bold=True))
+            t.append("  ")
     else:
         _kv(t, "backend", backend + device, WARN if "cpu" in backend else TEXT, bold=True)
     _kv(t, "world", str(snap.world_size), bold=True)
