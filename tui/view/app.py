@@ -491,7 +491,7 @@ class CommtopApp(App[None]):
         try:
             if self.recorder.status().active:
                 self.recorder.stop()
-                self.notify("recording stopped", timeout=2)
+                self.notify(f"recording saved as {self.recorder.status().path}", timeout=3)
             else:
                 path = self.recorder.start()
                 self.notify(f"recording to {path}", timeout=3)
