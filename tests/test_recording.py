@@ -345,7 +345,7 @@ class FakeFullDisk:
 def test_a_full_disk_stops_recording_visibly_and_the_run_goes_on(tiny_disk) -> None:
     mnt, opener = tiny_disk
     recorder = Recorder(directory=mnt, flush_s=0.02, opener=opener)
-    path = Path(recorder.start())
+    recorder.start()
     source = synth_run(duration_s=600.0, world=8, seed=5)
     deadline = time.monotonic() + 20
     while not recorder.status().error and time.monotonic() < deadline:
@@ -360,6 +360,8 @@ def test_a_full_disk_stops_recording_visibly_and_the_run_goes_on(tiny_disk) -> N
         recorder.write(next(source)[1])  # the ingest thread keeps calling: cheap no-ops
     assert time.perf_counter() - t < 1.0
     recorder.stop()
+    path = Path(recorder.status().path)  # named after what ran (its collective) once it ended
+    assert path.name.endswith("-all_gather.commtop")
     got, rec = read_all(path)
     rec.close()  # before the tmpfs is unmounted
     assert not rec.complete and rec.truncated_at is not None

@@ -107,7 +107,10 @@ def test_many_ranks_heat_map_fits_straggler_marked_110ms_spelled_out(world: int,
     e = snap.worst_skew
     assert (e.rank, e.iteration) == (spike_rank, spike_at)
     assert 107.0 < e.skew_ms < 107.6 and 109.9 < e.wait_ms < 110.2 and e.own_ms < 3.0
-    assert f"⚠ straggler: rank {spike_rank} arrived 107." in out["header"]
+    # the current straggler line while it is recent, the run's worst once older than 10 s (a
+    # loaded machine takes over 10 s to send 512 ranks' 400 iterations)
+    recent = f"⚠ straggler (last 10 s): rank {spike_rank} arrived 107."
+    assert recent in out["header"] or f"run's worst: rank {spike_rank} 107." in out["header"]
     assert f"at iteration {spike_at}" in out["header"]
 
 

@@ -15,12 +15,17 @@ import math
 from dataclasses import dataclass
 
 from tui.experiment.ab_stats import pct
-from tui.model.epochs import EpochComparison
+from tui.model.epochs import MIN_RECORDS, EpochComparison
 from workers.wire.overlap import CLASSES
 
 
 def epochs_text(c: EpochComparison, peak: LinkPeak | None = None) -> str:
     """ "overlap vs none: p50 +1.6 % · during copies +1.9 % · ...  (adjacent epochs 4, 5: not an A/B ...)"."""
+    if c.settling:  # the epoch in force (the header's) has too few collectives yet
+        return (
+            f"{_epoch_name(c.other_epoch, c.other_mode)} vs {_epoch_name(c.base_epoch, c.base_mode)}: "
+            f"waiting for {MIN_RECORDS} of its collectives to settle"
+        )
     parts = [
         f"{c.other_mode} vs {c.base_mode}: p50 {pct(c.ratio)} %"
         if c.other_mode != c.base_mode
@@ -37,8 +42,15 @@ def epochs_text(c: EpochComparison, peak: LinkPeak | None = None) -> str:
     return " · ".join(parts) + f"  (adjacent epochs {epochs[0]}, {epochs[1]}: not an A/B, no interval · a: run one)"
 
 
-def verdict_text(progress: object | None, comparison: EpochComparison | None, peak: LinkPeak | None = None) -> str:
-    """The line to show: an experiment's (tui.experiment.ab_experiment.Progress) or the epochs'."""
+def _epoch_name(epoch: int, mode: str) -> str:
+    return f"epoch {epoch}" + (f" ({mode})" if mode != "?" else "")
+
+
+def verdict_text(
+    progress: object | None, comparison: EpochComparison | None, peak: LinkPeak | None = None, idle: str = ""
+) -> str:
+    """The line to show: an experiment's (tui.experiment.ab_experiment.Progress) or the epochs';
+    ``idle`` when there is neither (a replay's own; default: how to get one live)."""
     if progress is not None:
         state = getattr(progress, "state", "")
         latest = getattr(progress, "latest", None)
@@ -56,6 +68,8 @@ def verdict_text(progress: object | None, comparison: EpochComparison | None, pe
         return head + (f" · {getattr(progress, 'note', '')}" if getattr(progress, "note", "") else "")
     if comparison is not None:
         return epochs_text(comparison, peak)
+    if idle:
+        return idle
     return "verdict: waiting for two settings epochs (switch with o / 1-4) · a: A/B experiment"
 
 

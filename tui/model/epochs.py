@@ -36,6 +36,9 @@ class EpochComparison:
     #: p50 (ms) of ``other``'s collectives per overlap class
     class_p50_ms: dict[str, float] = field(default_factory=dict)
     copy_gbps: float = math.nan  # copies of ``other``
+    #: ``other`` is the epoch in force and has fewer than MIN_RECORDS settled collectives yet:
+    #: which epochs will be compared is known, the numbers are not (NaN).
+    settling: bool = False
 
     @property
     def ratio(self) -> float:
@@ -46,13 +49,20 @@ def _mode_name(index: int | None) -> str:
     return MODES[index] if index is not None and 0 <= index < len(MODES) else "?"
 
 
-def compare_epochs(overlaps: Iterable[RankOverlap], copies: Iterable[dict[str, np.ndarray]]) -> EpochComparison | None:
-    """The two newest epochs with enough settled collectives, compared (None: fewer than two)."""
+def compare_epochs(
+    overlaps: Iterable[RankOverlap], copies: Iterable[dict[str, np.ndarray]], newest: int = -1
+) -> EpochComparison | None:
+    """The two newest epochs with enough settled collectives, compared (None: fewer than two).
+    ``newest``: the epoch in force (the header's), which must be the newer of the two, so the
+    line and the header speak of the same epoch; while it has too few settled collectives the
+    comparison is ``settling`` (no numbers)."""
     overlaps = list(overlaps)
     for ov in overlaps:
         ov.settle()
-    epochs = sorted({e for ov in overlaps for e in ov.by_epoch})
+    epochs = sorted({e for ov in overlaps for e in ov.by_epoch if newest < 0 or e <= newest})
+    mode_of = {e: m for ov in overlaps for e, m in ov.epoch_mode.items()}
     merged: dict[int, list[RunAggregate]] = {}
+    young = 0 <= newest and newest not in epochs  # the epoch in force has too few settled collectives
     for e in reversed(epochs):
         aggs = [RunAggregate() for _ in CLASSES]
         for ov in overlaps:
@@ -60,12 +70,24 @@ def compare_epochs(overlaps: Iterable[RankOverlap], copies: Iterable[dict[str, n
                 total.merge(part)
         if sum(a.count for a in aggs) >= MIN_RECORDS:
             merged[e] = aggs
-        if len(merged) == 2:
+        elif e == newest:
+            young = True
+        if len(merged) == (1 if young else 2):
             break
+    if young and merged:
+        (old,) = merged
+        return EpochComparison(
+            base_epoch=old,
+            other_epoch=newest,
+            base_mode=_mode_name(mode_of.get(old)),
+            other_mode=_mode_name(mode_of.get(newest)),
+            base_p50_ms=math.nan,
+            other_p50_ms=math.nan,
+            settling=True,
+        )
     if len(merged) < 2:
         return None
     new, old = sorted(merged, reverse=True)
-    mode_of = {e: m for ov in overlaps for e, m in ov.epoch_mode.items()}
     base, other = old, new
     if _mode_name(mode_of.get(new)) == "none" and _mode_name(mode_of.get(old)) != "none":
         base, other = new, old  # copies are what is judged: compare against the epoch without

@@ -9,18 +9,16 @@ between hosts.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
 
 from tui.model.rank_state import RankState
 from tui.model.snapshot import History, SkewEvent
+from workers.wire.straggler import STRAGGLER_ITERS, clearly_last
 
 #: Iterations left out of the straggler headline when the run does not say its step length.
 SETTLE_ITERS = 32
-#: Complete iterations (all ranks reported) used to name the straggler.
-STRAGGLER_ITERS = 256
 #: Newest complete iterations searched for the worst skew at every snapshot (the worst one
 #: of the run is kept; a snapshot comes every ~70 ms, so every iteration is searched many times).
 SKEW_ITERS = 512
@@ -46,36 +44,22 @@ def straggler_shares(history: History, complete: np.ndarray | None = None) -> np
     return np.bincount(last_in, minlength=ms.shape[0]) / len(cols)
 
 
-def clearly_last(count: int, total: int, n: int) -> bool:
-    """Was the most-often-last of ``n`` ranks last in ``count`` of ``total`` iterations far more
-    often than chance? With many ranks someone is always last a few times: twice the fair
-    share is noise at 64 ranks. Here the binomial upper tail (p = 1/n) must be below
-    1e-4 / n (Bonferroni over the ranks), and the share at least twice the fair one (90 %
-    for two ranks)."""
-    if n < 2 or total == 0 or count < min(0.9, 2 / n) * total:
-        return False
-    p = 1.0 / n
-    log_p, log_q = math.log(p), math.log1p(-p)
-    head = math.lgamma(total + 1)
-    tail = sum(
-        math.exp(head - math.lgamma(k + 1) - math.lgamma(total - k + 1) + k * log_p + (total - k) * log_q)
-        for k in range(count, total + 1)
-    )
-    return tail < 1e-4 / n
-
-
 def worst_skew(
-    history: History, order: list[int], settle: int = 0, complete: np.ndarray | None = None
+    history: History, order: list[int], settle: int = 0, complete: np.ndarray | None = None, since_ns: int = 0
 ) -> SkewEvent | None:
     """The complete iteration of the history window whose ranks arrived furthest apart,
-    iterations before ``settle`` left out (the first step still carries the ranks' start-up)."""
+    iterations before ``settle`` left out (the first step still carries the ranks' start-up),
+    and those that started before ``since_ns`` (a recent window)."""
     ms = history.ms
     if ms.shape[0] < 2 or ms.shape[1] == 0:
         return None
     its = history.first_iteration + np.arange(ms.shape[1])
     if complete is None:
         complete = ~np.isnan(ms).any(axis=0)
-    cols = np.flatnonzero(complete & (its >= settle))[-SKEW_ITERS:]
+    keep = complete & (its >= settle)
+    if since_ns and len(history.start_ns) == ms.shape[1]:
+        keep &= history.start_ns >= since_ns
+    cols = np.flatnonzero(keep)[-SKEW_ITERS:]
     if len(cols) == 0:
         return None
     sub = ms[:, cols]

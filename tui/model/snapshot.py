@@ -133,6 +133,8 @@ class Snapshot:
     modes_seen: tuple[str, ...] = ()
     straggler: int | None = None  # rank most often last in recent iterations, if clearly so
     worst_skew: SkewEvent | None = None  # the largest arrival skew of the run so far
+    #: The largest arrival skew of the last few seconds (the header's straggler line).
+    recent_skew: SkewEvent | None = None
     #: Per host, its clock minus ``clock_ref``'s (ms), estimated from collective end times,
     #: which coincide across the ranks of one collective. Empty with one host.
     clock_offsets_ms: dict[str, float] = field(default_factory=dict)

@@ -10,6 +10,10 @@ worlds). Called on the ingest thread, under the lock that also guards ``apply``.
 from __future__ import annotations
 
 import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
@@ -30,6 +34,11 @@ WINDOW_S = 5.0
 #: Whole-run statistics (histogram percentiles) of a snapshot are at most this old,
 #: unless the snapshot is asked for ``fresh_run_stats`` (the headless summary is).
 RUN_STATS_EVERY_S = 1.0
+#: The header's straggler line speaks of the iterations of the last this many seconds (the run's
+#: worst arrival skew stays in the snapshot beside it).
+RECENT_SKEW_S = 10.0
+#: Snapshots' recent findings kept (a snapshot every ~80 ms: 10 s is ~125).
+RECENT_SKEWS_KEPT = 256
 #: Ranks whose epochs the verdict line compares per second of refresh interval (see _epochs).
 EPOCHS_RANKS_PER_S = 128
 #: Above LARGE_WORLD ranks, a rank's numbers (last/p50/p99/busbw/rate; not its history, which
@@ -43,6 +52,8 @@ REFRESH_SHARE = 32
 REFRESH_MIN = 8
 
 _RunNumbers = tuple[RunStats, dict[str, RunStats], RunStats]  # whole run, per mode, copies
+#: When numbers were computed: (model clock ns, wall clock s, version of the model or the rank).
+_Stamp = tuple[int, float, int]
 
 
 class RunState(Protocol):
@@ -73,15 +84,17 @@ class _Kept:
 
     def __init__(self) -> None:
         self.view: tuple[int, int, RankView] | None = None  # (rank version, computed at ns, view)
-        self.run: tuple[int, _RunNumbers] | None = None
-        self.classes: tuple[int, dict[str, RunStats]] | None = None
+        self.run: tuple[_Stamp, _RunNumbers] | None = None  # stamped with the rank's version
+        self.classes: tuple[_Stamp, dict[str, RunStats]] | None = None
 
 
 class SnapshotBuilder:
     """Snapshots of one run model; ``reset()`` with the model."""
 
-    def __init__(self, stale_after_ns: int) -> None:
+    def __init__(self, stale_after_ns: int, wall: Callable[[], float] = time.monotonic) -> None:
         self.stale_after_ns = stale_after_ns
+        #: A clock that always moves (the model's stands still in a paused replay); tests inject one.
+        self.wall = wall
         self._run_stats_on = True  # what the last snapshot found whole_run_stats to be
         self.reset()
 
@@ -89,7 +102,9 @@ class SnapshotBuilder:
         self._kept: dict[int, _Kept] = {}
         #: The largest arrival skew of the run so far.
         self.worst_skew: SkewEvent | None = None
-        self._epochs_cache: tuple[int, EpochComparison | None] | None = None
+        #: The largest of each snapshot's recent window (RECENT_SKEW_S), oldest first.
+        self._recent_skews: deque[SkewEvent] = deque(maxlen=RECENT_SKEWS_KEPT)
+        self._epochs_cache: tuple[_Stamp, int, EpochComparison | None] | None = None
         self._offsets_cache: tuple[int, tuple[str, dict[str, float]]] | None = None
 
     def build(self, run: RunState, now: int, *, fresh_run_stats: bool = False) -> Snapshot:
@@ -111,11 +126,13 @@ class SnapshotBuilder:
         # Iterations every rank reported (one scan of the matrix, shared by the two below).
         complete = ~np.isnan(history.ms).any(axis=0) if history.ms.shape[0] >= 2 else None
         shares = straggler_shares(history, complete)
-        skew = worst_skew(history, order, _settle_iters(run.lead_hello()), complete)
+        settle = _settle_iters(run.lead_hello())
+        skew = worst_skew(history, order, settle, complete)
         if skew is not None and (self.worst_skew is None or skew.skew_ms > self.worst_skew.skew_ms):
             self.worst_skew = skew
+        recent_skew = self._recent_skew(history, order, settle, complete, now)
         clock_ref, offsets = self._offsets(run, now, order, fresh_run_stats)
-        due = self._due_for_refresh(run, order) if len(order) > LARGE_WORLD and not fresh_run_stats else None
+        due = self._due_for_refresh(run, order, now) if len(order) > LARGE_WORLD and not fresh_run_stats else None
         ranks = tuple(
             self._rank_view(run, run.ranks[r], now, shares[i] if shares is not None else math.nan, fresh_run_stats, due)
             for i, r in enumerate(order)
@@ -154,12 +171,29 @@ class SnapshotBuilder:
             modes_seen=tuple(MODES[m] if m < len(MODES) else str(m) for m in sorted(run.modes_seen)),
             straggler=straggler(shares, complete, order),
             worst_skew=self.worst_skew,
+            recent_skew=recent_skew,
             clock_offsets_ms=offsets,
             clock_ref=clock_ref,
             telemetry=_telemetry_snapshot(run.telemetry, now, offsets),
             version=run.version,
-            epochs=self._epochs(run, now, fresh_run_stats),
+            epochs=self._epochs(run, now, in_force.epoch, in_force.mode, fresh_run_stats),
         )
+
+    def _recent_skew(
+        self, history: History, order: list[int], settle: int, complete: np.ndarray | None, now: int
+    ) -> SkewEvent | None:
+        """The largest arrival skew of the iterations that started in the last RECENT_SKEW_S: the
+        history window may hold less than that (fast collectives), so each snapshot's finding
+        is kept until it is older."""
+        since = now - int(RECENT_SKEW_S * 1e9)
+        found = worst_skew(history, order, settle, complete, since_ns=since)
+        kept = self._recent_skews
+        if found is not None and not any(e.iteration == found.iteration for e in kept):
+            kept.append(found)
+        while kept and kept[0].t_ns < since:
+            kept.popleft()
+        fresh = [e for e in kept if e.t_ns >= since]
+        return max(fresh, key=lambda e: e.skew_ms) if fresh else None
 
     def _offsets(self, run: RunState, now: int, order: list[int], fresh: bool) -> tuple[str, dict[str, float]]:
         """Clock offsets between hosts, re-estimated at most every RUN_STATS_EVERY_S (a median
@@ -171,20 +205,53 @@ class SnapshotBuilder:
         self._offsets_cache = (now, result)
         return result
 
-    def _epochs(self, run: RunState, now: int, fresh: bool = False) -> EpochComparison | None:
-        """The verdict line's comparison of the two newest epochs, at most once a second (every
-        ``ranks / EPOCHS_RANKS_PER_S`` seconds in larger worlds: it merges every rank's
-        per-class histograms, ~60 ms at 512 ranks)."""
+    def _epochs(self, run: RunState, now: int, newest: int, mode: str, fresh: bool = False) -> EpochComparison | None:
+        """The verdict line's comparison of the epoch in force (``newest``, the header's) with the
+        one before, at most once a second (every ``ranks / EPOCHS_RANKS_PER_S`` seconds in larger
+        worlds: it merges every rank's per-class histograms, ~60 ms at 512 ranks); at once when
+        the epoch in force changed, and once more after the data stopped changing."""
         cached = self._epochs_cache
-        if cached is not None and not fresh and 0 <= now - cached[0] < _run_stats_every_ns(run):
-            return cached[1]
+        if cached is not None and not fresh and cached[1] == newest and self._current(run, cached[0], now):
+            return cached[2]
         states = list(run.ranks.values())
         result = compare_epochs(
             (s.overlap for s in states),
             (s.copy.view(copy=False, columns=("epoch", "nbytes", "dur_us")) for s in states),
+            newest,
         )
-        self._epochs_cache = (now, result)
+        if result is not None and result.settling and result.other_mode == "?" and mode:
+            result = replace(result, other_mode=mode)  # no settled record of it yet: the header's mode
+        self._epochs_cache = (self._stamp(run, now), newest, result)
         return result
+
+    def _stamp(self, run: RunState, now: int) -> _Stamp:
+        return (now, self.wall(), run.version)
+
+    def _current(self, run: RunState, stamp: _Stamp, now: int, version: int = -1) -> bool:
+        """Whether numbers computed at ``stamp`` may be shown at ``now``: nothing changed since
+        (``version``: of a rank; else the model's), or less than the refresh interval passed on
+        both clocks. The model's clock alone stands still in a paused or ended replay (the
+        numbers of a burst fed at one instant were then kept for ever, half of them missing)."""
+        if (version if version >= 0 else run.version) == stamp[2]:
+            return True
+        every = _run_stats_every_ns(run)
+        return 0 <= now - stamp[0] < every and (self.wall() - stamp[1]) * 1e9 < every
+
+    def _rank_stamp(self, s: RankState, now: int) -> _Stamp:
+        return (now, self.wall(), s.version)
+
+    def _run_stats_current(self, run: RunState, s: RankState, stamp: _Stamp, now: int) -> bool:
+        """Whether a rank's whole-run statistics stamped ``stamp`` may be reused at ``now``
+        (always while they are off: the heat map shows none)."""
+        return not run.whole_run_stats or self._current(run, stamp, now, s.version)
+
+    def _behind(self, run: RunState, s: RankState, kept: _Kept, now: int) -> bool:
+        """Whether the rank's kept view shows whole-run statistics older than its data that may
+        now be refreshed (the rank said nothing since: its view would otherwise keep them)."""
+        return any(
+            part is not None and part[0][2] != s.version and not self._run_stats_current(run, s, part[0], now)
+            for part in (kept.run, kept.classes)
+        )
 
     def _kept_of(self, rank: int) -> _Kept:
         kept = self._kept.get(rank)
@@ -192,7 +259,7 @@ class SnapshotBuilder:
             kept = self._kept[rank] = _Kept()
         return kept
 
-    def _due_for_refresh(self, run: RunState, order: list[int]) -> set[int]:
+    def _due_for_refresh(self, run: RunState, order: list[int], now: int) -> set[int]:
         """The changed ranks whose numbers this snapshot recomputes (large worlds): the
         ``len(order) / REFRESH_SHARE`` (at least REFRESH_MIN) computed longest ago."""
         budget = max(REFRESH_MIN, -(-len(order) // REFRESH_SHARE))
@@ -200,9 +267,9 @@ class SnapshotBuilder:
         for r in order:
             kept = self._kept.get(r)
             cached = kept.view if kept is not None else None
-            if cached is None:
+            if kept is None or cached is None:
                 changed.append((-1, r))
-            elif cached[0] != run.ranks[r].version:
+            elif cached[0] != run.ranks[r].version or self._behind(run, run.ranks[r], kept, now):
                 changed.append((cached[1], r))
         if len(changed) > budget:
             changed.sort()
@@ -228,7 +295,8 @@ class SnapshotBuilder:
         idle = max(0.0, (now - s.last_record_ns) / 1e9) if s.received else 0.0
         kept = self._kept_of(s.rank)
         cached = kept.view
-        if cached is not None and not fresh and (cached[0] == s.version or (due is not None and s.rank not in due)):
+        unchanged = cached is not None and cached[0] == s.version and not self._behind(run, s, kept, now)
+        if cached is not None and not fresh and (unchanged or (due is not None and s.rank not in due)):
             view = cached[2]
         else:
             view = self._compute_rank_view(run, s, kept, now, fresh)
@@ -237,22 +305,22 @@ class SnapshotBuilder:
 
     def _run_stats(self, run: RunState, s: RankState, kept: _Kept, now: int, fresh: bool) -> _RunNumbers:
         cached = kept.run
-        if cached is not None and not fresh and _run_stats_current(run, cached[0], now):
+        if cached is not None and not fresh and self._run_stats_current(run, s, cached[0], now):
             return cached[1]
         total = RunAggregate()
         for agg in s.run_by_mode.values():
             total.merge(agg)
         by_mode = {MODES[m] if m < len(MODES) else str(m): a.stats() for m, a in sorted(s.run_by_mode.items())}
         result = (total.stats(), by_mode, s.copy_run.stats())
-        kept.run = (now, result)
+        kept.run = (self._rank_stamp(s, now), result)
         return result
 
     def _class_stats(self, run: RunState, s: RankState, kept: _Kept, now: int, fresh: bool) -> dict[str, RunStats]:
         cached = kept.classes
-        if cached is not None and not fresh and _run_stats_current(run, cached[0], now):
+        if cached is not None and not fresh and self._run_stats_current(run, s, cached[0], now):
             return cached[1]
         stats = s.overlap.stats()
-        kept.classes = (now, stats)
+        kept.classes = (self._rank_stamp(s, now), stats)
         return stats
 
     def _compute_rank_view(self, run: RunState, s: RankState, kept: _Kept, now: int, fresh: bool) -> RankView:
@@ -312,11 +380,6 @@ def _run_stats_every_ns(run: RunState) -> float:
     """How long a rank's whole-run statistics are reused: RUN_STATS_EVERY_S, and in large
     worlds as long as the verdict's epochs (merging histograms is most of a rank's numbers)."""
     return max(RUN_STATS_EVERY_S, len(run.ranks) / EPOCHS_RANKS_PER_S) * 1e9
-
-
-def _run_stats_current(run: RunState, computed_ns: int, now: int) -> bool:
-    """Whether whole-run statistics computed at ``computed_ns`` may be reused at ``now``."""
-    return not run.whole_run_stats or now - computed_ns < _run_stats_every_ns(run)
 
 
 def _telemetry_snapshot(telemetry: TelemetryModel, now: int, offsets_ms: dict[str, float]) -> TelemetrySnapshot:

@@ -10,25 +10,30 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from tui.ingest.interfaces import RecordingStatus
 from tui.recordings.codec import FORMAT_VERSION
+from tui.recordings.version import tool_version
 from tui.recordings.writer import RecordingWriter, default_path, run_metadata
 from workers.wire import protocol as p
 
 CLOCK_SOURCE = "time.time_ns (CLOCK_REALTIME) per host; GPU events anchored"
 
 
-def tool_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("commtop")
-    except Exception:  # not installed (running from a source tree)
-        return "0+unknown"
+def run_label(hellos: Mapping[int, p.Hello]) -> str:
+    """What ran, for a file name: the collective of commtop's loop ("all_gather"), the script's
+    name of a user's job ("train_ddp"); "" before any Hello."""
+    for _, hello in sorted(hellos.items()):
+        what = str(hello.config.get("collective") or "")
+        if hello.config.get("source") == "monitor" or what.startswith("monitor: "):
+            script = what.removeprefix("monitor:").strip().split(" ")[0]
+            return Path(script).stem or "monitor"
+        if what:
+            return what
+    return ""
 
 
 class Recorder:
@@ -65,6 +70,9 @@ class Recorder:
         self._active = False
         self._path = ""
         self._started = 0.0
+        #: (label, wall-clock start) of a file named before any Hello said what runs: renamed
+        #: after what ran when the recording ends (``commtop watch --record``).
+        self._provisional: tuple[str, float] | None = None
         self._error = ""
         self._lost = 0
         self._writer: RecordingWriter | None = None
@@ -95,11 +103,10 @@ class Recorder:
             return self._path
         if self._thread is not None:
             self._thread.join()
-        collective = next(
-            (str(h.config.get("collective")) for h in self._hellos.values() if h.config.get("collective")),
-            self.collective,
-        )
-        target = Path(path) if path else default_path(self.directory, collective)
+        label = run_label(self._hellos) or self.collective
+        started_wall = time.time()
+        target = Path(path) if path else default_path(self.directory, label, now=started_wall)
+        self._provisional = (label, started_wall) if not path and not run_label(self._hellos) else None
         self._path = str(target)
         self._error = ""
         self._lost = 0
@@ -135,12 +142,28 @@ class Recorder:
         return self._path
 
     def stop(self) -> None:
-        """Write what is buffered and the trailer, then close the file."""
+        """Write what is buffered and the trailer, then close the file (and name it after what
+        ran, when that was not known as it started)."""
         self._active = False
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._name_after_run()
+
+    def _name_after_run(self) -> None:
+        provisional, self._provisional = self._provisional, None
+        label = run_label(self._hellos)
+        if provisional is None or not label or label == provisional[0] or not os.path.exists(self._path):
+            return
+        target = default_path(Path(self._path).parent, label, now=provisional[1])
+        try:
+            os.rename(self._path, target)
+        except OSError as exc:
+            print(f"commtop: recording kept as {self._path} (cannot rename it: {exc.strerror or exc})", file=sys.stderr)
+            return
+        self._path = str(target)
+        print(f"commtop: recording saved as {target}", file=sys.stderr)
 
     close = stop
 

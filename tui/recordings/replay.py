@@ -33,7 +33,8 @@ MAX_SPEED = 64.0
 MAX_PER_POLL = 20_000
 #: Shortest wait for the next message (never spin on a clock that does not move).
 MIN_WAIT_S = 0.001
-#: A "previous change" press this soon after a change goes to the one before it.
+#: A "previous change" press this soon (wall-clock seconds, at any speed) after the replay
+#: reached a change, or jumped to one, goes to the change before it.
 BACK_GRACE_S = 1.0
 
 
@@ -69,6 +70,7 @@ class ReplaySource:
         self._qi = 0
         self._delivered_ns = self._t0 - 1
         self._reset = False
+        self._landed: tuple[int, float] | None = None  # (change index, clock) of the last jump
 
     # ---- what the header shows
     @property
@@ -182,19 +184,37 @@ class ReplaySource:
     def seek(self, delta_s: float) -> None:
         with self._lock:
             self._seek_to(self._pos() + delta_s)
+            self._landed = None
         self._wake.set()
 
     def jump_change(self, direction: int) -> None:
+        """``n`` (+1): to the next change. ``p`` (-1): back to the start of the change the replay
+        is in, or to the one before when that change was reached (or jumped to) less than
+        BACK_GRACE_S ago, in wall-clock time: at ×4 a second is 4 s of the recording, and a
+        replay-time grace made ``p`` right after ``n`` land on the change ``n`` had just found."""
         with self._lock:
-            pos = self._pos()
+            pos, wall, changes = self._pos(), self._clock(), self._changes
             if direction > 0:
-                later = [c for c in self._changes if c > pos + 1e-6]
+                later = [i for i, c in enumerate(changes) if c > pos + 1e-6]
                 if later:
-                    self._seek_to(later[0])
+                    self._seek_to(changes[later[0]])
+                    self._landed = (later[0], wall)
             else:
-                earlier = [c for c in self._changes if c < pos - BACK_GRACE_S]
-                self._seek_to(earlier[-1] if earlier else 0.0)
+                target = self._back_from(pos, wall)
+                self._seek_to(changes[target] if target >= 0 else 0.0)
+                self._landed = (target, wall) if target >= 0 else None
         self._wake.set()
+
+    def _back_from(self, pos: float, wall: float) -> int:
+        """The index of the change ``p`` goes to from ``pos`` (-1: the start)."""
+        changes = self._changes
+        landed = self._landed
+        if landed is not None and wall - landed[1] < BACK_GRACE_S:
+            return landed[0] - 1
+        current = max((i for i, c in enumerate(changes) if c <= pos + 1e-6), default=-1)
+        if current >= 0 and (pos - changes[current]) / self._speed < BACK_GRACE_S:
+            return current - 1  # reached it a moment ago: the one before
+        return current
 
     def _seek_to(self, target: float) -> None:
         target = min(max(target, 0.0), self._duration)

@@ -109,10 +109,19 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
 # --------------------------------------------------------------------------- the run's facts
 
 
+#: Settings only commtop's own loop acts on: a user's job (monitor API, capture) reports their
+#: defaults, so its copies are counted from its copy records instead.
+_LOOP_COPY_SETTINGS = ("copies", "copy_scale", "pinned", "direction")
+
+
 def _settings_by_epoch(hellos: Sequence[tuple[int, p.Hello]]) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     for _, h in hellos:
-        out.setdefault(h.epoch, dict(h.settings))
+        settings = dict(h.settings)
+        if h.config.get("source") == "monitor":
+            for name in _LOOP_COPY_SETTINGS:
+                settings.pop(name, None)
+        out.setdefault(h.epoch, settings)
     return out
 
 
@@ -291,14 +300,16 @@ _CopySettings = tuple[float | None, int | None, bool | None, str]
 
 def _copy_settings(s: dict[str, Any], copies: _Copies, ca: int, cb: int, mode: int) -> _CopySettings:
     """What an epoch's copies were: from its settings, else counted from its copy records
-    ``ca:cb``; nothing where mode none ran no copies (its settings say nothing)."""
+    ``ca:cb`` (host memory from the records when there are any); nothing where mode none ran no
+    copies (its settings say nothing)."""
     c = copies.cols
     if "copies" in s:
         count: float | None = int(s["copies"])  # a setting: an integer (CSV "5", not "5.0")
     else:  # count them: copy records per (rank, step)
         steps = len(_counts((c["rank"][ca:cb].astype(np.int64) << 40) | c["step"][ca:cb])[0])
         count = (cb - ca) / steps if steps else 0.0
-    pinned = bool(s["pinned"]) if "pinned" in s else (bool(_mode_of(c["pinned"][ca:cb])) if cb > ca else None)
+    # what the copies used (a CPU cannot pin: its records say pageable whatever was asked for)
+    pinned = bool(_mode_of(c["pinned"][ca:cb])) if cb > ca else (bool(s["pinned"]) if "pinned" in s else None)
     direction = str(s.get("direction", p.DIRECTIONS[_mode_of(c["direction"][ca:cb])] if cb > ca else ""))
     copy_bytes = _mode_of(c["nbytes"][ca:cb]) if cb > ca else None
     if mode == p.MODES.index("none") and cb == ca:  # no copies ran: their settings say nothing

@@ -11,13 +11,15 @@ import argparse
 import math
 import os
 import sys
+from dataclasses import replace
 
 from tui.recordings.pages import collector_paused, heap_kept, small_pages
 from tui.recordings.reader import RecordingError, open_recording
 from tui.report import compare
 from tui.report.build import build_report
 from tui.report.nccl_tests import MeasuredPeaks, PeakFileError, load_peaks
-from tui.report.reading import report_columns, report_tables, window_tables
+from tui.report.reading import report_columns, report_tables, window_span, window_tables
+from tui.report.rows import Report
 from tui.report.text import format_csv, format_json, format_table, write_records_csv
 
 #: Traces larger than this get a warning: browsers give up near 1 GB.
@@ -150,7 +152,7 @@ def _run(ns: argparse.Namespace) -> int:
                 if ns.records:
                     write_records_csv(tables, out)
                 else:
-                    report = build_report(rec, tables, ns.measured)
+                    report = _windowed(build_report(rec, tables, ns.measured), ns.window)
                     out.write({"table": format_table, "json": format_json, "csv": format_csv}[fmt](report))
             finally:
                 if out is not sys.stdout:
@@ -161,6 +163,14 @@ def _run(ns: argparse.Namespace) -> int:
         except OSError as exc:
             return _err(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
     return 0
+
+
+def _windowed(report: Report, window: tuple[float, float] | None) -> Report:
+    """With ``--window``, the report speaks of the window's seconds, not the whole file's."""
+    if not window:
+        return report
+    lo, hi = window_span(window, report.duration_s)
+    return replace(report, duration_s=hi - lo, window_s=(lo, hi))
 
 
 def run_compare(ns: argparse.Namespace) -> int:
@@ -181,7 +191,7 @@ def run_compare(ns: argparse.Namespace) -> int:
                 tables = window_tables(rec.tables(coll_columns=report_columns(rec)), ns.window)
             else:
                 tables = report_tables(rec)
-            reports.append(build_report(rec, tables, ns.measured))
+            reports.append(_windowed(build_report(rec, tables, ns.measured), ns.window))
     text = {"table": compare.format_table, "json": compare.format_json, "csv": compare.format_csv}[
         ns.format or "table"
     ](compare.compare(reports))

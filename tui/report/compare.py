@@ -21,7 +21,7 @@ from typing import Any
 
 from tui.report.rows import Report, SettingsKey, SettingsRow
 from tui.report.table_text import aligned_table, fmt_bytes, fmt_num
-from tui.report.text import json_clean
+from tui.report.text import json_clean, window_note
 from workers.wire.protocol import MODES
 
 #: Run facts printed per recording and checked for differences, in this order.
@@ -72,8 +72,16 @@ def run_facts(report: Report) -> dict[str, str]:
         "gpu": ", ".join(devices) or "?",
         "hosts": str(len(meta.get("hosts") or [])) or "?",
         "torch": str(meta.get("torch_version") or "?"),
-        "nccl": str(meta.get("nccl_version") or "?"),
+        "nccl": _nccl(meta),
     }
+
+
+def _nccl(meta: dict[str, Any]) -> str:
+    """The NCCL version; what the run had instead when it ran gloo ("gloo, no NCCL")."""
+    if meta.get("nccl_version"):
+        return str(meta["nccl_version"])
+    backend = str(meta.get("backend") or "")
+    return f"{backend.split('/')[0]}, no NCCL" if backend and not backend.startswith("nccl") else "?"
 
 
 def settings_label(key: SettingsKey) -> str:
@@ -173,10 +181,11 @@ def format_table(cmp: Comparison) -> str:
     for i, (report, facts) in enumerate(zip(cmp.reports, cmp.facts, strict=True)):
         what = (
             f"{facts['backend']} · world {facts['world']} · {facts['collective']} {facts['size']} {facts['dtype']}"
-            f" · {facts['gpu']} · torch {facts['torch']} · nccl {facts['nccl']}"
+            f" · {facts['gpu']} · torch {facts['torch']} · "
+            + (f"nccl {facts['nccl']}" if "NCCL" not in facts["nccl"] else "no NCCL")
         )
         lines.append(f"  {_label(i)}  {report.path}")
-        lines.append(f"     {what} · {report.records:,} records over {report.duration_s:.1f} s")
+        lines.append(f"     {what} · {report.records:,} records over {report.duration_s:.1f} s{window_note(report)}")
         if report.problems:
             lines.append(f"     warning: {report.problems}")
     if cmp.differs:

@@ -43,6 +43,12 @@ def report_tables(rec: Recording) -> Tables:
     return rec.tables(coll_columns=report_columns(rec))
 
 
+def window_span(window: tuple[float, float], duration_s: float) -> tuple[float, float]:
+    """``window`` (seconds after the first record) within a recording ``duration_s`` long."""
+    lo = min(max(window[0], 0.0), duration_s)
+    return lo, min(max(window[1], lo), duration_s)
+
+
 def window_tables(tables: Tables, window: tuple[float, float]) -> Tables:
     """Only what starts ``window`` seconds after the first record (telemetry by its tick time)."""
     starts = [t["start_ns"].min() for t in (tables.coll, tables.copy) if len(t["start_ns"])]

@@ -119,3 +119,5 @@ class Report:
     settings: tuple[SettingsRow, ...] = ()
     ab: tuple[ABResult, ...] = ()  # each A/B experiment recorded
     peaks: Peaks = Peaks()
+    #: ``--window``: the seconds of the recording reported (``duration_s`` is then their span)
+    window_s: tuple[float, float] | None = None

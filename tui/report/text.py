@@ -48,11 +48,19 @@ def _pair(a: float, b: float) -> str:
     return f"{fmt_num(a)}/{fmt_num(b)}"
 
 
+def window_note(report: Report) -> str:
+    """ " (seconds 10-20 of the recording)" under ``--window``, else ""."""
+    if report.window_s is None:
+        return ""
+    lo, hi = report.window_s
+    return f" (seconds {round(lo, 1):g}-{round(hi, 1):g} of the recording, --window)"
+
+
 def format_table(report: Report) -> str:
     meta = report.meta
     lines = [
         f"commtop report: {report.path}",
-        f"  {report.records:,} collective records over {report.duration_s:.1f} s; "
+        f"  {report.records:,} collective records over {report.duration_s:.1f} s{window_note(report)}; "
         f"ranks {len(meta.get('ranks') or [])} on {', '.join(meta.get('hosts') or ['?'])}; "
         f"commtop {meta.get('tool_version', '?')}, schema {meta.get('schema_version', '?')}",
     ]
@@ -159,6 +167,7 @@ def format_json(report: Report) -> str:
         "complete": report.complete,
         "problems": report.problems,
         "duration_s": report.duration_s,
+        "window_s": list(report.window_s) if report.window_s is not None else None,
         "records": report.records,
         "meta": {k: report.meta.get(k) for k in meta_keys},
         "rows": [asdict(r) for r in report.rows],

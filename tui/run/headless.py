@@ -13,6 +13,7 @@ from tui.ingest.interfaces import Sink, Source
 from tui.ingest.loop import IngestLoop
 from tui.model.run_model import RunModel
 from tui.model.snapshot import RankView, Snapshot
+from tui.model.stats import RunAggregate
 
 #: At the end, drain until one poll this long brings nothing, for at most DRAIN_MAX_S.
 DRAIN_QUIET_S = 0.1
@@ -122,6 +123,8 @@ def format_summary(snapshot: Snapshot) -> str:
     lines += [fmt(row).rstrip() for row in rows]
     if not rows:
         lines.append("(no rank reported anything)")
+    if any(not st.exact for r in s.ranks for st in (r.run, *r.run_by_mode.values())):
+        lines.append(approx_footnote())
     extra = []
     if s.rejected_total:
         extra.append("rejected frames: " + ", ".join(f"{k} {v}" for k, v in sorted(s.rejected.items())))
@@ -141,6 +144,14 @@ def format_summary(snapshot: Snapshot) -> str:
         extra.append("verdict: " + epochs_text(s.epochs, pcie_peak(s.telemetry)))
     lines += extra
     return "\n".join(lines)
+
+
+def approx_footnote() -> str:
+    """What the "~" before a percentile means (one line under the table)."""
+    return (
+        f"~ p50/p99 from a log histogram, within ±1.2 %: past {RunAggregate.EXACT_CAP:,} collectives per rank "
+        "and mode only the histogram is kept (commtop report reads every record: exact)"
+    )
 
 
 def format_class_summary(s: Snapshot) -> list[str]:

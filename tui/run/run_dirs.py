@@ -15,8 +15,9 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from workers.wire import connection as connections
@@ -122,6 +123,7 @@ def remove_run(conn: connections.Connection) -> None:
 class Pruned:
     removed: list[str]
     kept_live: int
+    sockets: list[str] = field(default_factory=list)  # dead exporters' tap sockets removed
 
 
 def prune_runs(min_age_s: float = MIN_AGE_S) -> Pruned:
@@ -165,7 +167,37 @@ def prune_runs(min_age_s: float = MIN_AGE_S) -> Pruned:
             removed.append(run_dir.name)
         else:
             live += 1
-    return Pruned(removed, live)
+    return Pruned(removed, live, prune_tap_sockets(root, min_age_s))
+
+
+def prune_tap_sockets(root: Path, min_age_s: float = MIN_AGE_S) -> list[str]:
+    """Remove the node exporters' ipc socket files (``prom-*.sock``, beside the run folders)
+    that nobody listens on any more: their exporter was killed before it could remove its own.
+    A socket is dead when a connect to it is refused; files younger than ``min_age_s`` stay."""
+    removed = []
+    now = time.time()
+    for path in sorted(root.glob(exporter_address.TAP_FILE.format(digest="*"))):
+        try:
+            if not path.is_socket() or now - path.lstat().st_mtime < min_age_s or _listening(path):
+                continue
+            path.unlink()
+        except OSError:
+            continue
+        removed.append(path.name)
+    return removed
+
+
+def _listening(path: Path) -> bool:
+    """Whether a process accepts connections on the unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:  # no permission, a full backlog, ...: not ours to judge dead
+            return True
+    return True
 
 
 def live_runs() -> list[Path]:

@@ -49,7 +49,7 @@ from tui.view.widgets.help import HelpScreen, key_name
 from tui.view.widgets.links import LinksPanel, RankGpu
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from tui.view.widgets.status import ReplayBar, StatusLine
-from tui.view.widgets.verdict import VerdictLine
+from tui.view.widgets.verdict import VerdictLine, replay_idle_text
 from workers.wire.connection import Connection
 from workers.wire.protocol import DIRECTIONS, MODES
 from workers.wire.settings import COPY_SCALES, MAX_COPIES, Settings
@@ -457,7 +457,8 @@ class CommtopApp(App[None]):
     def _show_verdict(self) -> None:
         snap = self.snapshot
         peak = pcie_peak(snap.telemetry) if snap else None
-        self._one(VerdictLine).show(verdict_text(self.ab.progress(), snap.epochs if snap else None, peak))
+        idle = replay_idle_text(self.replay.position()) if self.replay is not None else ""
+        self._one(VerdictLine).show(verdict_text(self.ab.progress(), snap.epochs if snap else None, peak, idle))
 
     def action_ab(self) -> None:
         """Start an A/B of the current settings against none (a dialog lets you change both);
@@ -490,7 +491,7 @@ class CommtopApp(App[None]):
         try:
             if self.recorder.status().active:
                 self.recorder.stop()
-                self.notify("recording stopped", timeout=2)
+                self.notify(f"recording saved as {self.recorder.status().path}", timeout=3)
             else:
                 path = self.recorder.start()
                 self.notify(f"recording to {path}", timeout=3)

@@ -22,6 +22,7 @@ import numpy as np
 
 from workers.wire import protocol
 from workers.wire.protocol import COLL, COPY, Batch
+from workers.wire.straggler import STRAGGLER_ITERS, clearly_last
 
 #: Histogram upper bounds in seconds: 1-2-5 steps from 10 µs to 10 s (NCCL on NVLink to a hung peer).
 BUCKETS_S: tuple[float, ...] = tuple(m * 10.0**e for e in range(-5, 1) for m in (1, 2, 5)) + (10.0,)
@@ -124,6 +125,9 @@ class NodeMetrics:
         self._ms = np.full((MAX_LOCAL_RANKS, STRAGGLER_WINDOW), np.nan, dtype=np.float32)
         self._tag = np.full((MAX_LOCAL_RANKS, STRAGGLER_WINDOW), -1, dtype=np.int64)
         self._counted = np.full(STRAGGLER_WINDOW, -1, dtype=np.int64)
+        # the row that arrived last in each of the newest STRAGGLER_ITERS complete iterations
+        self._recent_last = np.full(STRAGGLER_ITERS, -1, dtype=np.int64)
+        self._recent_at = 0
         self._last_tick_ns = 0
 
     # ------------------------------------------------------------------ input
@@ -200,8 +204,10 @@ class NodeMetrics:
             hist.bytes += int(c["nbytes"][sel].sum())
 
     def _add_straggler(self, rank: int, iteration: np.ndarray, dur_us: np.ndarray) -> None:
-        """Count, per complete iteration of this node's ranks, the rank that arrived last: all
-        ranks leave a collective together, so the last to arrive waited least (the TUI's rule)."""
+        """Count, per complete iteration of this node's ranks, the rank that arrived last (all
+        ranks leave a collective together, so the last to arrive waited least), while it is
+        clearly the node's straggler: the TUI's test (:func:`clearly_last`) over the node's newest
+        STRAGGLER_ITERS complete iterations. Even ranks take turns being last by chance: no count."""
         row = self._rows.get(rank)
         if row is None:
             if len(self._rows) >= MAX_LOCAL_RANKS:
@@ -221,10 +227,17 @@ class NodeMetrics:
         done = slots[complete]
         self._counted[done] = iteration[complete]
         last = np.argmin(self._ms[:n, done], axis=0)
-        by_row = np.bincount(last, minlength=n)
+        recent, tail = self._recent_last, last[-len(self._recent_last) :]
+        recent[(self._recent_at + np.arange(len(tail))) % len(recent)] = tail
+        self._recent_at += len(tail)
+        window = recent[recent >= 0]
+        by_row = np.bincount(window, minlength=n)
+        best = int(np.argmax(by_row))
+        if not clearly_last(int(by_row[best]), len(window), n):
+            return
         for r, row_index in self._rows.items():
-            if by_row[row_index]:
-                self._rank(r).straggler += int(by_row[row_index])
+            if row_index == best:
+                self._rank(r).straggler += int(np.count_nonzero(last == best))
 
     def check_stalls(self) -> None:
         """Called a few times a second: a rank silent for STALL_AFTER_S (not finished) stalls once."""
@@ -324,7 +337,12 @@ class NodeMetrics:
             ("commtop_rank_lost_batches", "counter", "Record batches of the rank this exporter never got", 2),
             ("commtop_rank_dropped_records", "counter", "Records the rank could not queue for the collector", 3),
             ("commtop_rank_stalls", "counter", f"Times the rank's records stopped for over {STALL_AFTER_S:g} s", 4),
-            ("commtop_rank_straggler_iterations", "counter", "Iterations this rank arrived last of its node", 5),
+            (
+                "commtop_rank_straggler_iterations",
+                "counter",
+                "Iterations this rank arrived last of its node while it was clearly the node's straggler",
+                5,
+            ),
         )
         for name, kind, doc, idx in per_rank:
             fam = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(name, doc, labels=["rank"])

@@ -43,14 +43,19 @@ class NodeExporter:
         self._sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAC_BYTES + protocol.MAX_BODY_BYTES + 64)
         self._sock.setsockopt(zmq.LINGER, 0)
         self.endpoint = tap_endpoint(self.session, host)
-        path = self.endpoint[len("ipc://") :]
-        if os.path.exists(path):  # a socket file left by a killed sampler of this run and node
-            os.unlink(path)
+        self.tap_path = Path(self.endpoint[len("ipc://") :])
+        _unlink(self.tap_path)  # a socket file left by a killed sampler of this run and node
         self._sock.bind(self.endpoint)
         bind_host, port = exporter_address.parse(address)
         if exporter_address.is_wide(bind_host):
             log.warning(exporter_address.warning(address))
-        self._server, _ = start_http_server(port, addr=bind_host, registry=self.registry)
+        try:
+            self._server, _ = start_http_server(port, addr=bind_host, registry=self.registry)
+        except BaseException:  # port in use, ...: the sampler goes on without an endpoint
+            self._sock.close(0)
+            self._ctx.term()
+            _unlink(self.tap_path)
+            raise
         self.url = exporter_address.url(bind_host, self._server.server_port)
         self.url_file = Path(connection.path).parent / exporter_address.URL_FILE.format(host=host)
         _write_json(self.url_file, {"url": self.url, "host": host, "pid": os.getpid()})
@@ -106,10 +111,16 @@ class NodeExporter:
         self._server.server_close()
         self._sock.close(0)
         self._ctx.term()
-        try:
-            self.url_file.unlink()
-        except OSError:
-            pass
+        # libzmq leaves a bound ipc socket's file behind; one per run and node piled up
+        _unlink(self.tap_path)
+        _unlink(self.url_file)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

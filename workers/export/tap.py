@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 
 from workers.wire.connection import runtime_root
+from workers.wire.exporter_address import TAP_FILE
 
 #: Seconds the exporter keeps serving after its node's ranks exited (final scrape of a short job).
 LINGER_ENV = "COMMTOP_PROMETHEUS_LINGER_S"
@@ -17,4 +18,4 @@ LINGER_ENV = "COMMTOP_PROMETHEUS_LINGER_S"
 
 def tap_endpoint(session: str, host: str) -> str:
     digest = hashlib.sha256(f"{session}|{host}".encode()).hexdigest()[:16]
-    return f"ipc://{runtime_root() / f'prom-{digest}.sock'}"
+    return f"ipc://{runtime_root() / TAP_FILE.format(digest=digest)}"

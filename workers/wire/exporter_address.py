@@ -14,6 +14,9 @@ DEFAULT_HOST = "127.0.0.1"
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 #: Where a node's sampler writes its bound URL, in the run directory (beside the connection file).
 URL_FILE = "prometheus-{host}.json"
+#: The ipc socket a node's ranks push their batches to (workers.export.tap), in the runtime root:
+#: its exporter removes it when it ends; the viewer prunes those of exporters that were killed.
+TAP_FILE = "prom-{digest}.sock"
 
 
 class AddressError(ValueError):

@@ -13,6 +13,7 @@ from textual.widget import Widget
 from tui.ingest.interfaces import ControlView, RecordingStatus
 from tui.model.in_force import settings_wire
 from tui.model.snapshot import Snapshot
+from tui.model.snapshot_builder import RECENT_SKEW_S
 from tui.view.widgets.palette import (
     ACCENT,
     EXITED,
@@ -34,13 +35,17 @@ def _kv(text: Text, key: str, value: str, color: str = TEXT, *, bold: bool = Fal
     text.append("  ")
 
 
-def _settings_text(settings: Settings | None, mode: str) -> str:
+def _settings_text(settings: Settings | None, mode: str, snap: Snapshot | None = None) -> str:
     if settings is None:  # the records told the mode, no hello the rest yet
         return "? copies ×1 ? pinned" if mode else ""
-    host = "pinned" if settings.pinned else "pageable"
+    cpu = snap is not None and snap.device in ("", "cpu")
+    host = "pinned" if settings.pinned and not cpu else "pageable"  # a CPU has no pinned memory
     knobs = " ".join(f"{k}={v}" for k, v in sorted(settings.knobs.items()))
-    if not settings.copies and knobs:  # a monitored job: its own knobs are what matters
-        return f"knobs {knobs}"
+    if snap is not None and snap.config.get("source") == "monitor":
+        # a user's job: the loop's copy settings mean nothing there; its copy records count
+        seen = sum(r.copies for r in snap.ranks)
+        parts = [f"{seen:,} copies" if seen else "no copies", f"knobs {knobs}" if knobs else ""]
+        return "  ".join(p for p in parts if p)
     return f"{settings.copies} copies ×{settings.copy_scale:g} {settings.direction} {host}" + (
         f"  {knobs}" if knobs else ""
     )
@@ -75,16 +80,26 @@ def settings_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
 
 
 def skew_text(snap: Snapshot, compact: bool = False) -> str:
-    """The run's worst arrival skew, when the others waited several typical collectives."""
-    e = snap.worst_skew
+    """The largest arrival skew of the last seconds, when the others waited several typical
+    collectives (the current state, not the worst ever: that is :func:`worst_skew_text`)."""
+    e = snap.recent_skew
     if e is None or not e.headline:
         return ""
     if compact:
         return f"⚠ straggler: rank {e.rank} {e.skew_ms:.1f} ms late at it {e.iteration}"
     return (
-        f"⚠ straggler: rank {e.rank} arrived {e.skew_ms:.1f} ms late at iteration {e.iteration} "
-        f"(the others waited {e.wait_ms:.1f} ms; typical {e.typical_ms:.2f} ms)"
+        f"⚠ straggler (last {RECENT_SKEW_S:g} s): rank {e.rank} arrived {e.skew_ms:.1f} ms late at iteration "
+        f"{e.iteration} (the others waited {e.wait_ms:.1f} ms; typical {e.typical_ms:.2f} ms)"
     )
+
+
+def worst_skew_text(snap: Snapshot) -> str:
+    """The run's worst arrival skew, as a detail beside the current state ("" when it is the
+    current one, or was never worth a headline)."""
+    e, now = snap.worst_skew, snap.recent_skew
+    if e is None or not e.headline or (now is not None and now.headline and now.iteration == e.iteration):
+        return ""
+    return f"run's worst: rank {e.rank} {e.skew_ms:.1f} ms late at iteration {e.iteration}"
 
 
 def clock_text(snap: Snapshot, most: int = 3) -> str:
@@ -130,7 +145,8 @@ def _header_text(
     compact: bool,
 ) -> Text:
     t = Text(no_wrap=True, overflow="ellipsis")
-    t.append(f"{_short_title(title) if compact else title}  ", style=style(ACCENT, bold=True))
+    shown_title = _short_title(title) if compact else title
+    t.append(f"{shown_title}  ", style=style(ACCENT, bold=True))
     if snap is None or not snap.ranks:
         t.append("waiting for ranks to connect…", style=style(MUTED))
         t.append("\n\n")
@@ -142,11 +158,10 @@ def _header_text(
         backend = f"{backend}/cpu" if snap.device in ("", "cpu") else backend
     device = "" if snap.device in ("", "cpu") else f" on {snap.device}"
     if compact:  # "nccl H200": the value says what it is
-        t.append(
-            backend + device.replace(" on NVIDIA", "").replace(" on", ""),
-            style=style(WARN if "cpu" in backend else TEXT, bold=True),
-        )
-        t.append("  ")
+        short = backend + device.replace(" on NVIDIA", "").replace(" on", "")
+        if short not in shown_title:  # `commtop run`'s title already says "· gloo/cpu"
+            t.append(short, style=style(WARN if "cpu" in backend else TEXT, bold=True))
+            t.append("  ")
     else:
         _kv(t, "backend", backend + device, WARN if "cpu" in backend else TEXT, bold=True)
     _kv(t, "world", str(snap.world_size), bold=True)
@@ -169,7 +184,7 @@ def _header_text(
     in_force = settings_wire(snap.settings, snap.mode_in_force)
     t.append("mode ", style=style(MUTED))
     t.append(f" {mode} ", style=style("#000000", MODE_COLORS.get(mode, TEXT), bold=True))
-    t.append(f"  {_settings_text(snap.settings, snap.mode_in_force)}", style=style(TEXT))
+    t.append(f"  {_settings_text(snap.settings, snap.mode_in_force, snap)}", style=style(TEXT))
     t.append(f"  epoch {snap.epoch_in_force}", style=style(MUTED))
     pending, apply_at = snap.pending_epoch, snap.apply_at
     requested = control.requested if control is not None else None
@@ -191,6 +206,9 @@ def _header_text(
     skew = skew_text(snap, compact)
     if skew:
         t.append(f"  {skew}", style=style(WARN, bold=True))
+    worst = worst_skew_text(snap) if not compact else ""
+    if worst:
+        t.append(f"  {'· ' if skew else ''}{worst}", style=style(MUTED))
     t.append("\n")
     _health(t, snap, recording, control, compact)
     return t

@@ -1,10 +1,12 @@
-"""The help screen (? or F1): every key from tui.view.keys, grouped, with the ones this
-session cannot use (no controller, not a replay) marked, so a newcomer learns all of them."""
+"""The help screen (? or F1): the keys from tui.view.keys this session can use, grouped; the
+others (no controller, not a replay) named in one line, so a newcomer learns all of them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from rich.console import Group, RenderableType
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -16,6 +18,8 @@ from tui.view.keys import KEYS
 from tui.view.widgets.palette import ACCENT, MUTED, TEXT, WARN, style
 
 GROUPS = ("view", "live settings", "replay", "app")
+#: Width of the key column ("?/F1", "space"), right-aligned, two spaces in.
+KEY_W = 8
 
 
 def key_name(keys: str, display: str = "") -> str:
@@ -26,24 +30,35 @@ def key_name(keys: str, display: str = "") -> str:
     return names.get(first, first)
 
 
-def help_text(available: Callable[[str], bool]) -> Text:
-    t = Text()
-    t.append("commtop keys", style=style(ACCENT, bold=True))
-    t.append("   (esc, q or ? closes · ctrl+p: every action by name)\n", style=style(MUTED))
+def help_text(available: Callable[[str], bool]) -> Group:
+    """The keys this session can use, grouped, each sentence wrapped under itself (a hanging
+    indent, not back to column 0); the others named in one line at the end, with where they
+    work, so a newcomer learns them without being offered what does nothing here."""
+    parts: list[RenderableType] = [
+        Text.assemble(
+            ("commtop keys", style(ACCENT, bold=True)),
+            ("   (esc, q or ? closes · ctrl+p: every action by name)", style(MUTED)),
+        )
+    ]
+    elsewhere: dict[str, list[str]] = {}
     for group in GROUPS:
-        keys = [k for k in KEYS if k.group == group and (k.show or k.display)]
-        if not keys:
-            continue
-        t.append(f"\n{group}\n", style=style(ACCENT, bold=True))
-        for k in keys:
-            ok = available(k.action)
-            t.append(f"  {key_name(k.keys, k.display):>6}  ", style=style(WARN if ok else MUTED, bold=ok))
-            t.append(k.help, style=style(TEXT if ok else MUTED))
-            if not ok:
-                why = "replay only" if group == "replay" else "not in this session"
-                t.append(f"  ({why})", style=style(MUTED))
-            t.append("\n")
-    return t
+        rows = Table.grid(padding=(0, 2))
+        rows.add_column(justify="right", width=KEY_W, no_wrap=True)
+        rows.add_column(ratio=1)
+        for k in KEYS:
+            if k.group != group or not (k.show or k.display):
+                continue
+            if available(k.action):
+                rows.add_row(Text(key_name(k.keys, k.display), style(WARN, bold=True)), Text(k.help, style(TEXT)))
+            else:
+                where = "replay only" if group == "replay" else "not in this session"
+                elsewhere.setdefault(where, []).append(key_name(k.keys, k.display))
+        if rows.row_count:
+            parts += [Text(f"\n{group}", style(ACCENT, bold=True)), rows]
+    if elsewhere:
+        lines = [f"{where}: {' '.join(names)}" for where, names in elsewhere.items()]
+        parts.append(Text("\n" + "\n".join(lines), style(MUTED)))
+    return Group(*parts)
 
 
 class HelpScreen(ModalScreen[None]):

@@ -6,7 +6,18 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
+from tui.ingest.interfaces import ReplayPosition
 from tui.view.widgets.palette import ACCENT, MUTED, TEXT, WARN, style
+
+
+def replay_idle_text(position: ReplayPosition) -> str:
+    """What the line says in a replay before two epochs can be compared: a replay cannot switch
+    settings or run an A/B, so it points at the recording's own changes instead."""
+    if not position.changes_s:
+        return "verdict: this recording ran one settings epoch: nothing to compare"
+    if any(c > position.position_s for c in position.changes_s):
+        return "verdict: one settings epoch so far · n: the next settings change"
+    return "verdict: too few collectives here to compare two settings epochs"
 
 
 class VerdictLine(Widget):
