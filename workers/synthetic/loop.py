@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workers.rank.control import Control
+from workers.rank.control import Control, StaticControl
 from workers.rank.cuda_events import runtime_events
 from workers.rank.device import gpu_uuid, nccl_version
 from workers.rank.heartbeat import RunInfo, StopFlag, WorkerStatus, reported_hostname
@@ -303,7 +303,9 @@ def run_steps(
 # --------------------------------------------------------------------------- one worker
 
 
-def run_info(config: LoopConfig, rt: Runtime) -> RunInfo:
+def run_info(config: LoopConfig, rt: Runtime, live: bool = True) -> RunInfo:
+    """Who this rank is, for its Hellos; ``live``: its settings follow the collector (the
+    collector refuses every change when they do not)."""
     device, uuid, nccl = "cpu", "", ""
     if rt.cuda:
         device = torch.cuda.get_device_name(rt.device_index)
@@ -322,7 +324,7 @@ def run_info(config: LoopConfig, rt: Runtime) -> RunInfo:
         gpu_uuid=uuid,
         torch_version=torch.__version__,
         nccl_version=nccl,
-        config=config.as_dict(),
+        config=config.as_dict() | {"live_control": live},
     )
 
 
@@ -455,7 +457,7 @@ def run_worker(
     status = WorkerStatus(settings=config.initial_settings(), rejected=getattr(control, "rejected", None))
     session = RankSession(
         None if bare else conn,
-        run_info(config, rt),
+        run_info(config, rt, live=not isinstance(control, StaticControl)),
         status,
         stop=stop,
         dead_man=dead_man,
