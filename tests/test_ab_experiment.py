@@ -12,6 +12,7 @@ import numpy as np
 from tui.experiment.ab_experiment import ABExperiment, arm_hbm, arm_link
 from tui.experiment.ab_stats import AB_MARK, WARMUP, Block, blocks_from_marks
 from tui.ingest.interfaces import ControlView
+from tui.model.changeable import Changeable
 from workers.wire.protocol import COLL, COLL_COLUMNS, Batch
 from workers.wire.settings import Settings
 
@@ -33,7 +34,7 @@ class FakeController:
         return (self.epoch, None)
 
     def view(self) -> ControlView:
-        return ControlView(requested=Settings(mode="overlap", copies=5))
+        return ControlView(requested=Settings(mode="overlap", copies=5), can_change=Changeable.loop(2))
 
 
 def batch(epoch: int, n: int, dur_us: float, t0: int) -> Batch:
