@@ -26,15 +26,21 @@ def key_name(keys: str, display: str = "") -> str:
     return names.get(first, first)
 
 
-def help_text(available: Callable[[str], bool]) -> Text:
+def help_text(available: Callable[[str], bool], settings: str = "") -> Text:
+    """Every key; of the live settings only those this run offers, under what it can change
+    (``settings``: tui.model.changeable's words, "" without a controller)."""
     t = Text()
     t.append("commtop keys", style=style(ACCENT, bold=True))
     t.append("   (esc, q or ? closes · ctrl+p: every action by name)\n", style=style(MUTED))
     for group in GROUPS:
         keys = [k for k in KEYS if k.group == group and (k.show or k.display)]
-        if not keys:
+        if group == "live settings" and settings:
+            keys = [k for k in keys if available(k.action)]
+        if not keys and not (group == "live settings" and settings):
             continue
         t.append(f"\n{group}\n", style=style(ACCENT, bold=True))
+        if group == "live settings" and settings:
+            t.append(f"  this run can change: {settings}\n", style=style(MUTED))
         for k in keys:
             ok = available(k.action)
             t.append(f"  {key_name(k.keys, k.display):>6}  ", style=style(WARN if ok else MUTED, bold=ok))
@@ -59,10 +65,11 @@ class HelpScreen(ModalScreen[None]):
     """
     BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "close")]
 
-    def __init__(self, available: Callable[[str], bool]) -> None:
+    def __init__(self, available: Callable[[str], bool], settings: str = "") -> None:
         super().__init__()
         self.available = available
+        self.settings = settings
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(help_text(self.available), id="help-text")
+            yield Static(help_text(self.available, self.settings), id="help-text")
