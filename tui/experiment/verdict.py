@@ -20,12 +20,14 @@ from workers.wire.overlap import CLASSES
 
 
 def epochs_text(c: EpochComparison, peak: LinkPeak | None = None) -> str:
-    """ "overlap vs none: p50 +1.6 % · during copies +1.9 % · ...  (adjacent epochs 4, 5: not an A/B ...)"."""
-    parts = [
-        f"{c.other_mode} vs {c.base_mode}: p50 {pct(c.ratio)} %"
-        if c.other_mode != c.base_mode
-        else f"epoch {c.other_epoch} vs {c.base_epoch} ({c.other_mode}): p50 {pct(c.ratio)} %"
-    ]
+    """ "overlap vs none: p50 +1.6 % · during copies +1.9 % · ...  (epochs 4, 5: not an A/B ...)"."""
+    if c.other_mode != c.base_mode:
+        what = f"{c.other_mode} vs {c.base_mode}"
+    elif c.change:
+        what = f"{c.change} ({c.other_mode})"
+    else:
+        what = f"epoch {c.other_epoch} vs {c.base_epoch} ({c.other_mode})"
+    parts = [f"{what}: p50 {pct(c.ratio)} %"]
     for name, short in ((CLASSES[1], "during copies"), (CLASSES[2], "after")):
         v = c.class_p50_ms.get(name, math.nan)
         if math.isfinite(v) and c.base_p50_ms > 0:
@@ -34,7 +36,7 @@ def epochs_text(c: EpochComparison, peak: LinkPeak | None = None) -> str:
         share = peak.share(c.copy_gbps) if peak is not None else ""
         parts.append(f"copies {c.copy_gbps:.1f} GB/s" + (f" = {share}" if share else ""))
     epochs = sorted((c.base_epoch, c.other_epoch))
-    return " · ".join(parts) + f"  (adjacent epochs {epochs[0]}, {epochs[1]}: not an A/B, no interval · a: run one)"
+    return " · ".join(parts) + f"  (epochs {epochs[0]}, {epochs[1]}: not an A/B, no interval · a: run one)"
 
 
 def verdict_text(progress: object | None, comparison: EpochComparison | None, peak: LinkPeak | None = None) -> str:

@@ -1,5 +1,6 @@
-"""The two newest settings epochs compared, all ranks pooled: the statistics behind the
-verdict line when no A/B experiment ran (its text is :mod:`tui.experiment.verdict`'s).
+"""The newest settings epoch against the newest older one of other settings, all ranks pooled:
+the statistics behind the verdict line when no A/B experiment ran (its text is
+:mod:`tui.experiment.verdict`'s). Epochs of identical settings are never compared.
 
 Epochs ran at different times, so drift is not cancelled and there is no interval; the
 snapshot carries the comparison, the view words it.
@@ -8,7 +9,7 @@ snapshot carries the comparison, the view words it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +18,7 @@ from tui.model.overlap_live import RankOverlap
 from tui.model.stats import RunAggregate
 from workers.wire.overlap import CLASSES
 from workers.wire.protocol import MODES
+from workers.wire.settings import Settings
 
 #: Least collectives per epoch before two epochs are compared.
 MIN_RECORDS = 20
@@ -24,8 +26,8 @@ MIN_RECORDS = 20
 
 @dataclass(frozen=True)
 class EpochComparison:
-    """Two adjacent epochs, all ranks pooled: ``other`` against ``base`` (the epoch in mode
-    none when one of them is, else the older one)."""
+    """Two epochs of different settings, all ranks pooled: ``other`` against ``base`` (the epoch
+    in mode none when one of them is, else the older one)."""
 
     base_epoch: int
     other_epoch: int
@@ -36,6 +38,8 @@ class EpochComparison:
     #: p50 (ms) of ``other``'s collectives per overlap class
     class_p50_ms: dict[str, float] = field(default_factory=dict)
     copy_gbps: float = math.nan  # copies of ``other``
+    #: what else differs from ``base`` to ``other`` ("copies 5 → 3"; "" when unknown or only the mode)
+    change: str = ""
 
     @property
     def ratio(self) -> float:
@@ -46,14 +50,49 @@ def _mode_name(index: int | None) -> str:
     return MODES[index] if index is not None and 0 <= index < len(MODES) else "?"
 
 
-def compare_epochs(overlaps: Iterable[RankOverlap], copies: Iterable[dict[str, np.ndarray]]) -> EpochComparison | None:
-    """The two newest epochs with enough settled collectives, compared (None: fewer than two)."""
+#: The settings fields a comparison names when they differ (besides the mode).
+_FIELDS = ("copies", "copy_scale", "pinned", "direction", "delay_ms", "delay_rank", "delay_on")
+
+
+def settings_change(base: Settings | None, other: Settings | None) -> str:
+    """ "copies 5 → 3 · knob.lr 1e-3 → 1e-4": what differs besides the mode ("" when unknown)."""
+    if base is None or other is None:
+        return ""
+    parts = [f"{f} {getattr(base, f)} → {getattr(other, f)}" for f in _FIELDS if getattr(base, f) != getattr(other, f)]
+    names = sorted(set(base.knobs) | set(other.knobs))
+    parts += [
+        f"knob.{k} {base.knobs.get(k, '-')} → {other.knobs.get(k, '-')}"
+        for k in names
+        if base.knobs.get(k) != other.knobs.get(k)
+    ]
+    return " · ".join(parts)
+
+
+def compare_epochs(
+    overlaps: Iterable[RankOverlap],
+    copies: Iterable[dict[str, np.ndarray]],
+    settings_of: Callable[[int], Settings | None] = lambda epoch: None,
+) -> EpochComparison | None:
+    """The newest epoch with enough settled collectives against the newest older one whose
+    settings differ (None: no such pair). Epochs of identical settings (a change that changed
+    nothing, an A/B's blocks of one arm) are never compared: where the settings of an epoch are
+    not known (``settings_of``), two epochs differ only if their records' modes do."""
     overlaps = list(overlaps)
     for ov in overlaps:
         ov.settle()
     epochs = sorted({e for ov in overlaps for e in ov.by_epoch})
+    mode_of = {e: m for ov in overlaps for e, m in ov.epoch_mode.items()}
+
+    def differs(a: int, b: int) -> bool:
+        sa, sb = settings_of(a), settings_of(b)
+        if sa is not None and sb is not None:
+            return sa != sb
+        return _mode_name(mode_of.get(a)) != _mode_name(mode_of.get(b))
+
     merged: dict[int, list[RunAggregate]] = {}
     for e in reversed(epochs):
+        if merged and not differs(max(merged), e):
+            continue
         aggs = [RunAggregate() for _ in CLASSES]
         for ov in overlaps:
             for total, part in zip(aggs, ov.by_epoch.get(e, ()), strict=False):
@@ -65,7 +104,6 @@ def compare_epochs(overlaps: Iterable[RankOverlap], copies: Iterable[dict[str, n
     if len(merged) < 2:
         return None
     new, old = sorted(merged, reverse=True)
-    mode_of = {e: m for ov in overlaps for e, m in ov.epoch_mode.items()}
     base, other = old, new
     if _mode_name(mode_of.get(new)) == "none" and _mode_name(mode_of.get(old)) != "none":
         base, other = new, old  # copies are what is judged: compare against the epoch without
@@ -92,4 +130,5 @@ def compare_epochs(overlaps: Iterable[RankOverlap], copies: Iterable[dict[str, n
         other_p50_ms=p50(merged[other]),
         class_p50_ms=classes,
         copy_gbps=nbytes / dur / 1e3 if dur > 0 else math.nan,
+        change=settings_change(settings_of(base), settings_of(other)),
     )

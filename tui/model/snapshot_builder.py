@@ -182,6 +182,7 @@ class SnapshotBuilder:
         result = compare_epochs(
             (s.overlap for s in states),
             (s.copy.view(copy=False, columns=("epoch", "nbytes", "dur_us")) for s in states),
+            run.in_force.settings_of,
         )
         self._epochs_cache = (now, result)
         return result
