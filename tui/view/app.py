@@ -389,7 +389,9 @@ class CommtopApp(App[None]):
     def action_help(self) -> None:
         """Every key, grouped; the ones this session cannot use are marked."""
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self._available, setting_keys.help_line(self._can()) if self.controller else ""))
+            self.push_screen(
+                HelpScreen(self._available, setting_keys.help_line(self._can()) if self.controller else "")
+            )
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The command palette (ctrl+p): every action of the keys, by name, plus Textual's own."""
