@@ -286,7 +286,10 @@ def test_knobs_of_a_monitored_job_are_validated_with_the_choices_it_declared(con
     capsys.readouterr()
     assert cli.main(["ctl", "--no-wait", "set", "offload=fast"]) == 2
     assert "offload=fast: choices none, overlap, sync; nothing changed" in capsys.readouterr().err
-    assert server.request({"knob.colour": "red"}) == "this job has no knob 'colour' (its knobs: offload (none/overlap/sync))"
+    assert (
+        server.request({"knob.colour": "red"})
+        == "this job has no knob 'colour' (its knobs: offload (none/overlap/sync))"
+    )
     assert server.desired == (2, Settings(mode="overlap", copies=0, knobs={"offload": "none"}))
 
 
