@@ -35,7 +35,10 @@ LOOP_SETTINGS = ("mode", "copies", "copy_scale", "pinned", "direction", "delay_m
 _WORDS = {"copy_scale": "copy scale", "delay_ms": "a straggler delay", "delay_rank": "a straggler delay"}
 _WORDS["delay_on"] = "a straggler delay"
 
-LIVE_OFF = "live control is off in this run (COMMTOP_LIVE_CONTROL=0 or no store to agree through): its settings stay"
+LIVE_OFF = (
+    "live control is off in this run (COMMTOP_LIVE_CONTROL=0, or no store to agree through): "
+    "its settings stay as they started"
+)
 
 
 def knob_choices(config: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
