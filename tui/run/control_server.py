@@ -41,6 +41,7 @@ from workers.wire import protocol
 from workers.wire.connection import Connection
 from workers.wire.control import EPOCH_HISTORY, ctl_reply_body, ctl_state_body
 from workers.wire.settings import Settings, SettingsError, settings_from_wire
+from workers.wire.telemetry import decode_caps
 
 PUBLISH_S = 0.5
 POLL_MS = 50
@@ -50,6 +51,8 @@ NOTE_S = 15.0
 #: An A/B mark (``mark`` request): at most this many fields, strings this long.
 MAX_MARK_FIELDS = 16
 MAX_MARK_STR = 200
+#: Nodes whose Prometheus endpoints `ctl status` lists at most.
+MAX_NODES = 1024
 
 
 class ControlServerError(RuntimeError):
@@ -104,6 +107,8 @@ class ControlServer:
         self._apply_at_seen: dict[int, int] = {}  # pending epoch -> latest apply_at seen
         #: What the run can change (tui.model.changeable), from its Hellos.
         self._can = Changeable()
+        #: Each node's Prometheus endpoint, as its sampler says (host -> URL; `ctl status`).
+        self._prometheus: dict[str, str] = {}
         self.rejected: Counter[str] = Counter()
         self.reissues = 0
         #: where ``mark`` requests go (the collector sets it to its recorder's ``write``)
@@ -200,6 +205,18 @@ class ControlServer:
         elif isinstance(message, protocol.Bye):
             with self._lock:
                 self._headers.pop(message.rank, None)
+        elif isinstance(message, dict) and message.get("k") == protocol.TELEM_CAPS:
+            self._note_prometheus(message)
+
+    def _note_prometheus(self, body: dict[str, Any]) -> None:
+        try:
+            caps = decode_caps(body)
+        except protocol.ProtocolError:
+            return
+        if caps.prometheus:
+            with self._lock:
+                if caps.host in self._prometheus or len(self._prometheus) < MAX_NODES:
+                    self._prometheus[caps.host] = caps.prometheus
 
     # ------------------------------------------------------------------ state (lock held)
 
@@ -364,6 +381,7 @@ class ControlServer:
             "reissues": self.reissues,
             "note": note,
             "can_change": self._can.wire(),
+            "prometheus": [f"{host}: {url}" for host, url in sorted(self._prometheus.items())],
         }
 
     def close(self) -> None:
