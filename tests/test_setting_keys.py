@@ -70,7 +70,7 @@ def test_an_unmodified_job_offers_no_setting_key_and_refuses_each_with_the_reaso
         footer = footer_keys(app)
         assert not footer & {"o", "1", "c", "s", "h", "d", "a"}, footer
         for key in (*SETTING_KEYS, "a"):
-            app._refused = ("", 0.0)
+            app.refused.why = ""
             await pilot.press(key)
             await pilot.pause()
             assert "train_ddp_plain.py has no live knobs" in status_text(app), key

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -27,7 +26,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer
 
-from tui.experiment.ab_experiment import ABSlot, refused_arm
+from tui.experiment.ab_experiment import ABSlot
 from tui.experiment.verdict import pcie_peak, verdict_text
 from tui.ingest.interfaces import (
     ControllerLike,
@@ -60,8 +59,6 @@ from workers.wire.settings import COPY_SCALES, MAX_COPIES, Settings
 
 #: How often the app reads the controller, recorder, job and replay position (UI thread).
 SIDE_POLL_S = 0.25
-#: How long a refused key's reason stays in the status line.
-REFUSED_S = 8.0
 REPLAY_SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 _W = TypeVar("_W", bound=Widget)
@@ -147,7 +144,7 @@ class CommtopApp(App[None]):
         self._posted = threading.Event()
         self._errors: list[str] = []
         self._control: ControlView | None = None
-        self._refused: tuple[str, float] = ("", 0.0)  # a refused key's reason, until when
+        self.refused = setting_keys.RefusedLine()  # a refused change's reason, for a while
         self._recording: RecordingStatus | None = None
         #: The A/B experiment slot (key a); a sink, so it sees every message.
         self.ab = ABSlot()
@@ -342,9 +339,7 @@ class CommtopApp(App[None]):
             else:
                 hint = "job finished (exit code 0) · q to quit"
         lines += self._errors[-2:]
-        why, until = self._refused
-        if why and time.monotonic() < until:
-            lines.append(why)
+        lines += self.refused.lines()
         self._one(StatusLine).show(lines, hint)
 
     def _note_error(self, line: str) -> None:
@@ -383,15 +378,13 @@ class CommtopApp(App[None]):
     def _refuse(self, why: str) -> None:
         """A refused change: a toast, and the reason in the status line for a while."""
         self.notify(why, title="change refused", severity="error")
-        self._refused = (why, time.monotonic() + REFUSED_S)
+        self.refused.set(why)
         self._update_status()
 
     def action_help(self) -> None:
         """Every key, grouped; the ones this session cannot use are marked."""
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(
-                HelpScreen(self._available, setting_keys.help_line(self._can()) if self.controller else "")
-            )
+            self.push_screen(HelpScreen(self._available, setting_keys.help_line(self._can(), self.controller)))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The command palette (ctrl+p): every action of the keys, by name, plus Textual's own."""
@@ -504,7 +497,7 @@ class CommtopApp(App[None]):
     def _start_ab(self, choice: Any) -> None:
         if choice is None or self.controller is None:
             return
-        why = refused_arm(self._can().check, choice.a, choice.b) if self._can().known else ""
+        why = setting_keys.arms_refusal(self._can(), choice.a, choice.b)
         if why:  # both arms checked before a block starts
             self._refuse(why)
             return

@@ -4,6 +4,10 @@ all say the same thing. No Textual here: the app asks, this module answers."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
+
+from tui.experiment.ab_experiment import refused_arm
 from tui.model.changeable import KNOBS, UNKNOWN, Changeable
 from tui.view.keys import KEYS
 from workers.wire.protocol import MODES
@@ -19,6 +23,8 @@ KEY_SETTINGS: dict[str, str] = {
     "toggle_direction": "direction",
 }
 AB = "ab"
+#: How long a refused change's reason stays in the status line.
+REFUSED_S = 8.0
 
 
 def refusal(action: str, parameters: tuple[object, ...], can: Changeable) -> str:
@@ -49,9 +55,29 @@ def key_refusal(key: str, can: Changeable) -> str:
     return ""
 
 
-def help_line(can: Changeable) -> str:
-    """What the help screen says this run can change ("" before the workers said)."""
-    return can.describe() if can.kind != UNKNOWN else ""
+def help_line(can: Changeable, controller: object) -> str:
+    """What the help screen says this run can change ("" without a controller, or before the
+    workers said)."""
+    return can.describe() if controller is not None and can.kind != UNKNOWN else ""
+
+
+def arms_refusal(can: Changeable, a: Mapping[str, str], b: Mapping[str, str]) -> str:
+    """The A/B dialog's arms checked before a block starts ("" when both can be set, or when
+    the run has not said yet: the experiment checks them at its start then)."""
+    return refused_arm(can.check, a, b) if can.known else ""
+
+
+class RefusedLine:
+    """A refused change's reason, in the status line for REFUSED_S after the key."""
+
+    def __init__(self) -> None:
+        self.why, self.until = "", 0.0
+
+    def set(self, why: str) -> None:
+        self.why, self.until = why, time.monotonic() + REFUSED_S
+
+    def lines(self) -> list[str]:
+        return [self.why] if self.why and time.monotonic() < self.until else []
 
 
 def next_mode(current: str, can: Changeable) -> str:
