@@ -70,7 +70,7 @@ def test_a_job_without_a_mode_knob_refuses_mode() -> None:
 
 def test_a_job_without_knobs_refuses_everything_and_says_so() -> None:
     can = Changeable.from_hello({"source": "monitor", "collective": "monitor: train_ddp_plain.py", "knobs": {}}, 2)
-    assert can.kind == NOTHING and can.known and can.names() == () and can.describe() == "no knobs"
+    assert can.kind == NOTHING and can.known and can.names() == () and can.describe() == "nothing (no knobs)"
     for change in ({"mode": "sync"}, {"copies": 3}, {"knob.offload": "sync"}):
         assert can.check(change).startswith("train_ddp_plain.py has no live knobs (an unmodified script")
     # before its first step a job may still declare knobs: not final yet
@@ -81,7 +81,7 @@ def test_a_job_without_knobs_refuses_everything_and_says_so() -> None:
 def test_live_control_off_refuses_at_once() -> None:
     for can in (Changeable.from_hello({"live_control": False}, 2), monitored(OFFLOAD, live_control=False)):
         assert can.check({"mode": "sync"}).startswith("live control is off in this run (COMMTOP_LIVE_CONTROL=0")
-        assert can.names() == () and can.describe() == "none (live control is off)"
+        assert can.names() == () and can.describe() == "nothing (live control is off)"
 
 
 def test_before_any_hello_nothing_is_known() -> None:

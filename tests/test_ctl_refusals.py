@@ -85,7 +85,7 @@ def test_live_control_off_is_said_at_once(conn, server, capsys):
     assert time.monotonic() - started < 3.0  # not 20 s of "workers busy?"
     assert "live control is off in this run (COMMTOP_LIVE_CONTROL=0" in error_line(capsys)
     assert cli.main(["ctl", "status"]) == 0
-    assert "can change: none (live control is off)" in capsys.readouterr().out
+    assert "can change: nothing (live control is off)" in capsys.readouterr().out
 
 
 def test_status_shows_the_delay_in_force_and_what_the_run_can_change(conn, server, capsys):

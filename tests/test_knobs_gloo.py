@@ -97,7 +97,7 @@ def test_an_unmodified_job_refuses_ctl_and_ab_and_no_epoch_starts(
         time.sleep(1.5)  # a Hello later: still epoch 0 everywhere
         code, out, _ = ctl(capsys, "status")
         assert code == 0 and "in force  (epoch 0): mode=none" in out and "requested (epoch 0): same" in out, out
-        assert "can change: no knobs" in out
+        assert "can change: nothing (no knobs)" in out
     finally:
         summary = stop(run)
     assert "monitor: train_ddp_plain.py" in summary, summary[-3000:]

@@ -18,6 +18,7 @@ from tui.run.control_server import ControlServer
 from tui.view.app import CommtopApp
 from tui.view.widgets.help import HelpScreen
 from tui.view.widgets.status import StatusLine
+from tui.view.widgets.verdict import VerdictLine
 from workers.wire import connection as connections
 from workers.wire.settings import Settings
 
@@ -77,10 +78,12 @@ def test_an_unmodified_job_offers_no_setting_key_and_refuses_each_with_the_reaso
             assert not isinstance(app.screen, HelpScreen) and len(app.screen_stack) == 1, key  # no A/B dialog
         assert server.desired == (0, Settings(mode="none", copies=0))  # no epoch started
         assert not app.ab.running
+        verdict = str(app.query_one(VerdictLine).render())
+        assert "verdict: no settings to compare: this run can change nothing (no knobs)" in verdict, verdict
         await pilot.press("question_mark")
         await pilot.pause()
         text = str(app.screen.query_one("#help-text").render())
-        assert "this run can change: no knobs" in text
+        assert "this run can change: nothing (no knobs)" in text
         assert "One copy per step fewer" not in text and "Next offload mode" not in text
 
     run_app(server, PLAIN, Settings(mode="none", copies=0), body)

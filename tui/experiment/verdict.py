@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from tui.experiment.ab_stats import pct
+from tui.model.changeable import Changeable
 from tui.model.epochs import EpochComparison
 from workers.wire.overlap import CLASSES
 
@@ -39,8 +40,14 @@ def epochs_text(c: EpochComparison, peak: LinkPeak | None = None) -> str:
     return " · ".join(parts) + f"  (epochs {epochs[0]}, {epochs[1]}: not an A/B, no interval · a: run one)"
 
 
-def verdict_text(progress: object | None, comparison: EpochComparison | None, peak: LinkPeak | None = None) -> str:
-    """The line to show: an experiment's (tui.experiment.ab_experiment.Progress) or the epochs'."""
+def verdict_text(
+    progress: object | None,
+    comparison: EpochComparison | None,
+    peak: LinkPeak | None = None,
+    can: Changeable | None = None,
+) -> str:
+    """The line to show: an experiment's (tui.experiment.ab_experiment.Progress) or the epochs';
+    ``can``: what the run can change (a run that can change nothing has no epochs to wait for)."""
     if progress is not None:
         state = getattr(progress, "state", "")
         latest = getattr(progress, "latest", None)
@@ -58,6 +65,8 @@ def verdict_text(progress: object | None, comparison: EpochComparison | None, pe
         return head + (f" · {getattr(progress, 'note', '')}" if getattr(progress, "note", "") else "")
     if comparison is not None:
         return epochs_text(comparison, peak)
+    if can is not None and can.known and not can.names():
+        return f"verdict: no settings to compare: this run can change {can.describe()}"
     return "verdict: waiting for two settings epochs (switch with o / 1-4) · a: A/B experiment"
 
 

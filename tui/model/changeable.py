@@ -151,13 +151,13 @@ class Changeable:
     def describe(self) -> str:
         """The run's settings in a few words: "knobs offload (none/overlap/sync)"."""
         if not self.live:
-            return "none (live control is off)"
+            return "nothing (live control is off)"
         if self.kind == LOOP:
             return "settings " + ", ".join(LOOP_SETTINGS)
         if self.kind == KNOBS:
             return "knobs " + ", ".join(f"{k} ({'/'.join(v)})" for k, v in self.knobs.items())
         if self.kind == NOTHING:
-            return "no knobs" if self.settled else "no knobs declared yet"
+            return "nothing (no knobs)" if self.settled else "nothing yet (no knobs declared)"
         return "not known yet (no worker has reported)"
 
     # ------------------------------------------------------------------ the decision

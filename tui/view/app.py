@@ -478,7 +478,7 @@ class CommtopApp(App[None]):
     def _show_verdict(self) -> None:
         snap = self.snapshot
         peak = pcie_peak(snap.telemetry) if snap else None
-        self._one(VerdictLine).show(verdict_text(self.ab.progress(), snap.epochs if snap else None, peak))
+        self._one(VerdictLine).show(verdict_text(self.ab.progress(), snap.epochs if snap else None, peak, self._can()))
 
     def action_ab(self) -> None:
         """Start an A/B of the current settings against none (a dialog lets you change both);
