@@ -12,6 +12,7 @@ import numpy as np
 from tui.experiment.ab_experiment import ABExperiment, arm_hbm, arm_link
 from tui.experiment.ab_stats import AB_MARK, WARMUP, Block, blocks_from_marks
 from tui.ingest.interfaces import ControlView
+from tui.model.changeable import Changeable
 from workers.wire.protocol import COLL, COLL_COLUMNS, Batch
 from workers.wire.settings import Settings
 
@@ -33,7 +34,7 @@ class FakeController:
         return (self.epoch, None)
 
     def view(self) -> ControlView:
-        return ControlView(requested=Settings(mode="overlap", copies=5))
+        return ControlView(requested=Settings(mode="overlap", copies=5), can_change=Changeable.loop(2))
 
 
 def batch(epoch: int, n: int, dur_us: float, t0: int) -> Batch:
@@ -129,3 +130,74 @@ def test_a_batch_across_a_switch_gives_each_block_its_own_time_window() -> None:
     exp.write(b)
     assert exp._windows[first] == (1_000_000_000, 1_003_000_000)
     assert exp._windows[second] == (1_004_000_000, 1_007_000_000)
+
+
+class KnobJob(FakeController):
+    """Test-only: a monitored job with an ``offload`` knob (its mode knob) in force at overlap."""
+
+    can = Changeable.from_hello(
+        {"source": "monitor", "collective": "monitor: train_ddp.py", "knobs": {"offload": ["none", "overlap", "sync"]},
+         "mode_knob": "offload"},
+        2,
+    )  # fmt: skip
+
+    def view(self) -> ControlView:
+        return ControlView(Settings(mode="overlap", copies=0, knobs={"offload": "overlap"}), can_change=self.can)
+
+
+def test_an_arm_the_run_cannot_set_fails_at_once_and_changes_nothing() -> None:
+    ctl = KnobJob()
+    exp = ABExperiment(ctl, {"knob.offload": "off"}, {"knob.offload": "on"}, seed=1)
+    assert exp.tick() and exp.state == "failed" and ctl.requests == []
+    assert exp.refused == "arm A (knob.offload=off): knob.offload=off: choices none, overlap, sync"
+
+
+def test_a_knob_is_restored_to_its_value_before_also_by_its_bare_name() -> None:
+    ctl = KnobJob()
+    exp = ABExperiment(ctl, {"knob.offload": "none"}, {"offload": "sync"}, duration_s=3, block_s=0.5, seed=2)
+    drive(exp, ctl, effect=1.1)
+    assert exp.state == "done" and exp.restore == {"knob.offload": "overlap", "offload": "overlap"}
+    assert ctl.requests[-1] == {"knob.offload": "overlap", "offload": "overlap"}
+
+
+class Refusing(FakeController):
+    """Test-only: the first block is refused (the run changed under the experiment)."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+    def request(self, changes: dict[str, Any], new_epoch: bool = False) -> str:
+        self.requests.append(dict(changes))
+        return self.error
+
+    def view(self) -> ControlView:
+        return ControlView(Settings(mode="overlap", copies=5), can_change=Changeable.loop(2))
+
+
+def test_a_refused_block_ends_the_experiment_instead_of_retrying_for_ever() -> None:
+    ctl = Refusing("offload must be one of none, overlap, sync; got 'off'")
+    exp = ABExperiment(ctl, {"mode": "none"}, {"mode": "sync"}, seed=1)
+    exp.clock = lambda: 0.0
+    assert exp.tick() and exp.state == "failed" and "got 'off'" in exp.note
+
+
+def test_a_busy_run_is_retried_but_not_for_ever() -> None:
+    ctl = Refusing("the workers are still switching to an earlier change; try again in a moment")
+    now = [0.0]
+    exp = ABExperiment(ctl, {"mode": "none"}, {"mode": "sync"}, seed=1, clock=lambda: now[0])
+    assert not exp.tick() and exp.state == "switching"
+    now[0] = 10.0
+    assert not exp.tick()
+    now[0] = 31.0
+    assert exp.tick() and exp.state == "failed" and "still switching" in exp.note
+
+
+def test_until_ci_that_reaches_the_duration_says_the_target_was_missed() -> None:
+    ctl = FakeController()
+    exp = ABExperiment(ctl, {"mode": "none"}, {"mode": "sync"}, duration_s=4, until_ci_pct=0.01, block_s=0.5, seed=1)
+    drive(exp, ctl, effect=1.05)
+    assert exp.state == "done" and exp.note.startswith("target +/-0.01 % missed: the p50 interval reached +/-"), (
+        exp.note
+    )
+    assert "in 4 s" in exp.note

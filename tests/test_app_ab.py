@@ -8,6 +8,7 @@ from typing import Any
 from textual.widgets import Input
 
 from tui.ingest.interfaces import ControlView
+from tui.model.changeable import Changeable
 from tui.view.app import CommtopApp
 from tui.view.widgets.verdict import VerdictLine
 from workers.wire.settings import Settings
@@ -30,7 +31,7 @@ class FakeController:
         return (self.epoch, None)
 
     def view(self) -> ControlView:
-        return ControlView(requested=Settings(mode="sync", copies=5))
+        return ControlView(requested=Settings(mode="sync", copies=5), can_change=Changeable.loop(2))
 
 
 def test_key_a_opens_the_dialog_and_starts_an_experiment() -> None:

@@ -285,8 +285,11 @@ def test_knobs_of_a_monitored_job_are_validated_with_the_choices_it_declared(con
     assert server.desired[1].knobs == {"offload": "none"}
     capsys.readouterr()
     assert cli.main(["ctl", "--no-wait", "set", "offload=fast"]) == 2
-    assert "offload must be one of none, overlap, sync; got 'fast'; nothing changed" in capsys.readouterr().err
-    assert server.request({"knob.colour": "red"}) == "unknown knob 'colour'"
+    assert "offload=fast: choices none, overlap, sync; nothing changed" in capsys.readouterr().err
+    assert (
+        server.request({"knob.colour": "red"})
+        == "this job has no knob 'colour' (its knobs: offload (none/overlap/sync))"
+    )
     assert server.desired == (2, Settings(mode="overlap", copies=0, knobs={"offload": "none"}))
 
 

@@ -292,7 +292,8 @@ async def test_own_job_refuses_keys_it_has_no_knob_for(tmp_path: Path, monkeypat
             await pilot.press("4")
             await pilot.pause()
             assert any(
-                "offload knob takes none/overlap/sync, not sync-barrier" in n.message for n in app._notifications
+                "mode=sync-barrier: train_ddp.py's offload knob takes none, overlap, sync" in n.message
+                for n in app._notifications
             )
             await pilot.press("3")
             await pilot.pause()

@@ -1,4 +1,5 @@
-"""The verdict line's text: adjacent epochs (marked as not an A/B), an A/B's progress and
+"""The verdict line's text: two epochs of different settings (marked as not an A/B; epochs of
+identical settings never), an A/B's progress and
 result, and copy bandwidth as a share of the PCIe peak."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from tui.experiment.ab_stats import Block, analyse
 from tui.experiment.verdict import LinkPeak, pcie_peak, verdict_text
 from tui.model.epochs import compare_epochs
 from tui.model.overlap_live import RankOverlap
+from workers.wire.settings import Settings
 
 
 def test_adjacent_epochs_compare_copies_against_the_epoch_without() -> None:
@@ -32,6 +34,38 @@ def test_adjacent_epochs_compare_copies_against_the_epoch_without() -> None:
     text = verdict_text(None, c)
     assert text.startswith("overlap vs none: p50 +20.0 % · during copies +20.0 % · after +20.0 %")
     assert "not an A/B, no interval" in text
+
+
+def epochs_of(*specs: tuple[int, int, float]) -> RankOverlap:
+    """One rank's collectives: 40 of ``dur_us`` per (epoch, mode index, dur_us)."""
+    ov = RankOverlap()
+    for i, (epoch, mode, dur_us) in enumerate(specs):
+        cc = coll_cols([epoch] * 40, [i * 10_000_000 + k * 200_000 for k in range(40)], dur_us=dur_us, epoch=epoch)
+        cc["mode"][:] = mode
+        ov.add_coll(cc)
+    ov.flush()
+    return ov
+
+
+def test_epochs_of_identical_settings_are_never_compared() -> None:
+    """A change that changed nothing (an unmodified job asked for copies) or an A/B's closing
+    block: the newest epoch is compared with the newest one of other settings, or not at all."""
+    same = {0: Settings(mode="none", copies=0), 1: Settings(mode="none", copies=0)}
+    assert compare_epochs([epochs_of((0, 0, 100.0), (1, 0, 80.0))], [], same.get) is None
+    assert compare_epochs([epochs_of((0, 0, 100.0), (1, 0, 80.0))], []) is None  # settings unknown, same mode
+    sync = Settings(mode="sync")
+    three = {0: Settings(mode="none"), 1: sync, 2: sync}
+    c = compare_epochs([epochs_of((0, 0, 100.0), (1, 2, 150.0), (2, 2, 120.0))], [], three.get)
+    assert c is not None and (c.base_epoch, c.other_epoch) == (0, 2)
+    assert verdict_text(None, c).startswith("sync vs none: p50 +20.0 %")
+
+
+def test_epochs_of_one_mode_name_what_else_differs() -> None:
+    settings = {0: Settings(mode="overlap", copies=5), 1: Settings(mode="overlap", copies=3)}
+    c = compare_epochs([epochs_of((0, 1, 100.0), (1, 1, 90.0))], [], settings.get)
+    assert c is not None and c.change == "copies 5 → 3"
+    text = verdict_text(None, c)
+    assert text.startswith("copies 5 → 3 (overlap): p50 -10.0 %") and "(epochs 0, 1: not an A/B" in text
 
 
 def test_ab_progress_and_result_lines() -> None:

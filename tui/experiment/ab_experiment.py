@@ -29,6 +29,7 @@ from tui.experiment.ab_stats import AB_MARK, WARMUP, ABResult, Block, analyse
 from tui.ingest.interfaces import ControllerLike
 from workers.wire.overlap import classify_columns
 from workers.wire.protocol import COLL, TELEM, Batch, ProtocolError
+from workers.wire.settings import knob_name
 from workers.wire.telemetry import decode_tick
 
 #: Records kept at most (all blocks); past this the experiment ends with what it has.
@@ -37,8 +38,17 @@ MAX_RECORDS = 20_000_000
 MAX_TICKS = 40_000
 #: Least complete pairs before ``--until-ci`` may end the experiment.
 MIN_PAIRS = 3
-#: Give up when a requested block has not shown up in the records after this long.
+#: Give up when a requested block has not shown up in the records after this long (or when the
+#: workers have not settled what they can change: a job declares its knobs before its loop).
 SWITCH_TIMEOUT_S = 30.0
+#: Refusals worth another try next tick (the run is busy); any other refusal ends the experiment.
+TRANSIENT = (
+    "the workers are still switching",
+    "the workers have not reported",
+    "stale request",
+    "other changes kept coming",
+    "no reply from the collector",
+)
 
 _COLL_KEEP = ("rank", "epoch", "step", "start_ns", "dur_us")
 _COPY_KEEP = ("rank", "epoch", "step", "start_ns", "dur_us", "nbytes")
@@ -59,6 +69,15 @@ def parse_arm(text: str) -> dict[str, str]:
 
 def arm_label(changes: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in changes.items())
+
+
+def refused_arm(check: Callable[[Mapping[str, Any]], str], a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    """The first arm ``check`` refuses (tui.model.changeable), in one line; "" when neither."""
+    for arm, changes in (("A", a), ("B", b)):
+        why = check(changes)
+        if why:
+            return f"arm {arm} ({arm_label(changes)}): {why}"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -110,6 +129,10 @@ class ABExperiment:
         self.blocks: list[Block] = []
         self.state = "starting"
         self.note = ""
+        #: An arm the run cannot set (tui.model.changeable): the experiment never started.
+        self.refused = ""
+        #: The job ended before the experiment did (the runner says so; the note says what to do).
+        self.job_ended = False
         self._lock = threading.Lock()
         self._coll: list[dict[str, np.ndarray]] = []
         self._copy: list[dict[str, np.ndarray]] = []
@@ -125,6 +148,7 @@ class ABExperiment:
         self._started = 0.0
         self._block_seen_at = math.nan  # when the current block's first record arrived
         self._requested_at = 0.0
+        self._waiting_since = math.nan  # first tick; then since a refused switch was first retried
         self._last_result: ABResult | None = None
         self._result_at = -math.inf
         self._refresher: threading.Thread | None = None
@@ -190,19 +214,7 @@ class ABExperiment:
             return True
         now = self.clock()
         if self.state == "starting":
-            requested = self.controller.view().requested
-            if requested is None:
-                self.note = "waiting for the workers to report their settings"
-                return False
-            in_force = requested.as_dict()
-            keys = set(self.a) | set(self.b)
-            knobs = dict(in_force.get("knobs") or {})
-            self._restore = {k: in_force[k] for k in keys if k in in_force}
-            self._restore |= {k: knobs[k[5:]] for k in keys if k.startswith("knob.") and k[5:] in knobs}
-            self._started = now
-            self.state = "running"
-            self._emit("start", a=self.label_a, b=self.label_b, seed=self.seed, block_s=self.block_s)
-            return self._next_block(now)
+            return self._start(now)
         if self.state == "switching":
             return self._next_block(now)
         # running: is the current block in, and long enough?
@@ -221,8 +233,43 @@ class ABExperiment:
         if now - self._block_seen_at < self.block_s:
             return False
         if not self._order and (full or self._should_stop(now)):
-            note = "record limit reached" if full else ""
+            note = "record limit reached" if full else self._target_missed()
             return self._cool_down(now, note) if self.warmup else self._finish(note)
+        return self._next_block(now)
+
+    def _start(self, now: float) -> bool:
+        """Check both arms against what the run can change, before the first block; remember
+        the settings in force (the end puts them back)."""
+        if math.isnan(self._waiting_since):
+            self._waiting_since = now
+        view = self.controller.view()
+        can = view.can_change
+        waited = now - self._waiting_since > SWITCH_TIMEOUT_S
+        if view.requested is None or not can.known:
+            if not waited:
+                self.note = (
+                    "waiting for the workers to report their settings"
+                    if view.requested is None or can.kind == "unknown"
+                    else "waiting for the job to declare its knobs"
+                )
+                return False
+            if view.requested is None:
+                return self._fail("the workers never reported their settings")
+        self.refused = refused_arm(can.check, self.a, self.b)
+        if self.refused:
+            return self._fail(self.refused)
+        in_force = view.requested.as_dict() if view.requested is not None else {}
+        knobs = dict(in_force.get("knobs") or {})
+        self._restore = {}
+        for key in dict.fromkeys([*self.a, *self.b]):
+            knob = knob_name(key, can.knobs) if key not in in_force else None
+            if knob is not None and knob in knobs:
+                self._restore[key] = knobs[knob]
+            elif key in in_force:
+                self._restore[key] = in_force[key]
+        self._started = now
+        self.state = "running"
+        self._emit("start", a=self.label_a, b=self.label_b, seed=self.seed, block_s=self.block_s)
         return self._next_block(now)
 
     def _cool_down(self, now: float, note: str) -> bool:
@@ -256,6 +303,19 @@ class ABExperiment:
             return self.duration_s > 0 and now - self._started >= self.duration_s
         return now - self._started >= self.duration_s
 
+    def _target_missed(self) -> str:
+        """With ``--until-ci``, stopped by the duration: the target missed, and what was reached."""
+        if self.until_ci_pct <= 0:
+            return ""
+        reached = self.result().overall.p50.half_width_pct if self._complete_pairs() >= 2 else math.nan
+        if reached <= self.until_ci_pct:
+            return ""
+        got = f"the p50 interval reached +/-{reached:.1f} %" if math.isfinite(reached) else "fewer than 2 pairs"
+        return (
+            f"target +/-{self.until_ci_pct:g} % missed: {got} in {self.duration_s:g} s "
+            "(a longer --duration, or a looser --until-ci)"
+        )
+
     def _next_block(self, now: float) -> bool:
         if not self._order:
             self._order = ["A", "B"] if self.rng.random() < 0.5 else ["B", "A"]
@@ -264,9 +324,13 @@ class ABExperiment:
         changes = {**self._restore, **(self.a if arm == "A" else self.b)}
         error = self.controller.request(dict(changes), new_epoch=True)  # a block is exactly one epoch
         if error:
+            if not error.startswith(TRANSIENT):
+                return self._fail(error)  # refused: another try would be refused the same way
+            if self.state != "switching":
+                self._waiting_since = now
             self.state = "switching"  # e.g. the workers are still switching: retry next tick
             self.note = error
-            if self._requested_at and now - self._requested_at > SWITCH_TIMEOUT_S:
+            if now - self._waiting_since > SWITCH_TIMEOUT_S:
                 return self._fail(error)
             return False
         desired = getattr(self.controller, "desired", None)

@@ -15,22 +15,25 @@ import math
 from dataclasses import dataclass
 
 from tui.experiment.ab_stats import pct
+from tui.model.changeable import Changeable
 from tui.model.epochs import MIN_RECORDS, EpochComparison
 from workers.wire.overlap import CLASSES
 
 
 def epochs_text(c: EpochComparison, peak: LinkPeak | None = None) -> str:
-    """ "overlap vs none: p50 +1.6 % · during copies +1.9 % · ...  (adjacent epochs 4, 5: not an A/B ...)"."""
+    """ "overlap vs none: p50 +1.6 % · during copies +1.9 % · ...  (epochs 4, 5: not an A/B ...)"."""
     if c.settling:  # the epoch in force (the header's) has too few collectives yet
         return (
             f"{_epoch_name(c.other_epoch, c.other_mode)} vs {_epoch_name(c.base_epoch, c.base_mode)}: "
             f"waiting for {MIN_RECORDS} of its collectives to settle"
         )
-    parts = [
-        f"{c.other_mode} vs {c.base_mode}: p50 {pct(c.ratio)} %"
-        if c.other_mode != c.base_mode
-        else f"epoch {c.other_epoch} vs {c.base_epoch} ({c.other_mode}): p50 {pct(c.ratio)} %"
-    ]
+    if c.other_mode != c.base_mode:
+        what = f"{c.other_mode} vs {c.base_mode}"
+    elif c.change:
+        what = f"{c.change} ({c.other_mode})"
+    else:
+        what = f"epoch {c.other_epoch} vs {c.base_epoch} ({c.other_mode})"
+    parts = [f"{what}: p50 {pct(c.ratio)} %"]
     for name, short in ((CLASSES[1], "during copies"), (CLASSES[2], "after")):
         v = c.class_p50_ms.get(name, math.nan)
         if math.isfinite(v) and c.base_p50_ms > 0:
@@ -39,7 +42,7 @@ def epochs_text(c: EpochComparison, peak: LinkPeak | None = None) -> str:
         share = peak.share(c.copy_gbps) if peak is not None else ""
         parts.append(f"copies {c.copy_gbps:.1f} GB/s" + (f" = {share}" if share else ""))
     epochs = sorted((c.base_epoch, c.other_epoch))
-    return " · ".join(parts) + f"  (adjacent epochs {epochs[0]}, {epochs[1]}: not an A/B, no interval · a: run one)"
+    return " · ".join(parts) + f"  (epochs {epochs[0]}, {epochs[1]}: not an A/B, no interval · a: run one)"
 
 
 def _epoch_name(epoch: int, mode: str) -> str:
@@ -47,10 +50,15 @@ def _epoch_name(epoch: int, mode: str) -> str:
 
 
 def verdict_text(
-    progress: object | None, comparison: EpochComparison | None, peak: LinkPeak | None = None, idle: str = ""
+    progress: object | None,
+    comparison: EpochComparison | None,
+    peak: LinkPeak | None = None,
+    idle: str = "",
+    can: Changeable | None = None,
 ) -> str:
     """The line to show: an experiment's (tui.experiment.ab_experiment.Progress) or the epochs';
-    ``idle`` when there is neither (a replay's own; default: how to get one live)."""
+    ``idle`` when there is neither (a replay's own; default: how to get one live); ``can``: what
+    the run can change (a run that can change nothing has no epochs to wait for)."""
     if progress is not None:
         state = getattr(progress, "state", "")
         latest = getattr(progress, "latest", None)
@@ -70,6 +78,8 @@ def verdict_text(
         return epochs_text(comparison, peak)
     if idle:
         return idle
+    if can is not None and can.known and not can.names():
+        return f"verdict: no settings to compare: this run can change {can.describe()}"
     return "verdict: waiting for two settings epochs (switch with o / 1-4) · a: A/B experiment"
 
 

@@ -8,9 +8,10 @@ TELEM_CAPS and CTL_* kinds. Live and replay feed the same model through a ``Sour
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from tui.model.changeable import Changeable
 from workers.wire.protocol import Message
 from workers.wire.settings import Settings
 
@@ -105,6 +106,8 @@ class ControlView:
     requested: Settings | None  # None: the workers have not reported the settings in force yet
     rejected: int = 0  # control/telemetry messages refused (bad signature, replay, ...)
     note: str = ""  # e.g. "re-issued: rank 3 was past iteration 640"
+    #: What the run can change (keys, A/B arms); UNKNOWN until a worker said Hello.
+    can_change: Changeable = field(default_factory=Changeable)
 
 
 class ControllerLike(Protocol):

@@ -102,6 +102,11 @@ class InForceTracker:
         if len(self._by_epoch) > EPOCH_HISTORY:
             del self._by_epoch[min(self._by_epoch)]
 
+    def settings_of(self, epoch: int) -> Settings | None:
+        """The settings of ``epoch`` as the workers, the collector or the recording said them."""
+        with self._lock:
+            return self._by_epoch.get(epoch) or self._known.get(epoch)
+
     def note(self, message: object) -> None:
         if isinstance(message, Batch):
             with self._lock:

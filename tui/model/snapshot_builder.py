@@ -218,6 +218,7 @@ class SnapshotBuilder:
             (s.overlap for s in states),
             (s.copy.view(copy=False, columns=("epoch", "nbytes", "dur_us")) for s in states),
             newest,
+            run.in_force.settings_of,
         )
         if result is not None and result.settling and result.other_mode == "?" and mode:
             result = replace(result, other_mode=mode)  # no settled record of it yet: the header's mode

@@ -18,8 +18,10 @@ import math
 import signal
 import sys
 import threading
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from tui.experiment.ab_experiment import ABExperiment
+from tui.experiment.ab_experiment import ABExperiment, refused_arm
 from tui.experiment.ab_stats import ABResult
 from tui.model.run_model import Snapshot
 from tui.run.ab_result import ABRun
@@ -27,7 +29,7 @@ from tui.run.launcher import JobProcess
 from tui.run.session import LiveSession, SessionError, job_finished, say_job_failed
 from workers.wire import connection as connections
 from workers.wire.config import ConfigError, add_loop_arguments, config_from_args
-from workers.wire.settings import Settings, SettingsError
+from workers.wire.settings import SettingsError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +89,9 @@ def show(done: ABRun, *, json_out: bool) -> int:
     """Print the result (a table, or JSON); the exit code: 0 when the experiment is done with
     at least two pairs, else 1, or the job's exit code (its last lines on stderr)."""
     experiment, result, code, job = done.experiment, done.result, done.code, done.job
+    if experiment.refused:  # an arm the run cannot set: nothing ran
+        print(f"commtop ab: error: {experiment.refused}", file=sys.stderr)
+        return 2
     if json_out:
         from tui.experiment.ab_stats import as_json
 
@@ -118,10 +123,18 @@ def _finite(value: object) -> object:
     return value
 
 
+def _refuse(a: Mapping[str, Any], b: Mapping[str, Any], check: Callable[[Mapping[str, Any]], str]) -> None:
+    """Both arms checked before anything starts: the first one the run cannot set, in one line."""
+    why = refused_arm(check, a, b)
+    if why:
+        raise ConfigError(why)
+
+
 def run_experiment(ns: argparse.Namespace, script: list[str]) -> ABRun:
     """Start the job and its session, run the experiment, stop both (or, with ``--run``, run
     it on a run already going: tui.run.ab_attach)."""
     from tui.experiment.ab_experiment import parse_arm
+    from tui.model.changeable import Changeable, job_refusal
     from tui.run.gpus import visible_gpus
     from tui.run.job_plan import CPU_RANKS, JobPlan, check_memory, script_argv
 
@@ -132,19 +145,20 @@ def run_experiment(ns: argparse.Namespace, script: list[str]) -> ABRun:
 
         return attach_experiment(ns, script, _percent(ns.until_ci))
     a, b = parse_arm(ns.a), parse_arm(ns.b)
-    if not script:  # the synthetic loop's settings are known here: refuse a bad value before any rank starts
-        for arm in (a, b):
-            Settings().updated(arm)
     until = _percent(ns.until_ci)
     gpus = visible_gpus()
     if script:
         nproc = ns.nproc if ns.nproc is not None else (gpus.count or CPU_RANKS)
         plan = JobPlan(nproc, label="ab", collective="monitor", script=tuple(script_argv(script, nproc)))
+        # a job's knobs are known once it runs (the experiment checks them before its first
+        # block); the loop's own settings are never a job's: refuse them before any rank starts
+        _refuse(a, b, job_refusal)
     else:
         cpu = gpus.count == 0 or ns.backend == "gloo"
         nproc = ns.nproc if ns.nproc is not None else (CPU_RANKS if cpu else gpus.count)
         if nproc < 1:
             raise ConfigError("--nproc must be at least 1")
+        _refuse(a, b, Changeable.loop(nproc).check)  # the loop's settings are known: check before any rank starts
         config = config_from_args(ns, cpu=cpu)
         check_memory(config, nproc, cpu, gpus.memory_bytes)
         plan = JobPlan(nproc, label="ab", collective=config.collective, loop=config)
@@ -181,6 +195,25 @@ def _collect(
     the job ends, or Ctrl-C; then the result and the job's exit code (0 while it runs)."""
     finished = job_finished(job)
     snapshot = session.collect(stop, until=lambda: experiment.tick() or finished(), sinks=[experiment])
+    ended = experiment.state not in ("done", "failed") and not stop.is_set() and finished()
     experiment.stop()
+    if ended:
+        experiment.note = job_ended_note(experiment)
     code = job.exit_code()
     return experiment.result(), snapshot, (code if code not in (None, 0) and experiment.state != "done" else 0)
+
+
+def job_ended_note(experiment: ABExperiment) -> str:
+    """The job ended before the experiment did: how far it got, and how to give it time."""
+    progress = experiment.progress(background=False)
+    if progress.blocks == 0:
+        got = "before the experiment could start"
+    elif progress.pairs == 0:
+        got = f"before its first pair of blocks, {progress.elapsed_s:.0f} s into the experiment"
+    else:
+        got = f"after {progress.pairs} pair(s) of blocks, {progress.elapsed_s:.0f} s into the experiment"
+    return (
+        f"the job ended {got}: make it run longer than "
+        f"--duration {experiment.duration_s:g} s (more steps or iterations; examples/train_ddp.py: --seconds 60) "
+        "or give ab a shorter --duration"
+    )

@@ -24,8 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tui.experiment.ab_experiment import ABExperiment
+from tui.experiment.ab_experiment import ABExperiment, refused_arm
 from tui.ingest.interfaces import ControlView
+from tui.model.changeable import Changeable
 from tui.model.in_force import reported_settings
 from tui.run.ab_result import ABRun
 from tui.run.ctl import BUILTIN, CtlClient, CtlError, resolve_run
@@ -53,7 +54,11 @@ class RemoteController:
             status = self.client.status()
         except CtlError as exc:
             return ControlView(requested=None, note=str(exc))
-        return ControlView(requested=reported_settings(status.get("requested")), note=str(status.get("note") or ""))
+        return ControlView(
+            requested=reported_settings(status.get("requested")),
+            note=str(status.get("note") or ""),
+            can_change=Changeable.from_wire(status.get("can_change")),
+        )
 
     def request(self, changes: dict[str, Any], *, new_epoch: bool = False) -> str:
         try:
@@ -106,7 +111,7 @@ def attach_experiment(ns: argparse.Namespace, script: list[str], until_ci_pct: f
     client = CtlClient(conn)
     try:
         try:
-            client.status()
+            check_arms(Changeable.from_wire(client.status().get("can_change")), a, b)
             source = FeedSource(conn)
         except (CtlError, FeedError) as exc:
             raise ConfigError(str(exc)) from None
@@ -142,6 +147,14 @@ def attach_experiment(ns: argparse.Namespace, script: list[str], until_ci_pct: f
     finally:
         client.close()
     return ABRun(experiment, result, snapshot, code, None)
+
+
+def check_arms(can: Changeable, a: dict[str, str], b: dict[str, str]) -> None:
+    """Both arms against what the run can change, before a block starts (ConfigError: one line).
+    A run that has not said yet (no Hello, knobs not declared) is checked by the experiment."""
+    why = refused_arm(can.check, a, b) if can.known else ""
+    if why:
+        raise ConfigError(why)
 
 
 def _collector_gone(alive: Callable[[], bool]) -> Callable[[], bool]:

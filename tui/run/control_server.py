@@ -35,12 +35,13 @@ import zmq
 from tui.experiment.ab_stats import AB_MARK
 from tui.ingest.interfaces import ControlView
 from tui.ingest.sources import ipc_endpoint_in_use
+from tui.model.changeable import UNKNOWN, Changeable
 from tui.model.in_force import InForce, InForceTracker
-from tui.run.job_knobs import refusal
 from workers.wire import protocol
 from workers.wire.connection import Connection
 from workers.wire.control import EPOCH_HISTORY, ctl_reply_body, ctl_state_body
-from workers.wire.settings import Settings, SettingsError, knob_name, settings_from_wire
+from workers.wire.settings import Settings, SettingsError, settings_from_wire
+from workers.wire.telemetry import decode_caps
 
 PUBLISH_S = 0.5
 POLL_MS = 50
@@ -50,6 +51,8 @@ NOTE_S = 15.0
 #: An A/B mark (``mark`` request): at most this many fields, strings this long.
 MAX_MARK_FIELDS = 16
 MAX_MARK_STR = 200
+#: Nodes whose Prometheus endpoints `ctl status` lists at most.
+MAX_NODES = 1024
 
 
 class ControlServerError(RuntimeError):
@@ -62,18 +65,6 @@ def settings_from_hello(data: Any) -> Settings | None:
         return settings_from_wire(data)
     except SettingsError:
         return None
-
-
-def knob_choices_from_config(config: Any) -> dict[str, tuple[str, ...]] | None:
-    """The live knobs a monitored job declared (Hello.config["knobs"]: name -> choices)."""
-    knobs = config.get("knobs") if isinstance(config, dict) else None
-    if not isinstance(knobs, dict) or not knobs:
-        return None
-    out: dict[str, tuple[str, ...]] = {}
-    for name, choices in list(knobs.items())[:32]:
-        if isinstance(name, str) and isinstance(choices, list) and all(isinstance(c, str) for c in choices):
-            out[name[:64]] = tuple(c[:64] for c in choices[:64])
-    return out or None
 
 
 def ab_mark(value: Any) -> dict[str, Any]:
@@ -114,9 +105,10 @@ class ControlServer:
         self._hellos: dict[int, tuple[int, Settings | None, int]] = {}  # rank -> (epoch, settings, rejected)
         self._headers: dict[int, tuple[int, int, int]] = {}  # rank -> (epoch in force, pending, apply_at)
         self._apply_at_seen: dict[int, int] = {}  # pending epoch -> latest apply_at seen
-        self._knob_choices: dict[str, tuple[str, ...]] | None = None  # a monitored job's knobs (Hello.config)
-        self._job = ""  # a monitored job's script name (for refusals)
-        self._mode_knob = ""  # the knob a monitored job colours its records by (Hello.config["mode_knob"])
+        #: What the run can change (tui.model.changeable), from its Hellos.
+        self._can = Changeable()
+        #: Each node's Prometheus endpoint, as its sampler says (host -> URL; `ctl status`).
+        self._prometheus: dict[str, str] = {}
         self.rejected: Counter[str] = Counter()
         self.reissues = 0
         #: where ``mark`` requests go (the collector sets it to its recorder's ``write``)
@@ -163,19 +155,6 @@ class ControlServer:
         with self._lock:
             return self._apply(changes, expect=None, new_epoch=new_epoch)[1]
 
-    def _with_mode_knob(self, changes: dict[str, Any]) -> dict[str, Any]:
-        """A monitored job's mode knob and ``mode`` move together, so requested == in force."""
-        mk, choices = self._mode_knob, (self._knob_choices or {}).get(self._mode_knob, ())
-        if not mk:
-            return changes
-        named = [name for name in changes if knob_name(name, self._knob_choices) == mk]
-        knob = changes[min(named, key=lambda n: not n.startswith("knob."))] if named else None  # knob.X wins
-        if "mode" in changes and knob is None and changes["mode"] in choices:
-            changes[f"knob.{mk}"] = changes["mode"]
-        elif knob is not None and "mode" not in changes and knob in protocol.MODES:
-            changes["mode"] = knob
-        return changes
-
     def in_force(self) -> InForce:
         """The settings in force and the pending change, as the run model sees them."""
         return self._in_force.state()
@@ -190,6 +169,7 @@ class ControlServer:
                 requested=requested,
                 rejected=sum(self.rejected.values()),  # workers' refusals come in their Hello
                 note=note,
+                can_change=self._can,
             )
 
     def rejected_by_reason(self) -> dict[str, int]:
@@ -211,15 +191,10 @@ class ControlServer:
         if isinstance(message, protocol.Hello):
             settings = settings_from_hello(message.settings)
             rejected = sum(v for v in message.rejected.values() if isinstance(v, int) and v > 0)
-            knobs = knob_choices_from_config(message.config)
-            mode_knob = message.config.get("mode_knob") if isinstance(message.config, dict) else None
-            job = str(message.config.get("collective", "")).removeprefix("monitor: ") if knobs is not None else ""
+            can = Changeable.from_hello(message.config, message.world_size)
             with self._lock:
-                if knobs is not None:
-                    self._knob_choices = knobs
-                    self._job = job[:64]
-                    if isinstance(mode_knob, str) and mode_knob in knobs:
-                        self._mode_knob = mode_knob
+                if message.rank == 0 or self._can.kind == UNKNOWN:  # rank 0 speaks for the job
+                    self._can = can
                 self._hellos[message.rank] = (message.epoch, settings, rejected)
                 if settings is not None:
                     self._adopt(message.epoch, settings)
@@ -230,12 +205,26 @@ class ControlServer:
         elif isinstance(message, protocol.Bye):
             with self._lock:
                 self._headers.pop(message.rank, None)
+        elif isinstance(message, dict) and message.get("k") == protocol.TELEM_CAPS:
+            self._note_prometheus(message)
+
+    def _note_prometheus(self, body: dict[str, Any]) -> None:
+        try:
+            caps = decode_caps(body)
+        except protocol.ProtocolError:
+            return
+        if caps.prometheus:
+            with self._lock:
+                if caps.host in self._prometheus or len(self._prometheus) < MAX_NODES:
+                    self._prometheus[caps.host] = caps.prometheus
 
     # ------------------------------------------------------------------ state (lock held)
 
     def _adopt(self, epoch: int, settings: Settings) -> None:
-        """Desired state = the newest state in force we heard of, unless ours is newer."""
-        if self._desired is None or epoch > self._desired[0]:
+        """Desired state = the newest state in force we heard of, unless ours is newer. Epoch 0
+        is the workers' own: a monitored job declares its knobs after its Hellos started, so
+        what is requested there follows what they report in force."""
+        if self._desired is None or epoch > self._desired[0] or epoch == self._desired[0] == 0:
             self._desired = (epoch, settings)
             self._kick = True
 
@@ -275,14 +264,8 @@ class ControlServer:
             return -1, f"stale request: settings epoch is {epoch}, request expected {expect - 1}; try again"
         if not isinstance(changes, dict) or not changes or len(changes) > MAX_CHANGES:
             return -1, f"expected 1..{MAX_CHANGES} settings to change"
-        if self._knob_choices is not None:  # a monitored job: only what it declared
-            why = refusal({str(k): v for k, v in changes.items()}, self._knob_choices, self._mode_knob, self._job)
-            if why:
-                return -1, why
-        try:
-            settings = current.updated(
-                self._with_mode_knob({str(k): v for k, v in changes.items()}), self._knob_choices
-            )
+        try:  # what this run can change (tui.model.changeable): nothing it would ignore
+            settings = self._can.updated(current, {str(k): v for k, v in changes.items()})
         except SettingsError as exc:
             return -1, str(exc)
         # nothing changes (`set pinned=false` while pageable): no new epoch, unless asked for one
@@ -320,8 +303,10 @@ class ControlServer:
     def _publish(self) -> None:
         with self._lock:
             desired = self._desired
-            if desired is None or self._workers_ahead() > desired[0]:
-                return  # never publish a state older than what the workers already have
+            if desired is None or desired[0] == 0 or self._workers_ahead() > desired[0]:
+                # never publish a state older than what the workers already have; epoch 0 is
+                # where they start, and only their Hellos say what it holds
+                return
         frames = protocol.seal(self._key, ctl_state_body(self._session, desired[0], desired[1]))
         try:
             self._pub.send_multipart(frames, flags=zmq.NOBLOCK)
@@ -395,6 +380,8 @@ class ControlServer:
             "worker_rejected": sum(r for _, _, r in self._hellos.values()),
             "reissues": self.reissues,
             "note": note,
+            "can_change": self._can.wire(),
+            "prometheus": [f"{host}: {url}" for host, url in sorted(self._prometheus.items())],
         }
 
     def close(self) -> None:

@@ -28,16 +28,17 @@ from typing import Any
 
 import zmq
 
+from tui.model.changeable import LOOP, LOOP_SETTINGS, UNKNOWN, Changeable
 from workers.wire import connection as connections
 from workers.wire import protocol
 from workers.wire.control import ctl_request_body
 from workers.wire.protocol import MODES
-from workers.wire.settings import Settings, SettingsError, parse_assignment
+from workers.wire.settings import DELAY_ON, MAX_DELAY_MS, Settings, SettingsError, parse_assignment
 
 REPLY_TIMEOUT_S = 3.0
 WAIT_S = 20.0
 STALE_RETRIES = 5
-BUILTIN = frozenset({"mode", "copies", "copy_scale", "pinned", "direction", "delay_ms", "delay_rank", "delay_on"})
+BUILTIN = frozenset(LOOP_SETTINGS)
 
 
 class CtlError(RuntimeError):
@@ -49,10 +50,16 @@ class CtlError(RuntimeError):
 
 
 EPILOG = f"""examples:
-  commtop ctl status                      what is requested and in force
+  commtop ctl status                      what is requested and in force, and what the run can change
   commtop ctl mode sync-barrier           MODE: {", ".join(MODES)}
-  commtop ctl set copies=3 pinned=false   names: mode, copies, copy_scale, pinned, direction, a job's knobs
+  commtop ctl set copies=3 pinned=false
+  commtop ctl set delay_ms=110 delay_rank=1   a straggler: rank 1 waits 110 ms before each collective
+  commtop ctl set knob.offload=sync       a knob your job declared (workers.monitor: mon.knob)
   commtop ctl --run 20261202-1530 status  a run id (or prefix) or a connection file
+names (commtop's own loop): {", ".join(LOOP_SETTINGS)}
+  delay_ms 0..{MAX_DELAY_MS:g}, delay_rank a rank or -1 (every rank r waits r/(n-1) of it), delay_on {"/".join(DELAY_ON)}
+names (your job): knob.NAME for each knob it declared, and mode when one knob takes offload modes;
+  an unmodified script has none
 The options work before or after the subcommand (commtop ctl mode sync --no-wait)."""
 
 
@@ -101,7 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     status = sub.add_parser("status", help="settings requested and in force, pending switch, refused messages")
     mode = sub.add_parser("mode", help=f"switch the offload mode: commtop ctl mode MODE ({', '.join(MODES)})")
     mode.add_argument("mode", metavar="MODE", help=", ".join(MODES))
-    setp = sub.add_parser("set", help="set name=value ... (mode, copies, copy_scale, pinned, direction)")
+    setp = sub.add_parser("set", help=f"set name=value ... ({', '.join(LOOP_SETTINGS)}, knob.NAME)")
     setp.add_argument("assignments", nargs="+", metavar="NAME=VALUE")
     for p in (status, mode, setp):
         _add_options(p, top=False)
@@ -314,32 +321,48 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _settings_line(settings: dict[str, Any]) -> str:
+def _settings_line(settings: dict[str, Any], can: Changeable) -> str:
+    """The settings that mean something in this run: all of the loop's (the delay's rank and
+    place only while there is a delay), a job's mode and knobs."""
     if not settings:
         return "unknown"
-    parts = [
-        f"{k}={_fmt(settings[k])}" for k in ("mode", "copies", "copy_scale", "pinned", "direction") if k in settings
-    ]
-    parts += [f"{k}={v}" for k, v in sorted(dict(settings.get("knobs") or {}).items())]
+    names: tuple[str, ...] = ("mode",)  # a job: its mode (the records') and its knobs
+    if can.kind == LOOP or (can.kind == UNKNOWN and not settings.get("knobs")):
+        names = ("mode", "copies", "copy_scale", "pinned", "direction", "delay_ms")
+        if float(settings.get("delay_ms") or 0) > 0:
+            names += ("delay_rank", "delay_on")
+    parts = [f"{k}={_fmt(settings[k])}" for k in names if k in settings]
+    parts += [f"knob.{k}={v}" for k, v in sorted(dict(settings.get("knobs") or {}).items())]
     return " ".join(parts)
 
 
 def format_status(conn: connections.Connection, reply: dict[str, Any]) -> str:
     """The human-readable `ctl status`."""
+    can = Changeable.from_wire(reply.get("can_change"))
     lines = [f"run {conn.run_id}: {reply.get('ranks', 0)} rank(s) reporting"]
     in_force = reply.get("in_force") or {}
     requested = reply.get("requested") or {}
-    lines.append(f"in force  (epoch {reply.get('epoch_in_force', -1)}): {_settings_line(in_force)}")
+    lines.append(f"in force  (epoch {reply.get('epoch_in_force', -1)}): {_settings_line(in_force, can)}")
     same = requested == in_force and reply.get("desired_epoch") == reply.get("epoch_in_force")
-    lines.append(f"requested (epoch {reply.get('desired_epoch', -1)}): {'same' if same else _settings_line(requested)}")
+    shown = "same" if same else _settings_line(requested, can)
+    lines.append(f"requested (epoch {reply.get('desired_epoch', -1)}): {shown}")
     if int(reply.get("pending_epoch", -1)) >= 0:
         lines.append(f"switching at iteration {reply.get('apply_at')} (epoch {reply.get('pending_epoch')})")
+    lines.append(f"can change: {can.describe()}")
     if reply.get("note"):
         lines.append(str(reply["note"]))
     rejected = dict(reply.get("rejected") or {})
     by_reason = " ".join(f"{k}={v}" for k, v in sorted(rejected.items())) or "0"
     lines.append(f"refused control messages: collector {by_reason}; workers {reply.get('worker_rejected', 0)}")
+    lines += [f"prometheus {url}" for url in prometheus_endpoints(conn, reply)]
+    return "\n".join(lines)
+
+
+def prometheus_endpoints(conn: connections.Connection, reply: dict[str, Any]) -> list[str]:
+    """Every node's endpoint: those its samplers told the collector (every node, also another
+    machine's) and those written beside this connection file (this node), once each."""
     from workers.wire.exporter_address import endpoints
 
-    lines += [f"prometheus {url}" for url in endpoints(conn.run_dir)]
-    return "\n".join(lines)
+    told = reply.get("prometheus")
+    urls = [str(u)[:300] for u in told[:256]] if isinstance(told, list) else []
+    return urls + [u for u in endpoints(conn.run_dir) if u not in urls]

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
+from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.css.query import NoMatches
 from textual.reactive import var
@@ -38,8 +39,10 @@ from tui.ingest.interfaces import (
     Source,
 )
 from tui.ingest.loop import IngestLoop
+from tui.model.changeable import Changeable
 from tui.model.run_model import RunModel
 from tui.model.snapshot import Snapshot
+from tui.view import setting_keys
 from tui.view.gc_tuning import settle_garbage_collector
 from tui.view.keys import KEYS, bindings
 from tui.view.messages import IngestError, SnapshotReady
@@ -141,6 +144,7 @@ class CommtopApp(App[None]):
         self._posted = threading.Event()
         self._errors: list[str] = []
         self._control: ControlView | None = None
+        self.refused = setting_keys.RefusedLine()  # a refused change's reason, for a while
         self._recording: RecordingStatus | None = None
         #: The A/B experiment slot (key a); a sink, so it sees every message.
         self.ab = ABSlot()
@@ -298,6 +302,8 @@ class CommtopApp(App[None]):
                 view = None
                 self._note_error(f"control: {exc}")
             changed |= view != self._control
+            if (view.can_change if view else None) != self._can():
+                self.call_later(self.refresh_bindings)  # footer: only the keys this run offers
             self._control = view
         if self.recorder is not None:
             try:
@@ -333,6 +339,7 @@ class CommtopApp(App[None]):
             else:
                 hint = "job finished (exit code 0) · q to quit"
         lines += self._errors[-2:]
+        lines += self.refused.lines()
         self._one(StatusLine).show(lines, hint)
 
     def _note_error(self, line: str) -> None:
@@ -342,26 +349,42 @@ class CommtopApp(App[None]):
     # ----------------------------------------------------------------------- keys
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in _CONTROL_ACTIONS:
-            return self.controller is not None
+        if action in _CONTROL_ACTIONS or action == "ab":  # only what this run can change
+            return self.controller is not None and not setting_keys.refusal(action, parameters, self._can())
         if action in _REPLAY_ACTIONS:
             return self.replay is not None
         if action == "toggle_record":
             return self.recorder is not None
-        if action == "ab":
-            return self.controller is not None
         if action == "toggle_connect":
             return bool(self.connect_lines)
         return True
 
     def _available(self, action: str) -> bool:
         name = action.partition("(")[0]
-        return self.check_action(name, ()) is not False
+        return self.check_action(name, setting_keys.parameters(action)) is not False
+
+    def _can(self) -> Changeable:
+        """What this run can change, as the controller last said (tui.model.changeable)."""
+        return self._control.can_change if self._control is not None else Changeable()
+
+    def on_key(self, event: events.Key) -> None:
+        """A setting key this run does not offer (hidden from the footer): say why, change nothing."""
+        if self.controller is not None and not isinstance(self.screen, HelpScreen):
+            why = setting_keys.key_refusal(event.key, self._can())
+            if why:
+                event.stop()
+                self._refuse(why)
+
+    def _refuse(self, why: str) -> None:
+        """A refused change: a toast, and the reason in the status line for a while."""
+        self.notify(why, title="change refused", severity="error")
+        self.refused.set(why)
+        self._update_status()
 
     def action_help(self) -> None:
         """Every key, grouped; the ones this session cannot use are marked."""
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self._available))
+            self.push_screen(HelpScreen(self._available, setting_keys.help_line(self._can(), self.controller)))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         """The command palette (ctrl+p): every action of the keys, by name, plus Textual's own."""
@@ -418,7 +441,7 @@ class CommtopApp(App[None]):
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         if error:
-            self.notify(error, title="change refused", severity="error")
+            self._refuse(error)
         else:  # the change made ("copies 5 → 6"), as the header's banner says it
             self.notify(f"requested {settings_change(before, changes) or 'no change'}", timeout=2)
         self._side_poll()
@@ -427,9 +450,7 @@ class CommtopApp(App[None]):
 
     def action_cycle_mode(self) -> None:
         current = self._current()
-        mode = current.mode if current is not None else MODES[0]
-        nxt = MODES[(MODES.index(mode) + 1) % len(MODES)] if mode in MODES else MODES[0]
-        self._request({"mode": nxt})
+        self._request({"mode": setting_keys.next_mode(current.mode if current is not None else "", self._can())})
 
     def action_pick_mode(self, index: int) -> None:
         self._request({"mode": MODES[index]})
@@ -458,7 +479,8 @@ class CommtopApp(App[None]):
         snap = self.snapshot
         peak = pcie_peak(snap.telemetry) if snap else None
         idle = replay_idle_text(self.replay.position()) if self.replay is not None else ""
-        self._one(VerdictLine).show(verdict_text(self.ab.progress(), snap.epochs if snap else None, peak, idle))
+        epochs = snap.epochs if snap else None
+        self._one(VerdictLine).show(verdict_text(self.ab.progress(), epochs, peak, idle, self._can()))
 
     def action_ab(self) -> None:
         """Start an A/B of the current settings against none (a dialog lets you change both);
@@ -472,13 +494,14 @@ class CommtopApp(App[None]):
             return
         from tui.view.widgets.ab_dialog import ABDialog
 
-        current = self._current()
-        mode = current.mode if current is not None else "overlap"
-        b = f"mode={mode if mode != 'none' else 'overlap'}"
-        self.push_screen(ABDialog("mode=none", b), self._start_ab)
+        self.push_screen(ABDialog(*setting_keys.default_arms(self._can(), self._current())), self._start_ab)
 
     def _start_ab(self, choice: Any) -> None:
         if choice is None or self.controller is None:
+            return
+        why = setting_keys.arms_refusal(self._can(), choice.a, choice.b)
+        if why:  # both arms checked before a block starts
+            self._refuse(why)
             return
         mark = self.recorder.write if self.recorder is not None else None
         self.ab.start(self.controller, choice.a, choice.b, duration_s=choice.duration_s, mark=mark)

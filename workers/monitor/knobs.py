@@ -29,6 +29,9 @@ class Knobs:
         self.choices: dict[str, tuple[str, ...]] = {}  # declared knobs (read by rank 0's listener)
         self.values: dict[str, str] = {}  # knob values in force
         self.mode_knob = ""  # the knob whose value fills the records' mode column
+        #: A step has ended: the job has declared its knobs (before its loop), so a job with none
+        #: has none (the collector then refuses every change instead of waiting for them).
+        self.final = False
 
     @property
     def mode(self) -> int:

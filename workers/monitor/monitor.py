@@ -28,7 +28,7 @@ from workers.monitor.patch import Args, Kwargs, OpSpec
 from workers.monitor.rank_info import env_int, node_gpus, run_info, world_group
 from workers.monitor.records import MonitorBatcher
 from workers.monitor.timers import Timers
-from workers.rank.control import Control, StaticControl
+from workers.rank.control import Control, StaticControl, live_control_off
 from workers.rank.groups import GroupTable
 from workers.rank.heartbeat import RunInfo, WorkerStatus
 from workers.rank.session import RankSession
@@ -239,6 +239,9 @@ class Monitor:
             self.control = StaticControl(self._raw)  # knobs stay where they are
 
     def _end_step(self) -> None:
+        if not self._knobs.final:
+            self._knobs.final = True
+            self._refresh()  # Hello: the knobs are final
         if not self.on:
             return
         try:
@@ -254,7 +257,7 @@ class Monitor:
         initial = self._raw = self._knobs.settings()
         self.status.settings = initial
         control: Control = StaticControl(initial)
-        if self.conn is not None:
+        if self.conn is not None and not live_control_off():
             try:
                 control = live_control(
                     self.conn,
@@ -267,6 +270,7 @@ class Monitor:
             except Exception as exc:  # noqa: BLE001
                 self._warn_once("control", f"live knobs off on rank {self.rank} ({exc})")
         self.control = control
+        self._refresh()  # Hello: whether the knobs follow the collector
         self.status.rejected = getattr(control, "rejected", None)  # refused control messages, in Hello
         if self.conn is not None:
             # Hellos start now: the collector adopts the first settings it hears as the
@@ -299,6 +303,7 @@ class Monitor:
             knobs=self._knobs,
             copy_names=self.copy_names,
             capture=self.capture,
+            live=not isinstance(self.control, StaticControl),
         )
         self.rank, self.world_size = info.rank, info.world_size
         world = world_group()
@@ -309,8 +314,9 @@ class Monitor:
     def _refresh(self) -> None:
         """A new frozen RunInfo for the heartbeat (rank, backend, knobs as known now)."""
         self.session.info = self._run_info(on_gpu=self.timers.cuda is not None)
-        if self.control is None:
-            self.status.settings = self._knobs.settings()
+        # the knobs' values in force, also those declared after the control started (the capture
+        # bootstrap starts it at init_process_group, before the script declares its knobs)
+        self.status.settings = self._knobs.settings()
 
     def _warn_once(self, what: str, message: str) -> None:
         key = f"_warned_{what}"

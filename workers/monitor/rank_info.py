@@ -26,9 +26,11 @@ def run_info(
     knobs: Knobs,
     copy_names: list[str],
     capture: str,
+    live: bool = True,
 ) -> RunInfo:
     """This rank's RunInfo; ``rank`` and ``world_size`` are the process group's once it exists.
-    ``on_gpu``: the monitor has timed a GPU record (the device is then reported without NCCL)."""
+    ``on_gpu``: the monitor has timed a GPU record (the device is then reported without NCCL);
+    ``live``: its knobs follow the collector (False: fixed, and the collector refuses changes)."""
     backend, device, index, uuid, torch_version, nccl = "unknown", "cpu", -1, "", "", ""
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -48,6 +50,8 @@ def run_info(
         "op_names": list(OPS),
         "knobs": {k: list(v) for k, v in knobs.choices.items()},
         "mode_knob": knobs.mode_knob,
+        "knobs_final": knobs.final,  # a step has ended: knobs are declared before the loop
+        "live_control": live,
         "copy_names": list(copy_names),
         "control_unit": "step",
         "capture": capture or "monitor hooks",

@@ -8,6 +8,7 @@ the live, agreed-on-every-rank implementation is in ``workers.rank.live_control`
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 from workers.wire.settings import Settings
@@ -39,3 +40,8 @@ class StaticControl:
 
     def close(self) -> None:
         pass
+
+
+def live_control_off() -> bool:
+    """``COMMTOP_LIVE_CONTROL=0``: the settings stay as they start (to measure what live control costs)."""
+    return os.environ.get("COMMTOP_LIVE_CONTROL") == "0"

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workers.rank.control import Control
+from workers.rank.control import Control, StaticControl
 from workers.rank.cuda_events import runtime_events
 from workers.rank.device import gpu_uuid, nccl_version
 from workers.rank.groups import describe
@@ -304,7 +304,9 @@ def run_steps(
 # --------------------------------------------------------------------------- one worker
 
 
-def run_info(config: LoopConfig, rt: Runtime) -> RunInfo:
+def run_info(config: LoopConfig, rt: Runtime, live: bool = True) -> RunInfo:
+    """Who this rank is, for its Hellos; ``live``: its settings follow the collector (the
+    collector refuses every change when they do not)."""
     device, uuid, nccl = "cpu", "", ""
     if rt.cuda:
         device = torch.cuda.get_device_name(rt.device_index)
@@ -323,7 +325,7 @@ def run_info(config: LoopConfig, rt: Runtime) -> RunInfo:
         gpu_uuid=uuid,
         torch_version=torch.__version__,
         nccl_version=nccl,
-        config=config.as_dict(),
+        config=config.as_dict() | {"live_control": live},
     )
 
 
@@ -457,7 +459,7 @@ def run_worker(
     status.groups = (describe(None),)  # every record runs on the default group: code 0
     session = RankSession(
         None if bare else conn,
-        run_info(config, rt),
+        run_info(config, rt, live=not isinstance(control, StaticControl)),
         status,
         stop=stop,
         dead_man=dead_man,

@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any
 
-from workers.rank.control import Control, StaticControl
+from workers.rank.control import Control, StaticControl, live_control_off
 from workers.wire import exporter_address
 from workers.wire.config import ConfigError, LoopConfig, add_loop_arguments, config_from_args
 from workers.wire.connection import CONNECTION_FILE_ENV, Connection, ConnectionError_, find_by_endpoint, load
@@ -91,7 +91,7 @@ def check_endpoint(endpoint: str) -> None:
 def make_control(config: LoopConfig, conn: Connection | None, rank: int) -> Control:
     """The settings source of the loop: live (changed by the TUI / `commtop ctl`, switched on
     every rank at the same iteration via torchrun's store) when a collector is named, else fixed."""
-    if conn is None or os.environ.get("COMMTOP_LIVE_CONTROL") == "0":  # 0: fixed settings (A/B of its cost)
+    if conn is None or live_control_off():  # fixed settings (an A/B of what live control costs)
         return StaticControl(config.initial_settings())
     from workers.rank.live_control import make_live_control
 

@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -223,7 +224,10 @@ def run(connection: Any, gpu_uuids: list[str], interval_s: float = INTERVAL_S, p
                     exporter.metrics.add_tick(tick)
                 now = time.monotonic()
                 if now >= next_caps:
-                    send(caps_body(session, sampler.caps()))
+                    caps = sampler.caps()
+                    if exporter is not None:  # the collector lists every node's endpoint (`commtop ctl status`)
+                        caps = replace(caps, prometheus=exporter.url)
+                    send(caps_body(session, caps))
                     next_caps = now + CAPS_EVERY_S
             except Exception:  # one bad tick (a driver hiccup) must not end the node's telemetry
                 errors += 1

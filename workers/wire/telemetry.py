@@ -20,6 +20,8 @@ from workers.wire.protocol import ProtocolError, get_int, get_str
 MAX_GPUS = 64
 MAX_PROCS = 512
 _NAME = 256
+#: Longest Prometheus endpoint URL a node may report.
+_URL = 300
 
 PROC_STATUSES: tuple[str, ...] = ("running", "sleeping", "stopped", "zombie", "gone")
 
@@ -84,6 +86,9 @@ class Caps:
     driver: str
     gpus: tuple[GpuCaps, ...]
     notes: tuple[str, ...] = ()
+    #: the node's Prometheus endpoint ("" when it serves none): `commtop ctl status` lists every
+    #: node's, also those of other machines, whose URL files are not beside the head's connection file
+    prometheus: str = ""
 
 
 # --------------------------------------------------------------------------- encode
@@ -154,6 +159,7 @@ def caps_body(session: str, caps: Caps) -> dict[str, Any]:
             for g in caps.gpus[:MAX_GPUS]
         ],
         "notes": [n[:1024] for n in caps.notes[:32]],
+        "prometheus": caps.prometheus[:_URL],
     }
 
 
@@ -268,4 +274,5 @@ def decode_caps(body: Mapping[str, Any]) -> Caps:
         driver=get_str(body, "driver", "")[:_NAME],
         gpus=tuple(gpus),
         notes=_str_list(body.get("notes", []), "notes", 32),
+        prometheus=get_str(body, "prometheus", "")[:_URL],
     )

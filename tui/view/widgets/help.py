@@ -30,10 +30,12 @@ def key_name(keys: str, display: str = "") -> str:
     return names.get(first, first)
 
 
-def help_text(available: Callable[[str], bool]) -> Group:
+def help_text(available: Callable[[str], bool], settings: str = "") -> Group:
     """The keys this session can use, grouped, each sentence wrapped under itself (a hanging
-    indent, not back to column 0); the others named in one line at the end, with where they
-    work, so a newcomer learns them without being offered what does nothing here."""
+    indent, not back to column 0), with what this run can change above the live settings
+    (``settings``: tui.model.changeable's words, "" without a controller); the others named in
+    one line at the end, with where they work, so a newcomer learns them without being offered
+    what does nothing here."""
     parts: list[RenderableType] = [
         Text.assemble(
             ("commtop keys", style(ACCENT, bold=True)),
@@ -53,8 +55,13 @@ def help_text(available: Callable[[str], bool]) -> Group:
             else:
                 where = "replay only" if group == "replay" else "not in this session"
                 elsewhere.setdefault(where, []).append(key_name(k.keys, k.display))
-        if rows.row_count:
-            parts += [Text(f"\n{group}", style(ACCENT, bold=True)), rows]
+        can = settings if group == "live settings" else ""
+        if rows.row_count or can:
+            parts.append(Text(f"\n{group}", style(ACCENT, bold=True)))
+            if can:
+                parts.append(Text(f"  this run can change: {can}", style(MUTED)))
+            if rows.row_count:
+                parts.append(rows)
     if elsewhere:
         lines = [f"{where}: {' '.join(names)}" for where, names in elsewhere.items()]
         parts.append(Text("\n" + "\n".join(lines), style(MUTED)))
@@ -74,10 +81,11 @@ class HelpScreen(ModalScreen[None]):
     """
     BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "close")]
 
-    def __init__(self, available: Callable[[str], bool]) -> None:
+    def __init__(self, available: Callable[[str], bool], settings: str = "") -> None:
         super().__init__()
         self.available = available
+        self.settings = settings
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(help_text(self.available), id="help-text")
+            yield Static(help_text(self.available, self.settings), id="help-text")
