@@ -181,8 +181,9 @@ class IngestLoop:
         self._requests.put(on)
 
     def request_stream(self, value: int) -> None:
-        """Ask for one stream's latency lines (its ring value, tui.model.streams), or every
-        collective's (-1). Any thread; applied on the ingest thread, before the next snapshot."""
+        """Ask for one stream's latency lines (its ring value, tui.model.streams), every
+        collective's (-1) or the next stream's (NEXT_STREAM). Any thread; applied on the ingest
+        thread, in order, before the next snapshot."""
         self._requests.put(("stream", value))
 
     def _apply_requests(self) -> None:

@@ -37,7 +37,7 @@ from tui.model.rank_state import RankState
 from tui.model.snapshot import Snapshot
 from tui.model.snapshot_builder import SnapshotBuilder
 from tui.model.stats import RING_SIZE
-from tui.model.streams import UNNAMED, StreamTable
+from tui.model.streams import NEXT_STREAM, UNNAMED, StreamTable
 from tui.model.telemetry import TelemetryModel
 from workers.wire.protocol import COLL, TELEM, TELEM_CAPS, Batch, Bye, Hello, Message
 
@@ -177,7 +177,10 @@ class RunModel:
                     self._stream_history = None
 
     def select_stream(self, value: int) -> None:
-        """Draw the latency of one stream (its ring value), or of every collective (-1)."""
+        """Draw the latency of one stream (its ring value), of every collective (-1), or of the
+        stream after the one drawn now (NEXT_STREAM: the f key; presses queue up in order)."""
+        if value == NEXT_STREAM:
+            value = self.streams.after(self.selected_stream)
         if value != self.selected_stream:
             self.selected_stream = value
             self._stream_history = None

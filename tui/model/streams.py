@@ -32,6 +32,8 @@ OTHER = MAX_STREAMS
 UNNAMED = 255
 #: Pending (rank, stream) aggregates kept while their groups are not named; more go to "other".
 MAX_PENDING = 256
+#: Asked for as the stream to draw: the one after the current in table order (then -1: all).
+NEXT_STREAM = -2
 #: Descriptions torch gives a group nobody described (not worth a label).
 _PLAIN_DESCS = ("", "undefined")
 
@@ -225,6 +227,26 @@ class StreamTable:
             moved.append((value, pending.agg.count))
             self.version += 1
         return moved
+
+    def order(self) -> list[int]:
+        """The named streams' ring values in table order (group, op, dtype, size)."""
+        return sorted(
+            range(len(self.keys)),
+            key=lambda v: (
+                group_label(*self.keys[v][:2]),
+                op_name(self.keys[v][3]),
+                dtype_name(self.keys[v][4]),
+                self.keys[v][5],
+            ),
+        )
+
+    def after(self, value: int) -> int:
+        """The stream after ``value`` in table order; -1 (every collective) after the last."""
+        values = self.order()
+        if value not in values:
+            return values[0] if values else -1
+        i = values.index(value) + 1
+        return values[i] if i < len(values) else -1
 
     def views(self, rank_time_ns: float, cached: bool = True) -> tuple[StreamView, ...]:
         """Every stream with records, named ones by (group, op, dtype, size), then groups not named

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from tui.model.steps import StepView
 from tui.report.rows import GroupRow, RankRow, Report, Row, StepRow
 from tui.report.table_text import aligned_table, fmt_num
 
@@ -39,6 +40,40 @@ def size_cell(n: int) -> str:
 
 def _ms(us: float) -> str:
     return fmt_num(us / 1e3, "{:.3f}")
+
+
+def size_text(nbytes: float) -> str:
+    """ "8 MiB", "196.9 MiB", "512 B": three significant digits at most."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.4g} {unit}" if nbytes / size < 1000 else f"{nbytes / size:.0f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def step_line(v: StepView) -> str:
+    """One line of the step view (the headless summary, the TUI): steps/s, step time p50/p99,
+    collectives per step, copies per step, collectives during copies per step."""
+    if not v.has_steps:
+        return ""
+    approx = "" if v.step.exact else "~"
+    parts = [
+        f"steps: {v.steps_per_s:,.1f}/s" if math.isfinite(v.steps_per_s) else "steps: -",
+        f"step p50 {approx}{_ms3(v.step.p50_ms)} ms p99 {approx}{_ms3(v.step.p99_ms)} ms",
+    ]
+    share = v.coll_share
+    coll = f"collectives {_ms3(v.coll_ms_per_step)} ms/step"
+    parts.append(coll + (f" ({share * 100:.0f} % of a step)" if math.isfinite(share) else ""))
+    for c in v.copies:
+        gbps = f"{c.gbps:.2f} GB/s" if math.isfinite(c.gbps) else "- GB/s"
+        memory = "pinned" if c.pinned else "pageable"
+        parts.append(f"copies {c.direction} {memory} {c.per_step:.3g}/step {size_text(c.bytes_per_step)}/step {gbps}")
+    if v.copies and math.isfinite(v.during_per_step):
+        parts.append(f"{v.during_per_step:.3g} collectives during copies/step")
+    return " · ".join(parts)
+
+
+def _ms3(value: float) -> str:
+    return "-" if not math.isfinite(value) else f"{value:.3f}" if value < 10 else f"{value:.2f}"
 
 
 def stream_table(rows: Sequence[Row], modes: bool) -> list[str]:

@@ -13,7 +13,8 @@ from tui.ingest.interfaces import Sink, Source
 from tui.ingest.loop import IngestLoop
 from tui.model.run_model import RunModel
 from tui.model.snapshot import RankView, Snapshot
-from tui.run.summary_views import job_workload, step_line, stream_lines
+from tui.report.views_text import step_line
+from tui.run.summary_views import job_workload, stream_lines
 
 #: At the end, drain until one poll this long brings nothing, for at most DRAIN_MAX_S.
 DRAIN_QUIET_S = 0.1

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 from tui.model.snapshot import Snapshot
-from tui.model.steps import StepView
 from tui.model.streams import OTHER, StreamView, groups_and_ops
 
 #: The first line of the stream block (tests find the block by it).
@@ -16,14 +15,6 @@ STREAMS_TITLE = "streams (all ranks):"
 
 def _ms(value: float) -> str:
     return "-" if not math.isfinite(value) else f"{value:.3f}" if value < 10 else f"{value:.2f}"
-
-
-def size_text(nbytes: float) -> str:
-    """ "8 MiB", "196.9 MiB", "512 B": three significant digits at most."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= size:
-            return f"{nbytes / size:.4g} {unit}" if nbytes / size < 1000 else f"{nbytes / size:.0f} {unit}"
-    return f"{nbytes:.0f} B"
 
 
 def job_workload(s: Snapshot) -> str:
@@ -38,27 +29,6 @@ def job_workload(s: Snapshot) -> str:
         parts.append("groups " + ", ".join(groups))
     if ops:
         parts.append("ops " + ", ".join(ops))
-    return " · ".join(parts)
-
-
-def step_line(v: StepView) -> str:
-    """One line: steps/s, step time p50/p99, collectives per step, copies per step, overlap."""
-    if not v.has_steps:
-        return ""
-    approx = "" if v.step.exact else "~"
-    parts = [
-        f"steps: {v.steps_per_s:,.1f}/s" if math.isfinite(v.steps_per_s) else "steps: -",
-        f"step p50 {approx}{_ms(v.step.p50_ms)} ms p99 {approx}{_ms(v.step.p99_ms)} ms",
-    ]
-    share = v.coll_share
-    coll = f"collectives {_ms(v.coll_ms_per_step)} ms/step"
-    parts.append(coll + (f" ({share * 100:.0f} % of a step)" if math.isfinite(share) else ""))
-    for c in v.copies:
-        gbps = f"{c.gbps:.2f} GB/s" if math.isfinite(c.gbps) else "- GB/s"
-        memory = "pinned" if c.pinned else "pageable"
-        parts.append(f"copies {c.direction} {memory} {c.per_step:.3g}/step {size_text(c.bytes_per_step)}/step {gbps}")
-    if v.copies and math.isfinite(v.during_per_step):
-        parts.append(f"{v.during_per_step:.3g} collectives during copies/step")
     return " · ".join(parts)
 
 
