@@ -202,3 +202,14 @@ def test_the_synthetic_loop_is_one_stream_of_the_world_group() -> None:
     (s,) = snap.streams
     assert (s.group, s.op, s.dtype, s.count, s.ranks) == ("0", "all_gather", "?", 400, 2)
     assert snap.job.kind == "loop" and math.isfinite(snap.steps.steps_per_s)
+
+
+def test_time_in_collectives_counts_overlapping_collectives_once() -> None:
+    from tui.model.steps import RankSteps, busy_ns
+
+    assert busy_ns(np.array([0, 5, 20]), np.array([10, 12, 25]), -(2**62)) == (17, 25)
+    assert busy_ns(np.array([0, 5, 20]), np.array([10, 12, 25]), 8) == (9, 25)  # up to 8 was counted before
+    steps = RankSteps()
+    # two steps; in each, two async collectives of 3 ms that overlap by 1 ms
+    steps.add_coll(np.array([0, 0, 1, 1]), np.array([0, 2, 10, 12]) * 1_000_000, np.full(4, 3000.0, np.float32))
+    assert steps.busy_us == pytest.approx(2 * 5000.0) and steps.begun == 2

@@ -113,7 +113,7 @@ class RankState:
             self.stream_counts += np.bincount(streams, minlength=256)
         self.overlap.add_coll(cols)
         start, dur = cols["start_ns"], cols["dur_us"]
-        self.steps.add_coll(cols["step"], start)
+        self.steps.add_coll(cols["step"], start, dur)
         if self.received == 0:
             self.first_start_ns = int(start[0])
         # the newest record's end (records come in issue order): the share's denominator

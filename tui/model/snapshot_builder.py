@@ -199,8 +199,7 @@ class SnapshotBuilder:
         if cached is not None and not fresh and 0 <= now - cached[0] < _run_stats_every_ns(run):
             return cached[1]
         during = sum(st.count for v in ranks if (st := v.run_by_class.get("during copies")) is not None)
-        coll_us = sum(v.run.mean_ms * v.run.count * 1e3 for v in ranks if v.run.count)
-        view = step_view([s.steps for s in run.ranks.values()], coll_us, during)
+        view = step_view([s.steps for s in run.ranks.values()], during)
         self._steps_cache = (now, view)
         return view
 

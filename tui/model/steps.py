@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tui.model.stats import RunAggregate, RunStats
+from workers.wire.overlap import copy_union, end_ns
 from workers.wire.protocol import DIRECTIONS
 
 #: Step starts kept per rank for the windowed steps/s.
@@ -50,7 +51,7 @@ class StepView:
     steps: int = 0  # steps begun (summed over ranks)
     steps_per_s: float = math.nan  # median over ranks
     step: RunStats = RunStats()  # step times (ms), all ranks pooled
-    coll_ms_per_step: float = math.nan  # time in collectives per step
+    coll_ms_per_step: float = math.nan  # time at least one collective ran, per step
     copies: tuple[CopyStep, ...] = ()
     during_per_step: float = math.nan  # collectives that overlapped a copy, per step
 
@@ -64,6 +65,17 @@ class StepView:
         """Time in collectives as a share of the mean step time."""
         mean = self.step.mean_ms
         return self.coll_ms_per_step / mean if mean and math.isfinite(mean) else math.nan
+
+
+def busy_ns(start_ns: np.ndarray, end: np.ndarray, after: int) -> tuple[int, int]:
+    """(time covered by the union of the intervals [start, end) that lies past ``after``, the
+    latest end): the time at least one of them ran, counting what ``after`` (the latest end of
+    earlier intervals) already covered once."""
+    seg_s, seg_e, _ = copy_union(start_ns, end)
+    if not len(seg_s):
+        return 0, after
+    covered = int(np.maximum(seg_e - np.maximum(seg_s, after), 0).sum())
+    return covered, max(after, int(seg_e[-1]))
 
 
 def step_boundaries(
@@ -100,7 +112,9 @@ class RankSteps:
         self.first_start = 0
         self._begun = 0
         self._times = RunAggregate()  # step times, us
-        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self._busy_ns = 0  # time at least one collective ran
+        self._reach_ns = -(2**62)  # the latest end folded so far
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._pending_n = 0
         self._recent_step = np.zeros(RECENT_STEPS, dtype=np.int64)
         self._recent_start = np.zeros(RECENT_STEPS, dtype=np.int64)
@@ -110,10 +124,10 @@ class RankSteps:
         self.copy_bytes = np.zeros(n, dtype=np.float64)
         self.copy_us = np.zeros(n, dtype=np.float64)
 
-    def add_coll(self, step: np.ndarray, start_ns: np.ndarray) -> None:
+    def add_coll(self, step: np.ndarray, start_ns: np.ndarray, dur_us: np.ndarray) -> None:
         if not len(step):
             return
-        self._pending.append((step, start_ns))
+        self._pending.append((step, start_ns, dur_us))
         self._pending_n += len(step)
         if self._pending_n >= self.FOLD_RECORDS or len(self._pending) >= self.FOLD_BATCHES:
             self._fold()
@@ -130,15 +144,23 @@ class RankSteps:
         self._fold()
         return self._times
 
+    @property
+    def busy_us(self) -> float:
+        """Time at least one collective ran (us)."""
+        self._fold()
+        return self._busy_ns / 1e3
+
     def _fold(self) -> None:
         parts = self._pending
         if not parts:
             return
         self._pending, self._pending_n = [], 0
         if len(parts) == 1:
-            step, start_ns = parts[0]
+            step, start_ns, dur_us = parts[0]
         else:
-            step, start_ns = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+            step, start_ns, dur_us = (np.concatenate([p[i] for p in parts]) for i in range(3))
+        covered, self._reach_ns = busy_ns(start_ns, end_ns(start_ns, dur_us), self._reach_ns)
+        self._busy_ns += covered
         n = len(step)
         new = np.empty(n, dtype=bool)
         new[0] = self.last_step is None or int(step[0]) != self.last_step
@@ -201,11 +223,11 @@ class RankSteps:
         return steps / (span / 1e9) if span > 0 and steps > 0 else math.nan
 
 
-def step_view(ranks: Sequence[RankSteps], coll_us: float, during: int = 0) -> StepView:
-    """The step view of ``ranks`` pooled (``coll_us``: their time in collectives, ``during``:
-    their collectives during copies)."""
+def step_view(ranks: Sequence[RankSteps], during: int = 0) -> StepView:
+    """The step view of ``ranks`` pooled (``during``: their collectives during copies)."""
     times = RunAggregate()
     begun = 0
+    coll_us = 0.0
     count = np.zeros(len(COPY_CLASSES), dtype=np.int64)
     nbytes = np.zeros(len(COPY_CLASSES))
     dur = np.zeros(len(COPY_CLASSES))
@@ -213,6 +235,7 @@ def step_view(ranks: Sequence[RankSteps], coll_us: float, during: int = 0) -> St
     for r in ranks:
         times.merge(r.times)
         begun += r.begun
+        coll_us += r.busy_us
         count += r.copy_count
         nbytes += r.copy_bytes
         dur += r.copy_us

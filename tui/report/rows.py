@@ -93,7 +93,7 @@ class StepRow:
     steps_per_s: float  # all ranks: the median of the ranks'
     step_p50_ms: float
     step_p99_ms: float
-    coll_ms_per_step: float  # time in collectives per step
+    coll_ms_per_step: float  # time at least one collective ran, per step
     coll_share: float  # of the mean step time
     copies: tuple[CopyStep, ...]  # per (direction, pinned)
     during_per_step: float  # collectives that overlapped a copy, per step

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tui.model.steps import COPY_CLASSES, CopyStep, copy_steps, step_boundaries
+from tui.model.steps import COPY_CLASSES, CopyStep, busy_ns, copy_steps, step_boundaries
 from tui.recordings.summary import window_end_ns
 from tui.report.kernels import _Groups
 from tui.report.rows import StepRow
-from workers.wire.overlap import DURING
+from workers.wire.overlap import DURING, end_ns
 from workers.wire.protocol import DIRECTIONS
 from workers.wire.stats import percentiles_and_max_sorted
 
@@ -52,6 +52,7 @@ class RunPass:
     """What the pass found, per group id (``_Groups`` ids) and per process group."""
 
     span_ns: np.ndarray  # the rank's time in the epoch: first start to last end
+    busy_ns: np.ndarray  # the time at least one of its collectives ran
     begun: np.ndarray  # steps begun
     rate: np.ndarray  # steps/s (NaN: fewer than two steps)
     times_ms: dict[int, np.ndarray]  # step times, sorted
@@ -64,6 +65,7 @@ def run_pass(
     """Walk the (epoch, rank) runs: ``dur32`` is sorted by (epoch, rank), ``coll`` in file order,
     ``gindex`` each record's global group (file order; one value when ``one_group``)."""
     span = np.zeros(g.span)
+    busy = np.zeros(g.span)
     begun = np.zeros(g.span, dtype=np.int64)
     rate = np.full(g.span, math.nan)
     times: dict[int, np.ndarray] = {}
@@ -73,6 +75,7 @@ def run_pass(
         idx = g.order[a:b]
         step, start, dur = step_col[idx], start_col[idx].astype(np.int64), dur32[a:b]
         span[gid] = int(window_end_ns(start[-_EDGE:], dur[-_EDGE:]).max()) - int(start[:_EDGE].min())
+        busy[gid] = busy_ns(start, end_ns(start, dur), -(2**62))[0]
         first, dt, _ = step_boundaries(np.zeros(len(step), dtype=np.int8), step, start)
         begun[gid] = len(first)
         times[gid] = np.sort(dt) / 1e6
@@ -90,7 +93,7 @@ def run_pass(
                 s = step[mine]
                 new = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
                 _add_group_steps(groups, grp, rank, s, dur[mine], new)
-    return RunPass(span, begun, rate, times, groups)
+    return RunPass(span, busy, begun, rate, times, groups)
 
 
 def _add_group_steps(
@@ -106,12 +109,11 @@ def step_rows(
     gid_of: dict[int, int],
     found: RunPass,
     ocls: np.ndarray,
-    coll_us: np.ndarray,
     copies: tuple[dict[int, tuple[int, int]], dict[str, np.ndarray]],
 ) -> list[StepRow]:
     """Rows per epoch (all ranks, then each rank). ``ocls``: per record, sorted by (epoch,
-    rank); ``coll_us``: time in collectives per group id; ``copies``: the copy records' span per
-    (epoch << 20 | rank) and their columns in that order."""
+    rank); ``copies``: the copy records' span per (epoch << 20 | rank) and their columns in
+    that order."""
     out = []
     span_of, cols = copies
     for e, _, _, runs in epochs:
@@ -126,7 +128,7 @@ def step_rows(
                 times.sort()
             (p50, p99), _ = percentiles_and_max_sorted(times, [50, 99])
             steps = int(found.begun[gids].sum())
-            coll_ms = float(coll_us[gids].sum()) / 1e3 / steps if steps else math.nan
+            coll_ms = float(found.busy_ns[gids].sum()) / 1e6 / steps if steps else math.nan
             mean = float(times.mean()) if len(times) else math.nan
             rates = [r for r in found.rate[gids].tolist() if math.isfinite(r)]
             during = int(np.count_nonzero(ocls[a:b] == DURING)) if len(ocls) else 0
