@@ -192,13 +192,21 @@ class RankSteps:
         self._recent_n = min(RECENT_STEPS, self._recent_n + len(s))
 
     def add_copy(self, direction: np.ndarray, pinned: np.ndarray, nbytes: np.ndarray, dur_us: np.ndarray) -> None:
-        if not len(direction):
+        n = len(direction)
+        if not n:
+            return
+        d0, p0 = int(direction[0]), int(pinned[0])
+        if (direction == d0).all() and (pinned == p0).all():  # one direction and memory: the usual case
+            i = min(d0, len(DIRECTIONS) - 1) * 2 + (p0 != 0)
+            self.copy_count[i] += n
+            self.copy_bytes[i] += float(nbytes.sum())
+            self.copy_us[i] += float(np.sum(dur_us, dtype=np.float64))
             return
         cls = np.minimum(direction, len(DIRECTIONS) - 1).astype(np.intp) * 2 + (pinned != 0)
-        n = len(COPY_CLASSES)
-        self.copy_count += np.bincount(cls, minlength=n)[:n]
-        self.copy_bytes += np.bincount(cls, weights=nbytes, minlength=n)[:n]
-        self.copy_us += np.bincount(cls, weights=dur_us, minlength=n)[:n]
+        k = len(COPY_CLASSES)
+        self.copy_count += np.bincount(cls, minlength=k)[:k]
+        self.copy_bytes += np.bincount(cls, weights=nbytes, minlength=k)[:k]
+        self.copy_us += np.bincount(cls, weights=dur_us, minlength=k)[:k]
 
     def rate(self) -> float:
         """Steps per second over the newest RATE_WINDOW_S of step starts (NaN: fewer than two)."""

@@ -30,6 +30,9 @@ MAX_STREAMS = 64
 OTHER = MAX_STREAMS
 #: Ring value of a record whose group its rank has not named yet.
 UNNAMED = 255
+#: Records that wait before they join their streams' statistics (a fold costs a sort and an
+#: aggregate update per stream, whatever the number of batches in it).
+FOLD_RECORDS = 4096
 #: Pending (rank, stream) aggregates kept while their groups are not named; more go to "other".
 MAX_PENDING = 256
 #: Asked for as the stream to draw: the one after the current in table order (then -1: all).
@@ -136,6 +139,9 @@ class StreamTable:
         self._streams: dict[int, _Stream] = {}  # by ring value, OTHER too (made on first use)
         self._codes: dict[int, dict[int, int]] = {}  # rank -> packed key -> ring value
         self._pending: dict[tuple[int, int], _Stream] = {}  # (rank, packed key) not named yet
+        #: Batches not yet in their streams' statistics: (rank, ring values, dur_us, busbw).
+        self._waiting: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        self._waiting_n = 0
         self.version = 0
         self._views: dict[int, tuple[int, StreamView]] = {}  # ring value -> (count, view)
 
@@ -145,48 +151,82 @@ class StreamTable:
         return len(self.keys)
 
     def add(self, rank: int, hello: Hello | None, cols: Mapping[str, np.ndarray]) -> tuple[np.ndarray, int]:
-        """Fold a collective batch of ``rank`` in. Returns each record's ring value (uint8) and,
-        when the whole batch is one stream (the usual case), that value (else -1)."""
+        """Take a collective batch of ``rank``. Returns each record's ring value (uint8) and, when
+        the whole batch is one stream (the usual case), that value (else -1). The records join
+        their streams' statistics FOLD_RECORDS at a time (or when read)."""
         op, group, dtype, nbytes = cols["op"], cols["group"], cols["dtype"], cols["nbytes"]
         n = len(op)
         if n == 0:
             return np.empty(0, dtype=np.uint8), -1
+        dur, bw = cols["dur_us"], cols["busbw"]
         if _uniform(op) and _uniform(group) and _uniform(dtype) and _uniform(nbytes):
             key = int(min(int(nbytes[0]), (1 << 40) - 1)) << 24 | min(int(group[0]), 255) << 16
-            keys, inverse = [key | int(op[0]) << 8 | int(dtype[0])], None
-        else:
-            uniq, inverse = np.unique(pack_keys(op, group, dtype, nbytes), return_inverse=True)
-            keys = uniq.tolist()
+            value = self._value(rank, hello, key | int(op[0]) << 8 | int(dtype[0]), dur, bw, None)
+            out = np.full(n, value, dtype=np.uint8)
+            single = value
+        else:  # several streams: one stable sort groups each stream's records into a slice
+            packed = pack_keys(op, group, dtype, nbytes)
+            order = np.argsort(packed, kind="stable")
+            ordered = packed[order]
+            firsts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1]))).tolist()
+            bounds = [*firsts, n]
+            values = [
+                self._value(rank, hello, int(ordered[lo]), dur, bw, order[lo:hi])
+                for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+            ]
+            out = np.empty(n, dtype=np.uint8)
+            out[order] = np.repeat(np.array(values, dtype=np.uint8), np.diff(bounds))
+            single = -1
+        self._waiting.append((rank, out, dur, bw))
+        self._waiting_n += n
+        if self._waiting_n >= FOLD_RECORDS:
+            self._fold()
+        return out, single
+
+    def _value(
+        self, rank: int, hello: Hello | None, key: int, dur: np.ndarray, bw: np.ndarray, take: np.ndarray | None
+    ) -> int:
+        """The ring value of a stream of ``rank``'s batch (its records: ``take`` of ``dur`` and
+        ``bw``, None = all); records of a group the rank has not named yet wait apart, UNNAMED."""
         codes = self._codes.setdefault(rank, {})
-        dur, bw = cols["dur_us"], cols["busbw"]
-        self.version += 1
-        out = np.empty(n, dtype=np.uint8)
-        value = -1
-        for j, key in enumerate(keys):
-            value = codes.get(key, -1)
-            if value < 0:
-                value = self._resolve(rank, hello, key)
-                if value != UNNAMED:
-                    codes[key] = value
-            sel = None if inverse is None else inverse == j
-            d, b = (dur, bw) if sel is None else (dur[sel], bw[sel])
-            if value == UNNAMED:
-                pending = self._pending.get((rank, key))
-                if pending is None and len(self._pending) >= MAX_PENDING:
-                    value = OTHER  # bounded: what no Hello will name in time is "other"
-                else:
-                    if pending is None:
-                        pending = self._pending[(rank, key)] = _Stream()
-                    pending.agg.add(d, b)
+        value = codes.get(key, -1)
+        if value < 0:
+            value = self._resolve(rank, hello, key)
             if value != UNNAMED:
-                stream = self._stream(value)
-                stream.agg.add(d, b)
-                stream.ranks.add(rank)
-            if sel is None:
-                out[:] = value
-            else:
-                out[sel] = value
-        return out, value if inverse is None else -1
+                codes[key] = value
+        if value == UNNAMED:
+            pending = self._pending.get((rank, key))
+            if pending is None and len(self._pending) >= MAX_PENDING:
+                return OTHER  # bounded: what no Hello will name in time is "other"
+            if pending is None:
+                pending = self._pending[(rank, key)] = _Stream()
+            pending.agg.add(dur, bw) if take is None else pending.agg.add(dur[take], bw[take])
+            pending.ranks.add(rank)
+        return value
+
+    def _fold(self) -> None:
+        """The waiting batches into their streams' statistics: one sort by ring value (a radix
+        sort of bytes), one aggregate update per stream."""
+        waiting = self._waiting
+        if not waiting:
+            return
+        self._waiting, self._waiting_n = [], 0
+        self.version += 1
+        values = np.concatenate([w[1] for w in waiting])
+        dur = np.concatenate([w[2] for w in waiting])
+        bw = np.concatenate([w[3] for w in waiting])
+        ranks = np.repeat(np.array([w[0] for w in waiting]), [len(w[1]) for w in waiting])
+        order = np.argsort(values, kind="stable")
+        ordered = values[order]
+        bounds = [*np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1]))).tolist(), len(values)]
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+            value = int(ordered[lo])
+            if value == UNNAMED:
+                continue  # already with their pending (rank, key)
+            take = order[lo:hi]
+            stream = self._stream(value)
+            stream.agg.add(dur[take], bw[take])
+            stream.ranks.update(np.unique(ranks[take]).tolist())
 
     def _stream(self, value: int) -> _Stream:
         stream = self._streams.get(value)
@@ -215,6 +255,8 @@ class StreamTable:
         """A Hello of ``rank`` arrived: its pending records whose groups it now names join their
         streams. Returns (ring value, records) moved, so the rank's per-stream counts follow."""
         moved = []
+        if any(k[0] == rank for k in self._pending):
+            self._fold()
         for rk, key in [k for k in self._pending if k[0] == rank]:
             value = self._resolve(rank, hello, key)
             if value == UNNAMED:
@@ -252,6 +294,7 @@ class StreamTable:
         """Every stream with records, named ones by (group, op, dtype, size), then groups not named
         yet, then "other". ``rank_time_ns``: the ranks' time (the share's denominator). A stream's
         percentiles are recomputed only when it has new records (``cached``)."""
+        self._fold()
         out: list[StreamView] = []
         for value, (name, desc, size, op, dtype, nbytes) in enumerate(self.keys):
             view = self._view(value, self._stream(value), name, desc, size, op, dtype, nbytes, rank_time_ns, cached)
