@@ -213,3 +213,17 @@ def test_time_in_collectives_counts_overlapping_collectives_once() -> None:
     # two steps; in each, two async collectives of 3 ms that overlap by 1 ms
     steps.add_coll(np.array([0, 0, 1, 1]), np.array([0, 2, 10, 12]) * 1_000_000, np.full(4, 3000.0, np.float32))
     assert steps.busy_us == pytest.approx(2 * 5000.0) and steps.begun == 2
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_busy_time_is_the_length_of_the_union_of_the_intervals(seed: int) -> None:
+    from tui.model.steps import busy_ns
+
+    rng = np.random.default_rng(seed)
+    start = rng.integers(0, 1000, 30)
+    end = start + rng.integers(0, 200, 30)
+    after = int(rng.integers(-100, 600))
+    covered = set()
+    for a, b in zip(start.tolist(), end.tolist(), strict=True):
+        covered.update(range(max(a, after), b))
+    assert busy_ns(start, end, after) == (len(covered), max(after, int(end.max())))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tui.model.stats import RunAggregate, RunStats
-from workers.wire.overlap import copy_union, end_ns
+from workers.wire.overlap import end_ns
 from workers.wire.protocol import DIRECTIONS
 
 #: Step starts kept per rank for the windowed steps/s.
@@ -70,12 +70,20 @@ class StepView:
 def busy_ns(start_ns: np.ndarray, end: np.ndarray, after: int) -> tuple[int, int]:
     """(time covered by the union of the intervals [start, end) that lies past ``after``, the
     latest end): the time at least one of them ran, counting what ``after`` (the latest end of
-    earlier intervals) already covered once."""
-    seg_s, seg_e, _ = copy_union(start_ns, end)
-    if not len(seg_s):
+    earlier intervals) already covered once. With starts in order (issue order, the usual
+    case) an interval adds what it runs past every earlier one's end."""
+    if not len(start_ns):
         return 0, after
-    covered = int(np.maximum(seg_e - np.maximum(seg_s, after), 0).sum())
-    return covered, max(after, int(seg_e[-1]))
+    start, end = np.asarray(start_ns, dtype=np.int64), np.asarray(end, dtype=np.int64)
+    if len(start) > 1 and bool((start[1:] < start[:-1]).any()):
+        order = np.argsort(start, kind="stable")
+        start, end = start[order], end[order]
+    reach = np.maximum.accumulate(end)
+    before = np.empty_like(reach)
+    before[0] = after
+    np.maximum(reach[:-1], after, out=before[1:])
+    covered = int(np.maximum(end - np.maximum(start, before), 0).sum())
+    return covered, max(after, int(reach[-1]))
 
 
 def step_boundaries(

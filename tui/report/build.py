@@ -71,7 +71,7 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     telemetry = NodeTelemetry(tables.ticks)
     peaks = link_peaks(tables.ticks, [msg for _, msg in tables.other], measured)
     world = int(meta.get("world_size") or len(meta.get("ranks") or []) or 0)
-    names = group_names(coll["rank"], coll["group"], tables.hellos, world)
+    names = group_names(coll["rank"], coll["group"], tables.hellos, world, sorted({k & 0xFFFFF for k, _, _ in g.runs}))
     recs, sums = _sorted_records(tables, g, sums, names)
     ab = tuple(
         ab_sections(
@@ -105,7 +105,7 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
         names=names,
         spans=found.span_ns,
     )
-    rows, spans = epoch_rows(ctx, epochs, orders, _settings_by_epoch(tables.hellos))
+    rows, spans, stream_orders = epoch_rows(ctx, epochs, orders, _settings_by_epoch(tables.hellos))
     job = JobInfo.of(meta.get("config"))
     return Report(
         path=rec.path,
@@ -123,7 +123,9 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
         steps=tuple(step_rows(epochs, gid_of, found, recs.ocls, (copies.span, copies.cols))),
         groups=tuple(group_rows(names, recs.combos, found.groups)),
         ranks=tuple(_rank_rows(g, coll, tables)),
-        streams=tuple(_stream_rows(recs, names, ctx.spans) if job.is_job or len(recs.combos) > 1 else ()),
+        streams=tuple(
+            _stream_rows(recs, names, ctx.spans, stream_orders) if job.is_job or len(recs.combos) > 1 else ()
+        ),
     )
 
 
@@ -143,9 +145,12 @@ def _rank_rows(g: _Groups, coll: dict[str, np.ndarray], tables: Tables) -> list:
     return rank_rows(ranks, records, its, tables.hellos)
 
 
-def _stream_rows(recs: Records, names: GroupNames, spans: np.ndarray) -> list[StreamRow]:
-    """Each stream over the whole recording, all ranks and epochs (one sort by stream and duration)."""
-    order = StreamOrder.of(recs.dur32, recs.code, recs.ocls, [len(recs.dur32)])
+def _stream_rows(
+    recs: Records, names: GroupNames, spans: np.ndarray, epoch_orders: list[StreamOrder | None]
+) -> list[StreamRow]:
+    """Each stream over the whole recording, all ranks and epochs: the epochs' stream orders
+    merged, else one sort by stream and duration."""
+    order = StreamOrder.union(epoch_orders) or StreamOrder.of(recs.dur32, recs.code, recs.ocls, [len(recs.dur32)])
     parts = order.parts(-1) if order is not None else {}
     time_ns = float(spans.sum())
     out = []

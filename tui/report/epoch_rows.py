@@ -129,11 +129,13 @@ def epoch_rows(
     epochs: list[_Epoch],
     orders: dict[int, _EpochOrder | None],
     settings: dict[int, dict[str, Any]],
-) -> tuple[list[Row], dict[SettingsKey, list[tuple[int, int, list[Row]]]]]:
-    """Per epoch: a row per stream over all ranks, then per rank; and the epochs of each settings
-    (with their all-ranks rows), in order, for the settings rows."""
+) -> tuple[list[Row], dict[SettingsKey, list[tuple[int, int, list[Row]]]], list[StreamOrder | None]]:
+    """Per epoch: a row per stream over all ranks, then per rank; the epochs of each settings
+    (with their all-ranks rows), in order, for the settings rows; and each epoch's stream order
+    (None where it ran one stream or has none)."""
     rows: list[Row] = []
     spans: dict[SettingsKey, list[tuple[int, int, list[Row]]]] = {}
+    stream_orders: list[StreamOrder | None] = []
     for e, a_e, b_e, eruns in epochs:
         s = settings.get(e, {})
         ca, cb = ctx.copies.epoch.get(e, (0, 0))
@@ -151,14 +153,17 @@ def epoch_rows(
                 _row(ctx, e, m, combo, copy_settings, member, None if ordered is None else ordered.group(i - 1))
                 for i, member in enumerate(members)
             ]
+            stream_orders.append(None)
         else:
-            new = _stream_rows(ctx, e, m, copy_settings, members, [b - a for _, a, b in eruns])
+            order = StreamOrder.of(ctx.recs.dur32[a_e:b_e], codes, ctx.recs.ocls[a_e:b_e], [b - a for _, a, b in eruns])
+            new = _stream_rows(ctx, e, m, copy_settings, members, order)
+            stream_orders.append(order)
         rows += new
         every = [r for r in new if r.rank is None]
         knobs = " ".join(f"{k}={v}" for k, v in sorted(dict(s.get("knobs") or {}).items()))
         settings_key = SettingsKey(every[0].mode, *copy_settings, knobs)
         spans.setdefault(settings_key, []).append((a_e, b_e, every))
-    return rows, spans
+    return rows, spans, stream_orders
 
 
 def _row(
@@ -261,13 +266,12 @@ def _stream_rows(
     m: int,
     copy_settings: _CopySettings,
     members: list[_Member],
-    sizes: list[int],
+    order: StreamOrder | None,
 ) -> list[Row]:
     """The rows of an epoch of several streams: per member (all ranks, then each rank) one row
-    per stream it ran, from the epoch's records sorted by (stream, duration)."""
+    per stream it ran, from the epoch's records sorted by (stream, duration) (``order``; None:
+    sorted per subset)."""
     recs = ctx.recs
-    _, a_e, b_e, _, _ = members[0]
-    order = StreamOrder.of(recs.dur32[a_e:b_e], recs.code[a_e:b_e], recs.ocls[a_e:b_e], sizes)
     rows = []
     for index, member in enumerate(members):
         _, a, b, gids, _ = member

@@ -33,7 +33,12 @@ def group_rows(names: GroupNames, combos: Sequence[int], steps: dict[int, GroupS
     for c in combos:
         g = combo_parts(c)[0]
         streams_of[g] = streams_of.get(g, 0) + 1
-    counts = np.bincount(names.index, minlength=len(names.groups)) if len(names.index) else np.zeros(0, np.int64)
+    if names.single:  # every record in one group: no pass over them
+        counts = np.zeros(len(names.groups), dtype=np.int64)
+        if len(names.index):
+            counts[int(names.index[0])] = len(names.index)
+    else:
+        counts = np.bincount(names.index, minlength=len(names.groups))
     for g, (name, desc, size) in enumerate(names.groups):
         n = int(counts[g]) if len(counts) > g else 0
         if not n:

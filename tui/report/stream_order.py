@@ -44,6 +44,16 @@ class StreamOrder:
         merged = keys if len(sizes) == 1 else np.sort(keys, kind="stable")  # merges the sorted runs
         return cls(keys, starts, merged)
 
+    @classmethod
+    def union(cls, orders: list[StreamOrder | None]) -> StreamOrder | None:
+        """Several epochs' orders as one (all ranks of all of them; no per-rank parts): their
+        sorted keys merged by a stable sort; None if one has no order."""
+        if not orders or any(o is None for o in orders):
+            return None
+        keys = [o.merged for o in orders if o is not None]
+        merged = keys[0] if len(keys) == 1 else np.sort(np.concatenate(keys), kind="stable")
+        return cls(merged[:0], [0, 0], merged)
+
     def parts(self, index: int) -> dict[int, Part]:
         """{stream code: (sorted durations, classes)} of rank ``index`` (-1: all ranks)."""
         keys = self.merged if index < 0 else self.by_rank[self.starts[index] : self.starts[index + 1]]

@@ -42,10 +42,16 @@ def _group_order(name: str) -> tuple[int, int, str]:
     return (0, int(name), "") if name.isdigit() else (1, 0, name)
 
 
-def group_names(rank: np.ndarray, group: np.ndarray, hellos: Sequence[tuple[int, p.Hello]], world: int) -> GroupNames:
+def group_names(
+    rank: np.ndarray,
+    group: np.ndarray,
+    hellos: Sequence[tuple[int, p.Hello]],
+    world: int,
+    ranks_seen: Sequence[int] | None = None,
+) -> GroupNames:
     """Name every record's group from its rank's Hellos (the longest table a rank sent: groups
     are only ever added). A rank without a Hello names code 0 the world group "0"; a code its
-    rank never named is group "?CODE"."""
+    rank never named is group "?CODE". ``ranks_seen``: the ranks with records, when known."""
     tables: dict[int, tuple[Group, ...]] = {}
     for _, h in hellos:
         table = rank_groups(h)
@@ -53,7 +59,9 @@ def group_names(rank: np.ndarray, group: np.ndarray, hellos: Sequence[tuple[int,
             tables[h.rank] = table
     n = len(rank)
     top = int(group.max()) if n else 0
-    ranks = sorted({*tables, *(np.flatnonzero(np.bincount(rank)).tolist() if n else [])})
+    if ranks_seen is None:
+        ranks_seen = np.flatnonzero(np.bincount(rank)).tolist() if n else []
+    ranks = sorted({*tables, *ranks_seen})
     seen: dict[str, Group] = {}
     for r in ranks:
         table = tables.get(r) or (("0", "", world),)
