@@ -205,3 +205,19 @@ def test_the_records_csv_names_groups_and_dtypes(capsys, job) -> None:
         ("2", "bfloat16"): 120,
     }
     assert p.DTYPES[0] == "?"
+
+
+def test_a_recording_started_mid_run_counts_only_what_was_lost_while_it_recorded() -> None:
+    from dataclasses import replace
+
+    from job_synth import T0, job_hello
+
+    from tui.report.groups_report import rank_rows
+
+    early = replace(job_hello(0, 1, T0, lost=40), iteration=500)  # the recorder started late: 40 lost before
+    late = replace(job_hello(0, 1, T0, lost=47), iteration=900)
+    (row,) = rank_rows([0], {0: 395}, {0: (500, 899)}, [(1, early), (2, late)])
+    assert (row.gaps, row.lost, row.missing) == (5, 7, 12)
+    first = replace(job_hello(0, 1, T0, lost=2), iteration=0)  # from the rank's start: all of it
+    (row,) = rank_rows([0], {0: 10}, {0: (0, 9)}, [(1, first), (2, late)])
+    assert (row.gaps, row.lost) == (0, 47)
