@@ -311,6 +311,32 @@ def summary_table(text: str) -> dict[int, dict[str, str]]:
     return rows
 
 
+def stream_table(text: str) -> list[dict[str, str]]:
+    """The stream lines of ``format_summary`` output (the block after "streams (all ranks):"),
+    by column name: group, op, dtype, bytes, count, p50 ms, p99 ms, busbw GB/s."""
+    from tui.run.summary_views import STREAMS_TITLE
+
+    lines = text.splitlines()
+    if STREAMS_TITLE not in lines:
+        raise AssertionError(f"no stream table in:\n{text[-2000:]}")
+    i = lines.index(STREAMS_TITLE)
+    header, rule = lines[i + 1], lines[i + 2]
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    for part in rule.split("  "):
+        if part:
+            spans.append((pos, pos + len(part)))
+        pos += len(part) + 2
+    names = [header[a:b].strip() for a, b in spans]
+    rows = []
+    for line in lines[i + 3 :]:
+        if not line.strip():
+            break
+        cells = [line[a : (spans[k + 1][0] if k + 1 < len(spans) else None)].strip() for k, (a, _b) in enumerate(spans)]
+        rows.append(dict(zip(names, cells, strict=True)))
+    return rows
+
+
 def worker_summaries(job: Proc) -> dict[int, dict[str, Any]]:
     import json
 

@@ -135,3 +135,44 @@ def test_help_screen_lists_every_key(snap_compare: Any) -> None:
     """The help screen draws its text (an auto-sized scroll container once drew an empty box)."""
     app, show = frozen_app(2)
     assert snap_compare(app, terminal_size=(120, 45), run_before=show, press=["question_mark"])
+
+
+def frozen_job_app(select: tuple[str, str] | None = None) -> tuple[CommtopApp, Any]:
+    """A user's job (tests/job_synth.py: 3 groups, 6 streams, steps, copies, a rank that lost 3
+    collectives) fed through the real model at a fixed clock; ``select`` = (group, op) of the
+    stream whose latency lines are drawn."""
+    from job_synth import STEP_NS, T0, job_run
+
+    from tui.model.run_model import RunModel
+    from workers.wire.protocol import Bye
+
+    now = T0 + 201 * STEP_NS
+    model = RunModel(clock=lambda: now)
+    for _, m in job_run(world=4, steps=200, lost={1: 3}, slow_rank=2):
+        if not isinstance(m, Bye):
+            model.apply(m, now)
+    if select is not None:
+        streams = model.snapshot(fresh_run_stats=True).streams
+        model.select_stream(next(s.index for s in streams if (s.group, s.op) == select))
+    snap = model.snapshot(fresh_run_stats=True)
+    app = CommtopApp(title="commtop run", links=False)
+
+    async def show(pilot: Any) -> None:
+        pilot.app.post_message(SnapshotReady(snap))
+        await pilot.pause()
+
+    return app, show
+
+
+def test_a_jobs_header_and_stream_table(snap_compare: Any) -> None:
+    """A job's header names its script, groups, ops and steps/s (no synthetic settings); the
+    stream table lists every stream with the step line above it; f is in the footer."""
+    app, show = frozen_job_app()
+    assert snap_compare(app, terminal_size=(160, 40), run_before=show)
+
+
+def test_the_latency_lines_of_one_stream(snap_compare: Any) -> None:
+    """With one stream selected the rank rows draw its latency only (ranks 0 and 1 are not in
+    group 2) and the table marks it."""
+    app, show = frozen_job_app(select=("2", "all_to_all"))
+    assert snap_compare(app, terminal_size=(160, 40), run_before=show)

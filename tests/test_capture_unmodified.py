@@ -41,7 +41,7 @@ def test_unmodified_ddp_script_gives_exactly_its_collectives(monkeypatch, capsys
         )
         out = capsys.readouterr()
         assert code == 0, out.err[-3000:] + out.out[-3000:]
-        assert "monitor: train_ddp_plain.py" in out.out
+        assert "job train_ddp_plain.py" in out.out
         with open_recording(rec_path) as rec:
             tables = rec.tables()
             coll = tables.coll

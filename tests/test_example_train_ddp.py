@@ -28,7 +28,7 @@ def test_the_example_streams_its_collectives_and_copies_to_commtop_run(monkeypat
         shutil.rmtree(root, ignore_errors=True)
     out = capsys.readouterr()
     assert code == 0, out.err[-3000:]
-    assert "backend gloo/cpu · world size 2 · monitor: train_ddp.py" in out.out
+    assert "backend gloo/cpu · world size 2 · job train_ddp.py" in out.out
     rows = [line.split() for line in out.out.splitlines() if re.match(r"^[01]\s+\S+:cpu\s", line)]
     assert [r[0] for r in rows] == ["0", "1"], out.out
     for r in rows:

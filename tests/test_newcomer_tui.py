@@ -281,7 +281,7 @@ async def test_own_job_refuses_keys_it_has_no_knob_for(tmp_path: Path, monkeypat
             app.show_snapshot(model.snapshot())
             await pilot.pause()
             header = str(app.query_one("#header").render())
-            assert "monitor train_ddp.py" in header and "?" not in header.split("\n")[0]
+            assert "job train_ddp.py" in header and "?" not in header.split("\n")[0]
             assert "knobs offload=overlap" in header and "{" not in header
             for key, word in (("c", "copies"), ("s", "copy scale"), ("h", "pinned"), ("d", "direction")):
                 await pilot.press(key)

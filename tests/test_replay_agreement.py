@@ -73,7 +73,7 @@ def header_epoch(app: CommtopApp) -> int:
 def verdict_epoch(app: CommtopApp) -> int | None:
     """The newer epoch the verdict line speaks of (None: it compares none)."""
     text = app.query_one("#verdict").render().plain
-    found = re.search(r"adjacent epochs (\d+), (\d+)", text)
+    found = re.search(r"\(epochs (\d+), (\d+)", text)
     if found:
         return max(int(found.group(1)), int(found.group(2)))
     found = re.search(r"^\S*\s*epoch (\d+)", text)  # "epoch 3 (sync-barrier) vs epoch 2 ...: waiting"
@@ -150,7 +150,7 @@ async def test_a_replay_offers_only_its_own_keys(five_epochs: Path) -> None:
         text = console.export_text()
         assert "Pause or resume the replay" in text and "Jump to the previous settings change" in text
         assert "Next offload mode" not in text and "A/B experiment" not in text
-        assert "not in this session: i o 1-4 c/C s h d a r" in text  # named, not offered
+        assert "not in this session: f i o 1-4 c/C s h d a r" in text  # named, not offered
 
 
 @run_async
@@ -168,4 +168,6 @@ async def test_a_captured_jobs_whole_run_row_and_copies_are_filled_at_the_end() 
         rank = app.snapshot.ranks[0]
         assert rank.run.max_ms == pytest.approx(0.37712, rel=1e-4) and rank.copy_run.count == 197
         header = app.query_one("#header").render().plain.split("\n")[1]
-        assert "197 copies" in header and "0 copies" not in header
+        assert "0 copies" not in header  # a job's header names its streams, not the loop's settings
+        steps = app.query_one("#streams").render().plain  # its copies, as the records say
+        assert "copies d2h pinned" in steps and "/step" in steps

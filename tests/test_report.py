@@ -43,7 +43,7 @@ def records_from_csv(text: str) -> dict[str, np.ndarray]:
     out = {}
     for name in rows[0]:
         values = [r[name] for r in rows]
-        if name in ("mode", "op", "overlap"):
+        if name in ("mode", "op", "overlap", "group", "dtype"):
             out[name] = np.array(values)
         elif name == "overlapped":
             out[name] = np.array(values, dtype=np.float64)
@@ -287,7 +287,8 @@ def test_trace_is_perfetto_json_with_the_expected_tracks(capsys, run, tmp_path: 
     batches = [m for _, m in items if isinstance(m, p.Batch)]
     assert len(colls) == sum(len(b) for b in batches if b.kind == p.COLL)
     assert len(copies) == sum(len(b) for b in batches if b.kind == p.COPY)
-    assert {e["name"] for e in colls} == {"all_gather"} and {e["tid"] for e in colls} == {1}
+    # named by the stream: op, size (S of nccl-tests: 4 x 128 MiB), group (the loop's dtype is not in its records)
+    assert {e["name"] for e in colls} == {"all_gather 512MiB · group 0"} and {e["tid"] for e in colls} == {1}
     assert {e["name"] for e in copies} == {"d2h copy (pinned)"} and {e["tid"] for e in copies} == {2}
     assert min(e["ts"] for e in colls + copies) == 0.0
     first = batches[0]
@@ -523,10 +524,9 @@ def test_baselines_read_out_of_the_sorted_epochs_are_the_baselines_of_the_record
         assert repr(fast) == repr(slow)
 
 
-def test_a_recording_without_copies_is_reported_without_reading_its_steps(tmp_path: Path) -> None:
-    """Steps only match collectives to their step's copies: without copy records the report
-    reads no step column, and every collective is in the class "no copies", exactly what the
-    classifier says of them."""
+def test_a_recording_without_copies_puts_every_collective_in_no_copies(tmp_path: Path) -> None:
+    """Without copy records every collective is in the class "no copies", exactly what the
+    classifier says of them; the step column is read all the same (the step view needs it)."""
     from recording_synth import Epoch
 
     from tui.recordings.reader import open_recording
@@ -540,7 +540,7 @@ def test_a_recording_without_copies_is_reported_without_reading_its_steps(tmp_pa
     ]
     write_recording(path, items)
     with open_recording(path) as rec:
-        assert "step" not in reading.report_columns(rec)
+        assert "step" in reading.report_columns(rec)
         tables = rec.tables()
         assert len(tables.coll["rank"]) and not len(tables.copy["rank"])
         cls, frac = classify_columns(tables.coll, tables.copy)

@@ -72,8 +72,9 @@ class IngestLoop:
         self._last_emit = 0.0
         self._built_avg_s: float | None = None
         self._latest: Snapshot | None = None
-        #: Requests of the view, applied to the model before the next snapshot (ingest thread).
-        self._requests: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        #: Requests of the view, applied to the model before the next snapshot (ingest thread):
+        #: whole-run statistics on/off (a bool), or the stream to draw (``("stream", value)``).
+        self._requests: queue.SimpleQueue[bool | tuple[str, int]] = queue.SimpleQueue()
 
     # ----------------------------------------------------------------------- thread
 
@@ -179,14 +180,23 @@ class IngestLoop:
         on the ingest thread, before the next snapshot."""
         self._requests.put(on)
 
+    def request_stream(self, value: int) -> None:
+        """Ask for one stream's latency lines (its ring value, tui.model.streams), every
+        collective's (-1) or the next stream's (NEXT_STREAM). Any thread; applied on the ingest
+        thread, in order, before the next snapshot."""
+        self._requests.put(("stream", value))
+
     def _apply_requests(self) -> None:
         """The view's queued requests, the newest last (lock held)."""
         while True:
             try:
-                on = self._requests.get_nowait()
+                request = self._requests.get_nowait()
             except queue.Empty:
                 return
-            self.model.whole_run_stats = on
+            if isinstance(request, tuple):
+                self.model.select_stream(request[1])
+            else:
+                self.model.whole_run_stats = request
 
     def snapshot(self, fresh_run_stats: bool = False) -> Snapshot:
         """A fresh snapshot (thread-safe; also used by the headless collector at the end)."""

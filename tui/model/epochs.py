@@ -74,8 +74,9 @@ def settings_change(base: Settings | None, other: Settings | None) -> str:
 def compare_epochs(
     overlaps: Iterable[RankOverlap],
     copies: Iterable[dict[str, np.ndarray]],
-    newest: int = -1,
     settings_of: Callable[[int], Settings | None] = lambda epoch: None,
+    *,
+    newest: int = -1,
 ) -> EpochComparison | None:
     """The newest epoch with enough settled collectives against the newest older one whose
     settings differ (None: no such pair). ``newest``: the epoch in force (the header's), which

@@ -8,10 +8,16 @@ import numpy as np
 
 from tui.model.overlap_live import RankOverlap
 from tui.model.stats import RING_SIZE, Ring, RunAggregate
-from workers.wire.protocol import COLL, COLL_COLUMNS, COPY, COPY_COLUMNS, Batch, Bye, Hello
+from tui.model.steps import RankSteps
+from workers.wire.protocol import COLL, COLL_COLUMNS, COPY, COPY_COLUMNS, Batch, Bye, Hello, pick_columns
 
-#: The columns of a collective batch a rank's ring keeps, with their wire dtypes.
-COLL_RING = {name: COLL_COLUMNS[name] for name in ("iteration", "epoch", "mode", "start_ns", "dur_us", "busbw")}
+#: The columns of a collective batch a rank's ring keeps, with their wire dtypes, and each
+#: record's stream (its ring value in :class:`tui.model.streams.StreamTable`).
+COLL_RING = pick_columns(
+    COLL_COLUMNS,
+    ("iteration", "step", "epoch", "mode", "start_ns", "dur_us", "busbw", "stream"),
+    extra={"stream": "u1"},
+)
 #: The columns of a copy batch a rank's ring keeps.
 COPY_RING = {name: COPY_COLUMNS[name] for name in ("epoch", "start_ns", "dur_us", "nbytes", "gbps")}
 COPY_RING_SIZE = 1024
@@ -39,12 +45,30 @@ class RankState:
         self.sent_hint = {COLL: 0, COPY: 0}  # batches sent so far, from the hello
         self.version = 0  # bumped by every message of this rank (snapshot caching)
         self.overlap = RankOverlap()
+        self.steps = RankSteps()
+        #: Collectives the rank says it issued and never recorded (its Hello's ``lost``).
+        self.lost = 0
+        #: Records per stream ring value so far (tui.model.streams): the per-stream history's columns.
+        self.stream_counts = np.zeros(256, dtype=np.int64)
+        self.first_start_ns = 0  # start of its first collective record
+        self.last_end_ns = 0  # latest end of its collective records
 
     @property
-    def missing(self) -> int:
+    def gaps(self) -> int:
+        """Iterations never received, from gaps in the ``iteration`` column."""
         if self.received == 0:
             return 0
         return max(0, self.last_iteration - self.first_iteration + 1 - self.received)
+
+    @property
+    def missing(self) -> int:
+        """What users are told is missing: the gaps plus what the rank itself never recorded."""
+        return self.gaps + self.lost
+
+    @property
+    def time_ns(self) -> int:
+        """Its time so far: first collective start to the latest collective end."""
+        return max(0, self.last_end_ns - self.first_start_ns) if self.received else 0
 
     @property
     def lost_batches(self) -> int:
@@ -59,8 +83,9 @@ class RankState:
         if self.bye is not None and t_ns > self.bye.t_ns:
             self.bye = None
 
-    def add_batch(self, batch: Batch, now: int) -> tuple[int, ...]:
-        """Count a batch and keep its records; returns the modes of its collectives."""
+    def add_batch(self, batch: Batch, now: int, streams: np.ndarray | None = None, single: int = -1) -> tuple[int, ...]:
+        """Count a batch and keep its records (``streams``: each collective's stream ring value;
+        ``single``: the one value of them all, or -1); returns the modes of its collectives."""
         self.last_seen_ns = now
         self.version += 1
         self.revive_if_newer(batch.t_ns)
@@ -76,10 +101,23 @@ class RankState:
             self.copy.append(cols)
             self.copy_run.add(cols["dur_us"], cols["gbps"])
             self.overlap.add_copy(cols)
+            self.steps.add_copy(cols["direction"], cols["pinned"], cols["nbytes"], cols["dur_us"])
             return ()
         self.last_record_ns = now
-        self.coll.append(cols)
+        if streams is None:
+            streams, single = np.zeros(n, dtype=np.uint8), 0
+        self.coll.append({**cols, "stream": streams})
+        if single >= 0:
+            self.stream_counts[single] += n
+        else:
+            self.stream_counts += np.bincount(streams, minlength=256)
         self.overlap.add_coll(cols)
+        start, dur = cols["start_ns"], cols["dur_us"]
+        self.steps.add_coll(cols["step"], start, dur)
+        if self.received == 0:
+            self.first_start_ns = int(start[0])
+        # the newest record's end (records come in issue order): the share's denominator
+        self.last_end_ns = max(self.last_end_ns, int(start[-1]) + round(float(dur[-1]) * 1e3))
         it = cols["iteration"]
         lo, hi = int(it.min()), int(it.max())
         self.first_iteration = lo if self.first_iteration < 0 else min(self.first_iteration, lo)
@@ -110,6 +148,7 @@ class RankState:
         if self.hello is None or hello.t_ns >= self.hello.t_ns:
             self.hello = hello
         self.dropped = max(self.dropped, hello.dropped)
+        self.lost = max(self.lost, hello.lost)
         self.sent_hint[COLL] = max(self.sent_hint[COLL], hello.seq_coll)
         self.sent_hint[COPY] = max(self.sent_hint[COPY], hello.seq_copy)
 

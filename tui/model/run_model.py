@@ -8,14 +8,16 @@ Each rank's state is a :class:`~tui.model.rank_state.RankState`; snapshots are b
 
 Counting rules (per rank), chosen so nothing is counted twice:
 
-* ``missing``: collective iterations never received, from gaps in the ``iteration`` column
+* ``gaps``: collective iterations never received, from gaps in the ``iteration`` column
   (``last - first + 1 - received``). It includes records the worker dropped *and* records
   lost between worker and collector.
+* ``lost``: collectives the rank issued and never recorded, as its Hello says (e.g. Flight
+  Recorder entries overwritten before a read). ``missing`` (what users see) = gaps + lost.
 * ``dropped``: the largest cumulative ``dropped`` the rank reported (batches and hellos):
   records (collective or copy) the worker could not queue.
 * ``lost_batches``: batches the collector knows were sent (from ``seq`` and the hello's
   ``seq_coll``/``seq_copy``) but never received.
-* ``drops`` = ``max(dropped, missing)``. Both are lower bounds of the records this rank
+* ``drops`` = ``max(dropped, gaps)``. Both are lower bounds of the records this rank
   lost, so their maximum never double-counts (a sum would count a worker-side drop of a
   collective batch twice). A copy batch lost in transit shows only in ``lost_batches``.
 """
@@ -27,12 +29,15 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from tui.model.history import HistoryMatrix
 from tui.model.in_force import InForceTracker
 from tui.model.rank_state import RankState
 from tui.model.snapshot import Snapshot
 from tui.model.snapshot_builder import SnapshotBuilder
 from tui.model.stats import RING_SIZE
+from tui.model.streams import NEXT_STREAM, UNNAMED, StreamTable
 from tui.model.telemetry import TelemetryModel
 from workers.wire.protocol import COLL, TELEM, TELEM_CAPS, Batch, Bye, Hello, Message
 
@@ -71,6 +76,10 @@ class RunModel:
         #: snapshots in large worlds). Written on the ingest thread only.
         self.whole_run_stats = True
         self._builder = SnapshotBuilder(self.stale_after_ns)
+        #: The stream whose latency the history draws (its ring value; -1: every collective).
+        #: Set through the ingest loop (the view asks), like ``whole_run_stats``.
+        self.selected_stream = -1
+        self.streams = StreamTable()
         self.reset()
 
     def reset(self) -> None:
@@ -86,6 +95,8 @@ class RunModel:
         self.modes_seen: set[int] = set()
         #: The ranks x iterations history, written on apply (None: rebuilt at the next snapshot).
         self._history: HistoryMatrix | None = None
+        self._stream_history: HistoryMatrix | None = None
+        self.streams.reset()
         self.telemetry = TelemetryModel()
         self.in_force.reset()
         self._builder.reset()
@@ -118,7 +129,11 @@ class RunModel:
         if isinstance(message, Batch):
             self._apply_batch(message, now)
         elif isinstance(message, Hello):
-            self._rank(message.rank).add_hello(message, now)
+            state = self._rank(message.rank)
+            state.add_hello(message, now)
+            for value, n in self.streams.named(message.rank, message):  # pending records named
+                state.stream_counts[UNNAMED] -= n
+                state.stream_counts[value] += n
         elif isinstance(message, Bye):
             self._rank(message.rank).add_bye(message, now)
         elif isinstance(message, dict) and message.get("k") in (TELEM, TELEM_CAPS):
@@ -144,11 +159,32 @@ class RunModel:
         return True
 
     def _apply_batch(self, batch: Batch, now: int) -> None:
-        self.modes_seen.update(self._rank(batch.rank).add_batch(batch, now))
+        state = self._rank(batch.rank)
+        coll = batch.kind == COLL and len(batch) > 0
+        streams, single = self.streams.add(batch.rank, state.hello, batch.columns) if coll else (None, -1)
+        before = int(state.stream_counts[self.selected_stream]) if self.selected_stream >= 0 else 0
+        self.modes_seen.update(state.add_batch(batch, now, streams, single))
         self.records += len(batch)
-        if batch.kind == COLL and len(batch) and self._history is not None:
+        if coll and self._history is not None:
             if not self._history.add(batch.rank, batch.columns):
                 self._history = None  # a rank it has no row for: rebuilt from the rings
+        if coll and self._stream_history is not None and streams is not None:
+            mine = streams == self.selected_stream
+            if mine.any():
+                cols = {k: batch.columns[k][mine] for k in ("dur_us", "mode", "start_ns")}
+                cols["iteration"] = before + np.arange(len(cols["dur_us"]), dtype=np.int64)
+                if not self._stream_history.add(batch.rank, cols):
+                    self._stream_history = None
+
+    def select_stream(self, value: int) -> None:
+        """Draw the latency of one stream (its ring value), of every collective (-1), or of the
+        stream after the one drawn now (NEXT_STREAM: the f key; presses queue up in order)."""
+        if value == NEXT_STREAM:
+            value = self.streams.after(self.selected_stream)
+        if value != self.selected_stream:
+            self.selected_stream = value
+            self._stream_history = None
+            self.version += 1
 
     def lead_hello(self) -> Hello | None:
         """The hello of rank 0, else of the lowest rank that said hello."""
@@ -163,6 +199,19 @@ class RunModel:
         matrix = self._history
         if matrix is None or matrix.width != keep or matrix.ranks != order:
             matrix = self._history = _history_matrix(order, self.ranks, keep)
+        return matrix
+
+    def stream_history_matrix(self, order: list[int]) -> HistoryMatrix | None:
+        """The selected stream's ranks x occurrences history (column k: the rank's k-th record of
+        the stream, aligned across ranks because every member of a group issues its collectives
+        in the same order); None when no stream is selected."""
+        value = self.selected_stream
+        if value < 0:
+            return None
+        keep = history_iters(len(order))
+        matrix = self._stream_history
+        if matrix is None or matrix.width != keep or matrix.ranks != order:
+            matrix = self._stream_history = _stream_matrix(order, self.ranks, keep, value)
         return matrix
 
     def snapshot(self, now_ns: int | None = None, *, fresh_run_stats: bool = False) -> Snapshot:
@@ -182,4 +231,21 @@ def _history_matrix(order: list[int], ranks: dict[int, RankState], keep: int) ->
         view = ranks[r].coll.view(keep, copy=False, columns=_HISTORY_COLUMNS)
         if len(view["iteration"]):
             matrix.add(r, view)
+    return matrix
+
+
+def _stream_matrix(order: list[int], ranks: dict[int, RankState], keep: int, value: int) -> HistoryMatrix:
+    """The history of one stream from each rank's ring: its records there are the newest of that
+    stream on the rank, so they are numbered back from the rank's count of it."""
+    matrix = HistoryMatrix(order, keep)
+    for r in order:
+        state = ranks[r]
+        view = state.coll.view(copy=False, columns=("stream", "dur_us", "mode", "start_ns"))
+        mine = view["stream"] == value
+        m = int(np.count_nonzero(mine))
+        if m:
+            total = int(state.stream_counts[value])
+            cols = {k: view[k][mine] for k in ("dur_us", "mode", "start_ns")}
+            cols["iteration"] = np.arange(total - m, total, dtype=np.int64)
+            matrix.add(r, cols)
     return matrix

@@ -13,7 +13,10 @@ from typing import Any
 import numpy as np
 
 from tui.model.epochs import EpochComparison
+from tui.model.job import JobInfo
 from tui.model.stats import RunStats
+from tui.model.steps import StepView
+from tui.model.streams import StreamView
 from tui.model.telemetry import TelemetrySnapshot
 from workers.wire.settings import Settings
 
@@ -39,7 +42,8 @@ class RankView:
     silent_s: float = 0.0  # seconds since the last message of this rank
     idle_s: float = 0.0  # seconds since the last collective record of this rank
     count: int = 0  # collective records received
-    missing: int = 0
+    missing: int = 0  # iteration gaps + lost
+    lost: int = 0  # collectives the rank issued and never recorded (its own count)
     dropped: int = 0
     lost_batches: int = 0
     drops: int = 0
@@ -50,6 +54,7 @@ class RankView:
     busbw_gbps: float = math.nan
     copy_gbps: float = math.nan
     iter_rate: float = math.nan  # collectives per second (window)
+    step_rate: float = math.nan  # steps per second (window; NaN: no steps)
     mode: str = ""  # mode of the newest record
     epoch: int = -1
     straggler_share: float = math.nan  # fraction of recent complete iterations this rank was last in
@@ -124,7 +129,9 @@ class Snapshot:
     pending_settings: Settings | None = None
     started_ns: int = 0
     iter_rate: float = math.nan  # median over ranks with data
+    step_rate: float = math.nan  # steps per second, median over ranks with steps
     drops: int = 0
+    lost: int = 0  # collectives the ranks issued and never recorded
     lost_batches: int = 0
     rejected: dict[str, int] = field(default_factory=dict)  # frames refused by the collector
     worker_rejected: int = 0  # control messages refused by workers (their hellos)
@@ -143,6 +150,14 @@ class Snapshot:
     version: int = 0  # model changes applied so far
     #: The two newest settings epochs compared, for the verdict line (tui.model.epochs).
     epochs: EpochComparison | None = None
+    #: The run's collectives by (group, op, dtype, size), all ranks (tui.model.streams).
+    streams: tuple[StreamView, ...] = ()
+    #: The stream whose latency ``history`` holds (its ring value); -1: every collective.
+    selected_stream: int = -1
+    #: Steps: rate, time, collectives and copies in them (tui.model.steps).
+    steps: StepView = field(default_factory=StepView)
+    #: The synthetic loop or a user's job (tui.model.job).
+    job: JobInfo = field(default_factory=JobInfo)
 
     @property
     def live_ranks(self) -> int:
@@ -151,3 +166,12 @@ class Snapshot:
     @property
     def rejected_total(self) -> int:
         return sum(self.rejected.values())
+
+    @property
+    def missing(self) -> int:
+        return sum(r.missing for r in self.ranks)
+
+    @property
+    def selected(self) -> StreamView | None:
+        """The stream the latency lines show (None: every collective)."""
+        return next((s for s in self.streams if s.index == self.selected_stream), None)

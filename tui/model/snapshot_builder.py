@@ -21,10 +21,13 @@ import numpy as np
 from tui.model.epochs import EpochComparison, compare_epochs
 from tui.model.history import HistoryMatrix
 from tui.model.in_force import InForceTracker
+from tui.model.job import JobInfo
 from tui.model.rank_state import RankState
 from tui.model.skew import SETTLE_ITERS, clock_offsets, straggler, straggler_shares, worst_skew
 from tui.model.snapshot import History, RankView, SkewEvent, Snapshot
 from tui.model.stats import RunAggregate, RunStats, weighted_rate
+from tui.model.steps import StepView, step_view
+from tui.model.streams import StreamTable, StreamView
 from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
 from workers.wire.protocol import MODES, Hello
 from workers.wire.stats import percentiles
@@ -68,6 +71,8 @@ class RunState(Protocol):
     version: int
     in_force: InForceTracker
     telemetry: TelemetryModel
+    streams: StreamTable
+    selected_stream: int
 
     @property
     def whole_run_stats(self) -> bool: ...
@@ -75,6 +80,8 @@ class RunState(Protocol):
     def lead_hello(self) -> Hello | None: ...
 
     def history_matrix(self, order: list[int]) -> HistoryMatrix: ...
+
+    def stream_history_matrix(self, order: list[int]) -> HistoryMatrix | None: ...
 
 
 class _Kept:
@@ -106,6 +113,8 @@ class SnapshotBuilder:
         self._recent_skews: deque[SkewEvent] = deque(maxlen=RECENT_SKEWS_KEPT)
         self._epochs_cache: tuple[_Stamp, int, EpochComparison | None] | None = None
         self._offsets_cache: tuple[int, tuple[str, dict[str, float]]] | None = None
+        self._streams_cache: tuple[int, int, tuple[StreamView, ...]] | None = None  # (ns, version, views)
+        self._steps_cache: tuple[int, StepView] | None = None
 
     def build(self, run: RunState, now: int, *, fresh_run_stats: bool = False) -> Snapshot:
         """A frozen view of ``run`` at ``now``. Whole-run percentiles are refreshed at most every
@@ -131,6 +140,10 @@ class SnapshotBuilder:
         if skew is not None and (self.worst_skew is None or skew.skew_ms > self.worst_skew.skew_ms):
             self.worst_skew = skew
         recent_skew = self._recent_skew(history, order, settle, complete, now)
+        drawn = run.stream_history_matrix(order)  # one stream's lines instead of every collective's
+        if drawn is not None:
+            first, ms, mode, start = drawn.window()
+            history = History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
         clock_ref, offsets = self._offsets(run, now, order, fresh_run_stats)
         due = self._due_for_refresh(run, order, now) if len(order) > LARGE_WORLD and not fresh_run_stats else None
         ranks = tuple(
@@ -140,6 +153,7 @@ class SnapshotBuilder:
         lead = run.lead_hello()
         config = dict(lead.config) if lead else {}
         rates = [v.iter_rate for v in ranks if math.isfinite(v.iter_rate)]
+        step_rates = [v.step_rate for v in ranks if math.isfinite(v.step_rate)]
         in_force = run.in_force.state()
         hellos = [s.hello for s in run.ranks.values() if s.hello]
         return Snapshot(
@@ -162,7 +176,9 @@ class SnapshotBuilder:
             apply_at=in_force.apply_at,
             started_ns=min((h.started_ns for h in hellos), default=0),
             iter_rate=float(np.median(rates)) if rates else math.nan,
+            step_rate=float(np.median(step_rates)) if step_rates else math.nan,
             drops=sum(v.drops for v in ranks),
+            lost=sum(v.lost for v in ranks),
             lost_batches=sum(v.lost_batches for v in ranks),
             rejected=dict(run.rejected, **({"rank": run.refused_ranks} if run.refused_ranks else {})),
             worker_rejected=sum(sum(h.rejected.values()) for h in hellos),
@@ -177,7 +193,33 @@ class SnapshotBuilder:
             telemetry=_telemetry_snapshot(run.telemetry, now, offsets),
             version=run.version,
             epochs=self._epochs(run, now, in_force.epoch, in_force.mode, fresh_run_stats),
+            streams=self._streams(run, now, fresh_run_stats),
+            selected_stream=run.selected_stream,
+            steps=self._steps(run, ranks, now, fresh_run_stats),
+            job=JobInfo.of(config),
         )
+
+    def _streams(self, run: RunState, now: int, fresh: bool) -> tuple[StreamView, ...]:
+        """The stream table, refreshed at most every RUN_STATS_EVERY_S (a stream's percentiles
+        sort up to RunAggregate.EXACT_CAP values), at once when a stream appears."""
+        cached = self._streams_cache
+        count = run.streams.count
+        if cached is not None and not fresh and cached[1] == count and 0 <= now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+            return cached[2]
+        views = run.streams.views(float(sum(s.time_ns for s in run.ranks.values())))
+        self._streams_cache = (now, count, views)
+        return views
+
+    def _steps(self, run: RunState, ranks: tuple[RankView, ...], now: int, fresh: bool) -> StepView:
+        """The step view of all ranks pooled, at most every ``_run_stats_every_ns`` (it merges a
+        histogram per rank)."""
+        cached = self._steps_cache
+        if cached is not None and not fresh and 0 <= now - cached[0] < _run_stats_every_ns(run):
+            return cached[1]
+        during = sum(st.count for v in ranks if (st := v.run_by_class.get("during copies")) is not None)
+        view = step_view([s.steps for s in run.ranks.values()], during)
+        self._steps_cache = (now, view)
+        return view
 
     def _recent_skew(
         self, history: History, order: list[int], settle: int, complete: np.ndarray | None, now: int
@@ -217,8 +259,8 @@ class SnapshotBuilder:
         result = compare_epochs(
             (s.overlap for s in states),
             (s.copy.view(copy=False, columns=("epoch", "nbytes", "dur_us")) for s in states),
-            newest,
             run.in_force.settings_of,
+            newest=newest,
         )
         if result is not None and result.settling and result.other_mode == "?" and mode:
             result = replace(result, other_mode=mode)  # no settled record of it yet: the header's mode
@@ -338,7 +380,7 @@ class SnapshotBuilder:
         copy_gbps = math.nan
         if len(cwin["dur_us"]) and float(cwin["dur_us"].sum()) > 0:
             copy_gbps = float(cwin["nbytes"].sum()) / float(cwin["dur_us"].astype(np.float64).sum()) / 1e3
-        missing, lost = s.missing, s.lost_batches
+        gaps, lost = s.gaps, s.lost_batches
         return RankView(
             rank=s.rank,
             host=h.host if h else "",
@@ -348,10 +390,11 @@ class SnapshotBuilder:
             exit_code=s.bye.exit_code if s.bye else None,
             exit_reason=s.bye.reason if s.bye else "",
             count=s.received,
-            missing=missing,
+            missing=gaps + s.lost,
+            lost=s.lost,
             dropped=s.dropped,
             lost_batches=lost,
-            drops=max(s.dropped, missing),
+            drops=max(s.dropped, gaps),
             last_iteration=s.last_iteration,
             last_ms=float(dur[-1]) / 1e3 if len(dur) else math.nan,
             p50_ms=p50 / 1e3,
@@ -359,6 +402,7 @@ class SnapshotBuilder:
             busbw_gbps=weighted_rate(win["busbw"], dur),
             copy_gbps=copy_gbps,
             iter_rate=rate,
+            step_rate=s.steps.rate(),
             mode=MODES[int(win["mode"][-1])] if len(dur) and int(win["mode"][-1]) < len(MODES) else "",
             epoch=int(win["epoch"][-1]) if len(dur) else (h.epoch if h else -1),
             run=whole,

@@ -1,14 +1,17 @@
-"""`commtop report FILE`: every number of a recording's report, per settings epoch and per rank.
+"""`commtop report FILE`: every number of a recording's report, per stream, settings epoch and rank.
 
-For every epoch (mode, copies, copy size, pinned, direction) and rank: collective latency
-p50/p90/p99/max, algbw/busbw, copy GB/s, PCIe/NVLink and clocks from the node telemetry in
-the epoch's time window, and the slowdown against mode ``none`` (same rank, same collective
-and size) in the same recording. Everything is columnar numpy over the whole file
-(:mod:`tui.report.kernels`), so ten million records take seconds.
+For every epoch (mode, copies, copy size, pinned, direction), rank and stream (process group,
+op, dtype, size): collective latency p50/p90/p99/max, algbw/busbw, time in the stream and its
+share of the ranks' time, copy GB/s, PCIe/NVLink and clocks from the node telemetry in the
+epoch's time window, and the slowdown against mode ``none`` (same rank and stream) in the same
+recording; per epoch and rank the step view; per group its straggler; per rank what is missing.
+Everything is columnar numpy over the whole file (:mod:`tui.report.kernels`), so ten million
+records take seconds.
 
 :func:`build_report` runs a few named steps: group the records by (epoch, rank) and sum them,
-sort the columns a row slices, re-analyse the A/B experiments, sort each epoch once, take the
-baselines of mode none, then the rows per epoch and rank, per settings and per mode.
+name their streams, sort the columns a row slices, re-analyse the A/B experiments, sort each
+epoch once, take the baselines of mode none, then the rows per epoch, rank and stream, per
+settings and per mode, the steps, groups, ranks and whole-recording streams.
 """
 
 from __future__ import annotations
@@ -16,40 +19,43 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from tui.model.job import JobInfo
 from tui.recordings.codec import Tables
 from tui.recordings.reader import Recording
 from tui.recordings.writer import run_metadata
+from tui.report.epoch_rows import Baselines, Context, Copies, Records, epoch_rows
+from tui.report.groups_report import group_rows, rank_rows
 from tui.report.kernels import (
     _baselines,
     _baselines_of_pure_epochs,
-    _combo_codes,
-    _counts,
     _EpochOrder,
     _epochs,
     _group,
     _Groups,
     _median,
     _median_sorted,
-    _mode_of,
     _Sums,
     _sums_of_columns,
     _sums_of_summary,
     _weighted_mean,
 )
 from tui.report.nccl_tests import MeasuredPeaks
-from tui.report.overlap_report import ab_sections, class_fields, class_p50s
-from tui.report.peaks import Peaks, link_peaks, peak_fields
+from tui.report.overlap_report import ab_sections, class_p50s
+from tui.report.peaks import link_peaks
 from tui.report.reading import report_columns, report_tables
-from tui.report.rows import ModeRow, Report, Row, SettingsKey, SettingsRow
-from tui.report.telemetry import HBM_UTIL, NodeTelemetry, link_means, link_tx
+from tui.report.rows import ModeRow, Report, Row, SettingsKey, SettingsRow, StreamRow
+from tui.report.steps_report import run_pass, step_rows
+from tui.report.stream_order import StreamOrder
+from tui.report.streams import GroupNames, group_names, stream_codes, stream_name
+from tui.report.telemetry import HBM_UTIL, NodeTelemetry, link_tx
 from workers.wire import protocol as p
 from workers.wire.overlap import AFTER, DURING, NO_COPIES, classify_columns
-from workers.wire.stats import percentiles, percentiles_and_max, percentiles_and_max_sorted
+from workers.wire.stats import percentiles, percentiles_and_max_sorted
 
 _Run = tuple[int, int, int]  # (key = epoch << 20 | rank, start, end) of one (epoch, rank) group
 _Epoch = tuple[int, int, int, list[_Run]]  # (epoch, start, end, its (epoch, rank) runs)
@@ -60,9 +66,13 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     columns of :func:`~tui.report.reading.report_columns`, or of
     :func:`~tui.report.reading.summary_columns` and the summaries)."""
     tables, g, sums = _grouped(rec, tables or report_tables(rec))
+    meta = _meta_with_hellos(rec.meta, tables.hellos)
+    coll = tables.coll
     telemetry = NodeTelemetry(tables.ticks)
     peaks = link_peaks(tables.ticks, [msg for _, msg in tables.other], measured)
-    recs, sums = _sorted_records(tables, g, sums)
+    world = int(meta.get("world_size") or len(meta.get("ranks") or []) or 0)
+    names = group_names(coll["rank"], coll["group"], tables.hellos, world, sorted({k & 0xFFFFF for k, _, _ in g.runs}))
+    recs, sums = _sorted_records(tables, g, sums, names)
     ab = tuple(
         ab_sections(
             tables,
@@ -79,23 +89,29 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     orders, pure_epochs = _sort_epochs(epochs, recs)
     epoch_orders = {a: o for a, o in orders.items() if o is not None}
     base = _none_baselines(g.runs, epochs, epoch_orders, pure_epochs, recs)
-    ctx = _Context(
+    gid_of = dict(zip((key for key, _, _ in g.runs), g.ids, strict=True))
+    found = run_pass(g, coll, recs.dur32, names.index, names.single)
+    copies = Copies.of(tables.copy)
+    ctx = Context(
         recs=recs,
-        copies=_Copies.of(tables.copy),
+        copies=copies,
         sums=sums,
         t_base=sums.t_base if sums.t_base is not None else rec.first_ns,
-        gid_of=dict(zip((key for key, _, _ in g.runs), g.ids, strict=True)),
+        gid_of=gid_of,
         gpu_of={h.rank: (h.host, h.gpu_uuid) for _, h in tables.hellos},
         telemetry=telemetry,
         peaks=peaks,
         base=base,
+        names=names,
+        spans=found.span_ns,
     )
-    rows, spans = _epoch_rows(ctx, epochs, orders, _settings_by_epoch(tables.hellos))
+    rows, spans, stream_orders = epoch_rows(ctx, epochs, orders, _settings_by_epoch(tables.hellos))
+    job = JobInfo.of(meta.get("config"))
     return Report(
         path=rec.path,
         complete=rec.complete,
         problems=rec.summary(),
-        meta=_meta_with_hellos(rec.meta, tables.hellos),
+        meta=meta,
         duration_s=(rec.last_ns - rec.first_ns) / 1e9,
         records=len(recs.dur32),
         rows=tuple(rows),
@@ -103,7 +119,65 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
         ab=ab,
         peaks=peaks,
         settings=tuple(_settings_rows(spans, recs, epoch_orders)),
+        job=job,
+        steps=tuple(step_rows(epochs, gid_of, found, recs.ocls, (copies.span, copies.cols))),
+        groups=tuple(group_rows(names, recs.combos, found.groups)),
+        ranks=tuple(_rank_rows(g, coll, tables)),
+        streams=tuple(
+            _stream_rows(recs, names, ctx.spans, stream_orders) if job.is_job or len(recs.combos) > 1 else ()
+        ),
     )
+
+
+def _rank_rows(g: _Groups, coll: dict[str, np.ndarray], tables: Tables) -> list:
+    """Per rank: records, the gaps in its iterations (first and last record of each (epoch, rank)
+    run: a rank's records come in issue order), and what it lost."""
+    records: dict[int, int] = {}
+    its: dict[int, tuple[int, int]] = {}
+    iteration = coll["iteration"]
+    for key, a, b in g.runs:
+        r = key & 0xFFFFF
+        records[r] = records.get(r, 0) + b - a
+        lo, hi = int(iteration[g.order[a]]), int(iteration[g.order[b - 1]])
+        old = its.get(r)
+        its[r] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+    ranks = sorted(set(records) | {h.rank for _, h in tables.hellos})
+    return rank_rows(ranks, records, its, tables.hellos)
+
+
+def _stream_rows(
+    recs: Records, names: GroupNames, spans: np.ndarray, epoch_orders: list[StreamOrder | None]
+) -> list[StreamRow]:
+    """Each stream over the whole recording, all ranks and epochs: the epochs' stream orders
+    merged, else one sort by stream and duration."""
+    order = StreamOrder.union(epoch_orders) or StreamOrder.of(recs.dur32, recs.code, recs.ocls, [len(recs.dur32)])
+    parts = order.parts(-1) if order is not None else {}
+    time_ns = float(spans.sum())
+    out = []
+    for code, (values, _) in sorted(parts.items()):
+        stream = stream_name(names, recs.combos[code])
+        (p50, p99), top = percentiles_and_max_sorted(values, [50, 99])
+        d = values.astype(np.float64)
+        algbw = float((stream.nbytes / np.maximum(d, 1e-3)).mean()) / 1e3
+        total_us = float(d.sum())
+        out.append(
+            StreamRow(
+                group=stream.group,
+                group_desc=stream.group_desc,
+                group_size=stream.group_size,
+                op=stream.op,
+                dtype=stream.dtype,
+                nbytes=stream.nbytes,
+                count=len(values),
+                p50_us=p50,
+                p99_us=p99,
+                max_us=top,
+                busbw_gbps=algbw * stream.bus_factor,
+                total_ms=total_us / 1e3,
+                step_share=total_us * 1e3 / time_ns if time_ns > 0 else math.nan,
+            )
+        )
+    return out
 
 
 # --------------------------------------------------------------------------- the run's facts
@@ -164,21 +238,7 @@ def _grouped(rec: Recording, tables: Tables) -> tuple[Tables, _Groups, _Sums | N
     return tables, g, sums
 
 
-@dataclass(frozen=True)
-class _Records:
-    """The collective columns a row slices, sorted by (epoch, rank) (``_Groups.order``):
-    durations (float32, for exact percentiles), modes, (op, size) codes (``combos[code]`` is
-    ``op << 48 | size``), and each record's overlap class and overlapped fraction."""
-
-    dur32: np.ndarray
-    mode: np.ndarray
-    code: np.ndarray
-    combos: list[int]
-    ocls: np.ndarray
-    ofrac: np.ndarray
-
-
-def _sorted_records(tables: Tables, g: _Groups, sums: _Sums | None) -> tuple[_Records, _Sums]:
+def _sorted_records(tables: Tables, g: _Groups, sums: _Sums | None, names: GroupNames) -> tuple[Records, _Sums]:
     """The columns that need a slice per row, sorted once by (epoch, rank); the overlap classes
     still in file order (build_report sorts them once the A/B sections have read them).
 
@@ -195,16 +255,16 @@ def _sorted_records(tables: Tables, g: _Groups, sums: _Sums | None) -> tuple[_Re
         else:  # what classify_columns says of collectives without copies, without reading their steps
             ocls, ofrac = np.zeros(len(dur32), dtype=np.uint8), np.zeros(len(dur32), dtype=np.float32)
         mode = coll["mode"][order]
-        codes, combos = _combo_codes(coll["op"], coll["nbytes"])
+        codes, combos = stream_codes(names.index, coll["op"], coll["dtype"], coll["nbytes"])
         code = codes[order]
         if summed is not None:
             sums = summed.result()
     assert sums is not None
-    return _Records(dur32, mode, code, combos, ocls, ofrac), sums
+    return Records(dur32, mode, code, combos, ocls, ofrac), sums
 
 
 def _sort_epochs(
-    epochs: list[_Epoch], recs: _Records
+    epochs: list[_Epoch], recs: Records
 ) -> tuple[dict[int, _EpochOrder | None], dict[int, list[tuple[int, int, int]]]]:
     """Each epoch's durations sorted once (:class:`_EpochOrder`, by the epoch's first record),
     and per mode its epochs of that one mode and one (op, size) code, as (start, end, code):
@@ -228,191 +288,31 @@ def _sort_epochs(
     return orders, pure_epochs
 
 
-@dataclass(frozen=True)
-class _Baselines:
-    """The p50 of mode none: per (op, size) code (ascending, = by combo), per (rank, combo),
-    and per combo over all ranks."""
-
-    by_code: dict[int, float]
-    by_rank: dict[tuple[int, int], float]
-    by_combo: dict[int, float]
-
-
 def _none_baselines(
     runs: list[_Run],
     epochs: list[_Epoch],
     epoch_orders: dict[int, _EpochOrder],
     pure_epochs: dict[int, list[tuple[int, int, int]]],
-    recs: _Records,
-) -> _Baselines:
+    recs: Records,
+) -> Baselines:
     """The slowdown's baselines: read out of the sorted epochs where they can be, else from the records."""
     none_mode = p.MODES.index("none")
     baselines = _baselines_of_pure_epochs(epochs, epoch_orders, pure_epochs.get(none_mode, []), recs.mode, none_mode)
     if baselines is None:
         baselines = _baselines(runs, recs.mode, recs.code, recs.dur32, none_mode)
     by_code = baselines[0]
-    return _Baselines(
+    return Baselines(
         by_code,
         {(r, recs.combos[k]): v for (r, k), v in baselines[1].items()},
         {recs.combos[k]: v for k, v in by_code.items()},
     )
 
 
-@dataclass(frozen=True)
-class _Copies:
-    """Copy records sorted by (epoch, rank): where each (epoch, rank) group and each epoch lies
-    in them, and the columns the rows read."""
-
-    span: dict[int, tuple[int, int]]  # by epoch << 20 | rank
-    epoch: dict[int, tuple[int, int]]
-    cols: dict[str, np.ndarray]
-    gbps: np.ndarray  # float64
-
-    @classmethod
-    def of(cls, copy: dict[str, np.ndarray]) -> _Copies:
-        by = _group(copy["epoch"], copy["rank"])
-        return cls(
-            {k: (a, b) for k, a, b in by.runs},
-            {e: (a, b) for e, a, b, _ in _epochs(by.runs)},
-            {name: copy[name][by.order] for name in ("rank", "step", "nbytes", "direction", "pinned")},
-            copy["gbps"][by.order].astype(np.float64),
-        )
-
-
-@dataclass(frozen=True)
-class _Context:
-    """What every row reads besides its own slice of records."""
-
-    recs: _Records
-    copies: _Copies
-    sums: _Sums
-    t_base: int  # the first start: rows' start_s and end_s count from it
-    gid_of: dict[int, int]  # group id by epoch << 20 | rank
-    gpu_of: dict[int, tuple[str, str]]  # (host, uuid) by rank
-    telemetry: NodeTelemetry
-    peaks: Peaks
-    base: _Baselines
-
-
-#: An epoch's copy settings: (copies per step, copy size, pinned, direction).
-_CopySettings = tuple[float | None, int | None, bool | None, str]
-
-
-def _copy_settings(s: dict[str, Any], copies: _Copies, ca: int, cb: int, mode: int) -> _CopySettings:
-    """What an epoch's copies were: from its settings, else counted from its copy records
-    ``ca:cb`` (host memory from the records when there are any); nothing where mode none ran no
-    copies (its settings say nothing)."""
-    c = copies.cols
-    if "copies" in s:
-        count: float | None = int(s["copies"])  # a setting: an integer (CSV "5", not "5.0")
-    else:  # count them: copy records per (rank, step)
-        steps = len(_counts((c["rank"][ca:cb].astype(np.int64) << 40) | c["step"][ca:cb])[0])
-        count = (cb - ca) / steps if steps else 0.0
-    # what the copies used (a CPU cannot pin: its records say pageable whatever was asked for)
-    pinned = bool(_mode_of(c["pinned"][ca:cb])) if cb > ca else (bool(s["pinned"]) if "pinned" in s else None)
-    direction = str(s.get("direction", p.DIRECTIONS[_mode_of(c["direction"][ca:cb])] if cb > ca else ""))
-    copy_bytes = _mode_of(c["nbytes"][ca:cb]) if cb > ca else None
-    if mode == p.MODES.index("none") and cb == ca:  # no copies ran: their settings say nothing
-        return None, None, None, ""
-    return count, copy_bytes, pinned, direction
-
-
-def _epoch_rows(
-    ctx: _Context,
-    epochs: list[_Epoch],
-    orders: dict[int, _EpochOrder | None],
-    settings: dict[int, dict[str, Any]],
-) -> tuple[list[Row], dict[SettingsKey, list[tuple[int, int, Row]]]]:
-    """A row per epoch over all ranks, then one per rank; and the epochs of each settings (all
-    ranks), in order, for the settings rows."""
-    rows: list[Row] = []
-    spans: dict[SettingsKey, list[tuple[int, int, Row]]] = {}
-    for e, a_e, b_e, eruns in epochs:
-        s = settings.get(e, {})
-        ca, cb = ctx.copies.epoch.get(e, (0, 0))
-        m = _mode_of(ctx.recs.mode[a_e:b_e])
-        copy_settings = _copy_settings(s, ctx.copies, ca, cb, m)
-        combo = ctx.recs.combos[_mode_of(ctx.recs.code[a_e:b_e])]
-        ids = [ctx.gid_of[key] for key, _, _ in eruns]
-        groups: list[tuple[int | None, int, int, list[int], tuple[int, int]]] = [(None, a_e, b_e, ids, (ca, cb))]
-        for key, a, b in eruns:  # key = epoch << 20 | rank
-            groups.append((key & 0xFFFFF, a, b, [ctx.gid_of[key]], ctx.copies.span.get(key, (0, 0))))
-        ordered = orders[a_e]
-        for index, (rank, a, b, gids, copy_span) in enumerate(groups):
-            member = None if ordered is None else ordered.group(index - 1)
-            rows.append(_row(ctx, e, m, combo, copy_settings, rank, (a, b), gids, copy_span, member))
-            if rank is None:
-                knobs = " ".join(f"{k}={v}" for k, v in sorted(dict(s.get("knobs") or {}).items()))
-                settings_key = SettingsKey(rows[-1].mode, *copy_settings, knobs)
-                spans.setdefault(settings_key, []).append((a_e, b_e, rows[-1]))
-    return rows, spans
-
-
-def _row(
-    ctx: _Context,
-    e: int,
-    m: int,
-    combo: int,
-    copy_settings: _CopySettings,
-    rank: int | None,
-    span: tuple[int, int],
-    gids: list[int],
-    copy_span: tuple[int, int],
-    member: tuple[np.ndarray, dict[int, np.ndarray]] | None,
-) -> Row:
-    """One epoch's row for one rank (``rank`` None: all ranks): its records ``span`` in the
-    sorted columns, its groups ``gids``, its copies ``copy_span``, and (``member``) its
-    durations already sorted, overall and per class, where the epoch has an order."""
-    recs, sums = ctx.recs, ctx.sums
-    a, b = span
-    if member is None:
-        (p50, p90, p99), top = percentiles_and_max(recs.dur32[a:b], [50, 90, 99])
-        by_class = None
-    else:
-        (p50, p90, p99), top = percentiles_and_max_sorted(member[0], [50, 90, 99])
-        by_class = member[1]
-    n = b - a
-    op, nbytes = combo >> 48, combo & ((1 << 48) - 1)
-    base = ctx.base.by_combo.get(combo) if rank is None else ctx.base.by_rank.get((rank, combo))
-    gpu = None if rank is None else ctx.gpu_of.get(rank, ("", ""))
-    t0, t1 = sums.windows[e]
-    ga, gb = copy_span
-    copies, copy_bytes, pinned, direction = copy_settings
-    copy_gbps = float(ctx.copies.gbps[ga:gb].mean()) if gb > ga else math.nan
-    busbw = float(sums.bus[gids].sum()) / n
-    return Row(
-        epoch=e,
-        rank=rank,
-        mode=p.MODES[m] if m < len(p.MODES) else f"mode{m}",
-        copies=copies,
-        copy_bytes=copy_bytes,
-        pinned=pinned,
-        direction=direction,
-        op=p.OP_NAMES[op] if op < len(p.OP_NAMES) else f"op{op}",
-        nbytes=nbytes,
-        start_s=(t0 - ctx.t_base) / 1e9,
-        end_s=(t1 - ctx.t_base) / 1e9,
-        count=n,
-        p50_us=p50,
-        p90_us=p90,
-        p99_us=p99,
-        max_us=top,
-        mean_us=float(sums.dur[gids].sum()) / n,
-        algbw_gbps=float(sums.alg[gids].sum()) / n,
-        busbw_gbps=busbw,
-        copy_count=gb - ga,
-        copy_gbps=copy_gbps,
-        slowdown=p50 / base if base else math.nan,
-        **link_means(ctx.telemetry, t0, t1, gpu),
-        **class_fields(recs.dur32[a:b], recs.ocls[a:b], recs.ofrac[a:b], by_class),
-        **peak_fields(copy_gbps, busbw, ctx.peaks, p.OP_NAMES[op] if op < len(p.OP_NAMES) else "", nbytes),
-    )
-
-
 def _settings_rows(
-    spans: dict[SettingsKey, list[tuple[int, int, Row]]], recs: _Records, epoch_orders: dict[int, _EpochOrder]
+    spans: dict[SettingsKey, list[tuple[int, int, list[Row]]]], recs: Records, epoch_orders: dict[int, _EpochOrder]
 ) -> list[SettingsRow]:
-    """A row per distinct settings: every epoch that ran with them, all ranks together."""
+    """A row per distinct settings: every epoch that ran with them, all ranks together (busbw:
+    over the epochs' streams, weighted by records; copies: once per epoch)."""
     by_settings = []
     for settings_key, parts_of in spans.items():
         durations = np.concatenate([recs.dur32[a:b] for a, b, _ in parts_of])
@@ -427,16 +327,16 @@ def _settings_rows(
                 percentiles_and_max_sorted(by_class[c], [50])[0][0] for c in (DURING, AFTER, NO_COPIES)
             )
             class_p50 = (during, after, none)
-        epoch_rows = [r for _, _, r in parts_of]
+        firsts = [rows[0] for _, _, rows in parts_of]  # the epoch's facts: on each of its stream rows
         by_settings.append(
             SettingsRow(
                 key=settings_key,
-                epochs=tuple(r.epoch for r in epoch_rows),
+                epochs=tuple(r.epoch for r in firsts),
                 count=len(durations),
                 p50_us=p50,
                 p99_us=p99,
-                busbw_gbps=_weighted_mean([(r.busbw_gbps, r.count) for r in epoch_rows]),
-                copy_gbps=_weighted_mean([(r.copy_gbps, r.copy_count) for r in epoch_rows]),
+                busbw_gbps=_weighted_mean([(r.busbw_gbps, r.count) for _, _, rows in parts_of for r in rows]),
+                copy_gbps=_weighted_mean([(r.copy_gbps, r.copy_count) for r in firsts]),
                 **dict(zip(("during_p50_us", "after_p50_us", "none_p50_us"), class_p50, strict=True)),
             )
         )
@@ -444,7 +344,7 @@ def _settings_rows(
 
 
 def _mode_rows(
-    recs: _Records,
+    recs: Records,
     pure_epochs: dict[int, list[tuple[int, int, int]]],
     epoch_orders: dict[int, _EpochOrder],
     base_code: dict[int, float],

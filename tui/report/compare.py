@@ -1,7 +1,10 @@
 """`commtop report A B [C ...]`: recordings side by side, each against the first.
 
 The question after a change (a driver, an NCCL version, a fix in the offload code, another
-node) is "did the modes get faster or slower?". Rows are grouped by the full settings (mode,
+node) is "did the modes get faster or slower?"; for a user's job "did each stream (process
+group, op, dtype, size) get faster or slower?". Recordings of jobs, or of several streams, are
+compared per stream (all ranks and epochs, :class:`tui.report.rows.StreamRow`); the synthetic
+loop's per settings. Settings rows are grouped by the full settings (mode,
 copies, copy size, host memory, direction, knobs), not by mode alone: sync with 5 pinned D2H
 copies and sync with 6 pageable H2D copies are different experiments. Each recording is
 summarised by :func:`tui.report.build.build_report`; this module lines the rows up, says
@@ -19,9 +22,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tui.report.rows import Report, SettingsKey, SettingsRow
+from tui.report.rows import Report, SettingsKey, SettingsRow, StreamRow
 from tui.report.table_text import aligned_table, fmt_bytes, fmt_num
 from tui.report.text import json_clean, window_note
+from tui.report.views_text import size_cell
 from workers.wire.protocol import MODES
 
 #: Run facts printed per recording and checked for differences, in this order.
@@ -50,11 +54,32 @@ class ModeRun:
 
 
 @dataclass(frozen=True)
+class StreamRun:
+    """One stream (group, op, dtype, size) in one recording, all ranks and epochs."""
+
+    group: str  # "0:default_pg"
+    op: str
+    dtype: str
+    nbytes: int
+    run: int
+    count: int
+    p50_us: float
+    p99_us: float
+    busbw_gbps: float
+    step_share: float  # of the ranks' time
+    p50_ratio: float  # p50 / A's p50 of the same stream (NaN: A has none)
+    p99_ratio: float
+
+
+@dataclass(frozen=True)
 class Comparison:
     reports: tuple[Report, ...]
     facts: tuple[dict[str, str], ...]
     differs: tuple[str, ...]  # names of FACTS that are not the same in every recording
     rows: tuple[ModeRun, ...]  # by mode (in protocol order), then settings, then run
+    #: Per stream (by group, op, dtype, size, then run) where any recording is a job or runs
+    #: several streams; empty otherwise.
+    streams: tuple[StreamRun, ...] = ()
 
 
 def run_facts(report: Report) -> dict[str, str]:
@@ -63,12 +88,13 @@ def run_facts(report: Report) -> dict[str, str]:
     config = meta.get("config") or {}
     shape = config.get("shape") or []
     devices = sorted({str(g.get("device") or "") for g in meta.get("gpus") or [] if g.get("device")})
+    job = report.job.is_job  # a user's job: its script, no synthetic tensor
     return {
         "backend": str(meta.get("backend") or "?"),
         "world": str(meta.get("world_size") or len(meta.get("ranks") or []) or "?"),
-        "collective": str(config.get("collective") or "?"),
-        "size": "x".join(str(d) for d in shape) if shape else "?",
-        "dtype": str(config.get("dtype") or "?"),
+        "collective": f"job {report.job.script}" if job else str(config.get("collective") or "?"),
+        "size": "" if job else "x".join(str(d) for d in shape) if shape else "?",
+        "dtype": "" if job else str(config.get("dtype") or "?"),
         "gpu": ", ".join(devices) or "?",
         "hosts": str(len(meta.get("hosts") or [])) or "?",
         "torch": str(meta.get("torch_version") or "?"),
@@ -169,7 +195,41 @@ def compare(reports: Sequence[Report]) -> Comparison:
                     none_p50_us=mine.none_p50_us,
                 )
             )
-    return Comparison(tuple(reports), facts, differs, tuple(rows))
+    by_stream = any(r.job.is_job or r.several_streams for r in reports)
+    return Comparison(tuple(reports), facts, differs, tuple(rows), tuple(_stream_runs(reports)) if by_stream else ())
+
+
+def _stream_runs(reports: Sequence[Report]) -> list[StreamRun]:
+    """Per stream (in the order of the first recording that has it) and recording, against A."""
+    keys: list[tuple[str, str, str, int]] = []
+    for report in reports:
+        keys += [s.key for s in report.streams if s.key not in keys]
+    keys.sort(key=lambda k: (not k[0].isdigit(), int(k[0]) if k[0].isdigit() else 0, k))
+    ref = {s.key: s for s in reports[0].streams} if reports else {}
+    out = []
+    for key in keys:
+        a = ref.get(key)
+        for i, report in enumerate(reports):
+            mine: StreamRow | None = next((s for s in report.streams if s.key == key), None)
+            if mine is None:
+                continue
+            out.append(
+                StreamRun(
+                    group=mine.group_text,
+                    op=mine.op,
+                    dtype=mine.dtype,
+                    nbytes=mine.nbytes,
+                    run=i,
+                    count=mine.count,
+                    p50_us=mine.p50_us,
+                    p99_us=mine.p99_us,
+                    busbw_gbps=mine.busbw_gbps,
+                    step_share=mine.step_share,
+                    p50_ratio=mine.p50_us / a.p50_us if a is not None and a.p50_us > 0 else math.nan,
+                    p99_ratio=mine.p99_us / a.p99_us if a is not None and a.p99_us > 0 else math.nan,
+                )
+            )
+    return out
 
 
 def _label(i: int) -> str:
@@ -179,8 +239,9 @@ def _label(i: int) -> str:
 def format_table(cmp: Comparison) -> str:
     lines = [f"commtop report: {len(cmp.reports)} recordings compared, each against A"]
     for i, (report, facts) in enumerate(zip(cmp.reports, cmp.facts, strict=True)):
+        workload = " ".join(w for w in (facts["collective"], facts["size"], facts["dtype"]) if w)
         what = (
-            f"{facts['backend']} · world {facts['world']} · {facts['collective']} {facts['size']} {facts['dtype']}"
+            f"{facts['backend']} · world {facts['world']} · {workload}"
             f" · {facts['gpu']} · torch {facts['torch']} · "
             + (f"nccl {facts['nccl']}" if "NCCL" not in facts["nccl"] else "no NCCL")
         )
@@ -194,6 +255,41 @@ def format_table(cmp: Comparison) -> str:
         )
     else:
         lines.append("  same backend, world, collective, size, dtype, GPU, torch and NCCL")
+    if cmp.streams:
+        lines += ["", *_stream_table(cmp.streams)]
+    if all(r.has_modes for r in cmp.reports):
+        lines += _mode_table(cmp)
+    return "\n".join(lines) + "\n"
+
+
+def _stream_table(streams: Sequence[StreamRun]) -> list[str]:
+    head = ("group", "op", "dtype", "size", "run", "n", "p50 ms", "p99 ms", "busbw", "share", "p50 vs A", "p99 vs A")
+    body = [
+        (
+            s.group,
+            s.op,
+            s.dtype,
+            size_cell(s.nbytes),
+            _label(s.run),
+            f"{s.count:,}",
+            fmt_num(s.p50_us / 1e3, "{:.3f}"),
+            fmt_num(s.p99_us / 1e3, "{:.3f}"),
+            fmt_num(s.busbw_gbps, "{:.2f}"),
+            fmt_num(s.step_share * 100, "{:.1f} %"),
+            "-" if s.run == 0 else fmt_num(s.p50_ratio, "{:.2f}x").replace("n/a", "no A"),
+            "-" if s.run == 0 else fmt_num(s.p99_ratio, "{:.2f}x").replace("n/a", "no A"),
+        )
+        for s in streams
+    ]
+    groups = [(s.group, s.op, s.dtype, s.nbytes) for s in streams]
+    return [
+        "per stream (all ranks and epochs): ratios > 1 mean slower than A's same stream",
+        *(line.rstrip() for line in aligned_table(head, body, groups, left={0, 1, 2, 4})),
+    ]
+
+
+def _mode_table(cmp: Comparison) -> list[str]:
+    lines = []
     head = (
         "mode",
         "settings",
@@ -237,7 +333,7 @@ def format_table(cmp: Comparison) -> str:
         "than A's row with the same settings (or, where A has none, A's main row of that mode: 'vs A' says "
         "what differs)." + (f" Copy sizes seen: {', '.join(fmt_bytes(s) for s in sizes)}." if sizes else ""),
     ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def format_json(cmp: Comparison) -> str:
@@ -248,16 +344,33 @@ def format_json(cmp: Comparison) -> str:
         ],
         "differs": list(cmp.differs),
         "modes": [{**asdict(row), "label": _label(row.run)} for row in cmp.rows],
+        "streams": [{**asdict(row), "label": _label(row.run)} for row in cmp.streams],
     }
     return json.dumps(json_clean(doc), indent=1) + "\n"
 
 
 def format_csv(cmp: Comparison) -> str:
+    """One row per mode/settings and recording; per stream and recording where the recordings
+    are compared by stream."""
+    if cmp.streams:
+        return _streams_csv(cmp)
     out = io.StringIO()
     fields = ["mode", "label", "path", *(f.name for f in ModeRun.__dataclass_fields__.values() if f.name != "mode")]
     writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     for row in cmp.rows:
+        values: dict[str, Any] = asdict(row)
+        values.update(label=_label(row.run), path=cmp.reports[row.run].path)
+        writer.writerow({k: ("" if isinstance(v, float) and not math.isfinite(v) else v) for k, v in values.items()})
+    return out.getvalue()
+
+
+def _streams_csv(cmp: Comparison) -> str:
+    out = io.StringIO()
+    fields = ["label", "path", *StreamRun.__dataclass_fields__]
+    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for row in cmp.streams:
         values: dict[str, Any] = asdict(row)
         values.update(label=_label(row.run), path=cmp.reports[row.run].path)
         writer.writerow({k: ("" if isinstance(v, float) and not math.isfinite(v) else v) for k, v in values.items()})

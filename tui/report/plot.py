@@ -1,16 +1,22 @@
-"""`commtop report FILE --plot out.png`: latency over time per rank coloured by mode, and the
-links underneath. matplotlib is an optional extra (``pip install 'commtop[plot]'``); without
-it the command says so in one line."""
+"""`commtop report FILE --plot out.png`: latency over time per rank coloured by mode (the
+synthetic loop) or by stream (a user's job, or a run of several streams: process group, op,
+dtype, size), and the links underneath. matplotlib is an optional extra (``pip install
+'commtop[plot]'``); without it the command says so in one line."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from tui.model.job import JobInfo
 from tui.recordings.codec import Tables
 from tui.recordings.reader import Recording
+from tui.report.trace import stream_labels
+from tui.report.views_text import size_cell
 from workers.wire import protocol as p
 
 MODE_COLOURS = {"none": "#4c72b0", "overlap": "#dd8452", "sync": "#c44e52", "sync-barrier": "#8172b3"}
+#: Streams drawn in a colour of their own (the most frequent); the rest are "other", grey.
+STREAM_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974")
 MAX_POINTS = 300_000  # per plot; more only costs time and ink
 
 
@@ -41,14 +47,13 @@ def plot_recording(rec: Recording, tables: Tables, path: str) -> None:
     step = max(1, n // MAX_POINTS)
     t = (coll["start_ns"][::step] - base) / 1e9
     lat = coll["dur_us"][::step].astype(np.float64) / 1e3
-    modes = coll["mode"][::step]
     ranks = coll["rank"][::step]
-    for m, name in enumerate(p.MODES):
-        sel = modes == m
+    for sel, colour, name in _colour_groups(rec, tables, step):
         if sel.any():
-            top.scatter(t[sel], lat[sel], s=2, c=MODE_COLOURS.get(name, "grey"), label=name, alpha=0.6, linewidths=0)
-    # a thin line per rank (median per time bin) so a straggler stands out from the cloud
-    if n:
+            top.scatter(t[sel], lat[sel], s=2, c=colour, label=name, alpha=0.6, linewidths=0)
+    # a thin line per rank (median per time bin) so a straggler stands out from the cloud (of one
+    # stream: a median over several streams says nothing)
+    if n and not _by_stream(rec, tables):
         width = max(0.05, float(t.max()) / 150)
         bins = np.floor(t / width).astype(np.int64)
         for r in np.unique(ranks).tolist()[:64]:
@@ -62,7 +67,7 @@ def plot_recording(rec: Recording, tables: Tables, path: str) -> None:
     top.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     top.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     if n:
-        top.legend(title="mode", markerscale=4, loc="upper left")
+        top.legend(title="stream" if _by_stream(rec, tables) else "mode", markerscale=4, loc="upper left", fontsize=8)
     else:
         top.text(0.5, 0.5, "no collective records", ha="center", va="center", transform=top.transAxes)
     title = f"{rec.path}: {n:,} collectives, ranks {len(np.unique(coll['rank'])) if n else 0}"
@@ -89,6 +94,40 @@ def plot_recording(rec: Recording, tables: Tables, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _by_stream(rec: Recording, tables: Tables) -> bool:
+    """Colour by stream: a user's job without modes, or several streams."""
+    config = rec.meta.get("config") or next((h.config for _, h in tables.hellos), {})
+    if not JobInfo.of(config).has_modes:
+        return True
+    coll = tables.coll
+    return len(coll["op"]) > 0 and any(
+        bool((coll[c] != coll[c][0]).any()) for c in ("op", "nbytes", "group", "dtype") if c in coll
+    )
+
+
+def _colour_groups(rec: Recording, tables: Tables, step: int) -> list[tuple[np.ndarray, str, str]]:
+    """(mask of the plotted points, colour, legend label) per mode, or per stream (the most
+    frequent STREAM_COLOURS less one by name, the rest as "other")."""
+    coll = tables.coll
+    if not _by_stream(rec, tables):
+        modes = coll["mode"][::step]
+        return [(modes == m, MODE_COLOURS.get(name, "grey"), name) for m, name in enumerate(p.MODES)]
+    world = max((h.world_size for _, h in tables.hellos), default=0)
+    codes, names = stream_labels(coll, tables.hellos, world)
+    shown = codes[::step]
+    counts = np.bincount(shown, minlength=len(names))
+    order = [int(c) for c in np.argsort(-counts, kind="stable") if counts[c]]
+    named = order[: len(STREAM_COLOURS) - 1] if len(order) > len(STREAM_COLOURS) else order
+    out = []
+    for colour, c in zip(STREAM_COLOURS, named, strict=False):
+        s = names[c]
+        out.append((shown == c, colour, f"{s.group_text} {s.op} {s.dtype} {size_cell(s.nbytes)}"))
+    rest = np.isin(shown, named, invert=True)
+    if rest.any():
+        out.append((rest, "#bbbbbb", f"other ({len(order) - len(named)} streams)"))
+    return out
 
 
 def _changes(coll: dict[str, np.ndarray], base: int) -> list[tuple[float, str]]:

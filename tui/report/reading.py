@@ -1,6 +1,5 @@
 """What `commtop report` reads of a recording: the collective columns it needs (fewer where
-the writer summarised its chunks, and no steps without copies), and the cut to a time window
-(``--window``)."""
+the writer summarised its chunks), and the cut to a time window (``--window``)."""
 
 from __future__ import annotations
 
@@ -11,28 +10,33 @@ import numpy as np
 from tui.recordings.codec import Tables
 from tui.recordings.reader import Recording
 
-REPORT_COLUMNS = ("epoch", "step", "mode", "op", "nbytes", "start_ns", "dur_us", "algbw", "busbw")
+#: The stream (group, op, dtype, nbytes), the step view (step, start_ns) and the gaps (iteration)
+#: need their columns; the rows their durations and sums.
+REPORT_COLUMNS = (
+    "iteration",
+    "epoch",
+    "step",
+    "mode",
+    "op",
+    "group",
+    "dtype",
+    "nbytes",
+    "start_ns",
+    "dur_us",
+    "algbw",
+    "busbw",
+)
 
 
 def report_columns(rec: Recording) -> tuple[str, ...]:
-    """The collective columns the report reads from ``rec``: :data:`REPORT_COLUMNS`, less the
-    step where the recording holds no copy record (only the overlap classes, which match
-    collectives to their step's copies, read it)."""
-    if _has_copies(rec):
-        return REPORT_COLUMNS
-    return tuple(c for c in REPORT_COLUMNS if c != "step")
-
-
-def _has_copies(rec: Recording) -> bool:
-    return any(c.copy_records for c in rec.chunks)
+    """The collective columns the report reads from ``rec``: :data:`REPORT_COLUMNS`."""
+    return REPORT_COLUMNS
 
 
 def summary_columns(rec: Recording) -> tuple[str, ...]:
     """The collective columns a report reads where the chunks carry summaries: those of
-    :func:`report_columns` less algbw and busbw (summed in the summaries) and, without copies,
-    the start times (the windows are in the summaries; only the overlap classes need them)."""
-    drop = {"algbw", "busbw"} if _has_copies(rec) else {"algbw", "busbw", "start_ns"}
-    return tuple(c for c in report_columns(rec) if c not in drop)
+    :func:`report_columns` less algbw and busbw (summed in the summaries)."""
+    return tuple(c for c in report_columns(rec) if c not in ("algbw", "busbw"))
 
 
 def report_tables(rec: Recording) -> Tables:

@@ -1,5 +1,7 @@
-"""A report as text: the table (`commtop report FILE`), JSON, CSV with a row per epoch and
-rank, and CSV with a row per collective record (``--records``)."""
+"""A report as text: the table (`commtop report FILE`), JSON, CSV with a row per epoch, rank and
+stream, and CSV with a row per collective record (``--records``). A run without modes (a user's
+job without a mode knob) leaves the synthetic loop's settings, modes and slowdown out
+(:data:`tui.report.rows.LOOP_FIELDS`)."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ from tui.experiment.ab_stats import format_table as ab_table
 from tui.recordings.codec import Tables
 from tui.report.overlap_report import format_class_table
 from tui.report.peaks import measured_lines, peaks_json, peaks_line
-from tui.report.rows import Report, Row
+from tui.report.rows import LOOP_FIELDS, Report, Row
+from tui.report.streams import group_names
 from tui.report.table_text import aligned_table, fmt_bytes, fmt_num
+from tui.report.views_text import group_table, job_line, missing_lines, step_table, stream_table
 from workers.wire import protocol as p
 from workers.wire.overlap import CLASS_KEYS, classify_columns
 
@@ -30,6 +34,8 @@ RECORD_FIELDS = (
     "epoch",
     "mode",
     "op",
+    "group",
+    "dtype",
     "nbytes",
     "host_ns",
     "start_ns",
@@ -64,8 +70,37 @@ def format_table(report: Report) -> str:
         f"ranks {len(meta.get('ranks') or [])} on {', '.join(meta.get('hosts') or ['?'])}; "
         f"commtop {meta.get('tool_version', '?')}, schema {meta.get('schema_version', '?')}",
     ]
+    if report.job.is_job:
+        lines.append(f"  {job_line(report)}")
     if report.problems:
         lines.append(f"  warning: {report.problems}")
+    if report.several_streams or not report.has_modes:
+        lines += ["", *stream_table(report.rows, report.has_modes)]
+    else:
+        lines += _loop_table(report)
+    if report.modes and report.has_modes:
+        lines += ["", "per mode (all ranks)   n        p50 ms    p99 ms   slowdown vs none"]
+        for m in report.modes:
+            lines.append(
+                f"  {m.mode:18} {m.count:>9}  {fmt_num(m.p50_us / 1e3, '{:.3f}'):>8}  {fmt_num(m.p99_us / 1e3, '{:.3f}'):>8}"
+                f"   {fmt_num(m.slowdown, '{:.2f}x')}"
+            )
+    if not report.several_streams:  # several: the stream table has the classes' p50s
+        lines += format_class_table(report.rows)
+    for result in report.ab:
+        lines += ["", *ab_table(result, report.peaks.copy_share(result.copy_gbps[1])).splitlines()]
+    lines += step_table(report.steps)
+    lines += group_table(report.groups)
+    lines += missing_lines(report.ranks)
+    lines.append("")
+    lines += footnote(str(meta.get("backend") or ""))
+    lines.append(peaks_line(report.peaks))
+    lines += measured_lines(report.peaks, report.rows)
+    return "\n".join(lines) + "\n"
+
+
+def _loop_table(report: Report) -> list[str]:
+    """The synthetic loop's table: per epoch its settings, then all ranks and each rank."""
     head = (
         "epoch",
         "mode",
@@ -114,22 +149,7 @@ def format_table(report: Report) -> str:
                 fmt_num(r.slowdown, "{:.2f}x"),
             )
         )
-    lines += ["", *aligned_table(head, body, [r.epoch for r in report.rows], left={1, 5})]
-    if report.modes:
-        lines += ["", "per mode (all ranks)   n        p50 ms    p99 ms   slowdown vs none"]
-        for m in report.modes:
-            lines.append(
-                f"  {m.mode:18} {m.count:>9}  {fmt_num(m.p50_us / 1e3, '{:.3f}'):>8}  {fmt_num(m.p99_us / 1e3, '{:.3f}'):>8}"
-                f"   {fmt_num(m.slowdown, '{:.2f}x')}"
-            )
-    lines += format_class_table(report.rows)
-    for result in report.ab:
-        lines += ["", *ab_table(result, report.peaks.copy_share(result.copy_gbps[1])).splitlines()]
-    lines.append("")
-    lines += footnote(str(meta.get("backend") or ""))
-    lines.append(peaks_line(report.peaks))
-    lines += measured_lines(report.peaks, report.rows)
-    return "\n".join(lines) + "\n"
+    return ["", *aligned_table(head, body, [r.epoch for r in report.rows], left={1, 5})]
 
 
 def footnote(backend: str) -> list[str]:
@@ -160,8 +180,15 @@ def json_clean(value: Any) -> Any:
     return value
 
 
+def row_fields(report: Report) -> list[str]:
+    """The columns of a row in the CSV and JSON: every Row field, less the synthetic loop's
+    settings, mode and slowdown where the run has no modes."""
+    return [n for n in Row.__dataclass_fields__ if report.has_modes or n not in LOOP_FIELDS]
+
+
 def format_json(report: Report) -> str:
     meta_keys = ("tool_version", "schema_version", "clock", "ranks", "world_size", "hosts", "gpus", "config", "backend")
+    names = row_fields(report)
     doc = {
         "path": report.path,
         "complete": report.complete,
@@ -170,8 +197,14 @@ def format_json(report: Report) -> str:
         "window_s": list(report.window_s) if report.window_s is not None else None,
         "records": report.records,
         "meta": {k: report.meta.get(k) for k in meta_keys},
-        "rows": [asdict(r) for r in report.rows],
-        "modes": [asdict(m) for m in report.modes],
+        "job": asdict(report.job),
+        "rows": [{n: v for n, v in asdict(r).items() if n in names} for r in report.rows],
+        "modes": [asdict(m) for m in report.modes] if report.has_modes else [],
+        "streams": [asdict(s) for s in report.streams],
+        "steps": [asdict(s) for s in report.steps],
+        "groups": [asdict(g) for g in report.groups],
+        "ranks": [{**asdict(r), "missing": r.missing} for r in report.ranks],
+        "missing": sum(r.missing for r in report.ranks),
         "ab": [ab_json(result) for result in report.ab],
         "peaks": peaks_json(report.peaks),
     }
@@ -179,8 +212,9 @@ def format_json(report: Report) -> str:
 
 
 def format_csv(report: Report) -> str:
+    """One row per (epoch, rank or all, group, op, dtype, nbytes): :func:`row_fields`."""
     out = io.StringIO()
-    names = list(Row.__dataclass_fields__)
+    names = row_fields(report)
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(names)
     for r in report.rows:
@@ -204,7 +238,11 @@ def write_records_csv(tables: Tables, out: IO[str], block: int = 100_000) -> int
     out.write(",".join(RECORD_FIELDS) + "\n")
     names = np.array(list(p.MODES) + ["?"] * (256 - len(p.MODES)), dtype=object)
     ops = np.array(list(p.OP_NAMES) + [f"op{i}" for i in range(len(p.OP_NAMES), 256)], dtype=object)
-    fmt = "%d,%d,%d,%d,%s,%s,%d,%d,%d,%.9g,%.9g,%.9g,%d,%s,%.4g\n"
+    dtypes = np.array(list(p.DTYPES) + [f"dtype{i}" for i in range(len(p.DTYPES), 256)], dtype=object)
+    world = max((h.world_size for _, h in tables.hellos), default=0)
+    named = group_names(coll["rank"], coll["group"], tables.hellos, world)  # by name, as the rows are
+    groups = np.array([g[0] for g in named.groups] + ["?"], dtype=object)
+    fmt = "%d,%d,%d,%d,%s,%s,%s,%s,%d,%d,%d,%.9g,%.9g,%.9g,%d,%s,%.4g\n"
     n = len(coll["dur_us"])
     ocls, ofrac = classify_columns(coll, tables.copy)
     classes = np.array(CLASS_KEYS, dtype=object)
@@ -217,6 +255,8 @@ def write_records_csv(tables: Tables, out: IO[str], block: int = 100_000) -> int
             coll["epoch"][s].tolist(),
             names[coll["mode"][s]].tolist(),
             ops[coll["op"][s]].tolist(),
+            groups[named.index[s]].tolist(),
+            dtypes[coll["dtype"][s]].tolist(),
             coll["nbytes"][s].tolist(),
             coll["host_ns"][s].tolist(),
             coll["start_ns"][s].tolist(),

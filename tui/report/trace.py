@@ -1,7 +1,7 @@
 """`commtop report FILE --trace out.json`: a Chrome/Perfetto trace of a recording.
 
-One process per rank with two tracks (collectives, copies: they overlap in time, so they
-cannot share one), counter tracks for PCIe, NVLink and clocks of that rank's GPU (GPUs
+One process per rank with two tracks (collectives, named by their stream: op, size, dtype and
+process group; copies: they overlap in time, so they cannot share one), counter tracks for PCIe, NVLink and clocks of that rank's GPU (GPUs
 without a rank get a process per node), and a global marker at every settings change.
 Times are microseconds from the first record (``otherData.base_time_ns`` holds the start).
 The file is written as a stream, so even tens of millions of events need little memory;
@@ -19,6 +19,8 @@ import numpy as np
 
 from tui.recordings.codec import Tables
 from tui.recordings.reader import Recording
+from tui.report.streams import StreamName, group_names, stream_codes, stream_name
+from tui.report.views_text import size_cell
 from workers.wire import protocol as p
 from workers.wire.telemetry import Tick
 
@@ -128,7 +130,8 @@ def write_trace(rec: Recording, tables: Tables, path: str) -> int:
             name = f"rank {r}" + (f" · {h.host} · {_device_name(h.device, h.device_index)}" if h else "")
             out.put(_meta(r, name, r, {COLL_TID: "collectives", COPY_TID: "copies"}))
         _settings_marks(out, coll, tables, base)
-        _collectives(out, coll, base)
+        world = max((h.world_size for h in hellos.values()), default=0)
+        _collectives(out, coll, base, stream_labels(coll, tables.hellos, world))
         _copies(out, copy, base)
         _counters(out, tables.ticks, gpu_pid, base, offsets)
         f.write("\n]}\n")
@@ -154,12 +157,36 @@ def _settings_marks(out: _Out, coll: dict[str, np.ndarray], tables: Tables, base
         out.put([json.dumps({"name": label, "ph": "i", "s": "g", "ts": ts, "pid": 0, "tid": 0, "args": s})])
 
 
-def _collectives(out: _Out, coll: dict[str, np.ndarray], base: int) -> None:
-    ops = list(p.OP_NAMES) + [f"op{i}" for i in range(len(p.OP_NAMES), 256)]
+def stream_labels(
+    coll: dict[str, np.ndarray], hellos: list[tuple[int, p.Hello]], world: int
+) -> tuple[np.ndarray, list[StreamName]]:
+    """Each record's stream code and each code's name (tui.report.streams)."""
+    names = group_names(coll["rank"], coll["group"], hellos, world)
+    codes, combos = stream_codes(names.index, coll["op"], coll["dtype"], coll["nbytes"])
+    return codes, [stream_name(names, c) for c in combos]
+
+
+def _collectives(
+    out: _Out, coll: dict[str, np.ndarray], base: int, streams: tuple[np.ndarray, list[StreamName]]
+) -> None:
+    """One event per collective, named by its stream ("all_reduce 4MiB float32 · group 0:default_pg";
+    no dtype where the records do not say it)."""
     modes = list(p.MODES) + ["?"] * (256 - len(p.MODES))
+    codes, named = streams
+    labels = [
+        json.dumps(" ".join(w for w in (s.op, size_cell(s.nbytes), s.dtype) if w != "?") + f" · group {s.group_text}")[
+            1:-1
+        ]
+        for s in named
+    ]
+    args = [
+        f',"group":{json.dumps(s.group)},"group_desc":{json.dumps(s.group_desc)},"op":"{s.op}",'
+        f'"dtype":"{s.dtype}","nbytes":{s.nbytes}'
+        for s in named
+    ]
     fmt = (
         '{"name":"%s","cat":"collective","ph":"X","ts":%.3f,"dur":%.3f,"pid":%d,"tid":1,'
-        '"args":{"iteration":%d,"epoch":%d,"mode":"%s","MB":%.3f,"busbw_GBps":%.2f}}'
+        '"args":{"iteration":%d,"epoch":%d,"mode":"%s"%s,"MB":%.3f,"busbw_GBps":%.2f}}'
     )
     n = len(coll["dur_us"])
     for a in range(0, n, BLOCK):
@@ -168,14 +195,16 @@ def _collectives(out: _Out, coll: dict[str, np.ndarray], base: int) -> None:
         ok = np.isfinite(dur) & (dur >= 0)
         ts = (coll["start_ns"][s][ok] - base) / 1e3
         busbw = np.nan_to_num(coll["busbw"][s][ok].astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        code = codes[s][ok].tolist()
         rows = zip(
-            [ops[o] for o in coll["op"][s][ok].tolist()],
+            [labels[c] for c in code],
             ts.tolist(),
             dur[ok].tolist(),
             coll["rank"][s][ok].tolist(),
             coll["iteration"][s][ok].tolist(),
             coll["epoch"][s][ok].tolist(),
             [modes[m] for m in coll["mode"][s][ok].tolist()],
+            [args[c] for c in code],
             (coll["nbytes"][s][ok] / 1e6).tolist(),
             busbw.tolist(),
             strict=True,

@@ -14,6 +14,8 @@ from tui.ingest.loop import IngestLoop
 from tui.model.run_model import RunModel
 from tui.model.snapshot import RankView, Snapshot
 from tui.model.stats import RunAggregate
+from tui.report.views_text import step_line
+from tui.run.summary_views import job_workload, stream_lines
 
 #: At the end, drain until one poll this long brings nothing, for at most DRAIN_MAX_S.
 DRAIN_QUIET_S = 0.1
@@ -64,16 +66,18 @@ def _gbps(value: float) -> str:
 
 
 def header_line(s: Snapshot) -> str:
-    """backend · world size · collective · shape · dtype · modes — one line."""
+    """backend · world size · collective · shape · dtype · modes — one line; a user's job: its
+    script, steps/s, groups and ops (modes only where it declared a mode knob)."""
     shape = "x".join(map(str, s.shape)) or "?"
     modes = ", ".join(s.modes_seen) or (s.mode_in_force or "?")
     backend = s.backend or "?"
     if s.device and s.device != "cpu":
         backend = f"{backend} on {s.device}"
     workload = f"{s.collective or '?'} {shape} {s.dtype or '?'} ({s.tensor_bytes / 2**20:.1f} MiB/rank)"
-    if s.config.get("source") == "monitor":  # a user's job: no synthetic tensor to describe
-        workload = s.collective or "monitored job"
-    return f"commtop summary: backend {backend} · world size {s.world_size} · {workload} · mode(s) {modes}"
+    if s.job.is_job:  # a user's job: no synthetic tensor to describe
+        workload = job_workload(s)
+    mode_text = f" · mode(s) {modes}" if s.job.has_modes else ""
+    return f"commtop summary: backend {backend} · world size {s.world_size} · {workload}{mode_text}"
 
 
 def format_summary(snapshot: Snapshot) -> str:
@@ -83,38 +87,46 @@ def format_summary(snapshot: Snapshot) -> str:
     Percentiles are whole-run, by commtop's one definition (workers.wire.stats), exact up to
     RunAggregate.EXACT_CAP records per rank and mode, so they equal ``commtop report``'s; past
     that they come from a log histogram (+/-1.2 %) and are marked "~". Max is exact.
+
+    ``missing`` = iteration gaps + the collectives a rank says it never recorded (``lost``, a
+    column of its own where any rank lost some). A job without modes has no mode column. After
+    the tables: the step line and one line per stream.
     """
     s = snapshot
-    cols: tuple[str, ...] = ("rank", "host:gpu", "mode", "count", "missing", "p50 ms", "p99 ms", "max ms")
-    cols += ("busbw GB/s", "copy GB/s", "drops", "state")
+    cols = ["rank", "host:gpu", "mode", "count", "missing", "lost", "p50 ms", "p99 ms", "max ms"]
+    cols += ["busbw GB/s", "copy GB/s", "drops", "state"]
+    if not s.job.has_modes:
+        cols.remove("mode")
+    if not s.lost:
+        cols.remove("lost")
     rows: list[tuple[str, ...]] = []
-    several = len(s.modes_seen) > 1
+    several = len(s.modes_seen) > 1 and s.job.has_modes
     for r in s.ranks:
         where = f"{r.host}:{r.gpu}" if r.host else "?"
         state = _state(r)
         parts = list(r.run_by_mode.items()) if several else [(", ".join(r.run_by_mode) or "-", r.run)]
         for i, (mode, st) in enumerate(parts):
             first = i == 0
-            rows.append(
-                (
-                    str(r.rank) if first else "",
-                    where if first else "",
-                    mode,
-                    str(st.count),
-                    str(r.missing) if first else "",
-                    _approx(st.exact) + _ms(st.p50_ms),
-                    _approx(st.exact) + _ms(st.p99_ms),
-                    _ms(st.max_ms),
-                    _gbps(st.busbw_gbps),
-                    _gbps(r.copy_run.busbw_gbps) if first else "",
-                    str(r.drops) if first else "",
-                    state if first else "",
-                )
-            )
+            cells = {
+                "rank": str(r.rank) if first else "",
+                "host:gpu": where if first else "",
+                "mode": mode,
+                "count": str(st.count),
+                "missing": str(r.missing) if first else "",
+                "lost": str(r.lost) if first else "",
+                "p50 ms": _approx(st.exact) + _ms(st.p50_ms),
+                "p99 ms": _approx(st.exact) + _ms(st.p99_ms),
+                "max ms": _ms(st.max_ms),
+                "busbw GB/s": _gbps(st.busbw_gbps),
+                "copy GB/s": _gbps(r.copy_run.busbw_gbps) if first else "",
+                "drops": str(r.drops) if first else "",
+                "state": state if first else "",
+            }
+            rows.append(tuple(cells[c] for c in cols))
     widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
-    left = {0, 1, 2, 11}
+    left = {i for i, c in enumerate(cols) if c in ("rank", "host:gpu", "mode", "state")}
 
-    def fmt(row: tuple[str, ...]) -> str:
+    def fmt(row: tuple[str, ...] | list[str]) -> str:
         return "  ".join(
             v.ljust(w) if i in left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True))
         )
@@ -140,9 +152,14 @@ def format_summary(snapshot: Snapshot) -> str:
         offsets = ", ".join(f"{h} {v:+.3f} ms" for h, v in sorted(s.clock_offsets_ms.items()) if h != s.clock_ref)
         extra.append(f"clock offsets vs {s.clock_ref} (from collective end times): {offsets}")
     lines += format_class_summary(s)
-    if s.epochs is not None:
+    if s.epochs is not None and s.job.has_modes:
         extra.append("verdict: " + epochs_text(s.epochs, pcie_peak(s.telemetry)))
     lines += extra
+    steps = step_line(s.steps)
+    if steps:
+        lines += ["", steps]
+    if s.job.is_job or len(s.streams) > 1:  # the synthetic loop is one stream: its table says it all
+        lines += stream_lines(s.streams)
     return "\n".join(lines)
 
 

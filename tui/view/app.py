@@ -42,6 +42,7 @@ from tui.ingest.loop import IngestLoop
 from tui.model.changeable import Changeable
 from tui.model.run_model import RunModel
 from tui.model.snapshot import Snapshot
+from tui.model.streams import NEXT_STREAM
 from tui.view import setting_keys
 from tui.view.gc_tuning import settle_garbage_collector
 from tui.view.keys import KEYS, bindings
@@ -52,6 +53,7 @@ from tui.view.widgets.help import HelpScreen, key_name
 from tui.view.widgets.links import LinksPanel, RankGpu
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from tui.view.widgets.status import ReplayBar, StatusLine
+from tui.view.widgets.streams import StreamPanel
 from tui.view.widgets.verdict import VerdictLine, replay_idle_text
 from workers.wire.connection import Connection
 from workers.wire.protocol import DIRECTIONS, MODES
@@ -152,6 +154,7 @@ class CommtopApp(App[None]):
         self._sigterm_set = False
         #: The app's widgets by type, found once (a query walks the DOM: ~0.3 ms a frame).
         self._found: dict[type[Widget], Widget | None] = {}
+        self._streams_to_choose = False  # two streams or more: the f key is in the footer
 
     # ----------------------------------------------------------------------- layout
 
@@ -163,6 +166,7 @@ class CommtopApp(App[None]):
         if self.connect_lines:
             yield ConnectPanel(self.connect_lines, id="connect")
         yield RankGrid(header, id="grid")
+        yield StreamPanel(id="streams")
         if self.with_links:
             yield LinksPanel(id="links")
         bar = ReplayBar(id="replay")
@@ -248,6 +252,9 @@ class CommtopApp(App[None]):
             grid.show(snap)
             self._want_run_stats(grid)
             self._one(RunHeader).show(snap, self._control, self._recording)
+            if self._one(StreamPanel).show(snap) != self._streams_to_choose:  # f appears with a second stream
+                self._streams_to_choose = not self._streams_to_choose
+                self.refresh_bindings()
             self._show_verdict()
             links = self._links()
             if links is not None and snap.telemetry is not None:
@@ -357,6 +364,8 @@ class CommtopApp(App[None]):
             return self.recorder is not None
         if action == "toggle_connect":
             return bool(self.connect_lines)
+        if action == "next_stream":  # in the footer once there are streams to choose from
+            return self._streams_to_choose
         return True
 
     def _available(self, action: str) -> bool:
@@ -406,6 +415,11 @@ class CommtopApp(App[None]):
         self._connect_auto = False
         for panel in self.query(ConnectPanel):
             panel.display = not panel.display
+
+    def action_next_stream(self) -> None:
+        """Latency lines of the next stream (group, op, size), after the last every collective's."""
+        if self.ingest is not None:  # chosen on the ingest thread, so quick presses step on in order
+            self.ingest.request_stream(NEXT_STREAM)
 
     def action_toggle_view(self) -> None:
         grid = self._one(RankGrid)
@@ -479,8 +493,10 @@ class CommtopApp(App[None]):
         snap = self.snapshot
         peak = pcie_peak(snap.telemetry) if snap else None
         idle = replay_idle_text(self.replay.position()) if self.replay is not None else ""
-        epochs = snap.epochs if snap else None
-        self._one(VerdictLine).show(verdict_text(self.ab.progress(), epochs, peak, idle, self._can()))
+        text = verdict_text(self.ab.progress(), snap.epochs if snap else None, peak, idle, self._can())
+        modes = snap is None or snap.job.has_modes  # a job without a mode knob has no modes to compare
+        said = modes or text.startswith(("A/B", "verdict: no settings"))  # what a job without modes may hear
+        self._one(VerdictLine).show(text if said else "")
 
     def action_ab(self) -> None:
         """Start an A/B of the current settings against none (a dialog lets you change both);

@@ -14,6 +14,7 @@ from tui.ingest.interfaces import ControlView, RecordingStatus
 from tui.model.in_force import settings_wire
 from tui.model.snapshot import Snapshot
 from tui.model.snapshot_builder import RECENT_SKEW_S
+from tui.model.streams import OTHER, groups_and_ops
 from tui.view.widgets.palette import (
     ACCENT,
     EXITED,
@@ -165,8 +166,10 @@ def _header_text(
     else:
         _kv(t, "backend", backend + device, WARN if "cpu" in backend else TEXT, bold=True)
     _kv(t, "world", str(snap.world_size), bold=True)
-    if snap.config.get("source") == "monitor":  # a user's job: its script, not a tensor shape
-        _kv(t, "monitor", str(snap.collective).removeprefix("monitor: ") or "?", bold=True)
+    if snap.job.is_job:  # a user's job: its script (and how it is captured), not a tensor shape
+        _kv(t, "job", snap.job.script, bold=True)
+        if snap.job.capture and not compact:
+            t.append(f"({snap.job.capture})  ", style=style(MUTED))
     else:
         shape = "x".join(map(str, snap.shape)) or "?"
         _kv(t, snap.collective or "?", f"{shape} {snap.dtype}".strip(), bold=True)
@@ -182,10 +185,13 @@ def _header_text(
     # The settings' mode (the records' mode once any came), else the records' alone.
     mode = snap.settings.mode if snap.settings is not None else snap.mode_in_force or "?"
     in_force = settings_wire(snap.settings, snap.mode_in_force)
-    t.append("mode ", style=style(MUTED))
-    t.append(f" {mode} ", style=style("#000000", MODE_COLORS.get(mode, TEXT), bold=True))
-    t.append(f"  {_settings_text(snap.settings, snap.mode_in_force, snap)}", style=style(TEXT))
-    t.append(f"  epoch {snap.epoch_in_force}", style=style(MUTED))
+    if snap.job.has_modes:
+        t.append("mode ", style=style(MUTED))
+        t.append(f" {mode} ", style=style("#000000", MODE_COLORS.get(mode, TEXT), bold=True))
+        t.append(f"  {_settings_text(snap.settings, snap.mode_in_force, snap)}", style=style(TEXT))
+        t.append(f"  epoch {snap.epoch_in_force}", style=style(MUTED))
+    if snap.job.is_job:
+        t.append(("  " if snap.job.has_modes else "") + job_streams_text(snap), style=style(TEXT))
     pending, apply_at = snap.pending_epoch, snap.apply_at
     requested = control.requested if control is not None else None
     if requested is not None and pending < 0:
@@ -214,6 +220,15 @@ def _header_text(
     return t
 
 
+def job_streams_text(snap: Snapshot) -> str:
+    """A job's groups and ops: "groups 0:default_pg (4), 1 (2) · ops all_reduce, all_to_all · 6 streams"."""
+    groups, ops = groups_and_ops(snap.streams)
+    if not groups:
+        return "no collectives yet"
+    named = sum(1 for s in snap.streams if s.index != OTHER)
+    return f"groups {', '.join(groups)} · ops {', '.join(ops)} · {named} stream{'s' if named != 1 else ''}"
+
+
 def _health(
     t: Text,
     snap: Snapshot,
@@ -221,13 +236,18 @@ def _health(
     control: ControlView | None = None,
     compact: bool = False,
 ) -> None:
-    rate = f"{snap.iter_rate:,.0f}" if math.isfinite(snap.iter_rate) else "-"
-    _kv(t, "it/s", rate, bold=True)
+    if snap.job.is_job and math.isfinite(snap.step_rate):  # a job's pace is its steps, not its collectives
+        _kv(t, "steps/s", f"{snap.step_rate:,.1f}", bold=True)
+    else:
+        rate = f"{snap.iter_rate:,.0f}" if math.isfinite(snap.iter_rate) else "-"
+        _kv(t, "it/s", rate, bold=True)
     live = snap.live_ranks
     total = max(snap.world_size, len(snap.ranks))
     _kv(t, "ranks", f"{live}/{total}", LIVE if live == total and total else WARN, bold=True)
     if snap.drops or not compact:  # condensed: a zero is not news
         _kv(t, "drops", f"{snap.drops:,}", WARN if snap.drops else TEXT)
+    if snap.lost:  # collectives the ranks issued and never recorded (their own count)
+        _kv(t, "lost", f"{snap.lost:,}", WARN)
     by_collector = control.rejected if control is not None else 0
     rejected = snap.rejected_total + snap.worker_rejected + by_collector
     why = dict(snap.rejected)

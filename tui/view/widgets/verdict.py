@@ -37,6 +37,8 @@ class VerdictLine(Widget):
     def render(self) -> Text:
         text = self._text
         t = Text(no_wrap=True, overflow="ellipsis")
+        if not text:  # nothing to say (a job without modes, before any A/B)
+            return t
         if text.startswith("A/B running"):
             t.append("◔ ", style=style(WARN, bold=True))
             t.append(text, style=style(TEXT))

@@ -1,0 +1,229 @@
+"""Streams, steps and lost collectives in the run model, against what a synthetic job issued."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from job_synth import COPY_BYTES, STEP_NS, T0, expected_counts, job_hello, job_run
+
+from tui.model.job import JobInfo
+from tui.model.run_model import RunModel
+from tui.model.streams import OTHER, UNNAMED, StreamTable, group_label
+from workers.wire import protocol as p
+from workers.wire.stats import percentiles
+
+
+def fed(messages, clock_ns: int | None = None) -> RunModel:
+    model = RunModel(clock=lambda: clock_ns or T0)
+    for _, m in messages:
+        model.apply(m)
+    return model
+
+
+def batches(messages, rank: int | None = None) -> list[p.Batch]:
+    return [m for _, m in messages if isinstance(m, p.Batch) and m.kind == p.COLL and rank in (None, m.rank)]
+
+
+def test_streams_are_named_by_group_not_by_a_ranks_code() -> None:
+    items = list(job_run(world=4, steps=60))
+    snap = fed(items).snapshot(fresh_run_stats=True)
+    got = {(s.group, s.op, s.dtype, s.nbytes): s.count for s in snap.streams}
+    assert got == dict(expected_counts(4, 60))
+    pair = next(s for s in snap.streams if s.group == "1")
+    assert (pair.ranks, pair.group_size, pair.group_text) == (2, 2, "1")  # rank 1 named it code 2, rank 0 code 1
+    assert next(s for s in snap.streams if s.group == "2").group_text == "2:pair"
+    assert next(s for s in snap.streams if s.op == "broadcast").group_text == "0:default_pg"
+
+
+def test_stream_numbers_match_numpy_on_its_records() -> None:
+    items = list(job_run(world=4, steps=60))
+    snap = fed(items).snapshot(fresh_run_stats=True)
+    cols = {k: np.concatenate([b.columns[k] for b in batches(items)]) for k in ("op", "nbytes", "dur_us", "busbw")}
+    big = (cols["nbytes"] == 4_194_304) & (cols["op"] == p.OP_NAMES.index("all_reduce"))
+    view = next(s for s in snap.streams if s.nbytes == 4_194_304)
+    p50, p99 = percentiles(cols["dur_us"][big], (50, 99))
+    assert (view.p50_ms, view.p99_ms) == (pytest.approx(p50 / 1e3), pytest.approx(p99 / 1e3))
+    dur = cols["dur_us"][big].astype(np.float64)
+    assert view.busbw_gbps == pytest.approx(float(np.dot(cols["busbw"][big], dur) / dur.sum()), rel=1e-9)
+    # the share: time in the stream over the ranks' time (first start to last end, summed)
+    model = fed(items)
+    rank_time = sum(s.time_ns for s in model.ranks.values())
+    assert view.share == pytest.approx(dur.sum() * 1e3 / rank_time, rel=1e-6)
+    assert 0 < sum(s.share for s in snap.streams) < 1
+
+
+def test_records_of_a_group_not_yet_named_join_their_stream_when_a_hello_names_it() -> None:
+    items = list(job_run(world=2, steps=20))
+    model = RunModel(clock=lambda: T0)
+    # the first Hellos name no groups: rank 1's code 2 cannot be named yet (code 0 is the world)
+    for _, m in items:
+        if isinstance(m, p.Hello) and m.t_ns == T0:
+            model.apply(job_hello(m.rank, 2, T0, groups=False))
+    first = [m for _, m in items if isinstance(m, p.Batch)][:4]
+    for m in first:
+        model.apply(m)
+    waiting = model.snapshot(fresh_run_stats=True).streams
+    assert any(s.index == UNNAMED and s.group.startswith("?") for s in waiting)
+    assert model.ranks[1].stream_counts[UNNAMED] > 0
+    for _, m in items:
+        if not (isinstance(m, p.Batch) and any(m is b for b in first)):
+            model.apply(m)
+    snap = model.snapshot(fresh_run_stats=True)
+    assert all(s.index != UNNAMED for s in snap.streams)
+    assert {(s.group, s.op, s.dtype, s.nbytes): s.count for s in snap.streams} == dict(expected_counts(2, 20))
+    assert model.ranks[1].stream_counts[UNNAMED] == 0
+
+
+def test_streams_past_the_limit_pool_in_other() -> None:
+    table = StreamTable(limit=3)
+    hello = job_hello(0, 1, T0)
+    n = 10
+    cols = {
+        "op": np.ones(n, np.uint8),
+        "group": np.zeros(n, "<u2"),
+        "dtype": np.ones(n, "u1"),
+        "nbytes": np.arange(n, dtype=np.int64) * 8 + 8,  # 10 sizes
+        "dur_us": np.full(n, 10.0, np.float32),
+        "busbw": np.ones(n, np.float32),
+    }
+    values, single = table.add(0, hello, cols)
+    assert single == -1 and values.tolist() == [0, 1, 2] + [OTHER] * 7
+    views = table.views(1e9)
+    assert [v.op for v in views] == ["all_reduce"] * 3 + ["other"] and views[-1].count == 7
+    assert table.count == 3
+
+
+def test_lost_collectives_count_as_missing_per_rank_and_in_all() -> None:
+    items = list(job_run(world=2, steps=20, lost={1: 7}))
+    snap = fed(items).snapshot(fresh_run_stats=True)
+    assert [(r.missing, r.lost, r.drops) for r in snap.ranks] == [(0, 0, 0), (7, 7, 0)]
+    assert (snap.missing, snap.lost) == (7, 7)
+
+
+def test_step_view_from_the_step_column() -> None:
+    steps = 60
+    items = list(job_run(world=2, steps=steps, copies=2))
+    snap = fed(items).snapshot(fresh_run_stats=True)
+    v = snap.steps
+    assert v.steps == 2 * steps and v.has_steps
+    assert v.steps_per_s == pytest.approx(1e9 / STEP_NS)  # every step starts STEP_NS after the last
+    assert v.step.p50_ms == pytest.approx(STEP_NS / 1e6) and v.step.count == 2 * (steps - 1)
+    total = sum(float(b.columns["dur_us"].astype(np.float64).sum()) for b in batches(items))
+    assert v.coll_ms_per_step == pytest.approx(total / 1e3 / (2 * steps))
+    (c,) = v.copies
+    assert (c.direction, c.pinned, c.per_step, c.bytes_per_step) == ("d2h", True, 2.0, 2.0 * COPY_BYTES)
+    assert c.gbps == pytest.approx(COPY_BYTES / 350.0 / 1e3)
+    assert snap.step_rate == pytest.approx(1e9 / STEP_NS)
+
+
+def test_a_step_gap_is_no_long_step() -> None:
+    items = [
+        (t, m) for t, m in job_run(world=1, steps=30, steps_per_batch=1) if not (isinstance(m, p.Batch) and m.seq == 10)
+    ]
+    v = fed(items).snapshot(fresh_run_stats=True).steps
+    assert v.step.max_ms == pytest.approx(STEP_NS / 1e6)  # 9 -> 11 is not one step of 9 ms
+    assert v.step.count == 30 - 1 - 2
+
+
+def test_selecting_a_stream_draws_only_its_latency_aligned_across_ranks() -> None:
+    items = list(job_run(world=4, steps=40))
+    model = fed(items)
+    snap = model.snapshot()
+    assert snap.history.ms.shape[1] == max(
+        len(np.concatenate([b.columns["iteration"] for b in batches(items, r)])) for r in range(4)
+    )
+    pair = next(s for s in snap.streams if s.group == "2")  # ranks 2 and 3 only
+    model.select_stream(pair.index)
+    snap = model.snapshot()
+    assert snap.selected is not None and snap.selected.group == "2"
+    ms = snap.history.ms
+    assert ms.shape == (4, 40)  # one column per all_to_all of the pair group
+    assert np.isnan(ms[:2]).all() and not np.isnan(ms[2:]).any()
+    want = [
+        np.concatenate(
+            [b.columns["dur_us"][(b.columns["op"] == p.OP_NAMES.index("all_to_all"))] for b in batches(items, r)]
+        )
+        for r in (2, 3)
+    ]
+    assert np.allclose(ms[2:], np.array(want) / 1e3)
+    # new records of the stream land in the same columns as batches arrive
+    model.select_stream(-1)
+    assert model.snapshot().selected is None
+
+
+def test_selected_stream_history_grows_with_new_batches() -> None:
+    items = list(job_run(world=2, steps=40))
+    model = RunModel(clock=lambda: T0)
+    half = len(items) // 2
+    for _, m in items[:half]:
+        model.apply(m)
+    big = next(s for s in model.snapshot(fresh_run_stats=True).streams if s.nbytes == 4_194_304)
+    model.select_stream(big.index)
+    model.snapshot()
+    for _, m in items[half:]:
+        model.apply(m)
+    incremental = model.snapshot().history.ms
+    model.select_stream(-1)
+    model.select_stream(big.index)  # rebuilt from the rings
+    rebuilt = model.snapshot().history.ms
+    assert incremental.shape == (2, 40) and np.array_equal(incremental, rebuilt, equal_nan=True)
+
+
+def test_job_info_from_the_config() -> None:
+    assert JobInfo.of(
+        {"source": "monitor", "collective": "monitor: train.py", "capture": "flight recorder"}
+    ) == JobInfo("job", "train.py", "flight recorder", "")
+    assert not JobInfo.of({"source": "monitor", "collective": "monitor: x.py"}).has_modes
+    assert JobInfo.of({"source": "monitor", "collective": "monitor: x.py", "mode_knob": "offload"}).has_modes
+    assert (
+        JobInfo.of({"collective": "all_gather"}).kind == "loop" and JobInfo.of({"collective": "all_gather"}).has_modes
+    )
+    assert JobInfo.of({}).kind == ""
+
+
+def test_group_labels() -> None:
+    assert [group_label(*g) for g in (("0", "default_pg"), ("1", "undefined"), ("2", ""), ("3", "tp"))] == [
+        "0:default_pg",
+        "1",
+        "2",
+        "3:tp",
+    ]
+
+
+def test_the_synthetic_loop_is_one_stream_of_the_world_group() -> None:
+    from frozen_run import frozen_run
+
+    model = RunModel(clock=lambda: T0)
+    for m in frozen_run(world=2, iterations=200):
+        model.apply(m)
+    snap = model.snapshot(fresh_run_stats=True)
+    (s,) = snap.streams
+    assert (s.group, s.op, s.dtype, s.count, s.ranks) == ("0", "all_gather", "?", 400, 2)
+    assert snap.job.kind == "loop" and math.isfinite(snap.steps.steps_per_s)
+
+
+def test_time_in_collectives_counts_overlapping_collectives_once() -> None:
+    from tui.model.steps import RankSteps, busy_ns
+
+    assert busy_ns(np.array([0, 5, 20]), np.array([10, 12, 25]), -(2**62)) == (17, 25)
+    assert busy_ns(np.array([0, 5, 20]), np.array([10, 12, 25]), 8) == (9, 25)  # up to 8 was counted before
+    steps = RankSteps()
+    # two steps; in each, two async collectives of 3 ms that overlap by 1 ms
+    steps.add_coll(np.array([0, 0, 1, 1]), np.array([0, 2, 10, 12]) * 1_000_000, np.full(4, 3000.0, np.float32))
+    assert steps.busy_us == pytest.approx(2 * 5000.0) and steps.begun == 2
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_busy_time_is_the_length_of_the_union_of_the_intervals(seed: int) -> None:
+    from tui.model.steps import busy_ns
+
+    rng = np.random.default_rng(seed)
+    start = rng.integers(0, 1000, 30)
+    end = start + rng.integers(0, 200, 30)
+    after = int(rng.integers(-100, 600))
+    covered = set()
+    for a, b in zip(start.tolist(), end.tolist(), strict=True):
+        covered.update(range(max(a, after), b))
+    assert busy_ns(start, end, after) == (len(covered), max(after, int(end.max())))

@@ -1,0 +1,165 @@
+"""The step view in `commtop report`, and the per-(epoch, rank) pass that feeds it and the
+groups' stragglers.
+
+Per settings epoch and rank (and all ranks): steps/s, step time p50/p99, time in collectives per
+step, copies per step by direction and host memory, and the collectives that ran during copies
+per step. The rules are :mod:`tui.model.steps`' (a step starts at its first collective on a
+rank; a step time needs both steps on that rank). :func:`run_pass` walks the (epoch, rank) runs
+of the records sorted by (epoch, rank) one at a time (a rank's records come in issue order), so
+its temporaries are one run's, not the recording's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tui.model.steps import COPY_CLASSES, CopyStep, busy_ns, copy_steps, step_boundaries
+from tui.recordings.summary import window_end_ns
+from tui.report.kernels import _Groups
+from tui.report.rows import StepRow
+from workers.wire.overlap import DURING, end_ns
+from workers.wire.protocol import DIRECTIONS
+from workers.wire.stats import percentiles_and_max_sorted
+
+_Epoch = tuple[int, int, int, list[tuple[int, int, int]]]
+#: Records at the ends of a run that its time window is taken from (issue order is nearly
+#: start order; a collective issued earlier on another stream may end a little later).
+_EDGE = 64
+
+
+@dataclass
+class GroupSteps:
+    """Per rank of a group: its steps and, per step, the time and number of its collectives in
+    the group (what the straggler is read from)."""
+
+    ranks: list[int] = field(default_factory=list)
+    steps: list[np.ndarray] = field(default_factory=list)
+    time_us: list[np.ndarray] = field(default_factory=list)
+    count: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, rank: int, steps: np.ndarray, time_us: np.ndarray, count: np.ndarray) -> None:
+        self.ranks.append(rank)
+        self.steps.append(steps)
+        self.time_us.append(time_us)
+        self.count.append(count)
+
+
+@dataclass
+class RunPass:
+    """What the pass found, per group id (``_Groups`` ids) and per process group."""
+
+    span_ns: np.ndarray  # the rank's time in the epoch: first start to last end
+    busy_ns: np.ndarray  # the time at least one of its collectives ran
+    begun: np.ndarray  # steps begun
+    rate: np.ndarray  # steps/s (NaN: fewer than two steps)
+    times_ms: dict[int, np.ndarray]  # step times, sorted
+    groups: dict[int, GroupSteps]  # by global group index
+
+
+def run_pass(
+    g: _Groups, coll: dict[str, np.ndarray], dur32: np.ndarray, gindex: np.ndarray, one_group: bool
+) -> RunPass:
+    """Walk the (epoch, rank) runs: ``dur32`` is sorted by (epoch, rank), ``coll`` in file order,
+    ``gindex`` each record's global group (file order; one value when ``one_group``)."""
+    span = np.zeros(g.span)
+    busy = np.zeros(g.span)
+    begun = np.zeros(g.span, dtype=np.int64)
+    rate = np.full(g.span, math.nan)
+    times: dict[int, np.ndarray] = {}
+    groups: dict[int, GroupSteps] = {}
+    step_col, start_col = coll["step"], coll["start_ns"]
+    for (key, a, b), gid in zip(g.runs, g.ids, strict=True):
+        idx = g.order[a:b]
+        step, start, dur = step_col[idx], start_col[idx].astype(np.int64), dur32[a:b]
+        span[gid] = int(window_end_ns(start[-_EDGE:], dur[-_EDGE:]).max()) - int(start[:_EDGE].min())
+        busy[gid] = busy_ns(start, end_ns(start, dur), -(2**62))[0]
+        first, dt, _ = step_boundaries(np.zeros(len(step), dtype=np.int8), step, start)
+        begun[gid] = len(first)
+        times[gid] = np.sort(dt) / 1e6
+        steps_run = int(step[first[-1]] - step[first[0]])
+        ns = int(start[first[-1]] - start[first[0]])
+        if steps_run > 0 and ns > 0:
+            rate[gid] = steps_run / (ns / 1e9)
+        rank = key & 0xFFFFF
+        if one_group:
+            _add_group_steps(groups, int(gindex[0]) if len(gindex) else 0, rank, step, dur, first)
+        else:
+            gi = gindex[idx]
+            for grp in np.flatnonzero(np.bincount(gi)).tolist():
+                mine = gi == grp
+                s = step[mine]
+                new = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
+                _add_group_steps(groups, grp, rank, s, dur[mine], new)
+    return RunPass(span, busy, begun, rate, times, groups)
+
+
+def _add_group_steps(
+    groups: dict[int, GroupSteps], grp: int, rank: int, step: np.ndarray, dur: np.ndarray, first: np.ndarray
+) -> None:
+    counts = np.diff(np.append(first, len(step)))
+    total = np.add.reduceat(dur.astype(np.float64), first) if len(first) else np.zeros(0)
+    groups.setdefault(grp, GroupSteps()).add(rank, step[first].astype(np.int64), total, counts)
+
+
+def step_rows(
+    epochs: list[_Epoch],
+    gid_of: dict[int, int],
+    found: RunPass,
+    ocls: np.ndarray,
+    copies: tuple[dict[int, tuple[int, int]], dict[str, np.ndarray]],
+) -> list[StepRow]:
+    """Rows per epoch (all ranks, then each rank). ``ocls``: per record, sorted by (epoch,
+    rank); ``copies``: the copy records' span per (epoch << 20 | rank) and their columns in
+    that order."""
+    out = []
+    span_of, cols = copies
+    for e, _, _, runs in epochs:
+        ids = [gid_of[key] for key, _, _ in runs]
+        members: list[tuple[int | None, list[int], list[int], int, int]] = [
+            (None, ids, [key for key, _, _ in runs], runs[0][1], runs[-1][2])
+        ]
+        members += [(key & 0xFFFFF, [gid_of[key]], [key], a, b) for key, a, b in runs]
+        for rank, gids, keys, a, b in members:
+            times = np.concatenate([found.times_ms[g] for g in gids])
+            if len(gids) > 1:
+                times.sort()
+            (p50, p99), _ = percentiles_and_max_sorted(times, [50, 99])
+            steps = int(found.begun[gids].sum())
+            coll_ms = float(found.busy_ns[gids].sum()) / 1e6 / steps if steps else math.nan
+            mean = float(times.mean()) if len(times) else math.nan
+            rates = [r for r in found.rate[gids].tolist() if math.isfinite(r)]
+            during = int(np.count_nonzero(ocls[a:b] == DURING)) if len(ocls) else 0
+            out.append(
+                StepRow(
+                    epoch=e,
+                    rank=rank,
+                    steps=steps,
+                    steps_per_s=float(np.median(rates)) if rates else math.nan,
+                    step_p50_ms=p50,
+                    step_p99_ms=p99,
+                    coll_ms_per_step=coll_ms,
+                    coll_share=coll_ms / mean if mean > 0 else math.nan,
+                    copies=_copies(span_of, cols, keys, steps),
+                    during_per_step=during / steps if steps else math.nan,
+                )
+            )
+    return out
+
+
+def _copies(
+    span_of: dict[int, tuple[int, int]], cols: dict[str, np.ndarray], keys: list[int], steps: int
+) -> tuple[CopyStep, ...]:
+    n = len(COPY_CLASSES)
+    count, nbytes, dur = np.zeros(n, dtype=np.int64), np.zeros(n), np.zeros(n)
+    for key in keys:
+        a, b = span_of.get(key, (0, 0))
+        if b <= a:
+            continue
+        cls = np.minimum(cols["direction"][a:b], len(DIRECTIONS) - 1).astype(np.intp) * 2 + (cols["pinned"][a:b] != 0)
+        count += np.bincount(cls, minlength=n)[:n]
+        nbytes += np.bincount(cls, weights=cols["nbytes"][a:b], minlength=n)[:n]
+        dur += np.bincount(cls, weights=cols["dur_us"][a:b], minlength=n)[:n]
+    return copy_steps(count, nbytes, dur, steps)
