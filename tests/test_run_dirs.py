@@ -71,13 +71,17 @@ def test_prune_removes_runs_whose_owner_is_gone_and_keeps_live_and_young_ones(rt
     live = create_run(label="live").run_dir
     fd = lock_run(live)  # this process is its collector
     _age(live, 120)
-    young = _dead_owner_run("young")  # just created: its owner may not have locked it yet
+    young_dead = _dead_owner_run("young")  # a `commtop run` SIGKILLed seconds after it started: goes at once
+    locking = create_run(label="locking").run_dir  # its creator (alive) made the lock file, no pid in it yet
+    (locking / LOCK_NAME).touch()
+    unlocked = create_run(label="unlocked").run_dir  # its creator (alive) has not locked it yet
     (root / "not-a-run").mkdir()  # no connection file: never ours to remove
     try:
         pruned = prune_runs()
-        assert sorted(pruned.removed) == sorted([dead_locked.name, crashed.name])
-        assert sorted(p.name for p in root.iterdir()) == sorted([live.name, young.name, "not-a-run"])
-        assert has_live_collector(live) and not has_live_collector(young)
+        assert sorted(pruned.removed) == sorted([dead_locked.name, crashed.name, young_dead.name])
+        kept = [live.name, locking.name, unlocked.name, "not-a-run"]
+        assert sorted(p.name for p in root.iterdir()) == sorted(kept)
+        assert has_live_collector(live) and not has_live_collector(locking)
     finally:
         os.close(fd)
     assert not has_live_collector(live)
