@@ -150,3 +150,36 @@ def test_a_folder_with_a_lingering_prometheus_exporter_stays_until_it_ends(rt) -
     assert prune_runs().removed == [] and run_dir.exists()
     url_file.unlink()  # what the exporter does when it ends
     assert prune_runs().removed == [run_dir.name] and list(root.iterdir()) == []
+
+
+def test_after_a_sigkilled_commtop_run_ctl_status_removes_its_folder(rt) -> None:
+    """README: folders of runs whose commtop was killed are removed by the next `ctl`. A real
+    `commtop run --headless` (torchrun, 2 gloo ranks), SIGKILLed once its ranks report."""
+    from synthetic_ranks import SMALL_JOB
+
+    root, env = rt
+    proc = subprocess.Popen(
+        [*COMMTOP, "run", "--headless", "--nproc", "2", "--iters", "0", *SMALL_JOB],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # the sampler writes its log once rank 0 runs
+            runs = [p for p in root.iterdir() if (p / FILE_NAME).exists()]
+            if runs and list(runs[0].glob("*.log")) and (runs[0] / LOCK_NAME).exists():
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the run never started: {list(root.iterdir())}")
+        proc.kill()
+        proc.wait(30)
+        time.sleep(1.0)  # torchrun gets its parent-death signal
+        res = subprocess.run([*COMMTOP, "ctl", "status"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert res.returncode == 2 and "removed 1 folder(s) of ended runs" in res.stderr, res.stderr
+    assert [p for p in root.iterdir() if (p / FILE_NAME).exists()] == []
