@@ -24,17 +24,25 @@ ABOUT = "commtop: live profiler for GPU communication (NCCL collectives vs. offl
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    ns, extras = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if ns.command is None:
+        if extras:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
         parser.print_help()
         return 2
+    if extras:  # said by the subcommand: `commtop run: error: ...`, as its own bad values are
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[ns.command].error(f"unrecognized arguments: {' '.join(extras)}")
     return int(ns.func(ns))
 
 
 RUN_USAGE = "commtop run [options]\n       commtop run [--nproc N] [--headless] [--record [PATH]] -- CMD [ARGS ...]"
-RUN_EPILOG = """the second form runs your own script (instrumented with workers.monitor) under torchrun:
-  commtop run -- python examples/train_ddp.py
+RUN_EPILOG = """the second form runs your own script under torchrun, unmodified: every collective and copy
+is read through workers.capture.bootstrap (add workers.monitor for named steps and live knobs):
+  commtop run -- python examples/train_ddp_plain.py
   commtop run --nproc 4 --headless -- python -m mypkg.train --lr 3e-4
+--headless prints the job's output as it comes, each line with its [rankN]: prefix; the job's
+log is kept beside the recording, or under $XDG_STATE_HOME/commtop/logs (the path is said at exit)
 recordings go to recordings/<date>-<time>-<host>-<collective>.commtop unless --record names a PATH"""
 RECORD_HELP = "record to PATH (default: recordings/<date>-<time>-<host>-<collective>.commtop)"
 
