@@ -68,6 +68,7 @@ BAD_RUN = {
     "too many copies": (["--copies", "99999"], "copies"),
     "no ranks": (["--nproc", "0"], "nproc"),
     "negative iterations": (["--iters", "-1"], "negative"),
+    "missing script": (["--", "python", "nope.py"], "cannot run 'nope.py': no such file"),
 }
 
 
@@ -261,6 +262,7 @@ def test_every_subcommand_is_documented(capsys) -> None:
     [
         (["run", "--copies", "99"], "run", "copies"),
         (["run", "--"], "run", "nothing to run"),
+        (["run", "--", "python", "nope.py"], "run", "cannot run 'nope.py': no such file"),
         (["run", "--frobnicate"], "run", "unrecognized arguments: --frobnicate"),
         (["report", "x.commtop", "--frobnicate"], "report", "unrecognized arguments: --frobnicate"),
         (["run", "--nproc", "x"], "run", "invalid int"),

@@ -63,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         script=True,
     )
     run.add_argument("--nproc", type=int, default=None, help="ranks (default: one per visible GPU, or 2 on CPU)")
-    run.add_argument("--headless", action="store_true", help="no TUI: run, then print the per-rank summary")
+    run.add_argument(
+        "--headless", action="store_true", help="no TUI: the job's output as it comes, then the per-rank summary"
+    )
     run.add_argument("--record", nargs="?", const="", default=None, metavar="PATH", help=RECORD_HELP)
     _add_prometheus_argument(run)
     add_loop_arguments(run)
@@ -199,7 +201,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         prometheus = prometheus_setting(ns.prometheus)  # a bad address fails before anything is said
         plan = loop_plan(ns)
     session = LiveSession.for_job(plan, ns.record, prometheus=prometheus)
-    with session.supervised() as job:
+    with session.supervised(headless=ns.headless) as job:
         if ns.headless:
             return session.run_headless(job)
         show(session, title=plan.title)

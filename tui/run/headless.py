@@ -13,6 +13,7 @@ from tui.ingest.interfaces import Sink, Source
 from tui.ingest.loop import IngestLoop
 from tui.model.run_model import RunModel
 from tui.model.snapshot import RankView, Snapshot
+from tui.run.job_failure import signal_name
 
 #: At the end, drain until one poll this long brings nothing, for at most DRAIN_MAX_S.
 DRAIN_QUIET_S = 0.1
@@ -166,5 +167,6 @@ def format_class_summary(s: Snapshot) -> list[str]:
 
 def _state(r: RankView) -> str:
     if r.state == "exited":
-        return f"exited ({r.exit_code})"
+        name = signal_name(r.exit_code) if r.exit_code is not None else ""
+        return f"killed by {name}" if name else f"exited ({r.exit_code})"
     return r.state

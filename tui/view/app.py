@@ -46,6 +46,7 @@ from tui.view.messages import IngestError, SnapshotReady
 from tui.view.widgets.connect import ConnectPanel
 from tui.view.widgets.header import RunHeader, settings_change
 from tui.view.widgets.help import HelpScreen, key_name
+from tui.view.widgets.job_log import JobLogScreen, job_log_of
 from tui.view.widgets.links import LinksPanel, RankGpu
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from tui.view.widgets.status import ReplayBar, StatusLine
@@ -352,6 +353,8 @@ class CommtopApp(App[None]):
             return self.controller is not None
         if action == "toggle_connect":
             return bool(self.connect_lines)
+        if action == "job_log":
+            return job_log_of(self.process_watch) is not None
         return True
 
     def _available(self, action: str) -> bool:
@@ -373,6 +376,12 @@ class CommtopApp(App[None]):
                     f"{k.group}: {k.label}",
                     lambda action=k.action: self.call_later(self.run_action, action),
                 )
+
+    def action_job_log(self) -> None:
+        """The job's output (l): every rank's last lines, the first failing rank's error first."""
+        log = job_log_of(self.process_watch)
+        if log is not None and not isinstance(self.screen, JobLogScreen):
+            self.push_screen(JobLogScreen(log))
 
     def _show_connect(self, show: bool) -> None:
         for panel in self.query(ConnectPanel):
