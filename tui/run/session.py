@@ -186,30 +186,36 @@ class LiveSession:
     def supervised(self, *, headless: bool = False) -> Iterator[JobProcess]:
         """Start the job, and stop the whole job and close this session however the block
         ends; then say where the job's log is and, if it failed, why (its error last). A closed
-        terminal (tmux kill-session, a dropped SSH) stops the job first. ``headless``: the job's lines go to
+        terminal (tmux kill-session, a dropped SSH) stops the job first; so does a SIGTERM
+        before the TUI or the headless loop takes it over. ``headless``: the job's lines go to
         this terminal as they come (tui.run.headless_out)."""
-        from tui.run.hangup import on_hangup
+        from tui.run.hangup import on_hangup, on_terminate
         from tui.run.headless_out import HeadlessTerminal
 
         self.terminal = HeadlessTerminal(sys.stdout, sys.stderr) if headless else None
+        before = on_terminate()  # start-up: until the app or the headless loop handles SIGTERM
         try:
             job = self.start_job(on_line=self.terminal.line if self.terminal is not None else None)
         except BaseException:
             if self.job is not None:
                 self.job.stop()
             self.close()
+            before()
             raise
         restore = on_hangup(job.stop, self.close_on_hangup)
         try:
             yield job
         finally:
             restore()
+            quiet = on_terminate(ignore=True)  # the cleanup below is what a SIGTERM asks for
             job.stop()
             if self.terminal is not None:
                 self.terminal.close()
             self.close()
             self._keep_log()
             self._say_outcome()
+            quiet()
+            before()
 
     def run_headless(self, job: JobProcess) -> int:
         """Collect until the job ends (or Ctrl-C), with a progress line on a terminal, then
