@@ -48,6 +48,7 @@ from tui.view.widgets.header import RunHeader, settings_change
 from tui.view.widgets.help import HelpScreen, key_name
 from tui.view.widgets.job_log import JobLogScreen, job_log_of
 from tui.view.widgets.links import LinksPanel, RankGpu
+from tui.view.widgets.missing_ranks import MissingRanks
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from tui.view.widgets.status import ReplayBar, StatusLine
 from tui.view.widgets.verdict import VerdictLine
@@ -131,6 +132,8 @@ class CommtopApp(App[None]):
         self.connect_lines = list(connect)
         self._connect_auto = bool(connect)  # still shown automatically (no rank has arrived yet)
         self.replay: ReplayControls | None = source if isinstance(source, ReplayControls) else None
+        live = source is not None and self.replay is None
+        self._missing = MissingRanks(watch=bool(connect)) if live else None  # ranks that never said hello
         known = getattr(source, "epoch_settings", None)  # a replay knows every epoch's settings
         if isinstance(known, dict):
             self.model.learn_epoch_settings(known)
@@ -316,7 +319,7 @@ class CommtopApp(App[None]):
         self._update_status()
 
     def _update_status(self) -> None:
-        lines: list[str] = []
+        lines = self._missing.lines(self.snapshot) if self._missing is not None else []
         hint = self.hint
         watch = self.process_watch
         if watch is not None:
