@@ -129,3 +129,11 @@ def test_the_progress_line_comes_at_most_twice_a_second() -> None:
     ticks = [i * 0.1 for i in range(50)]  # 5 s, polled every 0.1 s
     assert sum(progress.due(t) for t in ticks) <= 5 / PROGRESS_EVERY_S + 1
     assert progress.text(ticks[-1]) == "commtop: starting · ranks 0/2 · 0:04"
+
+
+def test_for_commtops_own_loop_only_the_ranks_stderr_is_passed() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    term = HeadlessTerminal(out, err, progress=False, ranks_stdout=False)
+    term.line(JobLine(0, False, 'commtop-summary {"rank": 0}'))  # the loop's machine-readable summary
+    term.line(JobLine(0, True, "commtop worker rank 0: a warning"))
+    assert (out.getvalue(), err.getvalue()) == ("", "[rank0]: commtop worker rank 0: a warning\n")

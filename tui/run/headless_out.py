@@ -24,9 +24,12 @@ _CLEAR = "\r\x1b[K"
 class HeadlessTerminal:
     """One writer for the job's lines (output thread) and the progress line (main thread)."""
 
-    def __init__(self, out: TextIO, err: TextIO, *, progress: bool | None = None) -> None:
+    def __init__(self, out: TextIO, err: TextIO, *, progress: bool | None = None, ranks_stdout: bool = True) -> None:
         self.out = out
         self.err = err
+        #: pass the ranks' stdout through (commtop's own loop prints only a machine-readable
+        #: summary there, which the summary table replaces: its stderr alone is passed)
+        self.ranks_stdout = ranks_stdout
         self.progress_on = progress if progress is not None else _is_tty(out) and _is_tty(err)
         self._lock = threading.Lock()
         self._progress = ""
@@ -45,7 +48,7 @@ class HeadlessTerminal:
         """torchrun's own traceback is held until its exception: its ChildFailedError wrapper
         (and the summary after it) is dropped, anything else is passed on."""
         if line.rank is not None:
-            return [line]
+            return [line] if line.err or self.ranks_stdout else []
         text = line.text
         if self._skipping:
             if text and set(text) == {"="}:

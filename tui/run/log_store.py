@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,10 +23,15 @@ PARTS_SUFFIX = ".parts"
 
 
 def logs_root() -> Path:
-    """``$XDG_STATE_HOME/commtop/logs``, or ``~/.local/state/commtop/logs`` (created 0700)."""
+    """``$XDG_STATE_HOME/commtop/logs``, or ``~/.local/state/commtop/logs`` (created 0700); a
+    home that cannot be written (a read-only container) falls back to ``/tmp/commtop-logs-UID``."""
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     root = Path(state) / "commtop" / "logs"
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        root = Path(tempfile.gettempdir()) / f"commtop-logs-{os.getuid()}"
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
     return root
 
 

@@ -64,6 +64,8 @@ class LiveSession:
     job_logs: JobLogPaths | None = None
     #: the ranks the job starts (the headless progress line counts them)
     expected_ranks: int = 0
+    #: the job is commtop's own loop (its ranks' stdout is a machine-readable summary, not passed through)
+    runs_loop: bool = False
     #: the job's exit code if it failed; said after the cleanup, so its error is the last thing printed
     failed_code: int | None = None
     #: headless: the job's lines and the progress line on this terminal (:meth:`supervised`)
@@ -130,6 +132,7 @@ class LiveSession:
         session.job_logs = log_store.for_run(conn.run_id, recording.path if recording.active else "")
         session.job_argv = plan.argv(conn, session.job_logs)
         session.expected_ranks = plan.nproc
+        session.runs_loop = plan.loop is not None
         return session
 
     @classmethod
@@ -192,7 +195,7 @@ class LiveSession:
         from tui.run.hangup import on_hangup, on_terminate
         from tui.run.headless_out import HeadlessTerminal
 
-        self.terminal = HeadlessTerminal(sys.stdout, sys.stderr) if headless else None
+        self.terminal = HeadlessTerminal(sys.stdout, sys.stderr, ranks_stdout=not self.runs_loop) if headless else None
         before = on_terminate()  # start-up: until the app or the headless loop handles SIGTERM
         try:
             job = self.start_job(on_line=self.terminal.line if self.terminal is not None else None)
