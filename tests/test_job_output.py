@@ -101,7 +101,7 @@ def test_headless_passes_every_ranks_lines_through_as_they_come_and_keeps_the_lo
     token = f"TOKEN-{uuid.uuid4().hex[:12]}"
     job = _script(tmp, "tokens.py", TOKEN_JOB)
     proc = subprocess.Popen(
-        [*COMMTOP, "run", "--headless", "--", "python", job, token, "30", "0.1"],
+        [*COMMTOP, "run", "--headless", "--record", str(tmp / "run.commtop"), "--", "python", job, token, "30", "0.1"],
         env=env,
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -127,10 +127,12 @@ def test_headless_passes_every_ranks_lines_through_as_they_come_and_keeps_the_lo
             assert f"[rank{rank}]: {token} step {step}\n" in out, out[-2000:]
     assert "commtop summary" in out and "\r" not in out + err  # no progress line in a pipe
     log = _kept_log(err)
+    assert log == tmp / "run.log" and (tmp / "run.commtop").is_file()  # beside the recording
     kept = log.read_text()
     assert f"[rank1]: {token} step 29" in kept and f"[rank0]: {token} step 0" in kept
-    assert root not in log.parents and list(root.iterdir()) == []  # the run's folder went; the log stays
-    assert [p.name for p in log.parent.iterdir()] == [log.name]  # its scratch files went
+    assert list(root.iterdir()) == []  # the run's folder went; the log stays
+    state = Path(os.environ["XDG_STATE_HOME"], "commtop", "logs")
+    assert list(state.iterdir()) == []  # its scratch files went too
 
 
 def test_a_failing_rank_ends_the_output_with_its_own_error_and_its_rank(rt) -> None:
