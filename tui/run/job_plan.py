@@ -76,7 +76,10 @@ def script_plan(script: list[str], nproc: int | None) -> JobPlan:
     refused here, before anything starts."""
     from tui.run.gpus import visible_gpus
 
-    script_argv(script, 1)  # a command with nothing to run, or a missing file: one line, now
+    rest = _command(script)  # a command with nothing to run, or a missing file: one line, now
+    if rest and rest[0] != "-m" and not os.path.isfile(rest[0]):
+        why = "is a directory" if os.path.isdir(rest[0]) else "no such file"
+        raise ConfigError(f"cannot run {rest[0]!r}: {why}")
     gpus = visible_gpus()
     ranks = nproc if nproc is not None else (gpus.count or CPU_RANKS)
     if ranks < 1:
@@ -89,9 +92,18 @@ def script_plan(script: list[str], nproc: int | None) -> JobPlan:
 def script_argv(script: list[str], nproc: int, logs: JobLogPaths | None = None) -> list[str]:
     """torchrun on this node for ``python x.py ARGS``, ``python -m mod ARGS`` or ``x.py ARGS``;
     a command that is already ``torchrun ...`` runs as given. Raises ConfigError (one line)
-    for a command with nothing to run or a script file that does not exist."""
-    if os.path.basename(script[0]) == "torchrun":
+    for a command with nothing to run."""
+    rest = _command(script)
+    if not rest:
         return script
+    # The bootstrap captures collectives and copies of the unmodified script, then runs it as __main__.
+    return [*torchrun_prefix(nproc, logs), "-m", "workers.capture.bootstrap", *rest]
+
+
+def _command(script: list[str]) -> list[str]:
+    """What python runs (``train.py ARGS`` or ``-m mod ARGS``); [] for a ``torchrun ...`` command."""
+    if os.path.basename(script[0]) == "torchrun":
+        return []
     rest = list(script)
     if os.path.basename(rest[0]).startswith("python"):
         rest = rest[1:]
@@ -99,11 +111,7 @@ def script_argv(script: list[str], nproc: int, logs: JobLogPaths | None = None) 
             rest = rest[1:]
     if not rest or (rest[0] == "-m" and len(rest) < 2):
         raise ConfigError(f"nothing to run in {' '.join(script)!r}; expected e.g. `-- python train.py`")
-    if rest[0] != "-m" and not os.path.isfile(rest[0]):
-        why = "is a directory" if os.path.isdir(rest[0]) else "no such file"
-        raise ConfigError(f"cannot run {rest[0]!r}: {why}")
-    # The bootstrap captures collectives and copies of the unmodified script, then runs it as __main__.
-    return [*torchrun_prefix(nproc, logs), "-m", "workers.capture.bootstrap", *rest]
+    return rest
 
 
 def check_memory(config: LoopConfig, nproc: int, cpu: bool, gpu_memory: tuple[int, ...]) -> None:
