@@ -37,6 +37,8 @@ from tui.run.log_store import JobLogPaths
 
 #: How often the files are read (the passthrough's and the status line's latency).
 POLL_S = 0.05
+#: Once ranks' files were found, look for more (a late rank, a restart) every this many reads.
+DISCOVER_EVERY = 10
 #: A line longer than this (a progress bar that never ends its line) is cut into pieces.
 MAX_LINE = 16384
 _RANK_FILE = re.compile(r"attempt_(\d+)/(\d+)/std(out|err)\.log$")
@@ -116,7 +118,7 @@ class JobOutput:
         try:
             while True:
                 ended = self._ended()  # before reading: what it wrote is in the files
-                if not self._read_all() and ended:
+                if not self._read_all(everything=ended) and ended:
                     break
                 if not ended:
                     time.sleep(POLL_S)
@@ -131,10 +133,11 @@ class JobOutput:
             if self._log is not None:
                 self._log.close()
 
-    def _discover(self) -> None:
+    def _discover(self, everything: bool) -> None:
         own = [(self.paths.torchrun_stdout, False), (self.paths.torchrun_stderr, True)]
         found: list[tuple[Path, int | None, bool]] = [(p, None, err) for p, err in own]
-        if self.paths.ranks_dir.is_dir():
+        ranks_seen = len(self._followed) > len(own)
+        if self.paths.ranks_dir.is_dir() and (everything or not ranks_seen or self._reads % DISCOVER_EVERY == 0):
             for path in sorted(self.paths.ranks_dir.glob("*/attempt_*/*/std*.log")):
                 m = _RANK_FILE.search(path.as_posix())
                 if m:
@@ -148,9 +151,9 @@ class JobOutput:
                 continue
             self._followed[path] = _Followed(path, rank, err, fh)
 
-    def _read_all(self) -> bool:
-        """One pass over every file; whether anything was read."""
-        self._discover()
+    def _read_all(self, everything: bool = False) -> bool:
+        """One pass over every file (``everything``: look for new files now); whether anything was read."""
+        self._discover(everything)
         got = False
         for f in list(self._followed.values()):
             while chunk := f.fh.read(65536):

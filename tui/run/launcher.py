@@ -160,7 +160,7 @@ class JobProcess:
         sections: list[tuple[str, bool, list[str]]] = []
         if failure.first is not None:
             error = [ln.strip() for ln in failure.lines if ln.startswith(f"  [rank{failure.first}]")]
-            what = self.output.rank_error(failure.first) or failure.ended.get(failure.first, "")
+            what = self.output.rank_error(failure.first) or failure.ended.get(failure.first, "").split(" (")[0]
             sections.append((f"rank {failure.first} failed first: {what}", True, error))
         for rank, lines in self.output.rank_lines().items():
             state = failure.ended.get(rank, "")
