@@ -215,8 +215,8 @@ class LiveSession:
             if self.terminal is not None:
                 self.terminal.close()
             self.close()
-            self._keep_log()
-            self._say_outcome()
+            with contextlib.suppress(OSError):  # a terminal gone away
+                self._say_outcome()
             quiet()
             before()
 
@@ -262,15 +262,14 @@ class LiveSession:
         return code
 
     def _keep_log(self) -> None:
-        """The job's output read to its end: its scratch files go; the log moves beside the
-        recording if one was started during the run (``r``)."""
+        """Once the job's output was read to its end (the job stopped): its scratch files go;
+        the log moves beside the recording if one was started during the run (``r``)."""
         from pathlib import Path
 
         logs, job = self.job_logs, self.job
-        if logs is None or job is None:
+        if logs is None or job is None or not job.output_done():
             return
-        if job.output_done():
-            logs.remove_parts()
+        logs.remove_parts()
         recording = self.recorder.status().path
         if recording and Path(recording).exists():
             self.job_logs = logs.moved_beside(recording)
@@ -342,7 +341,7 @@ class LiveSession:
             remove_run(self.connection)
 
     def close(self) -> None:
-        _close_all([self.recorder.stop, self.controller.close, self.source.close])
+        _close_all([self.recorder.stop, self.controller.close, self.source.close, self._keep_log])
         if self.owns_run:
             from tui.run.run_dirs import remove_run
 
