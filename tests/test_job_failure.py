@@ -137,3 +137,13 @@ def test_for_commtops_own_loop_only_the_ranks_stderr_is_passed() -> None:
     term.line(JobLine(0, False, 'commtop-summary {"rank": 0}'))  # the loop's machine-readable summary
     term.line(JobLine(0, True, "commtop worker rank 0: a warning"))
     assert (out.getvalue(), err.getvalue()) == ("", "[rank0]: commtop worker rank 0: a warning\n")
+
+
+def test_a_rank_row_ended_by_a_signal_says_the_signal_not_exited() -> None:
+    from tui.model.snapshot import RankView
+    from tui.view.widgets.rank_rows import state_note
+
+    why = "killed by SIGTERM (stopped by torchrun after rank 1 failed)"
+    assert state_note(RankView(rank=0, state="exited", exit_code=-15, exit_reason=why), None) == f" {why} "
+    own = RankView(rank=1, state="exited", exit_code=1, exit_reason="ValueError: boom on rank 1")
+    assert state_note(own, None) == " exited (1): ValueError: boom on rank 1 "
