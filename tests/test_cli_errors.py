@@ -68,6 +68,7 @@ BAD_RUN = {
     "too many copies": (["--copies", "99999"], "copies"),
     "no ranks": (["--nproc", "0"], "nproc"),
     "negative iterations": (["--iters", "-1"], "negative"),
+    "missing script": (["--", "python", "nope.py"], "cannot run 'nope.py': no such file"),
 }
 
 
@@ -237,7 +238,8 @@ def test_run_help_shows_the_script_form_and_the_defaults(capsys) -> None:
     text = " ".join(out.split())  # argparse wraps lines at the terminal's width
     assert code == 0
     assert "commtop run [--nproc N] [--headless] [--record [PATH]] -- CMD [ARGS ...]" in text
-    assert "commtop run -- python examples/train_ddp.py" in text
+    assert "commtop run -- python examples/train_ddp_plain.py" in text
+    assert "unmodified" in text and "instrumented with workers.monitor" not in text  # the README's promise
     for option, default in (("--copies", "5"), ("--collectives-per-step", "32"), ("--warmup", "5")):
         after = text[text.index(option + " ") :]
         assert f"(default: {default})" in after[: after.index(" --", 3)], (option, after[:200])
@@ -260,6 +262,9 @@ def test_every_subcommand_is_documented(capsys) -> None:
     [
         (["run", "--copies", "99"], "run", "copies"),
         (["run", "--"], "run", "nothing to run"),
+        (["run", "--", "python", "nope.py"], "run", "cannot run 'nope.py': no such file"),
+        (["run", "--frobnicate"], "run", "unrecognized arguments: --frobnicate"),
+        (["report", "x.commtop", "--frobnicate"], "report", "unrecognized arguments: --frobnicate"),
         (["run", "--nproc", "x"], "run", "invalid int"),
         (["watch", "--listen", "tcp://nope"], "watch", "--listen"),
         (["replay"], "replay", "required: FILE"),

@@ -72,5 +72,9 @@ def test_a_sigkilled_rank_named_only_in_torchruns_summary_gets_its_bye(
     assert job.wait(30) == 0
     source = JobExitSource(FakeSource(), job)
     got = [m for _ in range(3) for m in source.poll(0.0) if isinstance(m, Bye)]
-    assert [(b.rank, b.exit_code) for b in got] == [(0, 1), (1, -9)]  # rank 0's own Bye, then rank 1's
+    # rank 0's own Bye, then rank 1's from torchrun, then torchrun's last word once its output is read
+    assert [(b.rank, b.exit_code) for b in got] == [(0, 1), (1, -9), (1, -9)]
     assert got[1].reason == "killed by SIGKILL (reported by torchrun)"
+    # torchrun's summary names rank 0 as the root cause; rank 0's own error says its peer died
+    assert got[2].reason == "killed by SIGKILL (failed first)"
+    assert job.failure().lines[-1] == "rank 1 failed first: killed by SIGKILL"

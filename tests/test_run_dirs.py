@@ -71,13 +71,17 @@ def test_prune_removes_runs_whose_owner_is_gone_and_keeps_live_and_young_ones(rt
     live = create_run(label="live").run_dir
     fd = lock_run(live)  # this process is its collector
     _age(live, 120)
-    young = _dead_owner_run("young")  # just created: its owner may not have locked it yet
+    young_dead = _dead_owner_run("young")  # a `commtop run` SIGKILLed seconds after it started: goes at once
+    locking = create_run(label="locking").run_dir  # its creator (alive) made the lock file, no pid in it yet
+    (locking / LOCK_NAME).touch()
+    unlocked = create_run(label="unlocked").run_dir  # its creator (alive) has not locked it yet
     (root / "not-a-run").mkdir()  # no connection file: never ours to remove
     try:
         pruned = prune_runs()
-        assert sorted(pruned.removed) == sorted([dead_locked.name, crashed.name])
-        assert sorted(p.name for p in root.iterdir()) == sorted([live.name, young.name, "not-a-run"])
-        assert has_live_collector(live) and not has_live_collector(young)
+        assert sorted(pruned.removed) == sorted([dead_locked.name, crashed.name, young_dead.name])
+        kept = [live.name, locking.name, unlocked.name, "not-a-run"]
+        assert sorted(p.name for p in root.iterdir()) == sorted(kept)
+        assert has_live_collector(live) and not has_live_collector(locking)
     finally:
         os.close(fd)
     assert not has_live_collector(live)
@@ -146,3 +150,36 @@ def test_a_folder_with_a_lingering_prometheus_exporter_stays_until_it_ends(rt) -
     assert prune_runs().removed == [] and run_dir.exists()
     url_file.unlink()  # what the exporter does when it ends
     assert prune_runs().removed == [run_dir.name] and list(root.iterdir()) == []
+
+
+def test_after_a_sigkilled_commtop_run_ctl_status_removes_its_folder(rt) -> None:
+    """README: folders of runs whose commtop was killed are removed by the next `ctl`. A real
+    `commtop run --headless` (torchrun, 2 gloo ranks), SIGKILLed once its ranks report."""
+    from synthetic_ranks import SMALL_JOB
+
+    root, env = rt
+    proc = subprocess.Popen(
+        [*COMMTOP, "run", "--headless", "--nproc", "2", "--iters", "0", *SMALL_JOB],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # the sampler writes its log once rank 0 runs
+            runs = [p for p in root.iterdir() if (p / FILE_NAME).exists()]
+            if runs and list(runs[0].glob("*.log")) and (runs[0] / LOCK_NAME).exists():
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the run never started: {list(root.iterdir())}")
+        proc.kill()
+        proc.wait(30)
+        time.sleep(1.0)  # torchrun gets its parent-death signal
+        res = subprocess.run([*COMMTOP, "ctl", "status"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert res.returncode == 2 and "removed 1 folder(s) of ended runs" in res.stderr, res.stderr
+    assert [p for p in root.iterdir() if (p / FILE_NAME).exists()] == []

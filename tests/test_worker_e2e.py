@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -215,7 +217,23 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def test_selfcheck_runs_every_mode_and_sees_every_iteration():
+@pytest.mark.parametrize("runtime_dir", ["set", "unset"])
+def test_selfcheck_runs_every_mode_and_sees_every_iteration_and_leaves_no_run_folder(runtime_dir):
+    short = Path(tempfile.mkdtemp(prefix="sc-", dir="/tmp"))  # ipc paths must stay under 107 characters
+    try:
+        _selfcheck(short, runtime_dir == "set")
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def _selfcheck(short: Path, runtime_dir: bool) -> None:
+    child = env()
+    child["TMPDIR"] = str(short / "t")  # where it makes a runtime folder when none is set
+    os.makedirs(child["TMPDIR"])
+    if runtime_dir:
+        child["COMMTOP_RUNTIME_DIR"] = str(short / "rt")
+    else:
+        child.pop("COMMTOP_RUNTIME_DIR", None)
     res = subprocess.run(
         [
             sys.executable,
@@ -228,12 +246,14 @@ def test_selfcheck_runs_every_mode_and_sees_every_iteration():
             "--collectives-per-step",
             "8",
         ],
-        env=env(),
+        env=child,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert res.returncode == 0, res.stderr[-2000:]
+    left = [p for p in short.rglob("*") if p.is_dir() and (p / "connection.json").exists()]
+    assert left == [] and os.listdir(child["TMPDIR"]) == [], (left, os.listdir(child["TMPDIR"]))
     rows = {line.split()[0]: line.split() for line in res.stdout.splitlines()[2:] if line.split()[0] in MODES}
     assert set(rows) == set(MODES)
     for mode, cols in rows.items():

@@ -24,17 +24,25 @@ ABOUT = "commtop: live profiler for GPU communication (NCCL collectives vs. offl
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    ns, extras = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if ns.command is None:
+        if extras:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
         parser.print_help()
         return 2
+    if extras:  # said by the subcommand: `commtop run: error: ...`, as its own bad values are
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[ns.command].error(f"unrecognized arguments: {' '.join(extras)}")
     return int(ns.func(ns))
 
 
 RUN_USAGE = "commtop run [options]\n       commtop run [--nproc N] [--headless] [--record [PATH]] -- CMD [ARGS ...]"
-RUN_EPILOG = """the second form runs your own script (instrumented with workers.monitor) under torchrun:
-  commtop run -- python examples/train_ddp.py
+RUN_EPILOG = """the second form runs your own script under torchrun, unmodified: every collective and copy
+is read through workers.capture.bootstrap (add workers.monitor for named steps and live knobs):
+  commtop run -- python examples/train_ddp_plain.py
   commtop run --nproc 4 --headless -- python -m mypkg.train --lr 3e-4
+--headless prints the job's output as it comes, each line with its [rankN]: prefix; the job's
+log is kept beside the recording, or under $XDG_STATE_HOME/commtop/logs (the path is said at exit)
 recordings go to recordings/<date>-<time>-<host>-<collective>.commtop unless --record names a PATH"""
 RECORD_HELP = "record to PATH (default: recordings/<date>-<time>-<host>-<collective>.commtop)"
 
@@ -55,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         script=True,
     )
     run.add_argument("--nproc", type=int, default=None, help="ranks (default: one per visible GPU, or 2 on CPU)")
-    run.add_argument("--headless", action="store_true", help="no TUI: run, then print the per-rank summary")
+    run.add_argument(
+        "--headless", action="store_true", help="no TUI: the job's output as it comes, then the per-rank summary"
+    )
     run.add_argument("--record", nargs="?", const="", default=None, metavar="PATH", help=RECORD_HELP)
     _add_prometheus_argument(run)
     add_loop_arguments(run)
@@ -191,7 +201,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         prometheus = prometheus_setting(ns.prometheus)  # a bad address fails before anything is said
         plan = loop_plan(ns)
     session = LiveSession.for_job(plan, ns.record, prometheus=prometheus)
-    with session.supervised() as job:
+    with session.supervised(headless=ns.headless) as job:
         if ns.headless:
             return session.run_headless(job)
         show(session, title=plan.title)

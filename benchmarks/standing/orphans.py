@@ -101,6 +101,7 @@ def run_trial(way: str, index: int, grace_s: float = 30.0, runtime_dir: str | No
         {
             MARKER: marker,
             "COMMTOP_RUNTIME_DIR": rt,
+            "XDG_STATE_HOME": os.path.join(rt, "state"),  # job logs go with the trial, not into your home
             "OMP_NUM_THREADS": "1",
             "CUDA_VISIBLE_DEVICES": "",
             "TERM": "xterm-256color",

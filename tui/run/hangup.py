@@ -1,9 +1,16 @@
-"""SIGHUP: the terminal is gone (tmux kill-session, a closed window, a dropped SSH connection).
+"""SIGHUP: the terminal is gone (tmux kill-session, a closed window, a dropped SSH connection);
+SIGTERM while commtop starts its job.
 
 Python's default for SIGHUP ends the process on the spot: no `finally`, no job.stop(), the
 run's folder left behind, the torchrun agent left to PR_SET_PDEATHSIG alone. Here a hang-up
 runs the given cleanups in order (stop the job first: it holds the GPUs), each bounded and
 each allowed to fail, then exits 129. There is no terminal to restore or to print to.
+
+SIGTERM is the TUI's (it quits as `q` does) and the headless loop's once they run; before that
+(torchrun started, the TUI still starting) its default would end commtop on the spot, leaving
+the run's folder behind. :func:`on_terminate` raises :class:`Terminated` in the main thread
+instead, so every `finally` runs: the job is stopped, the folder removed, and Textual's own
+`finally` puts the terminal back if it had taken it.
 """
 
 from __future__ import annotations
@@ -40,5 +47,28 @@ def on_hangup(*cleanups: Callable[[], Any], deadline_s: float = HANGUP_DEADLINE_
 
     def restore() -> None:
         signal.signal(signal.SIGHUP, previous)
+
+    return restore
+
+
+class Terminated(SystemExit):
+    """A SIGTERM before the TUI or the headless loop answers it: exit 143 through every `finally`."""
+
+
+def on_terminate(*, ignore: bool = False) -> Callable[[], None]:
+    """Install the SIGTERM handler (main thread only): raise :class:`Terminated`, or with
+    ``ignore`` do nothing (during the cleanup that a SIGTERM asks for anyway). Returns a
+    function restoring the handler before."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum: int, _frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: the cleanup is under way
+        raise Terminated(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore else handler)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
 
     return restore

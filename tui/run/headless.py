@@ -15,6 +15,7 @@ from tui.model.run_model import RunModel
 from tui.model.snapshot import RankView, Snapshot
 from tui.model.stats import RunAggregate
 from tui.report.views_text import step_line
+from tui.run.job_failure import signal_name
 from tui.run.summary_views import job_workload, stream_lines
 
 #: At the end, drain until one poll this long brings nothing, for at most DRAIN_MAX_S.
@@ -194,5 +195,6 @@ def format_class_summary(s: Snapshot) -> list[str]:
 
 def _state(r: RankView) -> str:
     if r.state == "exited":
-        return f"exited ({r.exit_code})"
+        name = signal_name(r.exit_code) if r.exit_code is not None else ""
+        return f"killed by {name}" if name else f"exited ({r.exit_code})"
     return r.state

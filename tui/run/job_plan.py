@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tui.run.launcher import torchrun_argv, torchrun_prefix
+from tui.run.log_store import JobLogPaths
 from workers.wire.config import ConfigError, LoopConfig, config_from_args
 from workers.wire.connection import Connection
 
@@ -34,14 +35,15 @@ class JobPlan:
     title: str = "commtop"
     #: the synthetic loop's settings; None: ``script`` runs instead
     loop: LoopConfig | None = None
-    #: a user's script as torchrun runs it (:func:`script_argv`)
+    #: a user's command (``python train.py ARGS``), run under torchrun by :func:`script_argv`
     script: tuple[str, ...] = ()
 
-    def argv(self, conn: Connection) -> list[str]:
-        """torchrun's command line (the loop's workers are told the run's connection file)."""
+    def argv(self, conn: Connection, logs: JobLogPaths | None = None) -> list[str]:
+        """torchrun's command line (the loop's workers are told the run's connection file);
+        with ``logs``, each rank writes its output into its own files there."""
         if self.loop is not None:
-            return torchrun_argv(self.nproc, self.loop.to_argv(), conn)
-        return list(self.script)
+            return torchrun_argv(self.nproc, self.loop.to_argv(), conn, logs)
+        return script_argv(list(self.script), self.nproc, logs)
 
 
 def loop_plan(ns: argparse.Namespace) -> JobPlan:
@@ -68,25 +70,40 @@ def loop_plan(ns: argparse.Namespace) -> JobPlan:
 
 
 def script_plan(script: list[str], nproc: int | None) -> JobPlan:
-    """`commtop run -- CMD ...`: the user's own script (instrumented with ``workers.monitor``)
-    under torchrun, one rank per visible GPU (or ``nproc``); the run is named after it."""
+    """`commtop run -- CMD ...`: the user's own script, unmodified (read through
+    ``workers.capture.bootstrap``) or using ``workers.monitor``, under torchrun, one rank per
+    visible GPU (or ``nproc``); the run is named after it. A script that does not exist is
+    refused here, before anything starts."""
     from tui.run.gpus import visible_gpus
 
+    rest = _command(script)  # a command with nothing to run, or a missing file: one line, now
+    if rest and rest[0] != "-m" and not os.path.isfile(rest[0]):
+        why = "is a directory" if os.path.isdir(rest[0]) else "no such file"
+        raise ConfigError(f"cannot run {rest[0]!r}: {why}")
     gpus = visible_gpus()
     ranks = nproc if nproc is not None else (gpus.count or CPU_RANKS)
     if ranks < 1:
         raise ConfigError("--nproc must be at least 1")
-    argv = script_argv(script, ranks)
     label = next((Path(a).stem for a in script if a.endswith(".py")), "script")
     title = f"commtop run · {' '.join(script)[:60]}"
-    return JobPlan(ranks, label=label, collective="monitor", title=title, script=tuple(argv))
+    return JobPlan(ranks, label=label, collective="monitor", title=title, script=tuple(script))
 
 
-def script_argv(script: list[str], nproc: int) -> list[str]:
+def script_argv(script: list[str], nproc: int, logs: JobLogPaths | None = None) -> list[str]:
     """torchrun on this node for ``python x.py ARGS``, ``python -m mod ARGS`` or ``x.py ARGS``;
-    a command that is already ``torchrun ...`` runs as given."""
-    if os.path.basename(script[0]) == "torchrun":
+    a command that is already ``torchrun ...`` runs as given. Raises ConfigError (one line)
+    for a command with nothing to run."""
+    rest = _command(script)
+    if not rest:
         return script
+    # The bootstrap captures collectives and copies of the unmodified script, then runs it as __main__.
+    return [*torchrun_prefix(nproc, logs), "-m", "workers.capture.bootstrap", *rest]
+
+
+def _command(script: list[str]) -> list[str]:
+    """What python runs (``train.py ARGS`` or ``-m mod ARGS``); [] for a ``torchrun ...`` command."""
+    if os.path.basename(script[0]) == "torchrun":
+        return []
     rest = list(script)
     if os.path.basename(rest[0]).startswith("python"):
         rest = rest[1:]
@@ -94,8 +111,7 @@ def script_argv(script: list[str], nproc: int) -> list[str]:
             rest = rest[1:]
     if not rest or (rest[0] == "-m" and len(rest) < 2):
         raise ConfigError(f"nothing to run in {' '.join(script)!r}; expected e.g. `-- python train.py`")
-    # The bootstrap captures collectives and copies of the unmodified script, then runs it as __main__.
-    return [*torchrun_prefix(nproc), "-m", "workers.capture.bootstrap", *rest]
+    return rest
 
 
 def check_memory(config: LoopConfig, nproc: int, cpu: bool, gpu_memory: tuple[int, ...]) -> None:

@@ -3,18 +3,18 @@
 `commtop run` owns the workers: quitting the TUI (or Ctrl-C in headless mode) stops the
 whole group; a SIGKILLed `commtop` takes torchrun with it (PR_SET_PDEATHSIG), and torchrun
 stops its workers; the ranks and their sampler end with their own parent too
-(`workers.wire.lifeline`, asked for through the environment). torchrun writes into the run's
-job.log, never into a pipe: a pipe whose reader (this process) died turns every later write
-of torchrun or a rank into an error at the worst moment (while shutting down). The last lines
-the job printed are read back from that file (bounded) for the status line.
+(`workers.wire.lifeline`, asked for through the environment). torchrun and the ranks write
+into files, never into a pipe: a pipe whose reader (this process) died turns every later
+write of torchrun or a rank into an error at the worst moment (while shutting down). Each
+rank writes its own files (torchrun's ``--log-dir``, ``--redirects 3``); tui.run.job_output
+follows them, writes the job's log (tui.run.log_store says where it is kept) and keeps the
+last lines of every rank; tui.run.job_failure says which rank failed first, and why.
 """
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,21 +25,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tui.ingest.interfaces import ResetModel, Source
+from tui.run.job_failure import Failure, RankExit, ended_text
+from tui.run.job_output import JobLine, JobOutput
+from tui.run.log_store import JobLogPaths
 from workers.wire.connection import CONNECTION_FILE_ENV, Connection
 from workers.wire.lifeline import env_for_child
 from workers.wire.protocol import Bye, Hello, Message
 
-#: torchrun's agent, the moment it sees a worker die: "failed (exitcode: -9) local_rank: 1 (pid: 123)".
-#: It names only the *first* failure of that poll (ties on a whole-second timestamp go to the lowest
-#: local rank), so a peer that died of the SIGKILLed rank's broken collective can be named instead.
-_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)")
-#: torchrun's ChildFailedError summary at exit lists every failed worker: "  exitcode  : -9 (pid: 123)".
-_FAILURE_ROW = re.compile(r"^\s*exitcode\s*: (-?\d+) \(pid: (\d+)\)")
-
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 5.0
-#: How often the job's log is read for new lines (the status line's latency).
-OUTPUT_POLL_S = 0.05
 
 
 def _die_with(parent_pid: int) -> Callable[[], None]:
@@ -57,9 +51,12 @@ def _die_with(parent_pid: int) -> Callable[[], None]:
     return arm
 
 
-def torchrun_prefix(nproc: int) -> list[str]:
+def torchrun_prefix(nproc: int, logs: JobLogPaths | None = None) -> list[str]:
     """torchrun (as `python -m torch.distributed.run`, so no PATH lookup) on this node, polling
-    its workers every 0.2 s (a dead rank is reported that soon); the program follows."""
+    its workers every 0.2 s (a dead rank is reported that soon); with ``logs``, every rank
+    writes its stdout and stderr into its own files there (tui.run.job_output reads them).
+    The program follows."""
+    files = ["--log-dir", str(logs.ranks_dir), "--redirects", "3"] if logs is not None else []
     return [
         sys.executable,
         "-m",
@@ -67,105 +64,122 @@ def torchrun_prefix(nproc: int) -> list[str]:
         "--standalone",
         f"--nproc-per-node={nproc}",
         "--monitor-interval=0.2",
+        *files,
     ]
 
 
-def torchrun_argv(nproc: int, worker_args: list[str], connection: Connection) -> list[str]:
+def torchrun_argv(
+    nproc: int, worker_args: list[str], connection: Connection, logs: JobLogPaths | None = None
+) -> list[str]:
     """torchrun running commtop's workers on this node."""
-    return [*torchrun_prefix(nproc), "-m", "workers", "--connection-file", connection.path, *worker_args]
+    return [*torchrun_prefix(nproc, logs), "-m", "workers", "--connection-file", connection.path, *worker_args]
 
 
 class JobProcess:
-    """A running torchrun job: its output tail, exit code and a reliable stop()."""
+    """A running torchrun job: its output (followed, kept in its log), exit code and a reliable stop().
+
+    ``logs``: where its output goes (tui.run.log_store.for_run); by default a scratch folder in
+    the run's folder, removed with it (tests and benchmarks). ``on_line``: every line of the
+    job as it is read (the headless terminal), on the output's thread."""
 
     def __init__(
-        self, argv: list[str], connection: Connection, env: dict[str, str] | None = None, tail_lines: int = 200
+        self,
+        argv: list[str],
+        connection: Connection,
+        env: dict[str, str] | None = None,
+        tail_lines: int = 200,
+        *,
+        logs: JobLogPaths | None = None,
+        on_line: Callable[[JobLine], None] | None = None,
     ) -> None:
         self.argv = argv
-        self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-        #: pid -> exit code of workers torchrun saw die (a SIGKILLed rank cannot say Bye itself).
-        self.worker_exits: dict[int, int] = {}
+        run_dir = Path(connection.run_dir)
+        self.logs = logs or JobLogPaths(run_dir / "job.log", run_dir / "job")
+        self.logs.create()
+        #: rank -> (time in ns, reason) of a Bye that said the rank failed (tui.run.job_failure orders by it)
+        self._failing_byes: dict[int, tuple[int, str]] = {}
         self._lock = threading.Lock()
         # The ranks (and their sampler) end with their torchrun agent: PR_SET_PDEATHSIG, armed
         # by each rank at start. Only asked from the main thread, whose end is the process's.
         child_env = env_for_child(dict(os.environ if env is None else env), direct=False)
         child_env[CONNECTION_FILE_ENV] = connection.path
         child_env.setdefault("PYTHONUNBUFFERED", "1")
-        log_path = Path(connection.run_dir) / "job.log"
-        self.log_path = str(log_path)
-        with open(log_path, "ab") as log:
-            start = log.tell()
+        with open(self.logs.torchrun_stdout, "ab") as out, open(self.logs.torchrun_stderr, "ab") as err:
             main_thread = threading.current_thread() is threading.main_thread()
             self.proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                stdout=out,
+                stderr=err,
                 env=child_env,
                 start_new_session=True,
                 preexec_fn=_die_with(os.getpid()) if main_thread else None,
             )
         self.started = time.monotonic()
-        self._pump_thread = threading.Thread(target=self._pump, args=(start,), name="job-output", daemon=True)
-        self._pump_thread.start()
+        self.output = JobOutput(self.logs, lambda: self.proc.poll() is not None, on_line=on_line, tail_lines=tail_lines)
+        self.output.start()
 
-    def _pump(self, start: int) -> None:
-        """Follow job.log from ``start`` until torchrun has exited and the file is read to its end."""
-        with open(self.log_path, "rb") as log:
-            log.seek(start)
-            partial = b""
-            while True:
-                exited = self.proc.poll() is not None  # before reading: what it wrote is in the file
-                chunk = log.read(65536)
-                if chunk:
-                    *lines, partial = (partial + chunk).split(b"\n")
-                    for raw in lines:
-                        self._take(raw)
-                    continue
-                if exited:
-                    if partial:
-                        self._take(partial)
-                    return
-                time.sleep(OUTPUT_POLL_S)
+    @property
+    def log_path(self) -> str:
+        """The job's log (every rank's lines with their prefix, and torchrun's)."""
+        return str(self.logs.log)
 
-    def _take(self, raw: bytes) -> None:
-        line = raw.decode(errors="replace").rstrip()
-        if line:
-            failed = _FAILED.search(line) or _FAILURE_ROW.match(line)
+    @property
+    def worker_exits(self) -> dict[int, int]:
+        """pid -> exit code of workers torchrun saw end with an error (a SIGKILLed rank cannot
+        say Bye itself)."""
+        return self.output.pid_exits()
+
+    def rank_exits(self) -> dict[int, RankExit]:
+        return self.output.exits()
+
+    def note_bye(self, bye: Bye) -> None:
+        """A rank said Bye (its own, not torchrun's word): one with an error orders the failures."""
+        if bye.exit_code != 0:
             with self._lock:
-                self._tail.append(line)
-                if failed:
-                    self.worker_exits[int(failed.group(2))] = int(failed.group(1))
+                self._failing_byes.setdefault(bye.rank, (bye.t_ns, bye.reason))
+
+    def failure(self) -> Failure:
+        """Why the job failed (or is failing), from what was read so far."""
+        with self._lock:
+            byes = dict(self._failing_byes)
+        return self.output.failure(self.exit_code() or 0, byes)
 
     # ProcessWatch (tui.ingest.interfaces): what the app's status line reads
     def lines(self) -> list[str]:
-        with self._lock:
-            return list(self._tail)
+        return self.output.lines()
 
-    def error_lines(self, limit: int = 12) -> list[str]:
-        """The lines that explain a failure: tracebacks and torchrun's failure summary."""
-        lines = self.lines()
-        keep = [
-            ln
-            for ln in lines
-            if "Error" in ln
-            or "error" in ln
-            or "Traceback" in ln
-            or "exitcode" in ln
-            or ln.startswith(("  File", "[rank"))
-        ]
-        return (keep or lines)[-limit:]
+    def error_lines(self, limit: int = 14) -> list[str]:
+        """The lines that explain a failure, the first failing rank's own error last."""
+        return [ln.strip() for ln in self.failure().lines][-limit:]
+
+    def log_sections(self, lines_per_rank: int) -> list[tuple[str, bool, list[str]]]:
+        """The log pane: (title, is an error, lines): the first failing rank's error first, then
+        the last lines of every rank, then torchrun's."""
+        failure = self.failure()
+        sections: list[tuple[str, bool, list[str]]] = []
+        if failure.first is not None:
+            error = [ln.strip() for ln in failure.lines if ln.startswith(f"  [rank{failure.first}]")]
+            what = self.output.rank_error(failure.first) or failure.ended.get(failure.first, "").split(" (")[0]
+            sections.append((f"rank {failure.first} failed first: {what}", True, error))
+        for rank, lines in self.output.rank_lines().items():
+            state = failure.ended.get(rank, "")
+            sections.append((f"rank {rank}" + (f" · {state}" if state else ""), False, lines[-lines_per_rank:]))
+        torchrun = self.output.torchrun_lines()
+        if torchrun:
+            sections.append(("torchrun", False, torchrun[-lines_per_rank:]))
+        return sections
 
     def exit_code(self) -> int | None:
         return self.proc.poll()
 
     def output_done(self) -> bool:
         """Whether the job's output was read to its end (torchrun's failure summary comes last)."""
-        return not self._pump_thread.is_alive()
+        return self.output.done
 
     def wait(self, timeout: float | None = None) -> int:
         code = self.proc.wait(timeout)
-        self._pump_thread.join(timeout=2)
+        self.output.join(timeout=2)
         return code
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int:
@@ -179,7 +193,7 @@ class JobProcess:
         # Workers may outlive torchrun by a moment; the group is ours, so clean it fully.
         self._signal_group(signal.SIGKILL)
         code = self.proc.wait()
-        self._pump_thread.join(timeout=2)
+        self.output.join(timeout=2)
         return code
 
     def _signal_group(self, sig: int) -> None:
@@ -190,15 +204,18 @@ class JobProcess:
 
 
 class JobExitSource:
-    """The live source, plus a Bye for each rank that torchrun saw die without saying Bye
-    itself (SIGKILL, OOM killer, segfault): only the launcher knows such a rank's exit code."""
+    """The live source, plus torchrun's word on how each rank ended: a Bye for a rank that died
+    without saying so (SIGKILL, OOM killer, segfault), and, once the job ended, a last Bye for
+    each rank that a signal ended (``killed by SIGTERM (stopped by torchrun after rank 1
+    failed)``), whatever the rank said before: only the launcher knows a process's end."""
 
     def __init__(self, source: Source, job: JobProcess) -> None:
         self.source = source
         self.job = job
         self._rank_of_pid: dict[int, int] = {}
-        self._said_bye: set[int] = set()
+        self._said_bye: dict[int, Bye] = {}
         self._reported: set[int] = set()
+        self._final = False
 
     @property
     def rejected(self) -> Counter[str]:
@@ -210,17 +227,32 @@ class JobExitSource:
             if isinstance(m, Hello):
                 self._rank_of_pid[m.pid] = m.rank
             elif isinstance(m, Bye):
-                self._said_bye.add(m.rank)
-        with self.job._lock:
-            exits = list(self.job.worker_exits.items())
-        for pid, code in exits:
+                self._said_bye[m.rank] = m
+                self.job.note_bye(m)
+        for pid, code in self.job.worker_exits.items():
             rank = self._rank_of_pid.get(pid)
             if pid in self._reported or rank is None or rank in self._said_bye:
                 continue
             self._reported.add(pid)
-            why = f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else ""
-            out.append(Bye(rank, code, f"{why or f'exit code {code}'} (reported by torchrun)", time.time_ns()))
+            out.append(Bye(rank, code, f"{ended_text(code)} (reported by torchrun)", time.time_ns()))
+        if not self._final and self.job.exit_code() is not None and self.job.output_done():
+            self._final = True
+            out += self._last_word()
         return out
+
+    def _last_word(self) -> list[Message | ResetModel]:
+        """How each rank ended, once torchrun's summary is read: a signal, or an exit code that
+        differs from what the rank itself said."""
+        failure = self.job.failure()
+        byes: list[Message | ResetModel] = []
+        for rank, e in sorted(self.job.rank_exits().items()):
+            rank = self._rank_of_pid.get(e.pid, rank)
+            own = self._said_bye.get(rank)
+            if own is not None and own.exit_code == e.code and e.code >= 0:
+                continue  # the rank's own words (its exception) say more
+            why = failure.ended.get(rank) or ended_text(e.code)
+            byes.append(Bye(rank, e.code, f"{why} (reported by torchrun)" if e.code >= 0 else why, time.time_ns()))
+        return byes
 
     def close(self) -> None:
         self.source.close()

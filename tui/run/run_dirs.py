@@ -127,7 +127,12 @@ class Pruned:
 
 
 def prune_runs(min_age_s: float = MIN_AGE_S) -> Pruned:
-    """Remove this user's run folders whose owner process is gone; returns what was removed."""
+    """Remove this user's run folders whose owner process is gone; returns what was removed.
+
+    A folder whose owner (the pid its lock names, or without a lock the pid in its run id) is
+    dead goes at once, however young (a SIGKILLed `commtop run`, then `commtop ctl status`);
+    one whose owner may still be taking the lock (no pid written yet, or a live pid) only once
+    it is older than ``min_age_s``."""
     try:
         root = connections.runtime_root()
     except connections.ConnectionError_:
@@ -142,26 +147,15 @@ def prune_runs(min_age_s: float = MIN_AGE_S) -> Pruned:
             age = now - (run_dir / connections.FILE_NAME).stat().st_mtime
         except OSError:
             continue
-        if age < min_age_s or lingering_exporter(run_dir):
+        if lingering_exporter(run_dir):
             live += 1
             continue
         lock = run_dir / LOCK_NAME
         if lock.exists():
-            try:
-                fd = os.open(lock, os.O_RDWR)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                live += 1  # a collector holds it
-                os.close(fd)
-                continue
-            try:  # ours now: nobody can start collecting on it while it goes
-                shutil.rmtree(run_dir, ignore_errors=True)
+            if _remove_if_unlocked(run_dir, young=age < min_age_s):
                 removed.append(run_dir.name)
-            finally:
-                os.close(fd)
+            else:
+                live += 1
         elif not _pid_alive(creator_pid(run_dir)):
             shutil.rmtree(run_dir, ignore_errors=True)
             removed.append(run_dir.name)
@@ -198,6 +192,27 @@ def _listening(path: Path) -> bool:
         except OSError:  # no permission, a full backlog, ...: not ours to judge dead
             return True
     return True
+
+
+def _remove_if_unlocked(run_dir: Path, *, young: bool) -> bool:
+    """Take the run's lock and remove the folder, if no collector holds it and its owner is dead
+    (or, ``young`` aside, has let it go); whether it was removed."""
+    try:
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        owner = owner_pid(run_dir)
+        if young and (owner is None or _pid_alive(owner)):
+            return False  # its creator may be about to take the lock
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a collector holds it
+        shutil.rmtree(run_dir, ignore_errors=True)  # ours now: nobody can start collecting on it
+        return True
+    finally:
+        os.close(fd)
 
 
 def live_runs() -> list[Path]:

@@ -23,15 +23,21 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tui.ingest.interfaces import Sink, Source
 from tui.model.run_model import RunModel, Snapshot
 from tui.recordings.recorder import Recorder
 from tui.recordings.replay import ReplaySource
 from tui.run.control_server import ControlServer
+from tui.run.job_output import JobLine
 from tui.run.job_plan import JobPlan
 from tui.run.launcher import JobProcess
+from tui.run.log_store import JobLogPaths
 from workers.wire import connection as connections
+
+if TYPE_CHECKING:
+    from tui.run.headless_out import HeadlessTerminal
 
 
 class SessionError(RuntimeError):
@@ -54,6 +60,16 @@ class LiveSession:
     job_argv: list[str] = field(default_factory=list)
     #: the job once started (:meth:`start_job`)
     job: JobProcess | None = None
+    #: where the job's output is kept (tui.run.log_store), for a session that starts its job
+    job_logs: JobLogPaths | None = None
+    #: the ranks the job starts (the headless progress line counts them)
+    expected_ranks: int = 0
+    #: the job is commtop's own loop (its ranks' stdout is a machine-readable summary, not passed through)
+    runs_loop: bool = False
+    #: the job's exit code if it failed; said after the cleanup, so its error is the last thing printed
+    failed_code: int | None = None
+    #: headless: the job's lines and the progress line on this terminal (:meth:`supervised`)
+    terminal: HeadlessTerminal | None = None
     #: how to reach this run (`commtop watch`): said on stderr, and shown in the TUI
     connect: tuple[str, ...] = ()
 
@@ -108,9 +124,15 @@ class LiveSession:
     @classmethod
     def for_job(cls, plan: JobPlan, record: str | None, *, prometheus: str = "") -> LiveSession:
         """A new run for a job this process starts (:meth:`start_job`, or :meth:`supervised`)."""
+        from tui.run import log_store
+
         conn = connections.create_run(label=plan.label, prometheus=prometheus)
         session = cls.open(conn, record, plan.collective)
-        session.job_argv = plan.argv(conn)
+        recording = session.recorder.status()
+        session.job_logs = log_store.for_run(conn.run_id, recording.path if recording.active else "")
+        session.job_argv = plan.argv(conn, session.job_logs)
+        session.expected_ranks = plan.nproc
+        session.runs_loop = plan.loop is not None
         return session
 
     @classmethod
@@ -151,59 +173,119 @@ class LiveSession:
 
     # ------------------------------------------------------------------ the job
 
-    def start_job(self) -> JobProcess:
+    def start_job(self, on_line: Callable[[JobLine], None] | None = None) -> JobProcess:
         """Start the job (the sockets are bound already); torchrun's word on ranks that died
-        without saying so joins the source."""
+        without saying so joins the source. ``on_line``: every line of the job as it is read."""
         from tui.run.launcher import JobExitSource
 
         if not self.job_argv:
             raise SessionError("this session has no job to start")
-        job = JobProcess(self.job_argv, self.connection)
+        job = JobProcess(self.job_argv, self.connection, logs=self.job_logs, on_line=on_line)
         self.source = JobExitSource(self.source, job)  # a SIGKILLed rank's exit code
         self.job = job
         return job
 
     @contextlib.contextmanager
-    def supervised(self) -> Iterator[JobProcess]:
+    def supervised(self, *, headless: bool = False) -> Iterator[JobProcess]:
         """Start the job, and stop the whole job and close this session however the block
-        ends. A closed terminal (tmux kill-session, a dropped SSH) stops the job first."""
-        from tui.run.hangup import on_hangup
+        ends; then say where the job's log is and, if it failed, why (its error last). A closed
+        terminal (tmux kill-session, a dropped SSH) stops the job first; so does a SIGTERM
+        before the TUI or the headless loop takes it over. ``headless``: the job's lines go to
+        this terminal as they come (tui.run.headless_out)."""
+        from tui.run.hangup import on_hangup, on_terminate
+        from tui.run.headless_out import HeadlessTerminal
 
-        job = self.start_job()
+        self.terminal = HeadlessTerminal(sys.stdout, sys.stderr, ranks_stdout=not self.runs_loop) if headless else None
+        before = on_terminate()  # start-up: until the app or the headless loop handles SIGTERM
+        try:
+            job = self.start_job(on_line=self.terminal.line if self.terminal is not None else None)
+        except BaseException:
+            if self.job is not None:
+                self.job.stop()
+            self.close()
+            before()
+            raise
         restore = on_hangup(job.stop, self.close_on_hangup)
         try:
             yield job
         finally:
             restore()
+            quiet = on_terminate(ignore=True)  # the cleanup below is what a SIGTERM asks for
             job.stop()
+            if self.terminal is not None:
+                self.terminal.close()
             self.close()
+            with contextlib.suppress(OSError):  # a terminal gone away
+                self._say_outcome()
+            quiet()
+            before()
 
     def run_headless(self, job: JobProcess) -> int:
-        """Collect until the job ends (or Ctrl-C), then print the per-rank summary table."""
+        """Collect until the job ends (or Ctrl-C), with a progress line on a terminal, then
+        print the per-rank summary table."""
         from tui.run.headless import format_summary
+        from tui.run.headless_out import Progress
 
         stop = threading.Event()
         previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        finished = job_finished(job)
+        progress = Progress(self.model, self.expected_ranks)
+        terminal = self.terminal
+
+        def until() -> bool:
+            now = time.monotonic()
+            if terminal is not None and terminal.progress_on and progress.due(now):
+                terminal.progress(progress.text(now))
+            return finished()
+
         try:
-            snapshot = self.collect(stop, until=job_finished(job))
+            snapshot = self.collect(stop, until=until)
         finally:
             signal.signal(signal.SIGINT, previous)
         interrupted = stop.is_set()
         code = job.stop() if interrupted else job.wait()
-        print(format_summary(snapshot))
+        if terminal is not None:
+            terminal.close()
+        print(format_summary(snapshot), flush=True)
         if code != 0 and not interrupted:
-            say_job_failed(job, code)
+            self.failed_code = code
         return 130 if interrupted else code
 
     def job_outcome(self) -> int:
-        """After the TUI: the job's exit code, its last lines on stderr if it failed (0 while it
-        runs, or without a job)."""
+        """After the TUI: the job's exit code (0 while it runs, or without a job); a failure is
+        said when the session closes (:meth:`supervised`)."""
         code = self.job.exit_code() if self.job is not None else None
         if self.job is None or code in (None, 0):
             return 0
-        say_job_failed(self.job, code)
+        self.failed_code = code
         return code
+
+    def _keep_log(self) -> None:
+        """Once the job's output was read to its end (the job stopped): its scratch files go;
+        the log moves beside the recording if one was started during the run (``r``)."""
+        from pathlib import Path
+
+        logs, job = self.job_logs, self.job
+        if logs is None or job is None or not job.output_done():
+            return
+        logs.remove_parts()
+        recording = self.recorder.status().path
+        if recording and Path(recording).exists():
+            self.job_logs = logs.moved_beside(recording)
+            job.logs = self.job_logs
+
+    def _say_outcome(self) -> None:
+        """Where the job's log is; if the job failed, why: the first failing rank's error last."""
+        job = self.job
+        if job is None:
+            return
+        if job.output.log_error:
+            print(f"commtop: {job.output.log_error}", file=sys.stderr)
+        if self.failed_code is None:
+            print(f"commtop: the job's output is in {job.log_path}", file=sys.stderr)
+            return
+        say_job_failed(job, self.failed_code)
 
     # ------------------------------------------------------------------ watch
 
@@ -259,7 +341,7 @@ class LiveSession:
             remove_run(self.connection)
 
     def close(self) -> None:
-        _close_all([self.recorder.stop, self.controller.close, self.source.close])
+        _close_all([self.recorder.stop, self.controller.close, self.source.close, self._keep_log])
         if self.owns_run:
             from tui.run.run_dirs import remove_run
 
@@ -329,10 +411,12 @@ def job_finished(job: JobProcess) -> Callable[[], bool]:
 
 
 def say_job_failed(job: JobProcess, code: int, prefix: str = "commtop") -> None:
-    """The job's exit code and the lines that explain it, on stderr."""
-    print(f"{prefix}: the job exited with code {code}; its last lines:", file=sys.stderr)
-    for line in job.error_lines():
-        print(f"  {line}", file=sys.stderr)
+    """The job's exit code, where its log is, and why it failed, on stderr: one line per rank
+    that ended, then the first failing rank's own error (tui.run.job_failure) last."""
+    sys.stdout.flush()
+    print(f"{prefix}: the job exited with code {code}; its output is in {job.log_path}", file=sys.stderr)
+    for line in job.failure().lines:
+        print(line if line.startswith(" ") else f"{prefix}: {line}", file=sys.stderr)
 
 
 def _close_all(closers: Iterable[Callable[[], None]]) -> None:

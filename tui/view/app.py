@@ -50,7 +50,9 @@ from tui.view.messages import IngestError, SnapshotReady
 from tui.view.widgets.connect import ConnectPanel
 from tui.view.widgets.header import RunHeader, settings_change
 from tui.view.widgets.help import HelpScreen, key_name
+from tui.view.widgets.job_log import JobLogScreen, job_log_of
 from tui.view.widgets.links import LinksPanel, RankGpu
+from tui.view.widgets.missing_ranks import MissingRanks
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from tui.view.widgets.status import ReplayBar, StatusLine
 from tui.view.widgets.streams import StreamPanel
@@ -135,6 +137,8 @@ class CommtopApp(App[None]):
         self.connect_lines = list(connect)
         self._connect_auto = bool(connect)  # still shown automatically (no rank has arrived yet)
         self.replay: ReplayControls | None = source if isinstance(source, ReplayControls) else None
+        live = source is not None and self.replay is None
+        self._missing = MissingRanks(watch=bool(connect)) if live else None  # ranks that never said hello
         known = getattr(source, "epoch_settings", None)  # a replay knows every epoch's settings
         if isinstance(known, dict):
             self.model.learn_epoch_settings(known)
@@ -328,7 +332,7 @@ class CommtopApp(App[None]):
         self._update_status()
 
     def _update_status(self) -> None:
-        lines: list[str] = []
+        lines = self._missing.lines(self.snapshot) if self._missing is not None else []
         hint = self.hint
         watch = self.process_watch
         if watch is not None:
@@ -366,6 +370,8 @@ class CommtopApp(App[None]):
             return bool(self.connect_lines)
         if action == "next_stream":  # in the footer once there are streams to choose from
             return self._streams_to_choose
+        if action == "job_log":
+            return job_log_of(self.process_watch) is not None
         return True
 
     def _available(self, action: str) -> bool:
@@ -405,6 +411,12 @@ class CommtopApp(App[None]):
                     f"{k.group}: {k.label}",
                     lambda action=k.action: self.call_later(self.run_action, action),
                 )
+
+    def action_job_log(self) -> None:
+        """The job's output (l): every rank's last lines, the first failing rank's error first."""
+        log = job_log_of(self.process_watch)
+        if log is not None and not isinstance(self.screen, JobLogScreen):
+            self.push_screen(JobLogScreen(log))
 
     def _show_connect(self, show: bool) -> None:
         for panel in self.query(ConnectPanel):

@@ -28,6 +28,9 @@ KEYS: tuple[Key, ...] = (
     Key("v", "toggle_view", "rows/heat", "Switch between one row per rank and the latency heat map", "view"),
     Key("f", "next_stream", "stream", "Latency lines of each stream (group, op, size) in turn, then of all", "view"),
     Key("i", "toggle_connect", "connect", "Show or hide how to connect workers to this run (watch)", "view"),
+    Key(
+        "l", "job_log", "log", "The job's output: every rank's last lines, the first failing rank's error first", "view"
+    ),
     Key("o", "cycle_mode", "mode", "Next offload mode: none → overlap → sync → sync-barrier", "live settings"),
     Key(
         "1",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -75,17 +76,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--collectives-per-step", type=int, default=32)
     parser.add_argument("--modes", default=",".join(MODES))
     ns = parser.parse_args(argv)
+    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    own_root = "" if os.environ.get(RUNTIME_DIR_ENV) else tempfile.mkdtemp(prefix="commtop-selfcheck-")
+    if own_root:
+        os.environ[RUNTIME_DIR_ENV] = own_root
+    try:
+        return _check_modes(ns)
+    finally:  # each mode's run folder goes with it; the folder made for them too
+        if own_root:
+            shutil.rmtree(own_root, ignore_errors=True)
+            os.environ.pop(RUNTIME_DIR_ENV, None)
 
+
+def _check_modes(ns: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
     from workers.synthetic.loop import Runtime, run_worker
 
     cuda = torch.cuda.is_available()
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    os.environ.setdefault(RUNTIME_DIR_ENV, tempfile.mkdtemp(prefix="commtop-selfcheck-"))
     if cuda:
         torch.cuda.set_device(0)
         try:
@@ -117,12 +128,15 @@ def main(argv: list[str] | None = None) -> int:
             backend="nccl" if cuda else "gloo",
         )
         conn = create_run(label=f"selfcheck-{mode}")
-        receiver = Receiver(conn)
-        receiver.start()
-        result = run_worker(config, rt, conn, StaticControl(config.initial_settings()))
-        receiver.done.wait(5.0)
-        receiver.done.set()
-        receiver.join(2.0)
+        try:
+            receiver = Receiver(conn)
+            receiver.start()
+            result = run_worker(config, rt, conn, StaticControl(config.initial_settings()))
+            receiver.done.wait(5.0)
+            receiver.done.set()
+            receiver.join(2.0)
+        finally:
+            shutil.rmtree(conn.run_dir, ignore_errors=True)
         coll, copy = receiver.columns(COLL), receiver.columns(COPY)
         ms = coll["dur_us"].astype(np.float64) / 1000
         complete = coll["iteration"].tolist() == list(range(ns.iters))

@@ -59,6 +59,8 @@ def _row_text_color(r: RankView) -> str:
 def state_note(r: RankView, proc: str | None) -> str:
     """What to write over the empty end of a row whose rank stopped reporting."""
     if r.state == "exited":
+        if r.exit_code is not None and r.exit_code < 0 and r.exit_reason:  # "killed by SIGTERM (...)"
+            return f" {r.exit_reason} "
         why = f": {r.exit_reason}" if r.exit_reason else ""
         return f" exited ({r.exit_code}){why} "
     if r.state == "stale":

@@ -1,0 +1,149 @@
+"""Which rank failed first, and the lines that say so; what headless passes through. Frozen
+text: torchrun 2.13's and gloo's real output from a 2-rank run where rank 1 raised and rank 0
+died of the broken all_reduce before torchrun's next poll (pids and paths as printed)."""
+
+from __future__ import annotations
+
+import io
+
+from tui.model.run_model import RunModel
+from tui.run.headless_out import PROGRESS_EVERY_S, HeadlessTerminal, Progress
+from tui.run.job_failure import RankOutput, explain, torchrun_lines
+from tui.run.job_output import JobLine
+
+#: torchrun's own stderr: both ranks exited 1 within one poll; its "Root Cause" names rank 0.
+TORCHRUN = """\
+E1204 06:58:57.647000 24837 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 24895) of binary: /venv/bin/python
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+boom.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-04_06:58:57
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 24896)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-04_06:58:57
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 24895)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+""".splitlines()
+RANK1_ERR = [
+    "Traceback (most recent call last):",
+    '  File "<frozen runpy>", line 198, in _run_module_as_main',
+    '  File "/repo/workers/capture/bootstrap.py", line 253, in main',
+    '    runpy.run_path(target, run_name="__main__")',
+    '  File "/tmp/boom.py", line 11, in <module>',
+    '    raise ValueError("boom on rank 1")',
+    "ValueError: boom on rank 1",
+]
+RANK0_ERR = [
+    "Traceback (most recent call last):",
+    '  File "/tmp/boom.py", line 12, in <module>',
+    "    dist.all_reduce(t)",
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+    "peer [127.0.0.1]:25253. This is typically caused by a remote worker crashing.",
+]
+
+
+def test_the_first_failing_rank_is_the_one_whose_error_is_its_own_not_torchruns_root_cause() -> None:
+    words = torchrun_lines(TORCHRUN)
+    # Both tracebacks were read in the same pass, rank 0's first (the race torchrun loses too).
+    outputs = {0: RankOutput(0, RANK0_ERR, traceback_seen=3), 1: RankOutput(1, RANK1_ERR, traceback_seen=3)}
+    failure = explain(1, words.exits, outputs, {}, TORCHRUN)
+    assert failure.first == 1
+    assert failure.lines == [
+        "rank 0: exit code 1 after rank 1 failed: RuntimeError: Connection closed by peer [127.0.0.1]:25253. "
+        "This is typically caused by a remote worker crashing.",
+        "rank 1 failed first (exit code 1):",
+        "  [rank1]: Traceback (most recent call last):",  # commtop's frames (bootstrap, runpy) left out
+        '  [rank1]:   File "/tmp/boom.py", line 11, in <module>',
+        '  [rank1]:     raise ValueError("boom on rank 1")',
+        "  [rank1]: ValueError: boom on rank 1",
+    ]
+
+
+def test_two_ranks_failing_on_their_own_are_ordered_by_their_byes() -> None:
+    words = torchrun_lines(TORCHRUN)
+    err = ["Traceback (most recent call last):", "ValueError: mine"]
+    outputs = {0: RankOutput(0, err, traceback_seen=3), 1: RankOutput(1, err, traceback_seen=3)}
+    byes = {0: (2_000, "ValueError: mine"), 1: (1_000, "ValueError: mine")}
+    assert explain(1, words.exits, outputs, byes, TORCHRUN).first == 1
+    assert explain(1, words.exits, outputs, {}, TORCHRUN).first == 0  # nothing else to go by: the lower rank
+
+
+def test_without_any_rank_failing_torchruns_last_lines_are_said() -> None:
+    lines = ["torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address."]
+    failure = explain(1, {}, {}, {}, lines)
+    assert failure.first is None and failure.lines[-1].strip() == lines[0]
+
+
+def _terminal(progress: bool = False) -> tuple[HeadlessTerminal, io.StringIO, io.StringIO]:
+    out, err = io.StringIO(), io.StringIO()
+    return HeadlessTerminal(out, err, progress=progress), out, err
+
+
+def test_headless_passes_ranks_lines_to_their_stream_and_leaves_out_torchruns_wrapper() -> None:
+    term, out, err = _terminal()
+    term.line(JobLine(0, False, "step 1"))
+    term.line(JobLine(1, True, "a warning"))
+    for text in TORCHRUN:
+        term.line(JobLine(None, True, text))
+    term.line(JobLine(None, True, "after the summary"))
+    term.close()
+    assert out.getvalue() == "[rank0]: step 1\n"
+    assert err.getvalue().splitlines() == ["[rank1]: a warning", TORCHRUN[0], "after the summary"]
+
+
+def test_another_torchrun_traceback_is_passed_through() -> None:
+    term, _out, err = _terminal()
+    lines = ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>', "OSError: address in use"]
+    for text in lines:
+        term.line(JobLine(None, True, text))
+    assert err.getvalue().splitlines() == lines
+
+
+def test_the_progress_line_is_cleared_before_a_job_line_and_drawn_again_after() -> None:
+    term, out, err = _terminal(progress=True)
+    term.progress("commtop: step 3")
+    term.line(JobLine(0, True, "hello"))
+    term.close()
+    assert err.getvalue() == "\r\x1b[Kcommtop: step 3\r\x1b[K[rank0]: hello\ncommtop: step 3\r\x1b[K"
+    assert out.getvalue() == ""
+
+
+def test_the_progress_line_comes_at_most_twice_a_second() -> None:
+    progress = Progress(RunModel(), expected_ranks=2, started=0.0)
+    ticks = [i * 0.1 for i in range(50)]  # 5 s, polled every 0.1 s
+    assert sum(progress.due(t) for t in ticks) <= 5 / PROGRESS_EVERY_S + 1
+    assert progress.text(ticks[-1]) == "commtop: starting · ranks 0/2 · 0:04"
+
+
+def test_for_commtops_own_loop_only_the_ranks_stderr_is_passed() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    term = HeadlessTerminal(out, err, progress=False, ranks_stdout=False)
+    term.line(JobLine(0, False, 'commtop-summary {"rank": 0}'))  # the loop's machine-readable summary
+    term.line(JobLine(0, True, "commtop worker rank 0: a warning"))
+    assert (out.getvalue(), err.getvalue()) == ("", "[rank0]: commtop worker rank 0: a warning\n")
+
+
+def test_a_rank_row_ended_by_a_signal_says_the_signal_not_exited() -> None:
+    from tui.model.snapshot import RankView
+    from tui.view.widgets.rank_rows import state_note
+
+    why = "killed by SIGTERM (stopped by torchrun after rank 1 failed)"
+    assert state_note(RankView(rank=0, state="exited", exit_code=-15, exit_reason=why), None) == f" {why} "
+    own = RankView(rank=1, state="exited", exit_code=1, exit_reason="ValueError: boom on rank 1")
+    assert state_note(own, None) == " exited (1): ValueError: boom on rank 1 "
