@@ -19,7 +19,8 @@ import pytest
 from frozen_run import FakePublisher, frozen_coll, frozen_hello, frozen_run, frozen_snapshot
 
 from tui.ingest.interfaces import ControlView, RecordingStatus, ReplayPosition
-from tui.view.app import CommtopApp, build_app
+from tui.view.app import CommtopApp
+from tui.view.build import build_app
 from tui.view.widgets.header import header_text
 from tui.view.widgets.rank_grid import RankGrid
 from tui.view.widgets.status import StatusLine

@@ -13,7 +13,7 @@ from frozen_run import FakePublisher, frozen_run
 from job_synth import expected_counts, job_run
 from test_app import KEY, SESSION, SIZE, grid_text, run_async, wait_for
 
-from tui.view.app import build_app
+from tui.view.build import build_app
 from tui.view.widgets.streams import StreamPanel, panel_text
 from workers.wire.connection import Connection
 from workers.wire.protocol import Bye

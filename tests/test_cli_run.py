@@ -90,7 +90,7 @@ def test_invalid_options_fail_before_any_rank_starts(runtime_env: dict[str, str]
 
 
 def test_app_fed_by_real_workers_shows_two_rank_rows(runtime_env: dict[str, str]) -> None:
-    from tui.view.app import build_app
+    from tui.view.build import build_app
 
     conn = connection.create_run(label="pilot")
     runtime_env[connection.CONNECTION_FILE_ENV] = conn.path

@@ -44,7 +44,9 @@ def test_the_report_takes_host_memory_from_the_records_of_a_cpu_run() -> None:
 def test_the_report_counts_a_captured_jobs_copies_from_its_records() -> None:
     with open_recording(RECORDINGS / "h200-train_ddp_plain-unmodified.commtop") as rec:
         copy = rec.tables().copy
-        (row,) = [r for r in build_report(rec).rows if r.rank is None]
+        rows = [r for r in build_report(rec).rows if r.rank is None]  # one per stream, the same copies
+    assert rows and len({(r.copies, r.direction, r.pinned) for r in rows}) == 1
+    row = rows[0]
     steps = len({(int(r), int(s)) for r, s in zip(copy["rank"], copy["step"], strict=True)})
     assert row.copies == len(copy["step"]) / steps > 0  # the loop's settings said 0
     assert row.direction == "h2d"  # 142 of its 197 copies

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rich_text import plain
 from synthetic_ranks import PY, REPO, child_env, short_runtime_dir
 
 pytestmark = pytest.mark.timeout(240)
@@ -207,7 +208,7 @@ def test_the_log_pane_shows_every_rank_the_failing_ranks_error_first(rt) -> None
             closed = type(app.screen).__name__ != "JobLogScreen"
             await pilot.press("question_mark")
             await pilot.pause()
-            help_text = str(app.screen.query_one("#help-text").render())
+            help_text = plain(app.screen.query_one("#help-text").content)
             return footer, shown, closed, help_text
 
     footer, shown, closed, help_text = asyncio.run(scenario())

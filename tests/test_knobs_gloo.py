@@ -100,7 +100,7 @@ def test_an_unmodified_job_refuses_ctl_and_ab_and_no_epoch_starts(
         assert "can change: nothing (no knobs)" in out
     finally:
         summary = stop(run)
-    assert "monitor: train_ddp_plain.py" in summary, summary[-3000:]
+    assert "job train_ddp_plain.py" in summary, summary[-3000:]
     assert "verdict:" not in summary  # no epoch of identical settings to compare
 
 

@@ -16,7 +16,7 @@ import pytest
 from frozen_run import FakePublisher, frozen_hello
 
 from tui.run.connect_help import connect_lines
-from tui.view.app import build_app
+from tui.view.build import build_app
 from tui.view.widgets import missing_ranks
 from tui.view.widgets.status import StatusLine
 from workers.wire.connection import Connection

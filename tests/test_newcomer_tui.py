@@ -18,7 +18,8 @@ import pytest
 from frozen_run import FakePublisher, frozen_hello
 
 from tui.run.connect_help import connect_lines
-from tui.view.app import CommtopApp, build_app
+from tui.view.app import CommtopApp
+from tui.view.build import build_app
 from tui.view.widgets.connect import ConnectPanel
 from workers.wire.connection import Connection
 from workers.wire.settings import Settings, settings_from_wire

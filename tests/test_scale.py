@@ -17,7 +17,7 @@ from synthetic_ranks import Lateness, SyntheticCluster, short_runtime_dir
 
 from tui.model.run_model import RunModel
 from tui.run.headless import format_summary
-from tui.view.app import build_app
+from tui.view.build import build_app
 from tui.view.widgets.header import header_text
 from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from workers.wire.connection import Connection

@@ -6,13 +6,12 @@ ControlServer learns what the run can change from its Hello (tui.model.changeabl
 from __future__ import annotations
 
 import asyncio
-import io
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 from frozen_run import frozen_hello
-from rich.console import Console
+from rich_text import plain
 from textual.widgets import Input
 
 from tui.model.run_model import RunModel
@@ -32,13 +31,6 @@ DDP = {
     "knobs": {"offload": ["none", "overlap", "sync"]},
     "mode_knob": "offload",
 }
-
-
-def help_plain(app: Any) -> str:
-    """The help screen's text as a terminal shows it."""
-    console = Console(width=200, record=True, file=io.StringIO())
-    console.print(app.screen.query_one("#help-text").content)
-    return console.export_text()
 
 
 @pytest.fixture()
@@ -91,7 +83,7 @@ def test_an_unmodified_job_offers_no_setting_key_and_refuses_each_with_the_reaso
         assert "verdict: no settings to compare: this run can change nothing (no knobs)" in verdict, verdict
         await pilot.press("question_mark")
         await pilot.pause()
-        text = help_plain(app)
+        text = plain(app.screen.query_one("#help-text").content)
         assert "this run can change: nothing (no knobs)" in text
         assert "One copy per step fewer" not in text and "Next offload mode" not in text
 
@@ -113,7 +105,7 @@ def test_a_monitored_job_offers_its_mode_knob_only(server: ControlServer) -> Non
         assert server.desired[1].knobs == {"offload": "overlap"} and server.desired[1].mode == "overlap"
         await pilot.press("question_mark")
         await pilot.pause()
-        text = help_plain(app)
+        text = plain(app.screen.query_one("#help-text").content)
         assert "this run can change: knobs offload (none/overlap/sync)" in text and "Next offload mode" in text
         assert "pinned or pageable" not in text
 

@@ -17,7 +17,7 @@ from workers.wire import connection as connections
 from workers.wire.config import ConfigError, add_loop_arguments
 
 if TYPE_CHECKING:  # the parts are imported when used, so `commtop -h` stays fast
-    from tui.view.app import Session
+    from tui.view.build import Session
 
 ABOUT = "commtop: live profiler for GPU communication (NCCL collectives vs. offload copies)"
 
@@ -247,7 +247,7 @@ def cmd_replay(ns: argparse.Namespace) -> int:
 
 def show(session: Session, *, title: str, hint: str = "", connect: Sequence[str] = ()) -> None:
     """The TUI on ``session`` until the user quits."""
-    from tui.view.app import build_app
+    from tui.view.build import build_app
 
     build_app(session, title=title, hint=hint, connect=connect, tune_gc=True).run()
 

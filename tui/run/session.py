@@ -9,7 +9,7 @@ connection file) and :meth:`LiveSession.open` (the collector of a given connecti
 A :class:`ReplaySession` plays a recording into the same model: no sockets, no job.
 
 `commtop run`, `watch`, `replay` and `ab` each build one and close it at the end; the TUI
-(tui.view.app.build_app) and the headless summary read the same parts.
+(tui.view.build.build_app) and the headless summary read the same parts.
 """
 
 from __future__ import annotations

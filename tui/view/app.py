@@ -5,7 +5,7 @@ model and hands a frozen Snapshot to :meth:`CommtopApp._from_ingest`, which post
 ``SnapshotReady`` message (coalesced: never more than one in the queue), so a flood of
 records cannot starve the keyboard. Widgets are updated in one ``batch_update()``.
 
-Build it with :func:`build_app` (from a run's session, or from a connection for
+Build it with :func:`tui.view.build.build_app` (from a run's session, or from a connection for
 tests), or directly with ``CommtopApp(source, model, ...)``.
 """
 
@@ -16,7 +16,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
@@ -57,7 +57,6 @@ from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from tui.view.widgets.status import ReplayBar, StatusLine
 from tui.view.widgets.streams import StreamPanel
 from tui.view.widgets.verdict import VerdictLine, replay_idle_text
-from workers.wire.connection import Connection
 from workers.wire.protocol import DIRECTIONS, MODES
 from workers.wire.settings import COPY_SCALES, MAX_COPIES, Settings
 
@@ -574,52 +573,3 @@ class CommtopApp(App[None]):
         if self.replay is not None:
             self.replay.jump_change(direction)
             self._side_poll()
-
-
-class Session(Protocol):
-    """What the app reads of a run's session (tui.run.session's LiveSession and ReplaySession fit)."""
-
-    @property
-    def source(self) -> Source: ...
-    @property
-    def model(self) -> RunModel: ...
-    @property
-    def sinks(self) -> list[Sink]:
-        """Get every accepted message after the model (control server, recorder)."""
-        ...
-
-    @property
-    def controller(self) -> ControllerLike | None: ...
-    @property
-    def recorder(self) -> RecorderLike | None: ...
-    @property
-    def job(self) -> ProcessWatch | None:
-        """The job this process started (exit code, error lines), if any."""
-        ...
-
-
-def build_app(
-    session: Session | None = None,
-    *,
-    connection: Connection | None = None,
-    title: str = "commtop",
-    **kwargs: Any,
-) -> CommtopApp:
-    """The app for a run's session (source, model, sinks, controller, recorder, job), or for
-    a connection alone (binds a LiveSource on ``connection.data``; the app closes it)."""
-    if session is not None:
-        return CommtopApp(
-            session.source,
-            session.model,
-            sinks=session.sinks,
-            controller=session.controller,
-            recorder=session.recorder,
-            process_watch=session.job,
-            title=title,
-            **kwargs,
-        )
-    if connection is None:
-        raise ValueError("build_app needs a session or a connection")
-    from tui.ingest.sources import LiveSource
-
-    return CommtopApp(LiveSource(connection), RunModel(), title=title, owns_source=True, **kwargs)
