@@ -86,6 +86,7 @@ def test_pairs_in_random_order_marks_and_restore() -> None:
     assert all(m["k"] == AB_MARK for m in marks)
     ((start, blocks),) = blocks_from_marks([(0, m) for m in marks])
     assert blocks == scored and start["a"] == "mode=none" and start["b"] == "mode=overlap"
+    assert start["seconds"] == (marks[-1]["t_ns"] - marks[0]["t_ns"]) / 1e9 > 0  # start to end: the report's seconds
     res = exp.result()
     assert res.pairs == len(pairs) and res.overall.p50.detectable
     assert abs(res.overall.p50.estimate - 1.1) < 0.01

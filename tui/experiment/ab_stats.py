@@ -384,7 +384,8 @@ def as_json(result: ABResult) -> dict[str, object]:
 
 
 def blocks_from_marks(messages: Sequence[tuple[int, Any]]) -> list[tuple[dict[str, Any], list[Block]]]:
-    """The experiments recorded as marks: (start mark, its blocks), in recording order."""
+    """The experiments recorded as marks: (start mark, its blocks), in recording order. The
+    start mark gains ``seconds``: from it to the experiment's last mark (its end, when recorded)."""
     out: list[tuple[dict[str, Any], list[Block]]] = []
     by_id: dict[str, int] = {}
     for _, msg in messages:
@@ -392,6 +393,11 @@ def blocks_from_marks(messages: Sequence[tuple[int, Any]]) -> list[tuple[dict[st
             continue
         exp = str(msg.get("id", ""))
         event = msg.get("event")
+        if exp in by_id:
+            start = out[by_id[exp]][0]
+            t0, t1 = start.get("t_ns"), msg.get("t_ns")
+            if isinstance(t0, int) and isinstance(t1, int) and t1 > t0:
+                start["seconds"] = (t1 - t0) / 1e9
         if event == "start":
             by_id[exp] = len(out)
             out.append((dict(msg), []))

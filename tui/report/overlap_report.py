@@ -108,6 +108,7 @@ def ab_sections(
                 b=b,
                 link_gbps=_per_arm(tables, blocks, link, epoch_starts),
                 hbm_util_pct=_per_arm(tables, blocks, hbm, epoch_starts),
+                seconds=float(start.get("seconds", 0.0)),
             )
         )
     return out
