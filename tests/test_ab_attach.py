@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,14 +25,10 @@ from workers.wire.protocol import ProtocolError
 LOOP = ["--collective", "all_reduce", "--shape", "256x256", "--collectives-per-step", "4", "--backend", "gloo"]
 
 
-@pytest.fixture()
-def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    short = tempfile.mkdtemp(prefix="ct-", dir="/tmp")  # ipc paths must stay under 107 characters
-    monkeypatch.setenv(connection.RUNTIME_DIR_ENV, short)
-    monkeypatch.delenv(connection.CONNECTION_FILE_ENV, raising=False)
+@pytest.fixture(autouse=True)
+def cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs these tests start are gloo ranks on the CPU."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    yield short
-    shutil.rmtree(short, ignore_errors=True)
 
 
 def _wait_for_run(deadline_s: float) -> connection.Connection:
@@ -55,9 +48,10 @@ def _wait_for_run(deadline_s: float) -> connection.Connection:
     raise AssertionError("the run never came up")
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_ab_attaches_to_a_live_run_restores_its_settings_and_marks_its_recording(
-    runtime_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    runtime_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     recording = tmp_path / "live.commtop"
     run = subprocess.Popen(
@@ -97,7 +91,7 @@ def test_ab_attaches_to_a_live_run_restores_its_settings_and_marks_its_recording
     assert [x["verdict"] for x in report["ab"]] == [doc["verdict"]]
 
 
-def test_attach_refuses_what_does_not_fit_in_one_line(runtime_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_attach_refuses_what_does_not_fit_in_one_line(runtime_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for argv, message in (
         (["--run", "nope"], "no run 'nope'"),
         (["--run", "nope", "--record", "x.commtop"], "--record with --run"),
@@ -110,7 +104,7 @@ def test_attach_refuses_what_does_not_fit_in_one_line(runtime_dir: str, capsys: 
         assert err.startswith("commtop ab: error: ") and message in err and err.count("\n") == 1, err
 
 
-def test_attach_to_a_run_without_a_feed_says_so(runtime_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_attach_to_a_run_without_a_feed_says_so(runtime_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A collector that answers but serves no feed (an older commtop): one line, nothing changed."""
     from tui.run.control_server import ControlServer
 

@@ -20,6 +20,8 @@ from tui.experiment.ab_stats import analyse
 from tui.run import ab
 from workers.wire import connection
 
+pytestmark = pytest.mark.e2e  # starts processes
+
 LOOP = ["--collective", "all_reduce", "--shape", "256x256", "--collectives-per-step", "4", "--backend", "gloo"]
 DELAY_MS = 20.0
 

@@ -39,6 +39,7 @@ def panel(app: Any) -> str:
     return app.query_one(StreamPanel).render().plain
 
 
+@pytest.mark.e2e
 @run_async
 async def test_f_steps_the_latency_lines_through_the_streams_and_back(connection: Connection) -> None:
     app = build_app(connection=connection, title="commtop test")

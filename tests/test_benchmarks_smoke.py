@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # starts processes
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = (
     "overhead",

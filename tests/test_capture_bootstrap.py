@@ -13,6 +13,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from workers.capture.bootstrap import split_target
 from workers.capture.cuda_capture import CaptureThread
 from workers.capture.fr_source import FlightRecorderSource, InProcessDump
@@ -23,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FR_DUMP = ROOT / "tests" / "fixtures" / "h200" / "fr_dump_h200_torch2.11_nccl2.28.9.pkl"
 
 
+@pytest.mark.e2e
 def test_the_script_keeps_its_argv_main_exit_code_and_signal_handlers(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(
@@ -55,6 +58,7 @@ def test_the_script_keeps_its_argv_main_exit_code_and_signal_handlers(tmp_path: 
     assert "commtop monitor: off" in p.stderr  # no collector: said once, the script still ran
 
 
+@pytest.mark.e2e
 def test_a_missing_script_is_one_clear_line(tmp_path: Path) -> None:
     p = subprocess.run(
         [sys.executable, "-m", "workers.capture.bootstrap", str(tmp_path / "nope.py")],

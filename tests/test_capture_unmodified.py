@@ -14,10 +14,13 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tui import cli
 from tui.recordings.reader import open_recording
 from workers.monitor.records import OPS
+
+pytestmark = pytest.mark.e2e  # starts processes
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp_plain.py")
 STEPS, LAYERS, HIDDEN = 6, 3, 256

@@ -3,19 +3,17 @@ nothing started (no rank, no connection file left behind to be mistaken for a ru
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import zmq
-from synthetic_ranks import PY, REPO, child_env, short_runtime_dir
+from synthetic_ranks import PY, REPO
 
 from workers.wire.connection import create_run
 
@@ -50,14 +48,6 @@ def one_line_error(res: Result, *words: str) -> None:
         assert word.lower() in line.lower(), f"{word!r} not in {line!r}"
 
 
-@pytest.fixture
-def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, dict[str, str]]]:
-    root = short_runtime_dir()
-    monkeypatch.setenv("COMMTOP_RUNTIME_DIR", root)
-    yield Path(root), child_env(root)
-    shutil.rmtree(root, ignore_errors=True)
-
-
 BAD_RUN = {
     "zero dimension": (["--shape", "0x5"], "positive"),
     "not a shape": (["--shape", "abc"], "8192x8192"),
@@ -72,6 +62,7 @@ BAD_RUN = {
 }
 
 
+@pytest.mark.e2e
 def test_invalid_run_values_fail_in_one_line_before_any_rank_starts(rt) -> None:
     root, env = rt
     with ThreadPoolExecutor(3) as pool:
@@ -91,6 +82,7 @@ def test_invalid_run_values_fail_in_one_line_before_any_rank_starts(rt) -> None:
     assert not list(root.rglob("job.log"))
 
 
+@pytest.mark.e2e
 def test_missing_connection_file_is_one_line_everywhere(rt) -> None:
     _root, env = rt
     missing = "/nonexistent/commtop/connection.json"
@@ -107,6 +99,7 @@ def test_missing_connection_file_is_one_line_everywhere(rt) -> None:
         assert res.seconds < 15, f"{name} took {res.seconds:.1f} s: it got further than checking its arguments"
 
 
+@pytest.mark.e2e
 def test_port_in_use_is_one_line_and_leaves_no_run_behind(rt) -> None:
     root, env = rt
     holder = socket.socket()
@@ -123,6 +116,7 @@ def test_port_in_use_is_one_line_and_leaves_no_run_behind(rt) -> None:
     assert list(root.iterdir()) == []  # no stale connection file that `ctl` would pick as the newest run
 
 
+@pytest.mark.e2e
 def test_ipc_path_in_use_and_run_already_watched(rt) -> None:
     _root, env = rt
     conn = create_run(label="busy")
@@ -162,6 +156,7 @@ def test_ipc_path_in_use_and_run_already_watched(rt) -> None:
         ("tcp://no-such-host.invalid:5555", ("cannot resolve", "no-such-host.invalid")),
     ],
 )
+@pytest.mark.e2e
 def test_unusable_connect_address_is_one_line_before_torch(
     rt, endpoint: str, words: tuple[str, ...], tmp_path: Path
 ) -> None:
@@ -178,6 +173,7 @@ def test_unusable_connect_address_is_one_line_before_torch(
     assert res.code == 2
 
 
+@pytest.mark.e2e
 def test_unreachable_connect_address_warns_once_and_the_job_runs(rt) -> None:
     """Nobody listens at a well-formed address: the profiler must not take the job down.
     The worker says so in one line and runs to the end (its records are dropped, counted)."""
@@ -198,6 +194,7 @@ def test_unreachable_connect_address_warns_once_and_the_job_runs(rt) -> None:
     assert '"iterations": 20' in res.out and '"sent": 0' in res.out
 
 
+@pytest.mark.e2e
 def test_commtop_without_a_collector_for_ctl_is_one_line(rt) -> None:
     """`commtop ctl` against a run whose collector is gone: no answer, one line, exit 1."""
     _root, env = rt
@@ -276,6 +273,7 @@ def test_every_subcommand_is_documented(capsys) -> None:
         (["frobnicate"], "", "invalid choice"),
     ],
 )
+@pytest.mark.e2e
 def test_one_error_line_with_the_subcommands_prefix(rt, capsys, argv: list[str], sub: str, words: str) -> None:
     code, out, err = _main(argv, capsys)
     assert code in (1, 2) and out == "", (code, out)

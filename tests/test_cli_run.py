@@ -16,6 +16,8 @@ import pytest
 
 from workers.wire import connection
 
+pytestmark = pytest.mark.e2e  # starts processes
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -14,6 +14,8 @@ from recording_synth import Epoch, synth_run, write_recording
 
 from tui import cli
 
+pytestmark = pytest.mark.e2e  # starts processes
+
 EPOCHS = (Epoch(0.0, "none", copies=0), Epoch(2.0, "overlap"), Epoch(4.0, "sync"))
 
 

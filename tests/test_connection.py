@@ -14,16 +14,17 @@ from workers.wire import connection as c
 
 
 @pytest.fixture(autouse=True)
-def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def fresh_runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A runtime folder that does not exist yet: commtop must make it private."""
     root = tmp_path / "rt"
     monkeypatch.setenv(c.RUNTIME_DIR_ENV, str(root))
     monkeypatch.delenv(c.CONNECTION_FILE_ENV, raising=False)
     return root
 
 
-def test_modes_are_private(runtime_dir: Path) -> None:
+def test_modes_are_private(fresh_runtime_dir: Path) -> None:
     conn = c.create_run()
-    assert stat.S_IMODE(runtime_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(fresh_runtime_dir.stat().st_mode) == 0o700
     assert stat.S_IMODE(conn.run_dir.stat().st_mode) == 0o700
     assert stat.S_IMODE(Path(conn.path).stat().st_mode) == 0o600
     assert conn.data.startswith("ipc://") and str(conn.run_dir) in conn.data
@@ -61,7 +62,8 @@ def test_tcp_endpoints_and_connect_override() -> None:
         c.tcp_endpoints("tcp://host")
 
 
-def test_key_is_not_on_the_command_line_of_a_run(runtime_dir: Path) -> None:
+@pytest.mark.e2e
+def test_key_is_not_on_the_command_line_of_a_run(fresh_runtime_dir: Path) -> None:
     """`commtop run` hands workers the file path, never the key: check real `ps` output."""
     from tui.run.launcher import torchrun_argv
 

@@ -135,6 +135,7 @@ def assert_exact(loops: FakeLoops) -> None:
         assert not bad, f"rank {rank} disagrees with rank 0 at (iteration, epoch0, epoch{rank}): {bad[:5]}"
 
 
+@pytest.mark.e2e
 def test_random_changes_switch_every_rank_at_the_same_iteration(store_server):
     desired = FakeDesired(Settings())
     controls = make_controls(store_server, 4, desired)

@@ -27,6 +27,8 @@ from workers.wire import protocol
 from workers.wire.config import LoopConfig
 from workers.wire.settings import COPY_SCALES, MAX_COPIES, Settings
 
+pytestmark = pytest.mark.e2e  # starts processes
+
 STEP = 8
 
 
@@ -80,13 +82,6 @@ class TestCollector:
         self._thread.join(5)
         self.server.close()
         self.source.close()
-
-
-@pytest.fixture()
-def conn(tmp_path, monkeypatch):
-    monkeypatch.setenv(connections.RUNTIME_DIR_ENV, str(tmp_path / "rt"))
-    monkeypatch.delenv(connections.CONNECTION_FILE_ENV, raising=False)
-    return connections.create_run(label="e2e")
 
 
 def start_job(conn: connections.Connection, nproc: int) -> JobProcess:

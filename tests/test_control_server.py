@@ -19,16 +19,8 @@ from tui.run import ctl
 from tui.run.control_server import ControlServer
 from tui.run.run_dirs import lock_run
 from workers.rank.live_control import DesiredListener
-from workers.wire import connection as connections
 from workers.wire import protocol
 from workers.wire.settings import Settings
-
-
-@pytest.fixture()
-def conn(tmp_path, monkeypatch):
-    monkeypatch.setenv(connections.RUNTIME_DIR_ENV, str(tmp_path / "rt"))
-    monkeypatch.delenv(connections.CONNECTION_FILE_ENV, raising=False)
-    return connections.create_run(label="test")
 
 
 @pytest.fixture()

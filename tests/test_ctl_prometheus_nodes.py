@@ -57,6 +57,7 @@ def test_status_lists_endpoints_told_by_the_nodes_and_those_beside_the_file(tmp_
     assert "node-c" not in out  # it serves none
 
 
+@pytest.mark.e2e
 def test_two_nodes_with_their_own_connection_files_are_both_listed(monkeypatch, capsys, tmp_path) -> None:
     rt = short_runtime_dir()
     monkeypatch.setenv("COMMTOP_RUNTIME_DIR", rt)

@@ -8,7 +8,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from tui import cli  # noqa: E402
+
+pytestmark = pytest.mark.e2e  # starts processes
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py")
 STEPS = 30

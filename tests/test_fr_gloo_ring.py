@@ -13,6 +13,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # starts processes
+
 REPO = Path(__file__).resolve().parent.parent
 RING = 64
 

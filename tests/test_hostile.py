@@ -202,6 +202,7 @@ def test_fuzzed_hostile_frames_are_refused_and_counted_by_reason(rig: Rig, attac
     print(f"\n[hostile] {attack}: refused {seen}; collector totals {dict(rig.source.rejected)}", end="")
 
 
+@pytest.mark.e2e
 @settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(frames=insider)
 def test_signed_nonsense_from_a_key_holder_never_breaks_ingest(rig: Rig, frames: list[bytes]) -> None:
@@ -218,6 +219,7 @@ def test_signed_nonsense_from_a_key_holder_never_breaks_ingest(rig: Rig, frames:
 # --------------------------------------------------------------------------- the real collector
 
 
+@pytest.mark.e2e
 def test_real_collector_under_attack_keeps_running_flat_memory_exact_counts(tmp_path: Path) -> None:
     rt = short_runtime_dir()
     env = child_env(rt)

@@ -10,6 +10,8 @@ import pkgutil
 import subprocess
 import sys
 
+import pytest
+
 import tui
 import workers
 
@@ -42,19 +44,23 @@ def test_discovery_finds_every_package_of_the_layout() -> None:
         assert expected in worker_modules
 
 
+@pytest.mark.e2e
 def test_no_viewer_module_loads_torch() -> None:
     assert loaded_after_importing(modules(tui), ("torch",)) == []
 
 
+@pytest.mark.e2e
 def test_the_shared_wire_code_loads_no_torch_zmq_or_textual() -> None:
     wire = [m for m in modules(workers) if m.startswith("workers.wire")]
     assert loaded_after_importing(wire, ("torch", "zmq", "textual")) == []
 
 
+@pytest.mark.e2e
 def test_only_the_view_loads_textual() -> None:
     headless = [m for m in modules(tui) if not m.startswith("tui.view") and m != "tui.cli"]
     assert loaded_after_importing(headless, ("textual",)) == []
 
 
+@pytest.mark.e2e
 def test_every_worker_module_imports() -> None:
     assert loaded_after_importing(modules(workers), ("tui", "textual")) == []

@@ -344,10 +344,12 @@ def test_a_change_is_snapshotted_when_due_not_after_a_whole_poll() -> None:
     changed: with a 5 s poll, the second change still shows after ~interval_s, not 5 s."""
 
     class BlockingSource(FrozenSource):  # test-only: like zmq, an empty poll waits its whole timeout
+        released = threading.Event()  # set once measured, so the test does not wait out the last poll
+
         def poll(self, timeout_s: float) -> list[Any]:
             if self.script:
                 return self.script.pop(0)
-            time.sleep(min(timeout_s, 5.0))
+            self.released.wait(min(timeout_s, 5.0))
             return []
 
     msgs = [[frozen_coll(0, 0, [0], [1000])], [frozen_coll(0, 1, [1], [1000])]]
@@ -360,6 +362,7 @@ def test_a_change_is_snapshotted_when_due_not_after_a_whole_poll() -> None:
             time.sleep(0.01)
         elapsed = time.monotonic() - t0
     finally:
+        BlockingSource.released.set()
         loop.stop()
         loop.join(6)
     assert len(snaps) >= 2 and snaps[-1].ranks[0].count == 2

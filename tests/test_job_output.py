@@ -24,7 +24,7 @@ import pytest
 from rich_text import plain
 from synthetic_ranks import PY, REPO, child_env, short_runtime_dir
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]  # starts processes
 COMMTOP = [PY, "-m", "tui.cli"]
 
 #: Prints a token every step (a real DDP-like step: all_reduce of the grads, an optimizer step).

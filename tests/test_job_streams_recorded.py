@@ -26,6 +26,8 @@ from tui.recordings.reader import open_recording
 from workers.monitor.records import OPS
 from workers.wire import protocol
 
+pytestmark = pytest.mark.e2e  # starts processes
+
 REPO = Path(__file__).resolve().parent.parent
 Key = tuple[str, str, str, int]  # (group name, op, dtype, nbytes)
 

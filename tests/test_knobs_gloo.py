@@ -21,6 +21,8 @@ from tui import cli
 from tui.run.ctl import CtlClient, CtlError
 from workers.wire import connection
 
+pytestmark = pytest.mark.e2e  # starts processes
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 LOOP = ["--collective", "all_reduce", "--shape", "256x256", "--collectives-per-step", "4", "--backend", "gloo"]
 

@@ -19,6 +19,8 @@ from tui.run.launcher import JobExitSource, JobProcess
 from workers.wire import connection as connections
 from workers.wire.protocol import Bye
 
+pytestmark = pytest.mark.e2e  # starts processes
+
 TORCHRUN_OUTPUT = """\
 E1202 11:25:36.521000 29167 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 1000) of binary: /work/venv/bin/python
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:

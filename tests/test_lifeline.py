@@ -17,7 +17,7 @@ import pytest
 from workers.wire.lifeline import DIE_WITH_PARENT_ENV, PARENT_PID_ENV
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # starts processes
 
 
 def _alive(pid: int) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import zmq
 
 from tui.ingest.sources import LiveSource  # noqa: E402
@@ -26,6 +27,8 @@ from workers.wire import connection as connections  # noqa: E402
 from workers.wire import protocol  # noqa: E402
 from workers.wire.control import ctl_state_body  # noqa: E402
 from workers.wire.settings import Settings  # noqa: E402
+
+pytestmark = pytest.mark.e2e  # starts processes
 
 REPO = Path(__file__).resolve().parent.parent
 N = 512

@@ -14,7 +14,7 @@ from synthetic_ranks import SMALL_JOB, child_env, open_tcp_collector, short_runt
 
 from tui.ingest.loop import IngestLoop
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]  # starts processes
 
 
 def test_two_nodes_one_collector_ranks_and_telemetry_per_host(monkeypatch: pytest.MonkeyPatch) -> None:

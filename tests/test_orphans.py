@@ -19,6 +19,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "standing"))
 from orphans import WAYS, run_trial  # noqa: E402
 
+pytestmark = pytest.mark.e2e  # starts processes
+
 
 @pytest.mark.timeout(400)
 def test_no_process_survives_commtop_however_it_ends() -> None:

@@ -19,6 +19,7 @@ def run(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("command", [("-m", "tui.cli", "run"), ("-m", "tui.cli", "watch"), ("-m", "workers")])
 def test_a_bad_address_is_one_line_and_exit_2(command: tuple[str, ...]) -> None:
     proc = (
@@ -31,6 +32,7 @@ def test_a_bad_address_is_one_line_and_exit_2(command: tuple[str, ...]) -> None:
     assert len(lines) == 1 and "--prometheus must look like [HOST:]PORT" in lines[0], proc.stderr
 
 
+@pytest.mark.e2e
 def test_the_worker_needs_a_connection_file_to_export() -> None:
     proc = run("-m", "workers", "--prometheus", "0")
     assert proc.returncode == 2
@@ -49,6 +51,7 @@ def test_binding_wider_warns_once_and_loopback_says_nothing(capsys: pytest.Captu
         prometheus_setting("host:")
 
 
+@pytest.mark.e2e
 def test_version() -> None:
     proc = run("-m", "tui.cli", "--version")
     assert proc.returncode == 0 and proc.stdout.strip() == f"commtop {version('commtop')}"

@@ -78,6 +78,7 @@ def test_prune_removes_the_sockets_of_killed_exporters_only(runtime: Path) -> No
         ctx.term()
 
 
+@pytest.mark.e2e
 def test_a_finished_run_leaves_no_exporter_socket_behind(runtime: Path) -> None:
     env = child_env(str(runtime), COMMTOP_PROMETHEUS_LINGER_S="0")
     argv = [sys.executable, "-m", "tui.cli", "run", "--headless", "--nproc", "2", "--prometheus", "127.0.0.1:0"]

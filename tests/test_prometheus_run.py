@@ -26,7 +26,7 @@ from test_prometheus_metrics import dashboard_queries
 from tui.ingest.loop import IngestLoop
 from tui.recordings.reader import open_recording
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]  # starts processes
 ITERS = 1500
 LINGER = {"COMMTOP_PROMETHEUS_LINGER_S": "60"}
 

@@ -342,6 +342,7 @@ class FakeFullDisk:
         self._f.close()
 
 
+@pytest.mark.e2e
 def test_a_full_disk_stops_recording_visibly_and_the_run_goes_on(tiny_disk) -> None:
     mnt, opener = tiny_disk
     recorder = Recorder(directory=mnt, flush_s=0.02, opener=opener)
@@ -385,6 +386,7 @@ for i, (_, msg) in enumerate(synth_run(duration_s=120.0, world=4, seed=9)):
 """
 
 
+@pytest.mark.e2e
 def test_sigkill_of_a_writing_process_leaves_a_readable_recording(tmp_path: Path) -> None:
     path = tmp_path / "killed.commtop"
     code = WRITER.format(tests=str(TESTS), root=str(ROOT), path=str(path))

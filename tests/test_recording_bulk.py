@@ -55,6 +55,7 @@ def assert_bulk_is_by_chunk(path: Path) -> None:
             assert one.problems == two.problems
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "recordings").glob("*.commtop")))
 def test_the_recordings_in_the_repository_read_the_same_in_bulk(name: str) -> None:
     assert_bulk_is_by_chunk(ROOT / "recordings" / name)

@@ -60,6 +60,7 @@ def test_a_name_known_at_the_start_or_given_is_kept(tmp_path: Path) -> None:
     assert given.exists()
 
 
+@pytest.mark.e2e
 def test_a_recording_carries_the_package_version_and_the_commit(tmp_path: Path) -> None:
     record(tmp_path, hellos_first=True)
     (only,) = tmp_path.iterdir()

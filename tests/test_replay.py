@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from recording_synth import assert_same_message, synth_run, write_recording
+from recording_synth import assert_same_message
 
 from tui.ingest.interfaces import ReplayControls, ReplayPosition, ResetModel, Source
 from tui.recordings.reader import RecordingError, open_recording
@@ -26,14 +26,6 @@ class FrozenClock:
 
     def advance(self, s: float) -> None:
         self.now += s
-
-
-@pytest.fixture(scope="module")
-def recording(tmp_path_factory) -> tuple[Path, list]:
-    items = list(synth_run(duration_s=6.0, world=2))  # epochs change at 2 s and 4 s
-    path = tmp_path_factory.mktemp("replay") / "run.commtop"
-    write_recording(path, items, chunk_s=0.5)
-    return path, items
 
 
 def make(recording, **kw) -> tuple[ReplaySource, FrozenClock, list, int]:

@@ -23,6 +23,8 @@ from tui.recordings.replay import ReplaySource
 from tui.view.app import CommtopApp
 from tui.view.widgets.help import HelpScreen
 
+pytestmark = pytest.mark.e2e  # whole stack for seconds of wall time
+
 SIZE = (160, 40)
 RECORDINGS = Path(__file__).resolve().parent.parent / "recordings"
 EPOCHS = (
@@ -161,7 +163,12 @@ async def test_a_captured_jobs_whole_run_row_and_copies_are_filled_at_the_end() 
         while not source.position().finished:
             clock.now += 0.1
             await pilot.pause(0.02)
-        await wait_for(pilot, lambda: app.snapshot is not None and app.snapshot.ranks[0].run.count == 253)
+        # the rank rows and the step line refresh on their own stamps: wait for both (an ended
+        # replay's clock stands still; they catch up on the wall clock)
+        await wait_for(
+            pilot,
+            lambda: app.snapshot is not None and app.snapshot.ranks[0].run.count == 253 and app.snapshot.steps.copies,
+        )
         rank = app.snapshot.ranks[0]
         assert rank.run.max_ms == pytest.approx(0.37712, rel=1e-4) and rank.copy_run.count == 197
         header = app.query_one("#header").render().plain.split("\n")[1]

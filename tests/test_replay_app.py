@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-from recording_synth import assert_same_message, synth_run, write_recording
+from recording_synth import assert_same_message
 
 from tui.model.run_model import RunModel
 from tui.recordings.reader import open_recording
@@ -44,14 +43,6 @@ async def wait_for(pilot: Any, cond: Any, timeout_s: float = 10.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "timed out waiting for the app"
         await pilot.pause(0.05)
-
-
-@pytest.fixture(scope="module")
-def recording(tmp_path_factory) -> tuple[Path, list]:
-    items = list(synth_run(duration_s=6.0, world=2, seed=4))
-    path = tmp_path_factory.mktemp("replay-app") / "run.commtop"
-    write_recording(path, items)
-    return path, items
 
 
 def records_until(items: list, t_ns: float) -> int:

@@ -3,11 +3,6 @@ replay` wires it; seeking back rebuilds the model, and a paused replay does not 
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-from recording_synth import synth_run, write_recording
-
 from tui.ingest.loop import IngestLoop
 from tui.model.run_model import RunModel
 from tui.recordings.reader import open_recording
@@ -21,14 +16,6 @@ class FrozenClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(scope="module")
-def recording(tmp_path_factory) -> tuple[Path, list]:
-    items = list(synth_run(duration_s=5.0, world=3, seed=2))
-    path = tmp_path_factory.mktemp("ingest") / "run.commtop"
-    write_recording(path, items)
-    return path, items
 
 
 def pump(loop: IngestLoop) -> None:
@@ -52,7 +39,7 @@ def test_replay_feeds_the_model_and_seek_back_rebuilds_it(recording) -> None:
     snap = loop.snapshot()
     assert snap.now_ns == t0 + 3_000_000_000  # the replay's clock, not the wall clock
     assert snap.records == records_until(items, t0 + 3_000_000_000) > 0
-    assert [r.rank for r in snap.ranks] == [0, 1, 2]
+    assert [r.rank for r in snap.ranks] == sorted({m.rank for _, m in items if isinstance(m, p.Batch)})  # every rank
     assert all(r.state == "live" for r in snap.ranks)
     assert snap.epoch_in_force == 1
     source.seek(-2.0)

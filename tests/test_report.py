@@ -55,6 +55,7 @@ def records_from_csv(text: str) -> dict[str, np.ndarray]:
     return out
 
 
+@pytest.mark.e2e
 def test_records_csv_has_one_exact_row_per_collective(capsys, run) -> None:
     path, items = run
     rc, out, err = call(capsys, str(path), "--format", "csv", "--records")
@@ -72,6 +73,7 @@ def test_records_csv_has_one_exact_row_per_collective(capsys, run) -> None:
     assert (got["recv_ns"] > got["start_ns"]).all()
 
 
+@pytest.mark.e2e
 def test_report_numbers_match_numpy_on_the_csv_export(capsys, run) -> None:
     path, _ = run
     _, text, _ = call(capsys, str(path), "--format", "csv", "--records")
@@ -109,6 +111,7 @@ def test_report_numbers_match_numpy_on_the_csv_export(capsys, run) -> None:
     assert slow["none"] == 1.0 and 2.8 < slow["overlap"] < 3.2 and 1.5 < slow["sync"] < 1.7
 
 
+@pytest.mark.e2e
 def test_overlap_class_columns_match_the_records_csv(capsys, run) -> None:
     """json rows: n / p50 / p99 per overlap class equal numpy's on the records CSV's class column."""
     path, _ = run
@@ -134,6 +137,7 @@ def test_overlap_class_columns_match_the_records_csv(capsys, run) -> None:
     )
 
 
+@pytest.mark.e2e
 def test_settings_copies_and_links_per_epoch(capsys, run) -> None:
     path, items = run
     doc = json.loads(call(capsys, str(path), "--format", "json")[1])
@@ -171,6 +175,7 @@ def test_settings_copies_and_links_per_epoch(capsys, run) -> None:
         assert row["power_w"] == pytest.approx(np.mean(power), rel=1e-9)
 
 
+@pytest.mark.e2e
 def test_table_and_summary_csv(capsys, run) -> None:
     path, _ = run
     rc, out, err = call(capsys, str(path))
@@ -186,6 +191,7 @@ def test_table_and_summary_csv(capsys, run) -> None:
     assert all(r["nvlink_tx_gbps"] == "" for r in rows)
 
 
+@pytest.mark.e2e
 def test_output_file_and_usage_errors(capsys, run, tmp_path: Path) -> None:
     path, _ = run
     out = tmp_path / "r.json"
@@ -197,6 +203,7 @@ def test_output_file_and_usage_errors(capsys, run, tmp_path: Path) -> None:
     assert rc == 1 and err.count("\n") == 1 and "No such file or directory" in err
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("content", [b"", b"a,b,c\n1,2,3\n", bytes(range(256)) * 4])
 def test_not_a_recording_is_one_line_and_exit_1(capsys, tmp_path: Path, content: bytes) -> None:
     bad = tmp_path / "bad.csv"
@@ -208,6 +215,7 @@ def test_not_a_recording_is_one_line_and_exit_1(capsys, tmp_path: Path, content:
     assert rc == 1 and err.startswith("commtop report: error: cannot read") and err.count("\n") == 1
 
 
+@pytest.mark.e2e
 def test_the_command_line_exit_code(tmp_path: Path) -> None:
     bad = tmp_path / "x.txt"
     bad.write_text("not a recording\n")
@@ -217,6 +225,7 @@ def test_the_command_line_exit_code(tmp_path: Path) -> None:
     assert proc.returncode == 1 and proc.stderr == f"commtop report: error: {bad} is not a commtop recording\n"
 
 
+@pytest.mark.e2e
 def test_damaged_recording_reports_with_a_warning(capsys, run, tmp_path: Path) -> None:
     path, _ = run
     data = path.read_bytes()
@@ -229,6 +238,7 @@ def test_damaged_recording_reports_with_a_warning(capsys, run, tmp_path: Path) -
     assert doc["complete"] is False and 0 < doc["records"]
 
 
+@pytest.mark.e2e
 def test_cpu_run_without_hellos_or_telemetry(capsys, tmp_path: Path) -> None:
     """What a bare recording still gives: settings counted from the records, links n/a."""
     epochs = (Epoch(0.0, "none", copies=0), Epoch(1.0, "overlap", copies=3, pinned=False, direction="h2d"))
@@ -246,6 +256,7 @@ def test_cpu_run_without_hellos_or_telemetry(capsys, tmp_path: Path) -> None:
     assert doc["meta"]["ranks"] == []
 
 
+@pytest.mark.e2e
 def test_window_limits_every_output(capsys, run, tmp_path: Path) -> None:
     path, _ = run
     _, text, _ = call(capsys, str(path), "--format", "csv", "--records")
@@ -270,6 +281,7 @@ def test_window_limits_every_output(capsys, run, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- trace and plot
 
 
+@pytest.mark.e2e
 def test_trace_is_perfetto_json_with_the_expected_tracks(capsys, run, tmp_path: Path) -> None:
     path, items = run
     out = tmp_path / "t.json"
@@ -302,6 +314,7 @@ def test_trace_is_perfetto_json_with_the_expected_tracks(capsys, run, tmp_path: 
     assert "mode=overlap" in marks[1]["name"]
 
 
+@pytest.mark.e2e
 def test_plot_writes_a_png(capsys, run, tmp_path: Path) -> None:
     path, _ = run
     out = tmp_path / "p.png"
@@ -310,6 +323,7 @@ def test_plot_writes_a_png(capsys, run, tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
 
 
+@pytest.mark.e2e
 def test_plot_without_matplotlib_is_one_line(run, tmp_path: Path) -> None:
     path, _ = run
     code = (
@@ -326,6 +340,7 @@ def test_plot_without_matplotlib_is_one_line(run, tmp_path: Path) -> None:
     assert not (tmp_path / "p.png").exists()
 
 
+@pytest.mark.e2e
 def test_an_empty_recording_reports_replays_and_plots(capsys, tmp_path: Path) -> None:
     from tui.recordings.recorder import Recorder
     from tui.recordings.replay import open_replay
@@ -340,6 +355,7 @@ def test_an_empty_recording_reports_replays_and_plots(capsys, tmp_path: Path) ->
     src.close()
 
 
+@pytest.mark.e2e
 def test_trace_puts_every_host_on_the_reference_clock(capsys, tmp_path: Path) -> None:
     """Ranks 2-3 on a second host: shifting that host's clock by 250 ms changes the stated
     offset by 250 ms and leaves the trace's timeline unchanged."""
@@ -377,6 +393,7 @@ def test_trace_puts_every_host_on_the_reference_clock(capsys, tmp_path: Path) ->
         assert gap1 == pytest.approx(gap0, abs=0.01), f"iteration {i}: host clocks not aligned"
 
 
+@pytest.mark.e2e
 def test_a_cut_recording_started_before_any_hello_names_its_ranks_from_the_data(capsys, run, tmp_path: Path) -> None:
     """`commtop run --record` opens the file before the first Hello (an empty header); a cut
     file has no trailer to fill it in: the report takes the ranks and hosts from the Hellos."""
@@ -436,6 +453,7 @@ def test_combo_codes_cover_rare_and_many_sizes() -> None:
         assert combos == sorted(set(combos))  # codes ascend with the combo
 
 
+@pytest.mark.e2e
 def test_copy_bandwidth_as_a_share_of_the_pcie_peak_on_the_h200_recording(capsys) -> None:
     """The committed H200 recording (PCIe Gen5 x16, no NVLink): pinned copies at ~87 % of the
     theoretical 63 GB/s, pageable far below; no NVLink share (n/a, not 0)."""
@@ -465,6 +483,7 @@ def test_copy_bandwidth_as_a_share_of_the_pcie_peak_on_the_h200_recording(capsys
         ),
     ],
 )
+@pytest.mark.e2e
 def test_h200_ab_recordings_reproduce_the_verdict_printed_live(capsys, name: str, printed: str) -> None:
     path = Path(__file__).resolve().parent.parent / "recordings" / f"h200-nccl-1gpu-ab-none-{name}.commtop"
     rc, out, _ = call(capsys, str(path), "--format", "json")

@@ -11,6 +11,8 @@ import pytest
 
 from tui import cli
 
+pytestmark = pytest.mark.e2e  # starts processes
+
 ROOT = Path(__file__).resolve().parent.parent
 CPU = ROOT / "recordings" / "cpu-gloo-4ranks-all_gather-modes.commtop"
 H200 = ROOT / "recordings" / "h200-nccl-1gpu-all_gather-modes.commtop"

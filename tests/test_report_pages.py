@@ -7,6 +7,7 @@ import gc
 import resource
 
 import numpy as np
+import pytest
 
 from tui.recordings.pages import _glibc, collector_paused, heap_kept, small_pages
 
@@ -56,6 +57,7 @@ def _faults_of_a_second_big_array(mb: int = 96) -> int:
     return faults
 
 
+@pytest.mark.e2e
 def test_heap_kept_reuses_the_pages_of_freed_arrays() -> None:
     """Outside the block glibc maps every big array afresh (a fault per 4 KiB page: ~24,500 for
     96 MB); inside it the second array reuses the first one's pages. (commtop's nodes and CI
@@ -71,6 +73,7 @@ def test_heap_kept_reuses_the_pages_of_freed_arrays() -> None:
     assert again > 20_000  # glibc's defaults are back after the block
 
 
+@pytest.mark.e2e
 def test_heap_kept_computes_the_same_values() -> None:
     values = np.random.default_rng(1).random(3_000_000).astype(np.float32)
     with heap_kept():

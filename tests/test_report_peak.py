@@ -31,6 +31,7 @@ def test_the_nccl_tests_file_gives_the_best_busbw_per_size() -> None:
     assert m.best() == (35.35, 8 << 20)
 
 
+@pytest.mark.e2e
 def test_report_rows_are_shares_of_the_measured_peak(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["report", str(CPU), "--format", "json", "--peak", str(FAKE)]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -59,6 +60,7 @@ def test_report_rows_are_shares_of_the_measured_peak(capsys: pytest.CaptureFixtu
         ('{"args": ["all_reduce_perf"], "results": [{"size": 8, "in_place": {"bus_bw": "nan"}}]}', "no result with"),
     ],
 )
+@pytest.mark.e2e
 def test_a_bad_peak_file_is_one_line_and_reads_no_recording(
     tmp_path: Path, content: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -71,6 +73,7 @@ def test_a_bad_peak_file_is_one_line_and_reads_no_recording(
         load_peaks(str(tmp_path / "missing.json"))
 
 
+@pytest.mark.e2e
 def test_peak_line_names_the_pcie_generation_and_width(capsys: pytest.CaptureFixture[str]) -> None:
     """From the node capability messages recorded beside the ticks (H200: Gen5 x16); the A/B
     verdict then says it as the live `commtop ab` did."""

@@ -49,6 +49,7 @@ def csv_rows(text: str) -> list[dict[str, str]]:
     return list(csv.DictReader(io.StringIO(text)))
 
 
+@pytest.mark.e2e
 def test_csv_counts_per_group_op_dtype_and_size_are_what_the_job_issued(capsys, job) -> None:
     path, _ = job
     rows = csv_rows(call(capsys, path, "--format", "csv"))
@@ -65,6 +66,7 @@ def test_csv_counts_per_group_op_dtype_and_size_are_what_the_job_issued(capsys, 
     assert len(keys) == len(set(keys)) == 6 + 4 * 5  # 6 streams, each rank in 5 of them
 
 
+@pytest.mark.e2e
 def test_a_jobs_csv_has_no_synthetic_settings_the_loops_keeps_them(capsys, job, loop) -> None:
     head = call(capsys, job[0], "--format", "csv").splitlines()[0].split(",")
     assert head[:9] == ["epoch", "rank", "group", "group_desc", "group_size", "op", "dtype", "nbytes", "count"]
@@ -76,6 +78,7 @@ def test_a_jobs_csv_has_no_synthetic_settings_the_loops_keeps_them(capsys, job, 
     assert {(r["group"], r["group_desc"], r["dtype"]) for r in loop_rows} == {("0", "", "?")}
 
 
+@pytest.mark.e2e
 def test_stream_rows_match_numpy_on_the_records(capsys, job) -> None:
     path, items = job
     rows = csv_rows(call(capsys, path, "--format", "csv"))
@@ -96,6 +99,7 @@ def test_stream_rows_match_numpy_on_the_records(capsys, job) -> None:
         assert float(r["busbw_gbps"]) == pytest.approx(busbw.mean(), rel=1e-5, abs=1e-9)
 
 
+@pytest.mark.e2e
 def test_step_view_groups_stragglers_and_missing_in_json(capsys, job) -> None:
     doc = json.loads(call(capsys, job[0], "--format", "json"))
     every = next(s for s in doc["steps"] if s["rank"] is None)
@@ -120,6 +124,7 @@ def test_step_view_groups_stragglers_and_missing_in_json(capsys, job) -> None:
     }
 
 
+@pytest.mark.e2e
 def test_a_jobs_table_names_the_script_steps_groups_and_ops_not_the_loops_settings(capsys, job) -> None:
     text = call(capsys, job[0])
     assert "job train.py (python hooks) · 222.2 steps/s · groups 0:default_pg (4), 1 (2), 2:pair (2)" in text
@@ -134,6 +139,7 @@ def test_a_jobs_table_names_the_script_steps_groups_and_ops_not_the_loops_settin
     assert sum(1 for line in lines[i + 2 : i + 8] if line.split()[0] == "0") == 6
 
 
+@pytest.mark.e2e
 def test_a_recording_made_before_groups_reads_as_the_world_group(capsys) -> None:
     rows = csv_rows(call(capsys, OLD_JOB, "--format", "csv"))
     assert {(r["group"], r["dtype"]) for r in rows} == {("0", "?")}
@@ -141,6 +147,7 @@ def test_a_recording_made_before_groups_reads_as_the_world_group(capsys) -> None
     assert len({(r["op"], r["nbytes"]) for r in rows}) == 9
 
 
+@pytest.mark.e2e
 def test_report_a_b_of_two_jobs_compares_per_stream(capsys, job, tmp_path: Path) -> None:
     other = tmp_path / "b.commtop"
     write_recording(other, list(job_run(world=4, steps=30, seed=9)))
@@ -157,6 +164,7 @@ def test_report_a_b_of_two_jobs_compares_per_stream(capsys, job, tmp_path: Path)
     assert len(rows) == 12 and {"group", "op", "dtype", "nbytes", "p50_ratio"} <= set(rows[0])
 
 
+@pytest.mark.e2e
 def test_the_trace_names_each_collectives_stream(capsys, job, tmp_path: Path) -> None:
     out = tmp_path / "t.json"
     cli.main(["report", str(job[0]), "--trace", str(out)])
@@ -196,6 +204,7 @@ def test_the_plot_colours_a_job_by_stream_and_the_loop_by_mode(job, loop, tmp_pa
     assert by_mode == ["none", "overlap"]  # 3 s of DEFAULT_EPOCHS: sync starts at 4 s
 
 
+@pytest.mark.e2e
 def test_the_records_csv_names_groups_and_dtypes(capsys, job) -> None:
     records = csv_rows(call(capsys, job[0], "--format", "csv", "--records"))
     assert Counter((r["group"], r["dtype"]) for r in records) == {

@@ -7,16 +7,14 @@ folders whose owner process really ended (a child that took the lock and exited)
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from synthetic_ranks import PY, REPO, child_env, short_runtime_dir
+from synthetic_ranks import PY, REPO
 
 from tui import cli
 from tui.run import ctl
@@ -25,15 +23,6 @@ from workers.wire.connection import FILE_NAME, create_run, load
 
 pytestmark = pytest.mark.timeout(120)
 COMMTOP = [PY, "-m", "tui.cli"]
-
-
-@pytest.fixture
-def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, dict[str, str]]]:
-    root = short_runtime_dir()
-    monkeypatch.setenv("COMMTOP_RUNTIME_DIR", root)
-    monkeypatch.delenv("COMMTOP_CONNECTION_FILE", raising=False)
-    yield Path(root), child_env(root)
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def _age(run_dir: Path, seconds: float) -> None:
@@ -60,6 +49,7 @@ def _watch(env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     return proc, line.rsplit(" ", 1)[-1].strip()
 
 
+@pytest.mark.e2e
 def test_prune_removes_runs_whose_owner_is_gone_and_keeps_live_and_young_ones(rt) -> None:
     root, _env = rt
     dead_locked = _dead_owner_run("deadlock")
@@ -87,6 +77,7 @@ def test_prune_removes_runs_whose_owner_is_gone_and_keeps_live_and_young_ones(rt
     assert not has_live_collector(live)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_run_folder_goes_when_its_collector_ends(rt, sig: int) -> None:
     root, env = rt
@@ -101,6 +92,7 @@ def test_a_run_folder_goes_when_its_collector_ends(rt, sig: int) -> None:
     assert list(root.iterdir()) == [], f"left after {signal.Signals(sig).name}: {list(root.iterdir())}"
 
 
+@pytest.mark.e2e
 def test_ctl_chooses_the_newest_live_run_says_which_and_prunes_dead_ones(rt, capsys) -> None:
     root, env = rt
     proc, path = _watch(env)
@@ -133,6 +125,7 @@ def test_ctl_options_work_before_and_after_the_subcommand() -> None:
     assert (neither.no_wait, neither.run, neither.json, neither.timeout) == (False, None, False, ctl.REPLY_TIMEOUT_S)
 
 
+@pytest.mark.e2e
 def test_a_folder_with_a_lingering_prometheus_exporter_stays_until_it_ends(rt) -> None:
     """`--prometheus` exporters serve a last scrape after the run: their folder waits for them."""
     import json
@@ -152,6 +145,7 @@ def test_a_folder_with_a_lingering_prometheus_exporter_stays_until_it_ends(rt) -
     assert prune_runs().removed == [run_dir.name] and list(root.iterdir()) == []
 
 
+@pytest.mark.e2e
 def test_after_a_sigkilled_commtop_run_ctl_status_removes_its_folder(rt) -> None:
     """README: folders of runs whose commtop was killed are removed by the next `ctl`. A real
     `commtop run --headless` (torchrun, 2 gloo ranks), SIGKILLed once its ranks report."""

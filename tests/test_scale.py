@@ -23,7 +23,7 @@ from tui.view.widgets.rank_grid import GridHeader, RankGrid
 from workers.wire.connection import Connection
 from workers.wire.telemetry import tick_body
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]  # the whole stack for seconds of wall time
 KEY = bytes(range(32))
 SESSION = "scale-sess"
 

@@ -118,6 +118,29 @@ def test_step_view_from_the_step_column() -> None:
     assert snap.step_rate == pytest.approx(1e9 / STEP_NS)
 
 
+def test_steps_and_streams_catch_up_when_the_model_clock_stands_still() -> None:
+    """An ended or paused replay: the model's clock stops, the last records arrive at that same
+    instant. The step line and the stream table must show them once the refresh interval has
+    passed on the wall clock (they stayed at the earlier numbers for ever: a CI failure)."""
+    items = list(job_run(world=2, steps=40, copies=2))
+    half = len(items) // 2
+    wall = [0.0]
+    model = RunModel(clock=lambda: T0)
+    model._builder.wall = lambda: wall[0]  # the one clock that moves here
+    for _, m in items[:half]:
+        model.apply(m)
+    early = model.snapshot()
+    for _, m in items[half:]:
+        model.apply(m)
+    assert model.snapshot().steps == early.steps  # within the interval on both clocks: reused
+    wall[0] += 1.5
+    late = model.snapshot()
+    whole = fed(items).snapshot(fresh_run_stats=True)
+    assert late.steps.steps == whole.steps.steps == 2 * 40 > early.steps.steps
+    assert [s.count for s in late.streams] == [s.count for s in whole.streams]
+    assert sum(s.count for s in late.streams) > sum(s.count for s in early.streams)
+
+
 def test_a_step_gap_is_no_long_step() -> None:
     items = [
         (t, m) for t, m in job_run(world=1, steps=30, steps_per_batch=1) if not (isinstance(m, p.Batch) and m.seq == 10)

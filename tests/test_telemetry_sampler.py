@@ -21,6 +21,8 @@ from workers.telemetry import start_node_sampler
 from workers.wire import connection, protocol
 from workers.wire.telemetry import Caps, Tick, decode_caps, decode_tick
 
+pytestmark = pytest.mark.e2e  # starts processes
+
 WORKER = """
 import sys, time
 from workers.telemetry import start_node_sampler

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from synthetic_ranks import PY, REPO, child_env, short_runtime_dir
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]  # starts processes
 
 UNMODIFIED = """
 import sys

@@ -17,17 +17,12 @@ import pytest
 import zmq
 
 from workers.wire import protocol
-from workers.wire.connection import create_run
 from workers.wire.protocol import COLL, MODES, Batch, Bye, Hello
+
+pytestmark = pytest.mark.e2e  # starts processes
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = ["--shape", "16x64", "--collectives-per-step", "8", "--copies", "2", "--warmup", "2", "--batch-ms", "20"]
-
-
-@pytest.fixture
-def conn(tmp_path, monkeypatch):
-    monkeypatch.setenv("COMMTOP_RUNTIME_DIR", str(tmp_path / "rt"))
-    return create_run(label="e2e")
 
 
 class Collector:

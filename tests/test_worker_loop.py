@@ -16,7 +16,6 @@ from workers.synthetic.loop import CONNECT_WAIT_S, Runtime, run_worker
 from workers.wire import protocol
 from workers.wire.busbw import bus_factor, collective_bytes
 from workers.wire.config import LoopConfig
-from workers.wire.connection import create_run
 from workers.wire.protocol import COLL, COLLECTIVES, COPY, DIRECTIONS, MODES, Batch, Bye, Hello
 from workers.wire.settings import Settings
 
@@ -31,12 +30,6 @@ def process_group(tmp_path_factory):
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     yield
     dist.destroy_process_group()
-
-
-@pytest.fixture
-def conn(tmp_path, monkeypatch):
-    monkeypatch.setenv("COMMTOP_RUNTIME_DIR", str(tmp_path / "rt"))
-    return create_run(label="test")
 
 
 @pytest.fixture

@@ -113,8 +113,8 @@ class SnapshotBuilder:
         self._recent_skews: deque[SkewEvent] = deque(maxlen=RECENT_SKEWS_KEPT)
         self._epochs_cache: tuple[_Stamp, int, EpochComparison | None] | None = None
         self._offsets_cache: tuple[int, tuple[str, dict[str, float]]] | None = None
-        self._streams_cache: tuple[int, int, tuple[StreamView, ...]] | None = None  # (ns, version, views)
-        self._steps_cache: tuple[int, StepView] | None = None
+        self._streams_cache: tuple[_Stamp, int, tuple[StreamView, ...]] | None = None  # (stamp, streams, views)
+        self._steps_cache: tuple[_Stamp, StepView] | None = None
 
     def build(self, run: RunState, now: int, *, fresh_run_stats: bool = False) -> Snapshot:
         """A frozen view of ``run`` at ``now``. Whole-run percentiles are refreshed at most every
@@ -200,25 +200,26 @@ class SnapshotBuilder:
         )
 
     def _streams(self, run: RunState, now: int, fresh: bool) -> tuple[StreamView, ...]:
-        """The stream table, refreshed at most every RUN_STATS_EVERY_S (a stream's percentiles
-        sort up to RunAggregate.EXACT_CAP values), at once when a stream appears."""
+        """The stream table, refreshed at most every ``_run_stats_every_ns`` (a stream's
+        percentiles sort up to RunAggregate.EXACT_CAP values), at once when a stream appears, and
+        once more after the data stopped changing (an ended replay shows its last records)."""
         cached = self._streams_cache
         count = run.streams.count
-        if cached is not None and not fresh and cached[1] == count and 0 <= now - cached[0] < RUN_STATS_EVERY_S * 1e9:
+        if cached is not None and not fresh and cached[1] == count and self._current(run, cached[0], now):
             return cached[2]
         views = run.streams.views(float(sum(s.time_ns for s in run.ranks.values())))
-        self._streams_cache = (now, count, views)
+        self._streams_cache = (self._stamp(run, now), count, views)
         return views
 
     def _steps(self, run: RunState, ranks: tuple[RankView, ...], now: int, fresh: bool) -> StepView:
         """The step view of all ranks pooled, at most every ``_run_stats_every_ns`` (it merges a
-        histogram per rank)."""
+        histogram per rank), and once more after the data stopped changing."""
         cached = self._steps_cache
-        if cached is not None and not fresh and 0 <= now - cached[0] < _run_stats_every_ns(run):
+        if cached is not None and not fresh and self._current(run, cached[0], now):
             return cached[1]
         during = sum(st.count for v in ranks if (st := v.run_by_class.get("during copies")) is not None)
         view = step_view([s.steps for s in run.ranks.values()], during)
-        self._steps_cache = (now, view)
+        self._steps_cache = (self._stamp(run, now), view)
         return view
 
     def _recent_skew(

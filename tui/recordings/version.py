@@ -4,14 +4,13 @@ A recording made from a source tree (``pip install -e .``, or the tree on ``PYTH
 GPU node) said "0+unknown" or "0.1.0" for any commit, so two recordings of different code could
 not be told apart. Here: the installed package's version (``importlib.metadata``), else the
 source tree's ``pyproject.toml``; plus ``git describe`` of the tree when it is a git checkout,
-as a PEP 440 local version: ``0.1.0+g69038ea`` (``.dirty`` with uncommitted changes).
+as a PEP 440 local version: ``0.1.0+g69038ea``.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-import subprocess
 from importlib import metadata
 from pathlib import Path
 
@@ -22,12 +21,12 @@ UNKNOWN = "0+unknown"
 
 @functools.cache
 def tool_version() -> str:
-    """``0.1.0+g69038ea`` / ``0.1.0+g69038ea.dirty`` / ``0.1.0`` / ``0+unknown``."""
+    """``0.1.0+g69038ea`` / ``0.1.0`` / ``0+unknown``."""
     base = package_version() or UNKNOWN
     commit = git_describe(SOURCE_TREE)
     if not commit:
         return base
-    local = "g" + commit.replace("-dirty", ".dirty")
+    local = "g" + commit
     return f"{base}.{local}" if "+" in base else f"{base}+{local}"
 
 
@@ -46,19 +45,30 @@ def package_version() -> str:
 
 
 def git_describe(tree: Path) -> str:
-    """The abbreviated commit of ``tree`` (``69038ea``, ``69038ea-dirty``); "" when it is not a
-    git checkout or git is missing. Bounded: 2 s at most, once per process."""
-    if not (tree / ".git").exists():
-        return ""
+    """The abbreviated commit of ``tree`` (``69038ea``); "" when it is not a git checkout. Read
+    from git's own files (HEAD, the branch's ref, packed-refs), so recording never starts a
+    process nor waits on one; whether the tree has uncommitted changes is not told."""
+    git = tree / ".git"
     try:
-        out = subprocess.run(
-            ["git", "-C", str(tree), "describe", "--always", "--dirty", "--abbrev=7", "--exclude", "*"],
-            capture_output=True,
-            text=True,
-            timeout=2.0,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        if git.is_file():  # a worktree or submodule: "gitdir: PATH"
+            git = (tree / git.read_text().split(":", 1)[1].strip()).resolve()
+        head = (git / "HEAD").read_text().strip()
+        if head.startswith("ref: "):
+            ref = head[5:]
+            common = git / "commondir"
+            roots = [git] + ([(git / common.read_text().strip()).resolve()] if common.is_file() else [])
+            head = next((r.joinpath(ref).read_text().strip() for r in roots if r.joinpath(ref).is_file()), "")
+            if not head:
+                head = next(
+                    (
+                        line.split()[0]
+                        for r in roots
+                        if (r / "packed-refs").is_file()
+                        for line in (r / "packed-refs").read_text().splitlines()
+                        if line.endswith(" " + ref)
+                    ),
+                    "",
+                )
+    except (OSError, IndexError):
         return ""
-    commit = out.stdout.strip()
-    return commit if out.returncode == 0 and re.fullmatch(r"[0-9a-f]{4,40}(-dirty)?", commit) else ""
+    return head[:7] if re.fullmatch(r"[0-9a-f]{40}", head) else ""

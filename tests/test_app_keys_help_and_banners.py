@@ -1,4 +1,4 @@
-"""Issue 16, the TUI side: how to connect inside `watch`, help and command palette, ctrl+c,
+"""The app as a newcomer meets it: how to connect inside `watch`, help and command palette, ctrl+c,
 SIGTERM, banners that say the change made. Pilot tests over the real LiveSource where data
 is needed (FakePublisher sends real signed frames over real ZeroMQ)."""
 
@@ -159,6 +159,7 @@ async def test_ctrl_c_quits() -> None:
         assert app.return_code == 0  # exited (Textual's default only says "press ctrl+q")
 
 
+@pytest.mark.e2e
 def test_sigterm_restores_the_terminal() -> None:
     """The real `commtop replay` on a pseudo-terminal: SIGTERM ends it through the event loop,
     so it leaves the alternate screen, shows the cursor and turns mouse reporting off."""

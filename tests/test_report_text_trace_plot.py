@@ -1,4 +1,4 @@
-"""Report, trace and plot papercuts from issue 16 (item 13), on the recordings in the
+"""What the report, trace and plot commands print and write, on the recordings in the
 repository (a real 4-rank gloo run on a CPU, a real 1-GPU NCCL run on an H200)."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def _report(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     return code, out, err
 
 
+@pytest.mark.e2e
 def test_the_footnote_names_how_latency_was_measured(capsys) -> None:
     _, cpu, _ = _report(capsys, str(CPU))
     _, gpu, _ = _report(capsys, str(H200))
@@ -33,6 +34,7 @@ def test_the_footnote_names_how_latency_was_measured(capsys) -> None:
     assert "CUPTI records, or CUDA events on the GPU" in gpu and "host clock" not in gpu
 
 
+@pytest.mark.e2e
 def test_none_rows_show_no_copy_settings(capsys) -> None:
     _, out, _ = _report(capsys, str(CPU))
     main_table = out.split("per mode (all ranks)")[0]  # the overlap-class table below has its own columns
@@ -45,6 +47,7 @@ def test_none_rows_show_no_copy_settings(capsys) -> None:
     assert all(r[2:6] == ["5", "1MiB", "no", "d2h"] for r in overlap), overlap
 
 
+@pytest.mark.e2e
 def test_csv_copies_are_integers_and_rank_is_a_number_or_empty(capsys) -> None:
     _, out, _ = _report(capsys, str(CPU), "--format", "csv")
     rows = list(csv.DictReader(io.StringIO(out)))
@@ -58,6 +61,7 @@ def test_csv_copies_are_integers_and_rank_is_a_number_or_empty(capsys) -> None:
     assert {row["rank"] for row in rows} == {"", "0", "1", "2", "3"}
 
 
+@pytest.mark.e2e
 def test_trace_process_names_of_cpu_ranks(capsys, tmp_path: Path) -> None:
     out = tmp_path / "t.json"
     assert cli.main(["report", str(CPU), "--trace", str(out)]) == 0
@@ -68,6 +72,7 @@ def test_trace_process_names_of_cpu_ranks(capsys, tmp_path: Path) -> None:
     assert not any("-1" in n for n in names), names
 
 
+@pytest.mark.e2e
 def test_a_cut_recording_is_warned_about_once(capsys, tmp_path: Path) -> None:
     cut = tmp_path / "cut.commtop"
     cut.write_bytes(CPU.read_bytes()[:300_000])
@@ -79,6 +84,7 @@ def test_a_cut_recording_is_warned_about_once(capsys, tmp_path: Path) -> None:
     assert "incomplete" not in out
 
 
+@pytest.mark.e2e
 def test_a_recording_cut_inside_its_header_is_one_line_for_report_and_replay(tmp_path: Path) -> None:
     cut = tmp_path / "cut100.commtop"
     cut.write_bytes(CPU.read_bytes()[:100])
