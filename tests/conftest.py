@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from frozen_run import fake_connection
 from recording_synth import synth_run, write_recording
 from synthetic_ranks import child_env
 
@@ -106,3 +107,11 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]
     path = tmp_path_factory.mktemp("recording") / "run.commtop"
     write_recording(path, items, chunk_s=0.5)
     return path, items
+
+
+@pytest.fixture
+def connection() -> Iterator[connections.Connection]:
+    """A fake run's connection (tests/frozen_run.py) in a private folder: data socket only."""
+    folder = Path(tempfile.mkdtemp(prefix="ct-app-", dir="/tmp"))
+    yield fake_connection(folder)
+    shutil.rmtree(folder, ignore_errors=True)

@@ -4,6 +4,7 @@ them as real sealed frames over real ZeroMQ (a worker stand-in whose output is e
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,28 @@ import zmq
 
 from workers.wire import protocol as p
 from workers.wire.busbw import bus_factor, collective_bytes
+from workers.wire.connection import Connection
+
+#: The key and session of a fake run: a FakePublisher signs with them, the app's LiveSource checks.
+KEY = bytes(range(32))
+SESSION = "fake-run"
+
+
+def fake_connection(folder: Path) -> Connection:
+    """A connection to a collector in ``folder`` with nothing but a data socket (no control,
+    no request): what the app reads from, and a FakePublisher sends to."""
+    return Connection(
+        run_id="t",
+        session=SESSION,
+        key_hex=KEY.hex(),
+        data=f"ipc://{folder}/data.sock",
+        control="",
+        request="",
+        host="h",
+        created_ns=0,
+        path=str(folder / "connection.json"),
+    )
+
 
 T0 = 1_800_000_000_000_000_000  # a fixed wall clock (ns) for frozen runs
 TENSOR_BYTES = 1024 * 1024 * 4

@@ -3,20 +3,14 @@ controller / recorder / replay, views, the status line, and a flood that must no
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import shutil
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
-from frozen_run import FakePublisher, frozen_coll, frozen_hello, frozen_run, frozen_snapshot
+from app_pilot import run_async, wait_for
+from frozen_run import KEY, SESSION, FakePublisher, frozen_coll, frozen_hello, frozen_run, frozen_snapshot
 
 from tui.ingest.interfaces import ControlView, RecordingStatus, ReplayPosition
 from tui.view.app import CommtopApp
@@ -27,42 +21,7 @@ from tui.view.widgets.status import StatusLine
 from workers.wire.connection import Connection
 from workers.wire.settings import Settings, settings_from_wire
 
-KEY = bytes(range(32))
-SESSION = "app-sess"
 SIZE = (120, 36)
-
-
-@pytest.fixture
-def connection() -> Iterator[Connection]:
-    path = Path(tempfile.mkdtemp(prefix="ca-", dir="/tmp"))
-    yield Connection(
-        run_id="t",
-        session=SESSION,
-        key_hex=KEY.hex(),
-        data=f"ipc://{path}/data.sock",
-        control="",
-        request="",
-        host="h",
-        created_ns=0,
-    )
-    shutil.rmtree(path, ignore_errors=True)
-
-
-async def wait_for(pilot: Any, cond: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting for the app"
-        await pilot.pause(0.05)
-
-
-def run_async(fn: Any) -> Any:
-    """Run an async test body with asyncio.run (no pytest async plugin needed)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(fn(*args, **kwargs))
-
-    return wrapper
 
 
 def grid_text(app: CommtopApp) -> list[str]:

@@ -4,18 +4,16 @@ is needed (FakePublisher sends real signed frames over real ZeroMQ)."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import io
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from frozen_run import FakePublisher, frozen_hello
+from app_pilot import run_async, wait_for
+from frozen_run import KEY, SESSION, FakePublisher, frozen_hello
 
 from tui.run.connect_help import connect_lines
 from tui.view.app import CommtopApp
@@ -24,41 +22,7 @@ from tui.view.widgets.connect import ConnectPanel
 from workers.wire.connection import Connection
 from workers.wire.settings import Settings, settings_from_wire
 
-KEY = bytes(range(32))
-SESSION = "newcomer"
 SIZE = (120, 36)
-
-
-@pytest.fixture
-def connection() -> Iterator[Connection]:
-    path = Path(tempfile.mkdtemp(prefix="nc-", dir="/tmp"))
-    yield Connection(
-        run_id="t",
-        session=SESSION,
-        key_hex=KEY.hex(),
-        data=f"ipc://{path}/data.sock",
-        control="",
-        request="",
-        host="h",
-        created_ns=0,
-        path=str(path / "connection.json"),
-    )
-    shutil.rmtree(path, ignore_errors=True)
-
-
-async def wait_for(pilot: Any, cond: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting for the app"
-        await pilot.pause(0.05)
-
-
-def run_async(fn: Any) -> Any:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(fn(*args, **kwargs))
-
-    return wrapper
 
 
 @run_async

@@ -2,37 +2,17 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from frozen_run import FakePublisher, frozen_run
+from frozen_run import KEY, SESSION, FakePublisher, frozen_run
 from job_synth import expected_counts, job_run
-from test_app import KEY, SESSION, SIZE, grid_text, run_async, wait_for
+from test_app import SIZE, grid_text, run_async, wait_for
 
 from tui.view.build import build_app
 from tui.view.widgets.streams import StreamPanel, panel_text
 from workers.wire.connection import Connection
 from workers.wire.protocol import Bye
-
-
-@pytest.fixture
-def connection() -> Iterator[Connection]:
-    path = Path(tempfile.mkdtemp(prefix="cs-", dir="/tmp"))
-    yield Connection(
-        run_id="t",
-        session=SESSION,
-        key_hex=KEY.hex(),
-        data=f"ipc://{path}/data.sock",
-        control="",
-        request="",
-        host="h",
-        created_ns=0,
-    )
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def panel(app: Any) -> str:

@@ -5,41 +5,16 @@ LiveSource; FakePublisher sends real signed frames over real ZeroMQ (one with an
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-from frozen_run import FakePublisher, frozen_hello
+from frozen_run import KEY, SESSION, FakePublisher, frozen_hello
 
 from tui.run.connect_help import connect_lines
 from tui.view.build import build_app
 from tui.view.widgets import missing_ranks
 from tui.view.widgets.status import StatusLine
 from workers.wire.connection import Connection
-
-KEY = bytes(range(32))
-SESSION = "missing"
-
-
-@pytest.fixture
-def connection() -> Iterator[Connection]:
-    path = Path(tempfile.mkdtemp(prefix="mr-", dir="/tmp"))
-    yield Connection(
-        run_id="t",
-        session=SESSION,
-        key_hex=KEY.hex(),
-        data=f"ipc://{path}/data.sock",
-        control="",
-        request="",
-        host="h",
-        created_ns=0,
-        path=str(path / "connection.json"),
-    )
-    shutil.rmtree(path, ignore_errors=True)
 
 
 async def _status_says(pilot: Any, app: Any, words: str, timeout_s: float = 15.0) -> str:

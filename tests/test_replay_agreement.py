@@ -6,14 +6,13 @@ moves (its injectable clock), over real recordings."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import re
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from app_pilot import FrozenClock, run_async, wait_for
 from recording_synth import Epoch, synth_run, write_recording
 from rich_text import plain
 
@@ -34,29 +33,6 @@ EPOCHS = (
     Epoch(6.0, "sync-barrier"),
     Epoch(8.0, "none", copies=0),
 )
-
-
-class FrozenClock:
-    def __init__(self) -> None:
-        self.now = 10.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def run_async(fn: Any) -> Any:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(fn(*args, **kwargs))
-
-    return wrapper
-
-
-async def wait_for(pilot: Any, cond: Any, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting for the app"
-        await pilot.pause(0.05)
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,9 @@ the real Recorder, read back unchanged."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import time
 from pathlib import Path
-from typing import Any
 
+from app_pilot import FrozenClock, run_async, wait_for
 from recording_synth import assert_same_message
 
 from tui.model.run_model import RunModel
@@ -20,29 +17,6 @@ from tui.view.app import CommtopApp
 from workers.wire import protocol as p
 
 SIZE = (120, 36)
-
-
-class FrozenClock:
-    def __init__(self) -> None:
-        self.now = 10.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def run_async(fn: Any) -> Any:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(fn(*args, **kwargs))
-
-    return wrapper
-
-
-async def wait_for(pilot: Any, cond: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting for the app"
-        await pilot.pause(0.05)
 
 
 def records_until(items: list, t_ns: float) -> int:

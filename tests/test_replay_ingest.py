@@ -3,19 +3,13 @@ replay` wires it; seeking back rebuilds the model, and a paused replay does not 
 
 from __future__ import annotations
 
+from app_pilot import FrozenClock
+
 from tui.ingest.loop import IngestLoop
 from tui.model.run_model import RunModel
 from tui.recordings.reader import open_recording
 from tui.recordings.replay import ReplaySource
 from workers.wire import protocol as p
-
-
-class FrozenClock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def pump(loop: IngestLoop) -> None:
@@ -29,7 +23,7 @@ def records_until(items: list, t_ns: int) -> int:
 
 def test_replay_feeds_the_model_and_seek_back_rebuilds_it(recording) -> None:
     path, items = recording
-    clock = FrozenClock()
+    clock = FrozenClock(50.0)
     source = ReplaySource(open_recording(path), clock=clock)
     model = RunModel()
     loop = IngestLoop(source, model)

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app_pilot import FrozenClock
+
 from tui.ingest.interfaces import ResetModel
 from tui.model.run_model import RunModel
 from tui.recordings.replay import open_replay
@@ -16,14 +18,6 @@ from tui.view.app import CommtopApp
 from tui.view.widgets.header import header_text, settings_change
 
 H200 = Path(__file__).resolve().parent.parent / "recordings" / "h200-nccl-1gpu-all_gather-modes.commtop"
-
-
-class FrozenClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _drain(src: Any, model: RunModel) -> None:
@@ -39,7 +33,7 @@ def _drain(src: Any, model: RunModel) -> None:
 
 
 def test_each_n_lands_in_the_next_epoch_with_its_own_settings() -> None:
-    src = open_replay(H200, clock=FrozenClock())
+    src = open_replay(H200, clock=FrozenClock(0.0))
     model = RunModel(clock=src.now_ns)
     model.learn_epoch_settings(src.epoch_settings)
     src.toggle_pause()  # paused: what the position shows must already be the new epoch
@@ -57,7 +51,7 @@ def test_each_n_lands_in_the_next_epoch_with_its_own_settings() -> None:
 
 
 def _at_epoch(epoch: int) -> Any:
-    src = open_replay(H200, clock=FrozenClock())
+    src = open_replay(H200, clock=FrozenClock(0.0))
     model = RunModel(clock=src.now_ns)
     model.learn_epoch_settings(src.epoch_settings)
     src.toggle_pause()
@@ -68,7 +62,7 @@ def _at_epoch(epoch: int) -> Any:
 
 
 def test_p_goes_back_to_the_previous_epoch_and_its_settings() -> None:
-    clock = FrozenClock()
+    clock = FrozenClock(0.0)
     src = open_replay(H200, clock=clock)
     model = RunModel(clock=src.now_ns)
     model.learn_epoch_settings(src.epoch_settings)
@@ -84,7 +78,7 @@ def test_p_goes_back_to_the_previous_epoch_and_its_settings() -> None:
 
 
 def test_a_pending_switch_says_what_changes() -> None:
-    src = open_replay(H200, clock=FrozenClock())
+    src = open_replay(H200, clock=FrozenClock(0.0))
     model = RunModel(clock=src.now_ns)
     model.learn_epoch_settings(src.epoch_settings)
     src.toggle_pause()
@@ -113,7 +107,7 @@ def test_settings_change_words() -> None:
 
 def test_replay_app_header_after_n_shows_the_epoch_settings() -> None:
     async def run() -> str:
-        src = open_replay(H200, clock=FrozenClock())
+        src = open_replay(H200, clock=FrozenClock(0.0))
         app = CommtopApp(src, RunModel(clock=src.now_ns), links=False, owns_source=True)
         async with app.run_test(size=(160, 40)) as pilot:
             await pilot.press("space")
