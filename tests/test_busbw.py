@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from workers.wire.busbw import algbw_gbps, bus_factor, collective_bytes
+from workers.wire.busbw import algbw_gbps, bus_factor, bus_factors, collective_bytes
+from workers.wire.protocol import OP_NAMES
 
 
 @pytest.mark.parametrize(
@@ -40,3 +42,10 @@ def test_sizes_per_collective() -> None:
     assert collective_bytes("all_to_all", 100, 4) == 100
     with pytest.raises(ValueError):
         collective_bytes("gather", 100, 4)
+
+
+def test_point_to_point_records_move_their_bytes_once() -> None:
+    """send and recv records (the hooks' blocking p2p): busbw = algbw, as nccl-tests' sendrecv;
+    barrier moves nothing; a code past the names is 0, not an error."""
+    ops = np.array([OP_NAMES.index("send"), OP_NAMES.index("recv"), OP_NAMES.index("barrier"), 250], dtype=np.uint8)
+    assert bus_factors(ops, np.array([2, 8, 8, 8])).tolist() == [1.0, 1.0, 0.0, 0.0]

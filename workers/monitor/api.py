@@ -90,7 +90,8 @@ def start(
 def patch_distributed() -> list[str]:
     """Time every torch.distributed collective (all_reduce, all_gather[_into_tensor],
     reduce_scatter[_tensor], broadcast, reduce, all_to_all[_single], barrier, gather,
-    scatter; async_op=True included) into the active monitor. Returns the names patched."""
+    scatter; async_op=True included) and blocking send/recv into the active monitor. Returns
+    the names patched."""
     try:
         return monitor_patch.patch()
     except Exception as exc:  # noqa: BLE001

@@ -90,12 +90,17 @@ FUNCTIONS: dict[str, tuple[str, Callable[[Args, Kwargs], tuple[Any, int]]]] = {
     "barrier": ("barrier", _no_tensor),
     "gather": ("gather", _one(0, "tensor")),
     "scatter": ("scatter", _one(0, "tensor")),
+    # Blocking point-to-point only: gloo's isend/irecv Works have no future and finish only
+    # in the job's own wait() (a second waiter would take the job's completion: it hangs).
+    "send": ("send", _one(0, "tensor")),
+    "recv": ("recv", _one(0, "tensor")),
 }
 
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One patched function: its op code and where its async_op and group arguments sit."""
+    """One patched function: its op code and where its async_op and group arguments sit
+    (``async_pos`` -1: it has none and blocks: send, recv)."""
 
     func: str
     op: str
@@ -109,6 +114,8 @@ class OpSpec:
         tensor, nbytes = self.describe(args, kwargs)
         n = len(args)
         group = args[self.group_pos] if n > self.group_pos else kwargs.get("group")
+        if self.async_pos < 0:
+            return tensor, nbytes, group, False
         is_async = args[self.async_pos] if n > self.async_pos else kwargs.get("async_op", False)
         return tensor, nbytes, group, bool(is_async)
 
@@ -126,7 +133,8 @@ def set_target(hooks: Hooks | None) -> None:
 def _spec(func: str, original: Callable[..., Any]) -> OpSpec:
     op, describe = FUNCTIONS[func]
     names = list(inspect.signature(original).parameters)
-    return OpSpec(func, op, OP_INDEX[op], describe, names.index("async_op"), names.index("group"))
+    async_pos = names.index("async_op") if "async_op" in names else -1
+    return OpSpec(func, op, OP_INDEX[op], describe, async_pos, names.index("group"))
 
 
 def _wrap(original: Callable[..., Any], spec: OpSpec, compiling: Callable[[], bool]) -> Callable[..., Any]:

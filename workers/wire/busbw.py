@@ -18,12 +18,13 @@ NCCL_TESTS_OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter",
 
 def _factor(op: str, n: int) -> float:
     """The rule: nccl-tests' factor; gather and scatter move (n-1)/n of S like all_gather;
-    any other op (barrier) moves no data, 0."""
+    send and recv move S once (nccl-tests' sendrecv: busbw = algbw); any other op (barrier)
+    moves no data, 0."""
     if op == "all_reduce":
         return 2.0 * (n - 1) / n
     if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         return (n - 1) / n
-    if op in ("broadcast", "reduce"):
+    if op in ("broadcast", "reduce", "send", "recv"):
         return 1.0
     return 0.0
 

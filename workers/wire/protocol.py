@@ -42,8 +42,9 @@ MAX_CONTAINER = 4096
 COLLECTIVES: tuple[str, ...] = ("all_gather", "all_reduce", "reduce_scatter", "broadcast", "all_to_all")
 MODES: tuple[str, ...] = ("none", "overlap", "sync", "sync-barrier")
 DIRECTIONS: tuple[str, ...] = ("d2h", "h2d")
-#: Names of the ``op`` column: COLLECTIVES, then ops only a monitored job reports (workers.monitor).
-OP_NAMES: tuple[str, ...] = (*COLLECTIVES, "reduce", "barrier", "gather", "scatter")
+#: Names of the ``op`` column: COLLECTIVES, then ops only a monitored job reports (workers.monitor),
+#: point-to-point last (a pipeline's send and recv). New names go at the end: codes never move.
+OP_NAMES: tuple[str, ...] = (*COLLECTIVES, "reduce", "barrier", "gather", "scatter", "send", "recv")
 #: Names of the ``dtype`` column (torch's names without "torch."); code 0: not known.
 DTYPES: tuple[str, ...] = (
     "?",
