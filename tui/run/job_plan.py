@@ -84,9 +84,17 @@ def script_plan(script: list[str], nproc: int | None) -> JobPlan:
     ranks = nproc if nproc is not None else (gpus.count or CPU_RANKS)
     if ranks < 1:
         raise ConfigError("--nproc must be at least 1")
-    label = next((Path(a).stem for a in script if a.endswith(".py")), "script")
+    label = script_label(script, rest)
     title = f"commtop run · {' '.join(script)[:60]}"
     return JobPlan(ranks, label=label, collective="monitor", title=title, script=tuple(script))
+
+
+def script_label(script: list[str], rest: list[str]) -> str:
+    """What the run, its log and its recording are named after: the script's name (``train``
+    of ``train.py``), a module's last part (``train`` of ``-m pkg.train``), else "script"."""
+    if rest[:1] == ["-m"]:
+        return rest[1].rsplit(".", 1)[-1] or "script"
+    return next((Path(a).stem for a in script if a.endswith(".py")), "script")
 
 
 def script_argv(script: list[str], nproc: int, logs: JobLogPaths | None = None) -> list[str]:
