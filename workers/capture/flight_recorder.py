@@ -56,7 +56,7 @@ def load_dump(raw: bytes) -> dict[str, Any]:
     """A Flight Recorder dump (the bytes torch's dump API returns) as plain data; raises
     pickle.UnpicklingError for anything but plain data (torch 2.11's dumps are plain data)."""
     # through a buffered reader: with ``peek`` the C unpickler reads ahead in blocks instead of one
-    # read() call per opcode (torch writes protocol 2, unframed): 3x faster, as fast as pickle.loads
+    # read() call per opcode (torch writes protocol 2, unframed): 3x faster, as fast as loading bytes
     data = _PlainData(io.BufferedReader(io.BytesIO(raw), 1 << 16)).load()
     if not isinstance(data, dict):
         raise pickle.UnpicklingError(f"a Flight Recorder dump is a map, not {type(data).__name__}")
