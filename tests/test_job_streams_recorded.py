@@ -123,3 +123,22 @@ def test_fsdp2_on_two_gloo_ranks_shows_every_all_gather_and_reduce_scatter(monke
             assert hello.lost == 0
     finally:
         shutil.rmtree(counts, ignore_errors=True)
+
+
+def test_a_device_mesh_job_is_captured(monkeypatch, capsys) -> None:
+    """``init_device_mesh`` makes the default group through torch's own binding of
+    init_process_group, with no backend named: the capture still starts, and the Hello names
+    the backend torch's device map holds (gloo), not "undefined"."""
+    counts = tempfile.mkdtemp(prefix="cm-counts-", dir="/tmp")
+    prefix = f"{counts}/mesh"
+    try:
+        tables = run_recorded(
+            monkeypatch, capsys, [str(REPO / "tests" / "jobs" / "device_mesh.py"), "--counts", prefix]
+        )
+        hellos = last_hellos(tables)
+        assert sorted(hellos) == [0, 1]
+        for rank, hello in hellos.items():
+            assert recorded(tables, rank, hello) == expected(prefix, rank)
+            assert hello.backend == "gloo/cpu" and hello.lost == 0
+    finally:
+        shutil.rmtree(counts, ignore_errors=True)

@@ -53,11 +53,11 @@ class Capture:
     def install(self) -> None:
         if self.mode == "off":
             return
-        import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         from workers import monitor
+        from workers.monitor.patch import rebind
 
         self.mon = monitor.start()
         if not self.mon.on:
@@ -70,10 +70,10 @@ class Capture:
         self.mon.step = self._user_step  # a script that names its steps takes over from the optimizer hook
         self._mon_close = self.mon.close
         self.mon.close = self._close_monitor  # a script's monitor.stop() comes after our last read
-        init, destroy = self._wrap_init(c10d.init_process_group), self._wrap_destroy(c10d.destroy_process_group)
-        for module in (c10d, dist):
-            setattr(module, "init_process_group", init)  # noqa: B010 - torch.distributed's stub hides it
-            setattr(module, "destroy_process_group", destroy)  # noqa: B010
+        for name, wrap in (("init_process_group", self._wrap_init), ("destroy_process_group", self._wrap_destroy)):
+            current = getattr(c10d, name)
+            # every torch module that bound it (init_device_mesh calls device_mesh's own)
+            rebind(name, (current, getattr(current, "__commtop_original__", current)), wrap(current))
         atexit.register(self.finish)
 
     def _wrap_init(self, original: Any) -> Any:
@@ -108,7 +108,9 @@ class Capture:
             return
         import torch.distributed as dist
 
-        backend = str(dist.get_backend())
+        from workers.monitor.rank_info import backend_name
+
+        backend = backend_name(dist)
         self.how = "hooks"
         if self.mode != "hooks" and backend == "nccl":
             self.how = self._start_cuda() or "hooks"

@@ -1,13 +1,14 @@
 """``patch_distributed``: time every torch.distributed collective of a user's job.
 
 The public collective functions of ``torch.distributed`` are replaced (in
-``torch.distributed`` and ``torch.distributed.distributed_c10d``, where callers look them
-up at call time: FSDP, DDP comm hooks, user code) by thin wrappers that call the original
+``torch.distributed``, ``torch.distributed.distributed_c10d`` and every loaded torch module
+that bound one at its import, :func:`rebind`; callers look them up at call time: FSDP, DDP
+comm hooks, DTensor, user code) by thin wrappers that call the original
 and hand ``(op, main tensor, bytes, group)`` to the active monitor. With no monitor, or a
 disabled one, a wrapper costs one global read and one attribute read.
 
 Bytes follow nccl-tests (S = total gathered/reduced size for all_gather/reduce_scatter),
-so busbw compares with nccl-tests and with the synthetic loop. Code that bound a function
+so busbw compares with nccl-tests and with the synthetic loop. User code that bound a function
 before patching (``from torch.distributed import all_reduce``) keeps the original, and
 collectives issued from C++ (DDP's built-in allreduce) are not seen: register DDP's
 ``allreduce_hook`` (it calls ``dist.all_reduce``), as examples/train_ddp.py does. While
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -159,7 +161,6 @@ def _wrap(original: Callable[..., Any], spec: OpSpec, compiling: Callable[[], bo
 def patch() -> list[str]:
     """Install the wrappers (idempotent); returns the functions patched."""
     import torch
-    import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
     compiler = getattr(torch, "compiler", None)
@@ -172,21 +173,30 @@ def patch() -> list[str]:
         original = getattr(current, "__commtop_original__", current)
         if func not in _originals:
             _originals[func] = original
-            wrapper = _wrap(original, _spec(func, original), compiling)
-            for module in (c10d, dist):
-                if getattr(module, func, None) in (original, current):
-                    setattr(module, func, wrapper)
+            rebind(func, (original, current), _wrap(original, _spec(func, original), compiling))
         done.append(func)
     return done
 
 
 def unpatch() -> None:
     """Put the original functions back (tests; a job that wants to stop timing)."""
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
     for func, original in list(_originals.items()):
-        for module in (c10d, dist):
-            if getattr(getattr(module, func, None), "__commtop_original__", None) is original:
+        for module in list(sys.modules.values()):
+            held = getattr(module, "__dict__", {}).get(func)
+            if getattr(held, "__commtop_original__", None) is original:
                 setattr(module, func, original)
         del _originals[func]
+
+
+def rebind(name: str, old: tuple[Any, ...], new: Any) -> None:
+    """Set ``name`` to ``new`` in every loaded torch module where it is one of ``old``: torch's
+    own modules bind functions at their import (``torch.distributed.device_mesh`` holds its
+    ``init_process_group``, DTensor's collective utils their ``broadcast``), so patching
+    torch.distributed alone leaves them calling the original. Read through ``__dict__``: no
+    module ``__getattr__`` (lazy imports, deprecation warnings) runs."""
+    for mod_name, module in list(sys.modules.items()):
+        if module is None or not (mod_name == "torch" or mod_name.startswith("torch.")):
+            continue
+        held = getattr(module, "__dict__", {}).get(name)
+        if held is not None and any(held is o for o in old):
+            setattr(module, name, new)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from workers.monitor.knobs import Knobs
 from workers.monitor.records import OPS
@@ -37,7 +38,7 @@ def run_info(
         torch_version = str(torch.__version__)
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
-            backend = str(dist.get_backend())
+            backend = backend_name(dist)
             rank, world_size = dist.get_rank(), dist.get_world_size()
         if on_gpu or backend == "nccl":
             from workers.rank.device import gpu_uuid, nccl_version
@@ -97,3 +98,19 @@ def env_int(name: str, default: int) -> int:
         return int(os.environ.get(name, default))
     except ValueError:
         return default
+
+
+def backend_name(dist: Any) -> str:
+    """torch's name of the default group's backend. A group made without one
+    (``init_process_group()``, ``init_device_mesh``) is "undefined" to torch: then what its
+    device map holds, "gloo" (cpu:gloo), "nccl" (cuda:nccl) or "nccl+gloo" (both)."""
+    name = str(dist.get_backend())
+    if name != "undefined":
+        return name
+    try:
+        config = str(dist.get_backend_config())
+    except Exception:  # noqa: BLE001 - an older torch: keep its word
+        return name
+    backends = {part.partition(":")[2] or part for part in config.split(",") if part}
+    ordered = sorted(backends, key=lambda b: (b != "nccl", b))
+    return "+".join(ordered) or name
