@@ -136,10 +136,9 @@ def test_headless_passes_every_ranks_lines_through_as_they_come_and_keeps_the_lo
     assert list(state.iterdir()) == []  # its scratch files went too
 
 
-def test_a_failing_rank_ends_the_output_with_its_own_error_and_its_rank(rt) -> None:
-    _root, env, tmp = rt
-    job = _script(tmp, "boom.py", BOOM_JOB)
-    res = subprocess.run(
+def _run_headless(job: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`commtop run --headless -- python JOB`, its output captured."""
+    return subprocess.run(
         [*COMMTOP, "run", "--headless", "--", "python", job],
         env=env,
         cwd=REPO,
@@ -147,6 +146,12 @@ def test_a_failing_rank_ends_the_output_with_its_own_error_and_its_rank(rt) -> N
         text=True,
         timeout=180,
     )
+
+
+def test_a_failing_rank_ends_the_output_with_its_own_error_and_its_rank(rt) -> None:
+    _root, env, tmp = rt
+    job = _script(tmp, "boom.py", BOOM_JOB)
+    res = _run_headless(job, env)
     assert res.returncode != 0
     last = _last_lines(res.stderr, 5)
     assert last[-1] == "  [rank1]: ValueError: boom on rank 1", "\n".join(last)
@@ -160,14 +165,7 @@ def test_a_failing_rank_ends_the_output_with_its_own_error_and_its_rank(rt) -> N
 def test_a_rank_ended_by_a_signal_says_which(rt) -> None:
     _root, env, tmp = rt
     job = _script(tmp, "killed.py", KILLED_JOB)
-    res = subprocess.run(
-        [*COMMTOP, "run", "--headless", "--", "python", job],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    res = _run_headless(job, env)
     assert res.returncode != 0
     assert _last_lines(res.stderr, 1) == ["commtop: rank 1 failed first: killed by SIGKILL"], res.stderr[-3000:]
     assert "commtop: rank 0: killed by SIGTERM (stopped by torchrun after rank 1 failed)" in res.stderr
