@@ -18,6 +18,7 @@ import pytest
 
 from workers.capture.cupti_copies import FIELDS, ClockMap, CopyRecord, decode_copy
 from workers.capture.flight_recorder import FrCursor, entry_nbytes, issued_by_group, load_dump, op_name, read_all
+from workers.capture.fr_batch import batch_of
 from workers.capture.rows import RowMaker, StepTimeline
 from workers.monitor.records import MONITOR_COLL_ROW, OPS
 from workers.rank.groups import GroupTable
@@ -156,12 +157,13 @@ def test_rows_take_their_step_from_the_timeline_and_fit_the_batch_dtypes(dump: d
     groups = GroupTable()
     groups.world(("0", "default_pg", 1))
     maker = RowMaker(timeline, groups)
-    coll = [maker.coll_row(r, epoch=0, mode=0) for r in rows]
-    assert [c[1] for c in coll] == [-1] * 9 + [0] * 4 + [1] * 4
-    assert [c[0] for c in coll] == list(range(17))
+    arr = maker.coll_array(batch_of(rows, FrCursor(), len(dump["entries"])), epoch=0, mode=0)
+    assert arr.dtype == MONITOR_COLL_ROW
+    assert arr["step"].tolist() == [-1] * 9 + [0] * 4 + [1] * 4
+    assert arr["iteration"].tolist() == list(range(17))
+    assert [timeline.step_at(r.host_ns) for r in rows] == arr["step"].tolist()
     import numpy as np
 
-    arr = np.array(coll, dtype=MONITOR_COLL_ROW)
     assert arr["op"][2] == OPS.index("all_gather") and arr["nbytes"][2] == 16 * MIB
     assert arr["group"].tolist() == [0] * 7 + [1] + [0] * 9 and groups.table[1] == ("1", "undefined", 1)
     assert arr["dtype"][1] == DTYPE_INDEX["bfloat16"]

@@ -15,17 +15,22 @@ from pathlib import Path
 
 import pytest
 
+from workers.capture.fr_child import ChildDecoder
+
 pytestmark = pytest.mark.e2e  # starts processes
 
 REPO = Path(__file__).resolve().parent.parent
 RING = 64
 
 
-def test_a_real_ring_read_through_the_worker_server_loses_only_what_it_overwrote() -> None:
+@pytest.mark.parametrize("decoder", ["rank", "child"])
+def test_a_real_ring_read_through_the_worker_server_loses_only_what_it_overwrote(decoder: str) -> None:
+    """Decoded in the rank, or in the decoder child that is killed halfway (the rank goes on
+    from the child's cursor: the same counts)."""
     with tempfile.TemporaryDirectory(prefix="cm-fr-", dir="/tmp") as folder:
         env = dict(os.environ, TORCH_FR_BUFFER_SIZE=str(RING), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
         proc = subprocess.run(
-            [sys.executable, str(REPO / "tests" / "jobs" / "fr_ring_gloo.py"), folder],
+            [sys.executable, str(REPO / "tests" / "jobs" / "fr_ring_gloo.py"), folder, decoder],
             env=env,
             cwd=REPO,
             capture_output=True,
@@ -35,7 +40,9 @@ def test_a_real_ring_read_through_the_worker_server_loses_only_what_it_overwrote
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("fr_ring_gloo: "))
     r = json.loads(line.split(": ", 1)[1])
-    assert r["ring"] == RING and r["how"] == "torch's worker server (off the GIL)"
+    local = "torch's worker server (off the GIL)"
+    assert r["ring"] == RING and r["how_after"] == local
+    assert r["how"] == (local if decoder == "rank" else ChildDecoder.how)
     keep_up = r["keep_up"]
     assert keep_up["overwritten"] == 0 and keep_up["reads"] >= 500 // RING  # read by fill level, before a wrap
     # nobody read for 200 collectives: all but the newest 64 of what was not yet accounted are gone

@@ -69,6 +69,13 @@ class Sink:
         if b.due():
             b.flush()
 
+    def add_coll_array(self, records: Any) -> None:
+        self.colls += len(records)
+        b = self.batcher
+        b.add_array(records)
+        if b.due():
+            b.flush()
+
 
 class TimedCopies(CuptiCopies):
     """CuptiCopies; ``cpu_ns`` (CUPTI's decode callbacks) and ``activities`` come from the client."""

@@ -6,7 +6,11 @@ commtop), and torch 2.13's worker server serves that ring as ``fr_trace_json``; 
 the capture's own code (workers.capture.fr_source). Run by tests/test_fr_gloo_ring.py in a fresh
 process with ``TORCH_FR_BUFFER_SIZE`` set (torch reads it once per process): prints one JSON line.
 
-    TORCH_FR_BUFFER_SIZE=64 python tests/jobs/fr_ring_gloo.py FOLDER
+    TORCH_FR_BUFFER_SIZE=64 python tests/jobs/fr_ring_gloo.py FOLDER [child]
+
+With ``child`` the ring is decoded in the decoder child (workers.capture.fr_child), as the
+capture does by default, and the child is killed after the first phase: the reads go on in this
+process from the cursor the child left (nothing read twice, nothing lost uncounted).
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
+from workers.capture.fr_child import ChildDecoder
 from workers.capture.fr_source import FlightRecorderSource, ServerDump, WorkerServer, ring_size
 
 KEEP_UP, BLIND, AFTER = 500, 200, 7
 
 
-def main(folder: str) -> None:
+def main(folder: str, child: bool) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -33,11 +38,13 @@ def main(folder: str) -> None:
     server = WorkerServer(folder, "fr.sock")
     ring = ring_size(os.environ)
     warnings: list[str] = []
+    local = ServerDump(server.path, handler="fr_trace_json", decode=json.loads)
     source = FlightRecorderSource(
-        ServerDump(server.path, handler="fr_trace_json", decode=json.loads),
+        ChildDecoder(server.path, "fr_trace_json", "json") if child else local,
         lambda: json.loads(c10d._dump_fr_trace_json(includeCollectives=False, onlyActive=False)),
         ring,
         warn=warnings.append,
+        fallbacks=[local] if child else (),
     )
     t = torch.ones(4)
     now = 0.0
@@ -48,6 +55,11 @@ def main(folder: str) -> None:
             source.read(now)
     accounted = sum(g.expect - 1 for g in source.cursor.groups.values())  # read or lost so far
     keep_up = {"reads": source.reads, "overwritten": source.cursor.overwritten, "accounted": accounted}
+    how = source.how
+    if child:  # the child dies: the next read falls back to this process, from the child's cursor
+        proc = source.decoder.proc  # type: ignore[attr-defined]
+        proc.kill()
+        proc.wait()
     for _ in range(BLIND):  # nobody reads: the ring wraps
         dist.all_reduce(t)
     source.read(now + 1)
@@ -69,14 +81,16 @@ def main(folder: str) -> None:
                 "unread": unread,
                 "lost": c.lost,
                 "warnings": warnings,
-                "how": source.dump.how,
+                "how": how,
+                "how_after": source.how,
             }
         ),
         flush=True,
     )
+    source.close()
     server.shutdown()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:] == ["child"])

@@ -9,7 +9,8 @@ their own stream, into the Flight Recorder), the ring's size when the user set n
 a global optimizer step hook (steps), and a wrapper of ``init_process_group`` that picks the
 capture once the backend is known: NCCL with a Flight Recorder -> :mod:`.cuda_capture`
 (plus CUPTI copies when ``cupti-python`` loads); anything else -> :mod:`.fallback`, said in
-one line. ``COMMTOP_CAPTURE=hooks`` forces the fallback, ``=off`` captures nothing.
+one line. ``COMMTOP_CAPTURE=hooks`` forces the fallback, ``=off`` captures nothing; the ring is
+decoded in a child process (:mod:`.fr_child`) unless ``COMMTOP_FR_DECODE=rank``.
 
 Then the script runs through :mod:`runpy` as ``__main__`` with its own ``sys.argv``, so its
 exit code, exceptions and signal handling are its own; the bootstrap adds no signal handler.
@@ -27,6 +28,8 @@ import time
 from typing import Any
 
 CAPTURE_ENV = "COMMTOP_CAPTURE"
+#: ``rank`` decodes the Flight Recorder in the rank rather than in a child process (to compare).
+DECODE_ENV = "COMMTOP_FR_DECODE"
 log = logging.getLogger("commtop.capture")
 
 
@@ -142,6 +145,7 @@ class Capture:
     def _start_cuda(self) -> str:
         """Flight Recorder collectives (+ CUPTI copies); '' when the Flight Recorder cannot serve."""
         from workers.capture.cuda_capture import CaptureThread, CuptiCopies, fr_dump_function
+        from workers.capture.fr_child import ChildDecoder
         from workers.capture.fr_source import FlightRecorderSource, InProcessDump, nccl_status, ring_size
 
         dump = fr_dump_function()
@@ -162,9 +166,14 @@ class Capture:
                 note = f"copies not captured (CUPTI: {type(exc).__name__}: {str(exc)[:80]})"
         in_process = InProcessDump(dump)
         server, why = self._worker_server()
-        fr = FlightRecorderSource(
-            server or in_process, nccl_status(), ring, fallback=in_process if server else None, rank=self.mon.rank
-        )
+        readers: list[Any] = [server, in_process] if server is not None else [in_process]
+        first: Any = readers.pop(0)
+        if server is not None and os.environ.get(DECODE_ENV, "child") != "rank":
+            try:
+                first, readers = ChildDecoder(server.path), [server, in_process]
+            except OSError as exc:
+                why = f" (no decoder child: {exc}; decoded in the rank)"
+        fr = FlightRecorderSource(first, nccl_status(), ring, fallbacks=readers, rank=self.mon.rank)
         self.thread = CaptureThread(self.mon, self.timeline, fr, copies)
         self.thread.start()
         self._monitor_api_uses_this_capture(copies is not None)
@@ -172,7 +181,7 @@ class Capture:
             ring_note = self.ring_note or f"ring {ring}"
             print(
                 f"commtop: collectives from torch's Flight Recorder (NCCL timing on; {ring_note}; read through "
-                f"{fr.dump.how}{why}); {note}",
+                f"{fr.how}{why}); {note}",
                 file=sys.stderr,
             )
         return "flight recorder + CUPTI copies" if copies is not None else "flight recorder"

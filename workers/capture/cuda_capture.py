@@ -20,6 +20,8 @@ import time
 from collections import deque
 from typing import Any
 
+import numpy as np
+
 from workers.capture.cupti_copies import FIELDS, ClockMap, decode_copy
 from workers.capture.fr_source import FlightRecorderSource
 from workers.capture.rows import RowMaker, StepTimeline
@@ -138,13 +140,13 @@ class CaptureThread:
         with self._lock:
             mon = self.mon
             epoch, mode = mon._epoch, mon._mode
-            coll: list[tuple[Any, ...]] = []
+            coll: np.ndarray | None = None
             copy: list[tuple[Any, ...]] = []
             fr = self.fr
             if fr is not None:
                 now = time.monotonic()
                 if fr.poll(now) or force_fr:
-                    coll = self.rows.coll_rows(fr.read(now), epoch, mode)
+                    coll = self.rows.coll_array(fr.read(now), epoch, mode)
                     mon.status.iteration = self.rows.iteration
                     mon.status.untimed = fr.cursor.untimed
                     mon.status.lost = fr.lost
@@ -159,7 +161,9 @@ class CaptureThread:
                     if c is not None:
                         decoded.append(c)
                 copy = self.rows.copy_rows(decoded, epoch)
-            mon.add_records(coll, copy)  # also sends what an earlier call left batched, once due
+            if coll is not None and len(coll):
+                mon.add_coll_array(coll)
+            mon.add_records([], copy)  # also sends what an earlier call left batched, once due
 
     def stop(self, settle_s: float = 1.0) -> None:
         """Stop the thread and read what finished meanwhile (at destroy_process_group / exit);
@@ -182,6 +186,7 @@ class CaptureThread:
                 self.fr.finish()
             except Exception as exc:  # noqa: BLE001
                 log.warning("commtop capture: final count failed: %r", exc)
+            self.fr.close()  # the decoder child, where there is one
             self.mon.status.lost = self.fr.lost  # the last Hello (before the Bye) carries it
         if self.copies is not None:
             self.copies.stop()

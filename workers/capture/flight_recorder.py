@@ -313,6 +313,37 @@ class FrCursor:
         self.pending = 0
         return self.unread - before
 
+    def state(self) -> dict[str, Any]:
+        """Everything the cursor knows, as plain data (JSON-safe): a decoder in a child process
+        hands it over with each batch, and :meth:`from_state` carries on from it."""
+        return {
+            "groups": {n: [g.desc, g.expect, sorted(g.done), g.last_seq, g.p2p] for n, g in self.groups.items()},
+            "floor": self.floor,
+            "last_record": self.last_record,
+            "counts": [self.overwritten, self.untimed, self.unknown, self.unread, self.p2p, self.pending],
+            "pending": {n: sorted(s) for n, s in self._pending.items()},
+            "p2p_upto": self._p2p_upto,
+            "sizes": dict(self._sizes),
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> FrCursor:
+        """A cursor that goes on where the one that wrote ``state`` stopped; ValueError if
+        ``state`` is not what :meth:`state` writes."""
+        c = cls()
+        try:
+            for name, (desc, expect, done, last_seq, p2p) in dict(state["groups"]).items():
+                c.groups[str(name)] = GroupState(
+                    str(desc), int(expect), {int(d) for d in done}, int(last_seq), bool(p2p)
+                )
+            c.floor, c.last_record, c._p2p_upto = int(state["floor"]), int(state["last_record"]), int(state["p2p_upto"])
+            c.overwritten, c.untimed, c.unknown, c.unread, c.p2p, c.pending = (int(v) for v in state["counts"])
+            c._pending = {str(n): {int(s) for s in seqs} for n, seqs in dict(state["pending"]).items()}
+            c._sizes = {str(n): int(v) for n, v in dict(state["sizes"]).items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a Flight Recorder cursor state: {exc!r}") from exc
+        return c
+
     # ------------------------------------------------------------------ internals
 
     def _collect(self, entries: Iterable[Entry]) -> tuple[dict[tuple[str, int], list[Entry]], dict[str, int]]:

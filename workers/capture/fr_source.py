@@ -34,11 +34,12 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from workers.capture.flight_recorder import FrCollective, FrCursor, issued_by_group, load_dump
+from workers.capture.flight_recorder import FrCursor, issued_by_group, load_dump
+from workers.capture.fr_batch import FrBatch, batch_of
 
 log = logging.getLogger("commtop.capture")
 
@@ -243,35 +244,92 @@ def ring_advice(ring: int, rate: float, read_s_per_entry: float) -> str:
     return f"set {RING_ENV[0]}={1 << math.ceil(math.log2(need))}"
 
 
+class LocalDecoder:
+    """Decodes the ring in this process: fetch, unpickle, cursor. The rank's fallback, and what
+    the child decoder (:mod:`workers.capture.fr_child`) runs on its side."""
+
+    def __init__(self, dump: DumpReader, cursor: FrCursor | None = None) -> None:
+        self.dump = dump
+        self.how = dump.how
+        self.cursor = cursor if cursor is not None else FrCursor()
+
+    def read_batch(self) -> FrBatch:
+        raw = self.dump.fetch()
+        # Unpickling builds ~10 containers an entry that live until the decode is done: with the
+        # collector running they would be traversed, promoted, and push the job's heap towards a
+        # full collection. They hold no cycles, so refcounting frees them: pause the collector.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            dump = self.dump.decode(raw)
+            del raw
+            held = len(dump.get("entries") or ())
+            rows = self.cursor.read(dump)
+            del dump
+        finally:
+            if collecting:
+                gc.enable()
+        return batch_of(rows, self.cursor, held)
+
+    def finish(self, issued: dict[str, int] | None) -> int:
+        return self.cursor.finish(issued)
+
+    def close(self) -> None:
+        pass
+
+
+class RingDecoder(Protocol):
+    """Reads the whole ring and decodes what is new: in this process (LocalDecoder) or in a
+    child (fr_child.ChildDecoder). ``cursor`` is the cursor after the last answer."""
+
+    how: str
+    cursor: FrCursor
+
+    def read_batch(self) -> FrBatch: ...
+
+    def finish(self, issued: dict[str, int] | None) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class FlightRecorderSource:
     """Reads one rank's ring when it is due and keeps the count of what it lost."""
 
     def __init__(
         self,
-        dump: DumpReader,
+        reader: RingDecoder | DumpReader,
         status: Callable[[], Dump] | None,
         ring: int,
         *,
-        fallback: DumpReader | None = None,
+        fallbacks: Sequence[DumpReader] = (),
         rank: int = 0,
         warn: Callable[[str], None] | None = None,
     ) -> None:
-        self.dump = dump
+        self.decoder: RingDecoder = (
+            cast(RingDecoder, reader) if hasattr(reader, "read_batch") else LocalDecoder(cast(DumpReader, reader))
+        )
         self.status = status
-        self.fallback = fallback
+        self.fallbacks = list(fallbacks)
         self.ring = max(1, ring)
         self.rank = rank
         self.warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
-        self.cursor = FrCursor()
         self.schedule = FillSchedule(self.ring)
         self.reads = 0
-        self.last_cost_s = 0.0  # capture-thread CPU of the last read (the GIL share of it)
+        self.last_cost_s = 0.0  # capture-thread CPU of the last read (the job's share of it)
         self.last_wall_s = 0.0
         self.rate = 0.0  # collectives issued per second, from the status
         self.per_seq = 1.0  # ring entries per collective (coalesced blocks and p2p take more)
         self.next_poll_at = 0.0
         self._issued: tuple[float, int] | None = None
         self._warned = False
+
+    @property
+    def cursor(self) -> FrCursor:
+        return self.decoder.cursor
+
+    @property
+    def how(self) -> str:
+        return self.decoder.how
 
     @property
     def lost(self) -> int:
@@ -296,45 +354,32 @@ class FlightRecorderSource:
         self.next_poll_at = self.schedule.next_poll(now, new, self.rate)
         return self.schedule.due(now, new)
 
-    def read(self, now: float) -> list[FrCollective]:
+    def read(self, now: float) -> FrBatch:
         """New finished collectives (``now``: time.monotonic(), as for :meth:`poll`); says once
         if the ring wrapped before it was read."""
         t0, c0 = time.perf_counter(), time.thread_time()
         seqs0 = sum(g.last_seq for g in self.cursor.groups.values())
         rec0, lost0 = self.cursor.last_record, self.cursor.overwritten
-        reader, raw = self._fetch()
-        # Unpickling builds ~10 containers an entry that live until the decode is done: with the
-        # collector running they would be traversed, promoted, and push the job's heap towards a
-        # full collection. They hold no cycles, so refcounting frees them: pause the collector.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            dump = reader.decode(raw)
-            del raw
-            held = len(dump.get("entries") or ())
-            if held > self.ring:  # torch's ring is larger than the environment said
-                self.ring = self.schedule.ring = held
-            rows = self.cursor.read(dump)
-            del dump
-        finally:
-            if collecting:
-                gc.enable()
+        batch = self._read_batch()
+        if batch.held > self.ring:  # torch's ring is larger than the environment said
+            self.ring = self.schedule.ring = batch.held
         self.last_wall_s = time.perf_counter() - t0
         self.last_cost_s = time.thread_time() - c0
         self.reads += 1
-        d_seq = sum(g.last_seq for g in self.cursor.groups.values()) - seqs0
-        if d_seq > 0 and self.cursor.last_record > rec0:
-            self.per_seq = min(64.0, max(1.0, (self.cursor.last_record - rec0) / d_seq))
+        cursor = self.cursor
+        d_seq = sum(g.last_seq for g in cursor.groups.values()) - seqs0
+        if d_seq > 0 and cursor.last_record > rec0:
+            self.per_seq = min(64.0, max(1.0, (cursor.last_record - rec0) / d_seq))
         self.schedule.read_done(now, self.last_cost_s)
-        if self.cursor.overwritten > lost0 and not self._warned:
+        if cursor.overwritten > lost0 and not self._warned:
             self._warned = True
             per_entry = self.last_wall_s / self.ring
             self.warn(
                 f"commtop rank {self.rank}: the Flight Recorder ring ({self.ring} entries) wrapped before it was "
-                f"read: {self.cursor.overwritten} collectives lost so far at ~{self.rate:,.0f} collectives/s; "
+                f"read: {cursor.overwritten} collectives lost so far at ~{self.rate:,.0f} collectives/s; "
                 + ring_advice(self.ring, self.rate, per_entry)
             )
-        return rows
+        return batch
 
     def finish(self) -> int:
         """After the last read: count what torch says was issued and never read. Returns it."""
@@ -344,17 +389,32 @@ class FlightRecorderSource:
                 issued = issued_by_group(self.status())
             except Exception:  # noqa: BLE001 - then only what is still pending counts
                 issued = None
-        return self.cursor.finish(issued)
-
-    def _fetch(self) -> tuple[DumpReader, bytes]:
         try:
-            return self.dump, self.dump.fetch()
-        except Exception as exc:
-            if self.fallback is None:
-                raise
-            log.warning("commtop capture: %s failed (%s); reading with %s", self.dump.how, exc, self.fallback.how)
-            self.dump, self.fallback = self.fallback, None
-            return self.dump, self.dump.fetch()
+            return self.decoder.finish(issued)
+        except Exception as exc:  # noqa: BLE001 - a dead child: its last state counts here
+            self._fall_back(exc)
+            return self.decoder.finish(issued)
+
+    def close(self) -> None:
+        self.decoder.close()
+
+    def _read_batch(self) -> FrBatch:
+        while True:
+            try:
+                return self.decoder.read_batch()
+            except Exception as exc:
+                if not self.fallbacks:
+                    raise
+                self._fall_back(exc)
+
+    def _fall_back(self, exc: BaseException) -> None:
+        """The next reader takes over, in this process, from the cursor the failed one left."""
+        if not self.fallbacks:
+            raise exc
+        failed = self.decoder
+        failed.close()
+        self.decoder = LocalDecoder(self.fallbacks.pop(0), failed.cursor)
+        log.warning("commtop capture: %s failed (%s); reading with %s", failed.how, exc, self.decoder.how)
 
     def _new_entries(self, issued: Mapping[str, int]) -> float:
         """Ring entries recorded since the last read (torch counts collectives per group)."""

@@ -12,9 +12,11 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
+
 from workers.capture.cupti_copies import CopyRecord
-from workers.capture.flight_recorder import FrCollective
-from workers.monitor.records import OP_INDEX
+from workers.capture.fr_batch import FrBatch
+from workers.monitor.records import MONITOR_COLL_ROW
 from workers.rank.groups import GroupTable
 from workers.wire.protocol import DIRECTIONS
 
@@ -44,49 +46,54 @@ class StepTimeline:
 
         return step_at
 
+    def steps_at(self, times_ns: np.ndarray) -> np.ndarray:
+        """The step in force at each of ``times_ns`` (-1 before the first mark): one copy of the
+        marks and one search for a whole read."""
+        marks = list(self._marks)
+        if not marks:
+            return np.full(len(times_ns), -1, np.int64)
+        times = np.fromiter((t for t, _ in marks), np.int64, len(marks))
+        steps = np.fromiter((s for _, s in marks), np.int64, len(marks))
+        i = np.searchsorted(times, times_ns, side="right") - 1
+        return np.where(i >= 0, steps[np.maximum(i, 0)], -1)
+
     def step_at(self, time_ns: int) -> int:
         """The step in force at ``time_ns`` (-1 before the first mark)."""
         return self.snapshot()(time_ns)
 
 
 class RowMaker:
-    """FR collectives and CUPTI copies -> MONITOR_COLL_ROW / COPY_ROW tuples; a collective's
-    group gets its code from the rank's group table (by torch's group name, as the monitor's
-    wrappers key it)."""
+    """Flight Recorder reads -> MONITOR_COLL_ROW records, CUPTI copies -> COPY_ROW tuples; a
+    collective's group gets its code from the rank's group table (by torch's group name, as the
+    monitor's wrappers key it)."""
 
     def __init__(self, timeline: StepTimeline, groups: GroupTable) -> None:
         self.timeline = timeline
         self.groups = groups
         self.iteration = 0
 
-    def coll_rows(self, cs: Iterable[FrCollective], epoch: int, mode: int) -> list[tuple[Any, ...]]:
-        at = self.timeline.snapshot()
-        return [self.coll_row(c, epoch, mode, at) for c in cs]
+    def coll_array(self, batch: FrBatch, epoch: int, mode: int) -> np.ndarray:
+        """A read's collectives as MONITOR_COLL_ROW records, with no Python object per collective."""
+        rows = batch.rows
+        n = len(rows)
+        out = np.empty(n, MONITOR_COLL_ROW)
+        if not n:
+            return out
+        out["iteration"] = np.arange(self.iteration, self.iteration + n)
+        self.iteration += n
+        out["step"] = self.timeline.steps_at(rows["host_ns"])
+        out["epoch"] = epoch
+        out["mode"] = mode
+        codes = np.array([self.groups.code(*g) for g in batch.groups], MONITOR_COLL_ROW["group"])
+        out["group"] = codes[rows["group"]]
+        for name in ("op", "dtype", "nbytes", "ranks", "host_ns", "dur_us"):
+            out[name] = rows[name]
+        out["start_ns"] = rows["host_ns"]
+        return out
 
     def copy_rows(self, cs: Iterable[CopyRecord], epoch: int) -> list[tuple[Any, ...]]:
         at = self.timeline.snapshot()
         return [self.copy_row(c, epoch, at) for c in cs]
-
-    def coll_row(
-        self, c: FrCollective, epoch: int, mode: int, step_at: Callable[[int], int] | None = None
-    ) -> tuple[Any, ...]:
-        it = self.iteration
-        self.iteration = it + 1
-        step = (step_at or self.timeline.step_at)(c.host_ns)
-        return (
-            it,
-            step,
-            epoch,
-            mode,
-            OP_INDEX[c.op],
-            self.groups.code(c.pg, c.desc, c.ranks),
-            c.dtype,
-            c.nbytes,
-            c.ranks,
-            c.host_ns,
-            c.host_ns,
-            c.dur_us,
-        )
 
     def copy_row(self, c: CopyRecord, epoch: int, step_at: Callable[[int], int] | None = None) -> tuple[Any, ...]:
         step = (step_at or self.timeline.step_at)(c.start_ns)

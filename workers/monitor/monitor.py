@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
+import numpy as np
+
 from workers.monitor.knobs import MAX_NAME, Knobs, live_control
 from workers.monitor.patch import Args, Kwargs, OpSpec
 from workers.monitor.rank_info import env_int, node_gpus, run_info, world_group
@@ -209,6 +211,16 @@ class Monitor:
             return
         try:
             self.timers.add(coll_rows, copy_rows)
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+
+    def add_coll_array(self, records: np.ndarray) -> None:
+        """Collectives captured off the job's thread as MONITOR_COLL_ROW records (a Flight
+        Recorder read), batched and sent from the caller's thread. Never raises."""
+        if not self.on or self._closed:
+            return
+        try:
+            self.timers.add_array(records)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 

@@ -48,8 +48,34 @@ class MonitorBatcher(RecordBatcher):
             publisher, status, op_index=0, coll_nbytes=0, bus_factor=0.0, batch_ms=batch_ms, max_records=max_records
         )
 
+        self.coll_arrays: list[np.ndarray] = []  # records that came as arrays (workers.capture)
+        self.array_records = 0
+
+    def add_array(self, records: np.ndarray) -> None:
+        """MONITOR_COLL_ROW records, sent with the next batch (in order, before that batch's rows)."""
+        if len(records):
+            self.coll_arrays.append(records)
+            self.array_records += len(records)
+
+    def due(self) -> bool:
+        return self.array_records >= self.max_records or super().due()
+
+    def flush(self) -> None:
+        if self.coll_arrays:
+            arrays, self.coll_arrays, self.array_records = self.coll_arrays, [], 0
+            if self.coll_rows:
+                rows, self.coll_rows = self.coll_rows, []
+                arrays.append(np.array(rows, dtype=MONITOR_COLL_ROW))
+            arr = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            for i in range(0, len(arr), protocol.MAX_BATCH_RECORDS):
+                part = arr[i : i + protocol.MAX_BATCH_RECORDS]
+                self.publisher.publish(protocol.COLL, self.array_columns(part), len(part), self.status())
+        super().flush()
+
     def coll_columns(self, rows: list[tuple[Any, ...]]) -> dict[str, np.ndarray]:
-        arr = np.array(rows, dtype=MONITOR_COLL_ROW)
+        return self.array_columns(np.array(rows, dtype=MONITOR_COLL_ROW))
+
+    def array_columns(self, arr: np.ndarray) -> dict[str, np.ndarray]:
         algbw = algbw_gbps(arr["nbytes"], arr["dur_us"])
         busbw = algbw * bus_factors(arr["op"], arr["ranks"])
         cols = {name: arr[name] for name in COLL_COLUMNS if name not in ("algbw", "busbw")}

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from workers.monitor.patch import Args, Kwargs, OpSpec
 from workers.monitor.records import MonitorBatcher
 from workers.rank.groups import GroupTable
@@ -194,6 +196,15 @@ class Timers:
             b = self.batcher
             b.coll_rows.extend(coll_rows)
             b.copy_rows.extend(copy_rows)
+            if b.due():
+                b.flush()
+
+    def add_array(self, records: np.ndarray) -> None:
+        """MONITOR_COLL_ROW records captured off the job's thread, batched and sent from the
+        caller's thread."""
+        with self.lock:
+            b = self.batcher
+            b.add_array(records)
             if b.due():
                 b.flush()
 

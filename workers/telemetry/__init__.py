@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 CONNECTION_FILE_ENV = "COMMTOP_CONNECTION_FILE"  # same name as workers.wire.connection (kept import-free)
+#: Seconds between the sampler's ticks (its --interval; default 0.1): a slower sampler beside a job.
+INTERVAL_ENV = "COMMTOP_TELEMETRY_INTERVAL"
 LOG_NAME = "telemetry-{host}.log"
 
 
@@ -34,6 +36,8 @@ def start_node_sampler(
     argv = [sys.executable, "-m", "workers.telemetry", "--gpus", ",".join(u for u in gpu_uuids if u)]
     if prometheus:
         argv += ["--prometheus", prometheus]
+    if os.environ.get(INTERVAL_ENV, "").strip():
+        argv += ["--interval", os.environ[INTERVAL_ENV].strip()]
     root = Path(__file__).resolve().parent.parent.parent
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
     log_path = Path(connection_path).parent / LOG_NAME.format(
