@@ -10,7 +10,7 @@
 #    `commtop run --headless --record`, without and with CUDA_DEVICE_MAX_CONNECTIONS=1, the
 #    conditions interleaved pair by pair; a pair that would not end within BUDGET_S is skipped;
 # 3. if time is left, the high-rate run again at RATE2 (default 12000): where the capture stops
-#    keeping up, it says so in one line and counts what it lost;
+#    keeping up, it says so in one line and counts what it lost; RATE=0 / RATE2=0 skip 1 / 3;
 # then benchmarks/device/job_cost_summary.py: per pair the step-time ratio (the job's own clock),
 # per condition the mean ratio with a 95 % Student-t interval, and per commtop run the recorded /
 # lost / dropped / issued counts from the recording.
@@ -80,8 +80,10 @@ rate_run() { # NAME RATE: the collectives-only job paced at RATE collectives/s f
   grep -E "^commtop|Flight Recorder|ddp_offload:" "$log" | cut -c1-400 | tee -a "$OUT/console.txt"
 }
 
-say "== high rate first (the proof needs it): default settings"
-rate_run rate "$RATE"
+if [ "$RATE" != 0 ]; then
+  say "== high rate first (the proof needs it): default settings"
+  rate_run rate "$RATE"
+fi
 
 say "== $PAIRS alternating pairs, $STEPS steps, without and with CUDA_DEVICE_MAX_CONNECTIONS=1 (budget ${BUDGET_S} s)"
 longest=60
@@ -106,7 +108,9 @@ for i in $(seq 1 "$PAIRS"); do
   done
 done
 
-if [ $(($(elapsed) + 45)) -le "$BUDGET_S" ]; then
+if [ "$RATE2" = 0 ]; then
+  say "== high rate at RATE2: not asked for"
+elif [ $(($(elapsed) + 45)) -le "$BUDGET_S" ]; then
   say "== high rate again, at ${RATE2} collectives/s: where the capture stops keeping up"
   rate_run rate2 "$RATE2"
 else
