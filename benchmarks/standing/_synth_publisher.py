@@ -93,6 +93,7 @@ def main() -> int:
     gap_ns = int(ns.batch_ms * 1e6 / per_batch)
     zeros_i4 = np.zeros(per_batch, dtype=np.int32)
     zeros_u1 = np.zeros(per_batch, dtype=np.uint8)
+    zeros_u2 = np.zeros(per_batch, dtype="<u2")
     ops = np.full(per_batch, ALL_REDUCE, dtype=np.uint8)
     nbytes = np.full(per_batch, 4, dtype=np.int64)
     offsets = np.arange(per_batch, dtype=np.int64)
@@ -132,6 +133,8 @@ def main() -> int:
                 "epoch": zeros_i4,
                 "mode": zeros_u1,
                 "op": ops,
+                "group": zeros_u2,
+                "dtype": zeros_u1,
                 "nbytes": nbytes,
                 "host_ns": start,
                 "start_ns": start,
@@ -139,6 +142,8 @@ def main() -> int:
                 "algbw": 4 / dur / 1e3,
                 "busbw": 4 / dur / 1e3,
             }
+            if k == per_batch:  # the first batch: a schema mismatch fails loudly, not as 100 % dropped
+                p.batch_body(p.COLL, conn.session, p.Batch(p.COLL, r, 0, 0, cols, 0, -1, -1, t))
             pub.publish(p.COLL, cols, per_batch, (0, -1, -1))
         phase = (phase + 1) % phases
         next_tick += ns.batch_ms / 1000 / phases

@@ -338,6 +338,11 @@ async def drive(
         if screenshot:
             app.save_screenshot(screenshot)
         totals = await asyncio.to_thread(publisher_totals, pubs)
+        if not totals.get("sent"):  # nothing reached a socket: the numbers below would mean nothing
+            raise SystemExit(
+                f"benchmark: the synthetic publishers sent no record ({totals.get('dropped', 0):,.0f} dropped): "
+                "they no longer speak the protocol (see _synth_publisher.py)"
+            )
         ended = time.perf_counter()
         # Drained: every queued record applied, or nothing new for 2 s (lost), at most 20 s.
         expected = int(totals["sent"])
