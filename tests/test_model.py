@@ -280,3 +280,38 @@ def test_whole_run_stats_keep_their_values_while_off_and_are_fresh_once_back_on(
     on = model.snapshot()
     assert [r.run.count for r in on.ranks] == [12, 8]
     assert on.ranks[1].run.max_ms == pytest.approx(5.0)
+
+
+def test_on_screen_a_rank_s_numbers_follow_at_5_hz_and_every_other_snapshot_at_once() -> None:
+    """The screen's snapshots (text_every_s) recompute a changed rank's numbers at most every
+    0.2 s on both clocks: its sparkline (the history) moves at every snapshot. Direct snapshots,
+    the final summary, and an ended replay once the wall clock moves on see every record."""
+    messages = frozen_run(world=2, iterations=400)
+    half = len(messages) // 2
+    now = [T0]
+    wall = [0.0]
+    model = RunModel(clock=lambda: now[0])
+    model._builder.wall = lambda: wall[0]
+    for m in messages[:half]:
+        model.apply(m)
+    early = model.snapshot(text_every_s=0.2)
+    for m in messages[half:]:
+        model.apply(m)
+    now[0] += int(0.1e9)
+    wall[0] += 0.1
+    shown = model.snapshot(text_every_s=0.2)
+    assert [r.count for r in shown.ranks] == [r.count for r in early.ranks]  # numbers held
+    assert shown.history.ms.shape[1] > early.history.ms.shape[1]  # the sparklines moved
+    assert [r.count for r in model.snapshot().ranks] == [400, 400]  # a direct snapshot: at once
+    assert [r.count for r in model.snapshot(text_every_s=0.2, fresh_run_stats=True).ranks] == [400, 400]
+    # an ended replay: the model clock stands still, the wall clock moves on
+    held = RunModel(clock=lambda: T0)
+    held._builder.wall = lambda: wall[0]
+    for m in messages[:half]:
+        held.apply(m)
+    first = held.snapshot(text_every_s=0.2)
+    for m in messages[half:]:
+        held.apply(m)
+    assert [r.count for r in held.snapshot(text_every_s=0.2).ranks] == [r.count for r in first.ranks]
+    wall[0] += 0.25
+    assert [r.count for r in held.snapshot(text_every_s=0.2).ranks] == [400, 400]

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from tui.ingest.interfaces import ResetModel, Sink, Source
 from tui.model.run_model import RunModel
 from tui.model.snapshot import Snapshot
+from tui.model.snapshot_builder import TEXT_EVERY_S
 
 #: Even with no new messages a snapshot is rebuilt this often (liveness ages with time).
 IDLE_SNAPSHOT_S = 0.5
@@ -198,11 +199,12 @@ class IngestLoop:
             else:
                 self.model.whole_run_stats = request
 
-    def snapshot(self, fresh_run_stats: bool = False) -> Snapshot:
-        """A fresh snapshot (thread-safe; also used by the headless collector at the end)."""
+    def snapshot(self, fresh_run_stats: bool = False, text_every_s: float = 0.0) -> Snapshot:
+        """A fresh snapshot (thread-safe; also used by the headless collector at the end);
+        the screen's own (maybe_emit) recompute a rank's numbers at most every TEXT_EVERY_S."""
         with self.lock:
             self._apply_requests()
-            snap = self.model.snapshot(self.clock(), fresh_run_stats=fresh_run_stats)
+            snap = self.model.snapshot(self.clock(), fresh_run_stats=fresh_run_stats, text_every_s=text_every_s)
         self._latest = snap
         return snap
 
@@ -220,7 +222,7 @@ class IngestLoop:
         changed = self.model.version != self._last_version
         if not (force or changed or mono - self._last_emit >= IDLE_SNAPSHOT_S):
             return None
-        snap = self.snapshot()
+        snap = self.snapshot(text_every_s=TEXT_EVERY_S)
         built_s = time.monotonic() - mono
         self._last_version = snap.version
         # Never spend more than ~1/4 of this thread on snapshots (hundreds of ranks), judged on a

@@ -214,14 +214,17 @@ class RunModel:
             matrix = self._stream_history = _stream_matrix(order, self.ranks, keep, value)
         return matrix
 
-    def snapshot(self, now_ns: int | None = None, *, fresh_run_stats: bool = False) -> Snapshot:
+    def snapshot(
+        self, now_ns: int | None = None, *, fresh_run_stats: bool = False, text_every_s: float = 0.0
+    ) -> Snapshot:
         """A frozen view of the run at ``now_ns`` (the model clock by default).
 
         Whole-run percentiles are refreshed at most every RUN_STATS_EVERY_S (they cost a
-        histogram scan per rank and mode) unless ``fresh_run_stats``.
+        histogram scan per rank and mode) unless ``fresh_run_stats``; a changed rank's numbers
+        at most every ``text_every_s`` (the screen's 5 Hz: SnapshotBuilder.TEXT_EVERY_S).
         """
         now = self.clock() if now_ns is None else now_ns
-        return self._builder.build(self, now, fresh_run_stats=fresh_run_stats)
+        return self._builder.build(self, now, fresh_run_stats=fresh_run_stats, text_every_s=text_every_s)
 
 
 def _history_matrix(order: list[int], ranks: dict[int, RankState], keep: int) -> HistoryMatrix:

@@ -53,6 +53,10 @@ EPOCHS_RANKS_PER_S = 128
 LARGE_WORLD = 16
 REFRESH_SHARE = 32
 REFRESH_MIN = 8
+#: On screen (the ingest loop's snapshots) a changed rank's numbers are recomputed at most this
+#: often (a readable 5 Hz; its sparkline, from the history matrix, still moves at every
+#: snapshot): at 15 Hz that spares two of three. Other callers get every change at once.
+TEXT_EVERY_S = 0.2
 
 _RunNumbers = tuple[RunStats, dict[str, RunStats], RunStats]  # whole run, per mode, copies
 #: When numbers were computed: (model clock ns, wall clock s, version of the model or the rank).
@@ -87,10 +91,11 @@ class RunState(Protocol):
 class _Kept:
     """What the builder computed for one rank last time, and when (rank version or ns)."""
 
-    __slots__ = ("view", "run", "classes")
+    __slots__ = ("view", "view_wall", "run", "classes")
 
     def __init__(self) -> None:
         self.view: tuple[int, int, RankView] | None = None  # (rank version, computed at ns, view)
+        self.view_wall = -math.inf  # the builder's wall clock when the view was computed
         self.run: tuple[_Stamp, _RunNumbers] | None = None  # stamped with the rank's version
         self.classes: tuple[_Stamp, dict[str, RunStats]] | None = None
 
@@ -102,6 +107,7 @@ class SnapshotBuilder:
         self.stale_after_ns = stale_after_ns
         #: A clock that always moves (the model's stands still in a paused replay); tests inject one.
         self.wall = wall
+        self._text_every_s = 0.0  # of the snapshot being built (see build)
         self._run_stats_on = True  # what the last snapshot found whole_run_stats to be
         self.reset()
 
@@ -116,9 +122,11 @@ class SnapshotBuilder:
         self._streams_cache: tuple[_Stamp, int, tuple[StreamView, ...]] | None = None  # (stamp, streams, views)
         self._steps_cache: tuple[_Stamp, StepView] | None = None
 
-    def build(self, run: RunState, now: int, *, fresh_run_stats: bool = False) -> Snapshot:
+    def build(self, run: RunState, now: int, *, fresh_run_stats: bool = False, text_every_s: float = 0.0) -> Snapshot:
         """A frozen view of ``run`` at ``now``. Whole-run percentiles are refreshed at most every
-        RUN_STATS_EVERY_S (they cost a histogram scan per rank and mode) unless ``fresh_run_stats``."""
+        RUN_STATS_EVERY_S (they cost a histogram scan per rank and mode) unless ``fresh_run_stats``;
+        a changed rank's numbers at most every ``text_every_s`` (0: at every change)."""
+        self._text_every_s = 0.0 if fresh_run_stats else text_every_s
         order = sorted(run.ranks)
         if run.whole_run_stats and not self._run_stats_on:
             # Back on: every rank's numbers count as changed, so their kept views (with whole-run
@@ -126,6 +134,7 @@ class SnapshotBuilder:
             for kept in self._kept.values():
                 if kept.view is not None:
                     kept.view = (-1, *kept.view[1:])
+                    kept.view_wall = -math.inf
         self._run_stats_on = run.whole_run_stats
         if fresh_run_stats:  # the final summary: no copy can still come for what is pending
             for state in run.ranks.values():
@@ -339,12 +348,22 @@ class SnapshotBuilder:
         idle = max(0.0, (now - s.last_record_ns) / 1e9) if s.received else 0.0
         kept = self._kept_of(s.rank)
         cached = kept.view
-        unchanged = cached is not None and cached[0] == s.version and not self._behind(run, s, kept, now)
-        if cached is not None and not fresh and (unchanged or (due is not None and s.rank not in due)):
+        kept_ok = cached is not None and not self._behind(run, s, kept, now)
+        unchanged = kept_ok and cached is not None and cached[0] == s.version
+        # computed less than text_every_s ago on both clocks (the model's stands still in a
+        # paused or ended replay: the wall clock then lets the last records in)
+        recent = (
+            kept_ok
+            and cached is not None
+            and 0 <= now - cached[1] < self._text_every_s * 1e9
+            and self.wall() - kept.view_wall < self._text_every_s
+        )
+        if cached is not None and not fresh and (unchanged or recent or (due is not None and s.rank not in due)):
             view = cached[2]
         else:
             view = self._compute_rank_view(run, s, kept, now, fresh)
             kept.view = (s.version, now, view)
+            kept.view_wall = self.wall()
         return _with_live_fields(view, state, silent, idle, share)
 
     def _run_stats(self, run: RunState, s: RankState, kept: _Kept, now: int, fresh: bool) -> _RunNumbers:
