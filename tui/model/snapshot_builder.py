@@ -348,17 +348,20 @@ class SnapshotBuilder:
         idle = max(0.0, (now - s.last_record_ns) / 1e9) if s.received else 0.0
         kept = self._kept_of(s.rank)
         cached = kept.view
-        kept_ok = cached is not None and not self._behind(run, s, kept, now)
-        unchanged = kept_ok and cached is not None and cached[0] == s.version
-        # computed less than text_every_s ago on both clocks (the model's stands still in a
-        # paused or ended replay: the wall clock then lets the last records in)
-        recent = (
-            kept_ok
-            and cached is not None
-            and 0 <= now - cached[1] < self._text_every_s * 1e9
-            and self.wall() - kept.view_wall < self._text_every_s
-        )
-        if cached is not None and not fresh and (unchanged or recent or (due is not None and s.rank not in due)):
+        reuse = False
+        if cached is not None and not fresh:
+            if due is not None and s.rank not in due:
+                reuse = True  # a large world: not this rank's turn
+            else:
+                # unchanged, or computed less than text_every_s ago on both clocks (the model's
+                # stands still in a paused or ended replay: the wall clock then lets the last
+                # records in); either way not behind on whole-run statistics
+                recent = (
+                    0 <= now - cached[1] < self._text_every_s * 1e9
+                    and self.wall() - kept.view_wall < self._text_every_s
+                )
+                reuse = (cached[0] == s.version or recent) and not self._behind(run, s, kept, now)
+        if reuse and cached is not None:
             view = cached[2]
         else:
             view = self._compute_rank_view(run, s, kept, now, fresh)
