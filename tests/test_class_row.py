@@ -25,10 +25,12 @@ def test_each_class_p50_and_the_overlapped_share() -> None:
     assert class_text(_rank(float("nan"))) == "p50 by class  during 2.71  after -  none 0.067"
 
 
-def test_shortened_to_the_room_and_aligned_to_the_fixed_columns() -> None:
+def test_shortened_to_the_room_and_every_row_from_the_same_column() -> None:
     assert class_text(_rank(), 40) == "p50 during 2.71 after - none 0.067"
     segs = class_numbers(_rank(), 43)  # the narrow layout's fixed columns
-    assert sum(len(s.text) for s in segs) == 43 and segs[0].text.rstrip().endswith("none 0.067")
+    assert sum(len(s.text) for s in segs) == 43 and segs[0].text.startswith("p50 during 2.71")
+    wide = [class_numbers(_rank(share), 66)[0].text for share in (0.78, float("nan"))]  # with and without the share
+    assert [len(t) for t in wide] == [66, 66] and all(t.startswith("p50 by class  during 2.71") for t in wide)
 
 
 def test_nothing_before_a_collective_is_labelled() -> None:

@@ -38,8 +38,10 @@ def class_text(r: RankView, room: int = 200) -> str:
 
 
 def class_numbers(r: RankView, room: int) -> list[Segment]:
-    """The line's fixed columns (``room`` cells), right-aligned like the whole-run line above."""
+    """The line's fixed columns (``room`` cells), the text from the left edge: its length varies
+    with the numbers and with whether the overlapped share fits, so right-aligned it started at
+    a different column on every rank's row."""
     text = class_text(r, room - 2)
     if not text:
         return [Segment(" " * room)]
-    return [Segment(f"{text:>{room - 2}}  ", style(STALE))]
+    return [Segment(f"{text:<{room - 2}}  ", style(STALE))]
