@@ -6,11 +6,12 @@ commtop), and torch 2.13's worker server serves that ring as ``fr_trace_json``; 
 the capture's own code (workers.capture.fr_source). Run by tests/test_fr_gloo_ring.py in a fresh
 process with ``TORCH_FR_BUFFER_SIZE`` set (torch reads it once per process): prints one JSON line.
 
-    TORCH_FR_BUFFER_SIZE=64 python tests/jobs/fr_ring_gloo.py FOLDER [child]
+    TORCH_FR_BUFFER_SIZE=64 python tests/jobs/fr_ring_gloo.py FOLDER [rank|child|child-killed]
 
 With ``child`` the ring is decoded in the decoder child (workers.capture.fr_child), as the
-capture does by default, and the child is killed after the first phase: the reads go on in this
-process from the cursor the child left (nothing read twice, nothing lost uncounted).
+capture does by default, to the end (its final count included); with ``child-killed`` the child
+is killed after the first phase: the reads go on in this process from the cursor the child left
+(nothing read twice, nothing lost uncounted).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from workers.capture.fr_source import FlightRecorderSource, ServerDump, WorkerSe
 KEEP_UP, BLIND, AFTER = 500, 200, 7
 
 
-def main(folder: str, child: bool) -> None:
+def main(folder: str, how: str) -> None:
+    child = how.startswith("child")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -55,8 +57,8 @@ def main(folder: str, child: bool) -> None:
             source.read(now)
     accounted = sum(g.expect - 1 for g in source.cursor.groups.values())  # read or lost so far
     keep_up = {"reads": source.reads, "overwritten": source.cursor.overwritten, "accounted": accounted}
-    how = source.how
-    if child:  # the child dies: the next read falls back to this process, from the child's cursor
+    how_before = source.how
+    if how == "child-killed":  # the next read falls back to this process, from the child's cursor
         proc = source.decoder.proc  # type: ignore[attr-defined]
         proc.kill()
         proc.wait()
@@ -81,7 +83,7 @@ def main(folder: str, child: bool) -> None:
                 "unread": unread,
                 "lost": c.lost,
                 "warnings": warnings,
-                "how": how,
+                "how": how_before,
                 "how_after": source.how,
             }
         ),
@@ -93,4 +95,4 @@ def main(folder: str, child: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:] == ["child"])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "rank")
