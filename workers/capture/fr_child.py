@@ -10,8 +10,9 @@ as a 27-byte-a-row array, their groups, the cursor's state. The rank's capture t
 writes a line, waits on the pipe (no GIL held) and maps the array into records.
 
 Requests, one line each on the child's stdin: ``read``; ``finish JSON`` (torch's issued count
-per group, or ``null``); ``state JSON`` (go on from a cursor state). The child ends at EOF, when
-its parent is gone, or on a request it cannot parse (after answering it with an error).
+per group, or ``null``). Anything else, or a request that fails, is answered with an error (and
+the cursor as it is); the rank then falls back to decoding itself. The child ends at EOF or
+when its parent is gone.
 
     python -m workers.capture.fr_child SOCKET [HANDLER [pickle|json]]
 """
@@ -48,8 +49,6 @@ def answer(request: str, decoder: LocalDecoder) -> FrBatch:
         if cmd == "finish":
             issued = json.loads(arg) if arg else None
             decoder.finish({str(k): int(v) for k, v in issued.items()} if isinstance(issued, dict) else None)
-        elif cmd == "state":
-            decoder.cursor = FrCursor.from_state(json.loads(arg))
         else:
             return FrBatch(state=decoder.cursor.state(), error=f"unknown request {cmd[:40]!r}")
         return batch_of([], decoder.cursor, 0)
