@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from frozen_run import T0, TENSOR_BYTES, frozen_coll, frozen_copy, frozen_hello, frozen_run
 
 from tui.model.run_model import HISTORY_ITERS, RunModel, history_iters
+from tui.model.snapshot import Snapshot
 from tui.model.stats import RING_SIZE
 from workers.wire.protocol import Bye
 
@@ -287,16 +289,21 @@ def test_on_screen_a_rank_s_numbers_follow_at_5_hz_and_every_other_snapshot_at_o
     0.2 s on both clocks: its sparkline (the history) moves at every snapshot. Direct snapshots,
     the final summary, and an ended replay once the wall clock moves on see every record."""
     messages = frozen_run(world=2, iterations=400)
-    half = len(messages) // 2
     now = [T0]
     wall = [0.0]
-    model = RunModel(clock=lambda: now[0])
-    model._builder.wall = lambda: wall[0]
-    for m in messages[:half]:
-        model.apply(m)
-    early = model.snapshot(text_every_s=0.2)
-    for m in messages[half:]:
-        model.apply(m)
+
+    def fed_in_halves(clock: Callable[[], int]) -> tuple[RunModel, Snapshot]:
+        """A model fed half the run, a screen snapshot, then the other half."""
+        model = RunModel(clock=clock)
+        model._builder.wall = lambda: wall[0]
+        for m in messages[: len(messages) // 2]:
+            model.apply(m)
+        first = model.snapshot(text_every_s=0.2)
+        for m in messages[len(messages) // 2 :]:
+            model.apply(m)
+        return model, first
+
+    model, early = fed_in_halves(lambda: now[0])
     now[0] += int(0.1e9)
     wall[0] += 0.1
     shown = model.snapshot(text_every_s=0.2)
@@ -305,13 +312,7 @@ def test_on_screen_a_rank_s_numbers_follow_at_5_hz_and_every_other_snapshot_at_o
     assert [r.count for r in model.snapshot().ranks] == [400, 400]  # a direct snapshot: at once
     assert [r.count for r in model.snapshot(text_every_s=0.2, fresh_run_stats=True).ranks] == [400, 400]
     # an ended replay: the model clock stands still, the wall clock moves on
-    held = RunModel(clock=lambda: T0)
-    held._builder.wall = lambda: wall[0]
-    for m in messages[:half]:
-        held.apply(m)
-    first = held.snapshot(text_every_s=0.2)
-    for m in messages[half:]:
-        held.apply(m)
+    held, first = fed_in_halves(lambda: T0)
     assert [r.count for r in held.snapshot(text_every_s=0.2).ranks] == [r.count for r in first.ranks]
     wall[0] += 0.25
     assert [r.count for r in held.snapshot(text_every_s=0.2).ranks] == [400, 400]

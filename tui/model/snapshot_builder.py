@@ -107,7 +107,6 @@ class SnapshotBuilder:
         self.stale_after_ns = stale_after_ns
         #: A clock that always moves (the model's stands still in a paused replay); tests inject one.
         self.wall = wall
-        self._text_every_s = 0.0  # of the snapshot being built (see build)
         self._run_stats_on = True  # what the last snapshot found whole_run_stats to be
         self.reset()
 
@@ -126,7 +125,6 @@ class SnapshotBuilder:
         """A frozen view of ``run`` at ``now``. Whole-run percentiles are refreshed at most every
         RUN_STATS_EVERY_S (they cost a histogram scan per rank and mode) unless ``fresh_run_stats``;
         a changed rank's numbers at most every ``text_every_s`` (0: at every change)."""
-        self._text_every_s = 0.0 if fresh_run_stats else text_every_s
         order = sorted(run.ranks)
         if run.whole_run_stats and not self._run_stats_on:
             # Back on: every rank's numbers count as changed, so their kept views (with whole-run
@@ -156,7 +154,15 @@ class SnapshotBuilder:
         clock_ref, offsets = self._offsets(run, now, order, fresh_run_stats)
         due = self._due_for_refresh(run, order, now) if len(order) > LARGE_WORLD and not fresh_run_stats else None
         ranks = tuple(
-            self._rank_view(run, run.ranks[r], now, shares[i] if shares is not None else math.nan, fresh_run_stats, due)
+            self._rank_view(
+                run,
+                run.ranks[r],
+                now,
+                shares[i] if shares is not None else math.nan,
+                fresh_run_stats,
+                due,
+                text_every_s,
+            )
             for i, r in enumerate(order)
         )
         lead = run.lead_hello()
@@ -330,10 +336,18 @@ class SnapshotBuilder:
         return {r for _, r in changed}
 
     def _rank_view(
-        self, run: RunState, s: RankState, now: int, share: float, fresh: bool, due: set[int] | None = None
+        self,
+        run: RunState,
+        s: RankState,
+        now: int,
+        share: float,
+        fresh: bool,
+        due: set[int] | None = None,
+        text_every_s: float = 0.0,
     ) -> RankView:
         """The rank's view, recomputed when the rank changed (with ``due``, a large world: only
-        when the rank is in it); state, silence and straggler share are always new."""
+        when the rank is in it; with ``text_every_s``, at most that often); state, silence and
+        straggler share are always new."""
         if s.bye is not None:
             state = "exited"
         elif now - s.last_seen_ns > self.stale_after_ns:
@@ -356,10 +370,7 @@ class SnapshotBuilder:
                 # unchanged, or computed less than text_every_s ago on both clocks (the model's
                 # stands still in a paused or ended replay: the wall clock then lets the last
                 # records in); either way not behind on whole-run statistics
-                recent = (
-                    0 <= now - cached[1] < self._text_every_s * 1e9
-                    and self.wall() - kept.view_wall < self._text_every_s
-                )
+                recent = 0 <= now - cached[1] < text_every_s * 1e9 and self.wall() - kept.view_wall < text_every_s
                 reuse = (cached[0] == s.version or recent) and not self._behind(run, s, kept, now)
         if reuse and cached is not None:
             view = cached[2]
