@@ -202,3 +202,52 @@ def test_until_ci_that_reaches_the_duration_says_the_target_was_missed() -> None
         exp.note
     )
     assert "in 4 s" in exp.note
+
+
+class SlowJob(FakeController):
+    """Test-only: a monitored job whose ranks report late (slow start-up), then declare their
+    knobs a while later."""
+
+    def __init__(self, reports_at: float, knobs_at: float) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.reports_at, self.knobs_at = reports_at, knobs_at
+
+    def view(self) -> ControlView:
+        if self.now < self.reports_at:
+            return ControlView(requested=None, can_change=Changeable())
+        config = {"source": "monitor", "collective": "monitor: train_ddp.py", "mode_knob": "offload"}
+        if self.now < self.knobs_at:
+            not_yet = Changeable.from_hello({**config, "knobs_final": False}, 2)
+            return ControlView(requested=Settings(mode="none"), can_change=not_yet)
+        return KnobJob().view()
+
+
+def test_the_wait_for_knobs_counts_from_the_first_report_not_from_a_slow_start() -> None:
+    """Ranks that take 100 s to start (a loaded machine) then 20 s to their first step: the
+    experiment starts; the 30 s for knobs run from the first report."""
+    ctl = SlowJob(reports_at=100.0, knobs_at=120.0)
+    exp = ABExperiment(ctl, {"knob.offload": "none"}, {"knob.offload": "sync"}, seed=1, clock=lambda: ctl.now)
+    for t in (0.0, 60.0, 100.0, 119.0):
+        ctl.now = t
+        assert not exp.tick() and exp.state == "starting", exp.note
+    assert exp.note == "waiting for the job to declare its knobs"
+    ctl.now = 121.0
+    assert not exp.tick() and exp.state != "failed" and ctl.requests  # the first block was asked for
+
+
+def test_workers_that_never_report_or_never_declare_knobs_end_the_experiment() -> None:
+    never = SlowJob(reports_at=math.inf, knobs_at=math.inf)
+    exp = ABExperiment(never, {"knob.offload": "none"}, {"knob.offload": "sync"}, seed=1, clock=lambda: never.now)
+    for t in (0.0, 119.0):
+        never.now = t
+        assert not exp.tick()
+    never.now = 121.0
+    assert exp.tick() and exp.state == "failed" and exp.note == "the workers never reported their settings"
+    mute = SlowJob(reports_at=10.0, knobs_at=math.inf)
+    exp = ABExperiment(mute, {"knob.offload": "none"}, {"knob.offload": "sync"}, seed=1, clock=lambda: mute.now)
+    for t in (0.0, 10.0, 40.0):
+        mute.now = t
+        assert not exp.tick()
+    mute.now = 41.0
+    assert exp.tick() and exp.state == "failed" and "has declared no knobs yet" in exp.note

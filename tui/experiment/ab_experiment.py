@@ -39,8 +39,13 @@ MAX_TICKS = 40_000
 #: Least complete pairs before ``--until-ci`` may end the experiment.
 MIN_PAIRS = 3
 #: Give up when a requested block has not shown up in the records after this long (or when the
-#: workers have not settled what they can change: a job declares its knobs before its loop).
+#: workers, once they reported, have not settled what they can change: a job declares its knobs
+#: before its loop).
 SWITCH_TIMEOUT_S = 30.0
+#: Give up when no worker has reported at all after this long: ranks start slowly on a loaded
+#: machine (two torch ranks beside a CPU hog on 2 cores took over 30 s), and a job that ends
+#: first is said as such by the runner.
+START_TIMEOUT_S = 120.0
 #: Refusals worth another try next tick (the run is busy); any other refusal ends the experiment.
 TRANSIENT = (
     "the workers are still switching",
@@ -149,6 +154,7 @@ class ABExperiment:
         self._block_seen_at = math.nan  # when the current block's first record arrived
         self._requested_at = 0.0
         self._waiting_since = math.nan  # first tick; then since a refused switch was first retried
+        self._reported_at = math.nan  # when the workers' settings were first known
         self._last_result: ABResult | None = None
         self._result_at = -math.inf
         self._refresher: threading.Thread | None = None
@@ -244,17 +250,16 @@ class ABExperiment:
             self._waiting_since = now
         view = self.controller.view()
         can = view.can_change
-        waited = now - self._waiting_since > SWITCH_TIMEOUT_S
-        if view.requested is None or not can.known:
-            if not waited:
-                self.note = (
-                    "waiting for the workers to report their settings"
-                    if view.requested is None or can.kind == "unknown"
-                    else "waiting for the job to declare its knobs"
-                )
-                return False
-            if view.requested is None:
+        if view.requested is None or can.kind == "unknown":  # no worker has reported yet
+            if now - self._waiting_since > START_TIMEOUT_S:
                 return self._fail("the workers never reported their settings")
+            self.note = "waiting for the workers to report their settings"
+            return False
+        if math.isnan(self._reported_at):
+            self._reported_at = now
+        if not can.known and now - self._reported_at <= SWITCH_TIMEOUT_S:
+            self.note = "waiting for the job to declare its knobs"
+            return False
         self.refused = refused_arm(can.check, self.a, self.b)
         if self.refused:
             return self._fail(self.refused)
