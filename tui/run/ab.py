@@ -19,12 +19,14 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from tui.experiment.ab_experiment import ABExperiment, refused_arm
 from tui.experiment.ab_stats import ABResult
 from tui.model.run_model import Snapshot
 from tui.run.ab_result import ABRun
+from tui.run.job_plan import CPU_RANKS, JobPlan, check_memory, script_plan
 from tui.run.launcher import JobProcess
 from tui.run.session import LiveSession, SessionError, job_finished, say_job_failed
 from workers.wire import connection as connections
@@ -136,7 +138,6 @@ def run_experiment(ns: argparse.Namespace, script: list[str]) -> ABRun:
     from tui.experiment.ab_experiment import parse_arm
     from tui.model.changeable import Changeable, job_refusal
     from tui.run.gpus import visible_gpus
-    from tui.run.job_plan import CPU_RANKS, JobPlan, check_memory, script_argv
 
     if ns.duration <= 0 or ns.block <= 0:
         raise ConfigError("--duration and --block must be positive")
@@ -148,8 +149,7 @@ def run_experiment(ns: argparse.Namespace, script: list[str]) -> ABRun:
     until = _percent(ns.until_ci)
     gpus = visible_gpus()
     if script:
-        nproc = ns.nproc if ns.nproc is not None else (gpus.count or CPU_RANKS)
-        plan = JobPlan(nproc, label="ab", collective="monitor", script=tuple(script_argv(script, nproc)))
+        plan = script_job(script, ns.nproc)
         # a job's knobs are known once it runs (the experiment checks them before its first
         # block); the loop's own settings are never a job's: refuse them before any rank starts
         _refuse(a, b, job_refusal)
@@ -186,6 +186,12 @@ def run_experiment(ns: argparse.Namespace, script: list[str]) -> ABRun:
         job.stop()
         session.close()
     return ABRun(experiment, result, snapshot, code, job)
+
+
+def script_job(script: list[str], nproc: int | None) -> JobPlan:
+    """The user's command as `commtop run -- CMD` runs it (put under torchrun once, by the plan),
+    in a run folder named "ab"."""
+    return replace(script_plan(script, nproc), label="ab")
 
 
 def _collect(

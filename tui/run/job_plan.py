@@ -119,6 +119,8 @@ def _command(script: list[str]) -> list[str]:
             rest = rest[1:]
     if not rest or (rest[0] == "-m" and len(rest) < 2):
         raise ConfigError(f"nothing to run in {' '.join(script)!r}; expected e.g. `-- python train.py`")
+    if rest[:2] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
+        return []  # torchrun by its module name: as given, never a torchrun inside a torchrun
     return rest
 
 
