@@ -149,10 +149,10 @@ def run_experiment(ns: argparse.Namespace, script: list[str]) -> ABRun:
     until = _percent(ns.until_ci)
     gpus = visible_gpus()
     if script:
-        plan = script_job(script, ns.nproc)
         # a job's knobs are known once it runs (the experiment checks them before its first
         # block); the loop's own settings are never a job's: refuse them before any rank starts
         _refuse(a, b, job_refusal)
+        plan = script_job(script, ns.nproc)
     else:
         cpu = gpus.count == 0 or ns.backend == "gloo"
         nproc = ns.nproc if ns.nproc is not None else (CPU_RANKS if cpu else gpus.count)
