@@ -297,6 +297,24 @@ def test_a_slow_disk_drops_messages_and_says_so(tmp_path: Path) -> None:
     assert rec.trailer["lost_messages"] > 0
 
 
+def test_a_chunk_is_written_once_enough_records_wait_not_only_at_the_interval(tmp_path: Path) -> None:
+    """Chunks are seconds apart (few chunks read fast); a busy run writes one as soon as
+    ``chunk_records`` wait, so the memory bound holds and a chunk stays a few MB."""
+    items = [m for m in synth_run(duration_s=2.0, world=2) if isinstance(m[1], p.Batch)]
+    recorder = Recorder(directory=tmp_path, flush_s=10.0, chunk_records=100)
+    path = Path(recorder.start())
+    empty = path.stat().st_size  # the header
+    feed(recorder, items)
+    deadline = time.monotonic() + 8.0  # well inside flush_s: only the count can have woken it
+    while path.stat().st_size == empty and time.monotonic() < deadline:
+        time.sleep(0.02)
+    grown = path.stat().st_size > empty
+    recorder.stop()
+    assert grown
+    got, rec = read_all(path)
+    assert rec.complete and sum(len(m) for _, m in got if isinstance(m, p.Batch)) == sum(len(m) for _, m in items)
+
+
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[tuple[Path, object]]:
     """A real 64 KiB tmpfs (needs root and mount); else a FakeFullDisk file object."""

@@ -5,7 +5,6 @@ not decode (those go to the per-chunk decoder in their place)."""
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,6 @@ from tui.recordings import bulk
 from tui.recordings.codec import (
     CHUNK,
     CHUNK_PREFIX,
-    FLAG_ZLIB,
     Tables,
     _dec_int,
     _enc_int,
@@ -27,6 +25,7 @@ from tui.recordings.codec import (
     _unpack,
     encode_chunk,
 )
+from tui.recordings.compression import decompress
 from tui.recordings.reader import open_recording
 from tui.recordings.writer import _frame
 from tui.report.reading import REPORT_COLUMNS
@@ -123,9 +122,7 @@ def _rewrite_chunk(path: Path, index: int, change) -> None:
     with open_recording(path) as rec:
         info = rec.chunks[index]
     body = data[info.body : info.end]
-    if info.flags & FLAG_ZLIB:
-        body = zlib.decompress(body)
-    doc = change(_unpack(body))
+    doc = change(_unpack(decompress(body, info.flags)))
     prefix = data[info.offset + 14 : info.body]
     if isinstance(doc, bytes):
         new_body = doc

@@ -5,7 +5,7 @@
 
 The synthetic GPU-like run comes from ``_synth_recording.py`` (its ``batches`` generator: an
 all_gather every ~2.7 ms per rank in 50 ms batches, a new mode every minute); it is written
-with the real ``RecordingWriter`` in chunks of the live Recorder's flush interval, then read
+with the real ``RecordingWriter`` in chunks as the live Recorder writes them, then read
 back with the columnar reader and with ``commtop report --format json``.
 """
 
@@ -38,12 +38,15 @@ def write(path: Path, records: int, ranks: int) -> float:
     with open(path, "wb") as f:
         writer = RecordingWriter(f, {"schema_version": p.SCHEMA_VERSION})
         chunk: list = []
-        every_ns = Recorder().flush_s * 1e9  # one chunk as often as the live Recorder writes one
+        live = Recorder()
+        every_ns = live.flush_s * 1e9  # chunks as the live Recorder writes them: by age or by count
+        waiting = 0
         for item in batches(records, ranks):
-            if chunk and item[0] - chunk[0][0] >= every_ns:
+            if chunk and (item[0] - chunk[0][0] >= every_ns or waiting >= live.chunk_records):
                 writer.write_chunk(chunk)
-                chunk = []
+                chunk, waiting = [], 0
             chunk.append(item)
+            waiting += len(item[1]) if isinstance(item[1], p.Batch) else 1
         writer.write_chunk(chunk)
         writer.close({"complete": True})
     return time.perf_counter() - t

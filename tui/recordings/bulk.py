@@ -13,7 +13,6 @@ way the writer never writes) goes to the per-chunk decoder, in its place, with i
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ from tui.recordings import summary as chunk_summary
 from tui.recordings.codec import (
     COLL_CODECS,
     COPY_CODECS,
-    FLAG_ZLIB,
     K_BYE,
     K_COLL,
     K_COPY,
@@ -39,6 +37,7 @@ from tui.recordings.codec import (
     _unpack,
     zeros_enc,
 )
+from tui.recordings.compression import decompress
 from workers.wire import protocol as p
 from workers.wire.telemetry import decode_tick
 
@@ -271,7 +270,7 @@ def _bad_counts(chunks: list[_Chunk], kinds: np.ndarray, counts: dict[str, np.nd
     return bad
 
 
-#: Chunks per task of the two reading threads. Each thread inflates (zlib, without the GIL)
+#: Chunks per task of the two reading threads. Each thread inflates (zstd or zlib, without the GIL)
 #: then unpacks and checks (Python, with it), so one inflates while the other unpacks; this
 #: thread only waits. (Were it unpacking while they inflate, each worker would wait out the
 #: interpreter's switch interval, 5 ms, for the GIL after every chunk.)
@@ -285,10 +284,7 @@ def _read(
     out: list[_Chunk | None] = []
     for info in infos:
         try:
-            body = stored(info)
-            if info.flags & FLAG_ZLIB:
-                body = zlib.decompress(body)
-            out.append(_check_chunk(info, _unpack(body), wanted))
+            out.append(_check_chunk(info, _unpack(decompress(stored(info), info.flags)), wanted))
         except Exception:  # the per-chunk decoder says what is wrong with it
             out.append(None)
     return out

@@ -13,7 +13,8 @@ reads on. A file cut at any byte keeps every frame before the cut. Frame types:
   GPUs, config: whatever the recorder knew at start; the Hello messages are in the stream too).
 * CHUNK: the messages received in about one flush interval. A 28-byte uncompressed prefix
   (first/last receive time, message and record counts) lets a reader index a file without
-  decompressing it; the body is msgpack, zlib-compressed when that is smaller. Batches are
+  decompressing it; the body is msgpack, compressed (zstd; zlib in older files: flags say which,
+  :mod:`tui.recordings.compression`) when that is smaller. Batches are
   stored columnar: every column of all batches in the chunk is concatenated, delta-encoded
   where values creep (iteration, step, start_ns, the bits of dur_us), narrowed to the fewest
   bytes that hold it and byte-shuffled, so zlib sees long runs of equal bytes. algbw/busbw/gbps
@@ -39,6 +40,7 @@ import msgpack
 import numpy as np
 
 from tui.recordings import summary
+from tui.recordings.compression import FLAG_ZLIB, FLAG_ZSTD  # noqa: F401 - the frame flags, named here too
 from workers.wire import protocol as p
 from workers.wire.busbw import algbw_gbps
 from workers.wire.telemetry import Tick
@@ -50,7 +52,6 @@ MARKER = b"\xd7CMF"
 FRAME = struct.Struct("<4sBBII")  # marker, type, flags, length, crc32
 CHUNK_PREFIX = struct.Struct("<qqIII")  # first recv_ns, last recv_ns, messages, coll records, copy records
 HEADER, CHUNK, TRAILER = 1, 2, 3
-FLAG_ZLIB = 1
 MAX_FRAME = 256 * 1024 * 1024
 
 # Kind codes of the messages in a chunk, in arrival order.

@@ -15,7 +15,6 @@ from tui.recordings.bulk import read_tables
 from tui.recordings.codec import (
     CHUNK,
     CHUNK_PREFIX,
-    FLAG_ZLIB,
     FORMAT_VERSION,
     FRAME,
     HEADER,
@@ -32,6 +31,7 @@ from tui.recordings.codec import (
     chunk_messages,
     decode_chunk,
 )
+from tui.recordings.compression import CompressionError, decompress
 from workers.wire import protocol as p
 
 
@@ -192,7 +192,7 @@ class Recording:
         return self.chunks[-1].last_ns if self.chunks else 0
 
     def chunk_body(self, info: ChunkInfo) -> bytes:
-        """The chunk's body as stored (zlib-compressed where ``info.flags`` has FLAG_ZLIB)."""
+        """The chunk's body as stored (compressed as ``info.flags`` say: tui.recordings.compression)."""
         body: bytes = self._data[info.body : info.end]
         return body
 
@@ -200,10 +200,8 @@ class Recording:
         """One chunk, or None (and a note in ``problems``) if it does not decode."""
         body: Any = self.chunk_body(info)
         try:
-            if info.flags & FLAG_ZLIB:
-                body = zlib.decompress(body)
-            chunk = decode_chunk(body, coll_columns)
-        except (zlib.error, _BadChunk) as exc:
+            chunk = decode_chunk(decompress(body, info.flags), coll_columns)
+        except (CompressionError, _BadChunk) as exc:
             note = f"undecodable chunk at byte {info.offset}: {exc}"
             if note not in self.problems:
                 self.problems.append(note)

@@ -18,7 +18,6 @@ from tui.recordings import summary
 from tui.recordings.codec import (
     CHUNK,
     CHUNK_PREFIX,
-    FLAG_ZLIB,
     FORMAT_VERSION,
     HEADER,
     MAGIC,
@@ -28,6 +27,7 @@ from tui.recordings.codec import (
     _pack,
     encode_chunk,
 )
+from tui.recordings.compression import compress
 from workers.wire import protocol as p
 
 SUFFIX = ".commtop"
@@ -61,10 +61,7 @@ class RecordingWriter:
         if not items:
             return
         body, n_coll, n_copy = encode_chunk(items)
-        packed = zlib.compress(body, self._level)
-        flags = 0
-        if len(packed) < len(body):
-            body, flags = packed, FLAG_ZLIB
+        body, flags = compress(body, self._level)
         first, last = items[0][0], items[-1][0]
         self._put(_frame(CHUNK, CHUNK_PREFIX.pack(first, last, len(items), n_coll, n_copy) + body, flags))
         self.messages += len(items)
