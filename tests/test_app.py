@@ -35,7 +35,8 @@ async def test_live_source_to_two_rank_rows(connection: Connection) -> None:
         pub = FakePublisher(app.source.endpoint, KEY, SESSION)  # type: ignore[union-attr]
         pub.send(frozen_run(world=2, iterations=200))
         await wait_for(pilot, lambda: app.snapshot is not None and sum(r.count for r in app.snapshot.ranks) == 400)
-        await pilot.pause()
+        # the bars, not only the counts (once seen missing from the first drawn rows on a loaded machine)
+        await wait_for(pilot, lambda: any(ch in grid_text(app)[0] for ch in "▁▂▃▄▅▆▇█"))
         lines = grid_text(app)
         grid = app.query_one(RankGrid)
         assert len(lines) == 2 * grid.row_h and grid.row_h > 1  # room for taller bars
