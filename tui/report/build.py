@@ -86,11 +86,14 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     if len(tables.copy["rank"]):  # the A/B sections read the classes in file order, the rows by group
         recs = replace(recs, ocls=recs.ocls[g.order], ofrac=recs.ofrac[g.order])
     epochs = _epochs(g.runs)
-    orders, pure_epochs = _sort_epochs(epochs, recs)
-    epoch_orders = {a: o for a, o in orders.items() if o is not None}
-    base = _none_baselines(g.runs, epochs, epoch_orders, pure_epochs, recs)
+    # the steps' pass (gathers and sorts per (epoch, rank): numpy, without the GIL) beside the epochs' sorts
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commtop-steps") as side:
+        stepped = side.submit(run_pass, g, coll, recs.dur32, names.index, names.single)
+        orders, pure_epochs = _sort_epochs(epochs, recs)
+        epoch_orders = {a: o for a, o in orders.items() if o is not None}
+        base = _none_baselines(g.runs, epochs, epoch_orders, pure_epochs, recs)
+        found = stepped.result()
     gid_of = dict(zip((key for key, _, _ in g.runs), g.ids, strict=True))
-    found = run_pass(g, coll, recs.dur32, names.index, names.single)
     copies = Copies.of(tables.copy)
     ctx = Context(
         recs=recs,
