@@ -2,7 +2,7 @@
 # CUPTI timing on the H200 in one device call: the raw CUPTI client (decode, fixture, costs, agreement
 # with CUDA events in every mode and at three sizes), overhead.py with CUPTI and with CUDA events,
 # a headless synthetic run, and the unmodified DDP example under the capture bootstrap.
-# Wheels first, here: bash ../shared/tools/device-wheels.sh cupti-python==13.0.1 cuda-bindings==13.0.3 cuda-pathfinder prometheus-client
+# Wheels first, here: bash ../shared/tools/device-wheels.sh cupti-python==13.0.1 cuda-bindings==13.0.3 cuda-pathfinder prometheus-client zstandard
 # Logs: $OUT/h200_cupti.log (everything), plus the probe's JSON and fixture files.
 exec > $OUT/h200_cupti.log 2>&1
 set -x

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Smoke of commtop on the H200 in one device call: the synthetic loop with prometheus, report, a short
 # A/B, and the monitor-API example under the capture bootstrap. Wheels first, here:
-#   bash ../shared/tools/device-wheels.sh cupti-python==13.0.1 cuda-bindings==13.0.3 cuda-pathfinder prometheus-client
+#   bash ../shared/tools/device-wheels.sh cupti-python==13.0.1 cuda-bindings==13.0.3 cuda-pathfinder prometheus-client zstandard
 # then run `bash benchmarks/device/h200_smoke.sh` there with .whl carried.
 set -x
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
