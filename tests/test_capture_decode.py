@@ -73,6 +73,37 @@ def test_flight_recorder_dump_decodes_to_the_collectives_the_probe_issued(dump: 
     assert (cursor.lost, cursor.untimed, cursor.p2p, cursor.floor) == (0, 0, 0, 16)
 
 
+@pytest.mark.parametrize("root", [True, False])
+def test_gather_and_scatter_count_every_ranks_tensor_as_nccl_tests_do(dump: dict, root: bool) -> None:
+    """gather_perf and scatter_perf count S = a rank's count x nranks. The entries as torch 2.13's
+    gloo ring holds them (tests/jobs/two_groups.py's shapes): a gather's input is the rank's
+    tensor and its output only the root's list; a scatter's input is the root's list and
+    nothing elsewhere, its output the rank's piece. Every rank gets the same S (one stream)."""
+    d = copy.deepcopy(dump)
+    d["pg_config"]["0"]["ranks"] = "[0, 1]"
+    gather, scatter = d["entries"][0], d["entries"][1]
+    gather.update(
+        profiling_name="nccl:gather",
+        input_sizes=[[1000]],
+        input_dtypes=["Float"],
+        output_sizes=[[2, 1000]] if root else [],
+        output_dtypes=["Float"] if root else [],
+    )
+    scatter.update(
+        profiling_name="nccl:scatter",
+        input_sizes=[[2, 1000]] if root else [],
+        input_dtypes=["Float"] if root else [],
+        output_sizes=[[1000]],
+        output_dtypes=["Float"],
+    )
+    rows, _ = read_all([d])
+    assert [(r.op, r.nbytes, r.ranks, r.dtype) for r in rows[:2]] == [
+        ("gather", 8000, 2, DTYPE_INDEX["float32"]),
+        ("scatter", 8000, 2, DTYPE_INDEX["float32"]),
+    ]
+    assert entry_nbytes("gather", gather, 2) == entry_nbytes("scatter", scatter, 2) == 8000
+
+
 def test_cursor_returns_each_entry_once_and_waits_for_unfinished_ones(dump: dict) -> None:
     early = copy.deepcopy(dump)
     for e in early["entries"][10:]:

@@ -2,7 +2,7 @@
 collector and recorder): every collective each rank issued is in the recording once, with its
 process group (named through the rank's Hello), op, dtype and size, and no rank lost any.
 
-* tests/jobs/two_groups.py: two process groups, six ops, three sizes, two dtypes; the expected
+* tests/jobs/two_groups.py: two process groups, ten ops, three sizes, two dtypes; the expected
   counts come from the job's own logic;
 * examples/train_fsdp2.py: FSDP2 (``fully_shard``) on gloo; the expected counts come from
   torch.profiler in the same job (every c10d op the dispatcher ran, with its shapes),

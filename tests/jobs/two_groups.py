@@ -1,14 +1,16 @@
-"""A gloo job with two process groups, eight ops, three sizes and two dtypes, nothing of commtop in it.
+"""A gloo job with two process groups, ten ops, three sizes and two dtypes, nothing of commtop in it.
 
     torchrun --standalone --nproc-per-node 2 tests/jobs/two_groups.py --steps 5 --counts /tmp/c
     commtop run --headless --record x.commtop -- python tests/jobs/two_groups.py --counts /tmp/c
 
 Per step, for each of three message sizes: an all_reduce on the world group (float32) and one on
 a second group (bfloat16), an all_gather_single and a broadcast on the second group, a
-reduce_scatter_single and an all_to_all_single on the world group; then a pipeline's send to
+reduce_scatter_single and an all_to_all_single on the world group; then a gather to rank 0 on
+the world group and a scatter from rank 0 on the second (4 KiB a rank), a pipeline's send to
 the next rank and recv from the previous one (4 KiB), and a barrier. The job counts
 what it issues from its own logic, per (group name as torch names it, op, dtype, nbytes as
-nccl-tests count them: the gathered output for all_gather, the input otherwise), and writes the
+nccl-tests count them: the gathered output for all_gather, a rank's tensor times the group's
+size for gather and scatter, the input otherwise), and writes the
 counts to ``PREFIX.rankN.json`` (tests/test_job_streams_recorded.py compares a recording with it).
 """
 
@@ -61,8 +63,15 @@ def main(argv: list[str] | None = None) -> int:
             exchanged = torch.empty(n)
             dist.all_to_all_single(exchanged, t)
             count(None, "all_to_all", t)
-        # a pipeline's hand-off: each rank sends its activations to the next, which receives them
         rank = dist.get_rank()
+        shard = torch.ones(SIZES[1])
+        dist.gather(shard, [torch.empty_like(shard) for _ in range(world)] if rank == 0 else None, dst=0)
+        issued[(groups[None], "gather", "float32", shard.nbytes * world)] += 1
+        received = torch.empty(SIZES[1])
+        pieces = [torch.ones(SIZES[1]) for _ in range(dist.get_world_size(pair))] if rank == 0 else None
+        dist.scatter(received, pieces, src=0, group=pair)
+        issued[(groups[pair], "scatter", "float32", received.nbytes * dist.get_world_size(pair))] += 1
+        # a pipeline's hand-off: each rank sends its activations to the next, which receives them
         activations = torch.ones(SIZES[1])
         if rank + 1 < world:
             dist.send(activations, dst=rank + 1)

@@ -153,14 +153,24 @@ def _bytes(sizes: Any, dtypes: Any) -> int:
     return total
 
 
-def entry_nbytes(op: str, entry: Entry) -> int:
-    """nccl-tests S of one entry: the gathered output for all_gather, the input otherwise
-    (every tensor of a coalesced entry)."""
+#: Ops whose entry's output holds what nccl-tests counts: all_gather's gathered tensor, and
+#: scatter's received one (its input is the root's list, and nothing on the other ranks).
+OUTPUT_SIZED = frozenset({"all_gather", "scatter"})
+#: Ops whose nccl-tests S is one rank's tensor times the group's size (gather_perf and
+#: scatter_perf: count * nranks * typesize), as all_gather's gathered size is.
+TIMES_GROUP = frozenset({"gather", "scatter"})
+
+
+def entry_nbytes(op: str, entry: Entry, group_size: int = 0) -> int:
+    """nccl-tests S of one entry (every tensor of a coalesced entry): the gathered output for
+    all_gather, a rank's tensor times ``group_size`` for gather and scatter, the input otherwise."""
     if op == "barrier":
         return 0
-    if op == "all_gather":
-        return _bytes(entry.get("output_sizes"), entry.get("output_dtypes") or entry.get("input_dtypes"))
-    return _bytes(entry.get("input_sizes"), entry.get("input_dtypes"))
+    if op in OUTPUT_SIZED:
+        nbytes = _bytes(entry.get("output_sizes"), entry.get("output_dtypes") or entry.get("input_dtypes"))
+    else:
+        nbytes = _bytes(entry.get("input_sizes"), entry.get("input_dtypes"))
+    return nbytes * group_size if op in TIMES_GROUP and group_size > 0 else nbytes
 
 
 def group_sizes(dump: Mapping[str, Any]) -> dict[str, int]:
@@ -405,11 +415,14 @@ class FrCursor:
                 dtype = self._dtypes.get(dtypes[0], -1)
                 if dtype < 0:
                     dtype = self._dtypes[dtypes[0]] = dtype_code(str(dtypes[0]))
-                sizes: Sequence[Sequence[int]] = e.get("output_sizes" if op == "all_gather" else "input_sizes") or ()
-                if len(sizes) == 1 and len(sizes[0]) == 1 and op != "barrier":  # one 1-d tensor
+                size = self._sizes.get(name, 0)
+                sizes: Sequence[Sequence[int]] = e.get("output_sizes" if op in OUTPUT_SIZED else "input_sizes") or ()
+                if (
+                    len(sizes) == 1 and len(sizes[0]) == 1 and op != "barrier" and op not in TIMES_GROUP
+                ):  # one 1-d tensor
                     nbytes = int(sizes[0][0]) * DTYPE_BYTES.get(str(dtypes[0]), 0)
                 else:
-                    nbytes = entry_nbytes(op, e)
+                    nbytes = entry_nbytes(op, e, size)
                 return TIMED, FrCollective(
                     e["record_id"],
                     name,
@@ -418,7 +431,7 @@ class FrCursor:
                     op,
                     dtype,
                     nbytes,
-                    self._sizes.get(name, 0),
+                    size,
                     int(e.get("time_created_ns") or 0),
                     float(dur) * 1e3,
                 )
@@ -443,6 +456,7 @@ class FrCursor:
             self.unknown += 1
             return TIMED, None
         first = parts[0]
+        size = self._sizes.get(name, 0)
         names: Sequence[str] = first.get("input_dtypes") or first.get("output_dtypes") or ("",)
         dtype = self._dtypes.get(names[0], -1)
         if dtype < 0:
@@ -454,8 +468,8 @@ class FrCursor:
             seq,
             op,
             dtype,
-            entry_nbytes(op, first) if len(parts) == 1 else sum(entry_nbytes(op, p) for p in parts),
-            self._sizes.get(name, 0),
+            entry_nbytes(op, first, size) if len(parts) == 1 else sum(entry_nbytes(op, p, size) for p in parts),
+            size,
             int(timing.get("time_created_ns") or 0),
             float(timing["duration_ms"]) * 1e3,
             len(parts),

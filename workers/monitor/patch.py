@@ -110,6 +110,8 @@ class OpSpec:
     describe: Callable[[Args, Kwargs], tuple[Any, int]]
     async_pos: int
     group_pos: int
+    #: nccl-tests S is the described rank's bytes times the group's size (gather, scatter)
+    times_group: bool = False
 
     def parse(self, args: Args, kwargs: Kwargs) -> tuple[Any, int, Any, bool]:
         """(main tensor or None, bytes, group, async_op) of one call: one pass, no binding."""
@@ -136,7 +138,7 @@ def _spec(func: str, original: Callable[..., Any]) -> OpSpec:
     op, describe = FUNCTIONS[func]
     names = list(inspect.signature(original).parameters)
     async_pos = names.index("async_op") if "async_op" in names else -1
-    return OpSpec(func, op, OP_INDEX[op], describe, async_pos, names.index("group"))
+    return OpSpec(func, op, OP_INDEX[op], describe, async_pos, names.index("group"), op in ("gather", "scatter"))
 
 
 def _wrap(original: Callable[..., Any], spec: OpSpec, compiling: Callable[[], bool]) -> Callable[..., Any]:

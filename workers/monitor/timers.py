@@ -110,6 +110,8 @@ class Timers:
         tensor, nbytes, group, is_async = spec.parse(args, kwargs)
         known = self.groups.by_pg.get(group)  # (code, size): one lookup once the group was seen
         code, ranks = known if known is not None else self.groups.of_pg(group)
+        if spec.times_group:  # nccl-tests' S of gather and scatter: every rank's tensor
+            nbytes *= ranks
         dtype = 0
         if tensor is not None:
             dtype = self._dtypes.get(tensor.dtype, -1)

@@ -1,7 +1,9 @@
 """Bandwidth arithmetic of nccl-tests, so commtop's numbers compare with theirs.
 
 algbw = S / t, busbw = algbw * factor(op, n). For all_gather and reduce_scatter S is the
-total (gathered) size; see nccl-tests' doc/PERFORMANCE.md. This module owns the factor rule:
+total (gathered) size; see nccl-tests' doc/PERFORMANCE.md. For gather and scatter it is one
+rank's tensor times n, as gather_perf and scatter_perf count it (the capture sets S so:
+workers.capture.flight_recorder.entry_nbytes, workers.monitor.timers). This module owns the factor rule:
 the synthetic loop asks it for its one collective (:func:`bus_factor`), a monitored job for
 every row it records (:func:`bus_factors`).
 """
