@@ -32,8 +32,13 @@ REPO = Path(__file__).resolve().parent.parent
 Key = tuple[str, str, str, int]  # (group name, op, dtype, nbytes)
 
 
-def run_recorded(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str]) -> Tables:
-    """`commtop run --headless --nproc 2 --record` of ``argv``: the recording's tables."""
+def run_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    launcher: tuple[str, ...] = ("python",),
+) -> Tables:
+    """`commtop run --headless --nproc 2 --record -- LAUNCHER ARGV`: the recording's tables."""
     root = tempfile.mkdtemp(prefix="cm-", dir="/tmp")
     rec_path = str(Path(root) / "job.commtop")
     monkeypatch.setenv("COMMTOP_RUNTIME_DIR", root)
@@ -41,7 +46,7 @@ def run_recorded(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.delenv("COMMTOP_CONNECTION_FILE", raising=False)
     try:
-        code = cli.main(["run", "--headless", "--nproc", "2", "--record", rec_path, "--", "python", *argv])
+        code = cli.main(["run", "--headless", "--nproc", "2", "--record", rec_path, "--", *launcher, *argv])
         out = capsys.readouterr()
         assert code == 0, out.err[-3000:] + out.out[-3000:]
         with open_recording(rec_path) as rec:
@@ -85,11 +90,17 @@ def expected(prefix: str, rank: int, group: str | None = None) -> collections.Co
     return collections.Counter({(g, op, dt, nb): n for g, op, dt, nb, n in rows})
 
 
-def test_a_job_with_two_groups_is_recorded_per_group_op_dtype_and_size(monkeypatch, capsys) -> None:
+@pytest.mark.parametrize(
+    "launcher", [("python",), ("torchrun", "--standalone", "--nproc-per-node", "2")], ids=["python", "torchrun"]
+)
+def test_a_job_with_two_groups_is_recorded_per_group_op_dtype_and_size(monkeypatch, capsys, launcher) -> None:
+    """As `-- python two_groups.py`, and as the user's own torchrun line (its options kept, the
+    capture put in front of the script)."""
     counts = tempfile.mkdtemp(prefix="cm-counts-", dir="/tmp")
     prefix = f"{counts}/two_groups"
     try:
-        tables = run_recorded(monkeypatch, capsys, [str(REPO / "tests" / "jobs" / "two_groups.py"), "--counts", prefix])
+        job = [str(REPO / "tests" / "jobs" / "two_groups.py"), "--counts", prefix]
+        tables = run_recorded(monkeypatch, capsys, job, launcher)
         hellos = last_hellos(tables)
         assert sorted(hellos) == [0, 1]
         for rank, hello in hellos.items():

@@ -20,7 +20,8 @@ from tui.run.job_plan import _command, script_argv, script_label, script_plan
         (["python", "-m", "pkg.train", "--steps", "7"], "train"),
         (["python3", "-m", "trainer"], "trainer"),
         (["torchrun", "--nproc-per-node", "2", "x.py"], "x"),
-        (["torchrun", "--nproc-per-node", "2", "-m", "pkg.x"], "script"),
+        (["torchrun", "--nproc-per-node", "2", "-m", "pkg.x"], "x"),
+        (["torchrun", "--nproc-per-node", "2", "-m", "workers.capture.bootstrap", "t.py"], "t"),
     ],
 )
 def test_a_run_is_named_after_its_script_or_module(script: list[str], label: str) -> None:

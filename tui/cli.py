@@ -41,6 +41,7 @@ RUN_EPILOG = """the second form runs your own script under torchrun, unmodified:
 is read through workers.capture.bootstrap (add workers.monitor for named steps and live knobs):
   commtop run -- python examples/train_ddp_plain.py
   commtop run --nproc 4 --headless -- python -m mypkg.train --lr 3e-4
+  commtop run -- torchrun --standalone --nproc-per-node 8 train.py   (your torchrun line, as it is)
 --headless prints the job's output as it comes, each line with its [rankN]: prefix; the job's
 log is kept beside the recording, or under $XDG_STATE_HOME/commtop/logs (the path is said at exit)
 recordings go to recordings/<date>-<time>-<host>-<collective>.commtop unless --record names a PATH"""

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tui.run import torchrun_line
 from tui.run.launcher import torchrun_argv, torchrun_prefix
 from tui.run.log_store import JobLogPaths
 from workers.wire.config import ConfigError, LoopConfig, config_from_args
@@ -19,6 +20,8 @@ from workers.wire.connection import Connection
 
 #: Ranks on a machine without a GPU (gloo on the CPU).
 CPU_RANKS = 2
+#: What runs a user's script under the capture (python's arguments before the script).
+BOOTSTRAP = ("-m", "workers.capture.bootstrap")
 
 
 @dataclass(frozen=True)
@@ -82,11 +85,23 @@ def script_plan(script: list[str], nproc: int | None) -> JobPlan:
         raise ConfigError(f"cannot run {rest[0]!r}: {why}")
     gpus = visible_gpus()
     ranks = nproc if nproc is not None else (gpus.count or CPU_RANKS)
+    if torchrun_line.is_torchrun(script):
+        ranks = _torchrun_ranks(torchrun_line.parse(script), nproc, ranks)
     if ranks < 1:
         raise ConfigError("--nproc must be at least 1")
     label = script_label(script, rest)
     title = f"commtop run · {' '.join(script)[:60]}"
     return JobPlan(ranks, label=label, collective="monitor", title=title, script=tuple(script))
+
+
+def _torchrun_ranks(line: torchrun_line.TorchrunLine, nproc: int | None, guess: int) -> int:
+    """Ranks per node of a user's torchrun line: its ``--nproc-per-node``, else ``--nproc``
+    (added to the line), else torchrun's default, 1; ``guess`` for ``gpu``/``auto``."""
+    if "--nproc-per-node" not in line.given:
+        return nproc if nproc is not None else 1
+    if nproc is not None and nproc != line.nproc:
+        raise ConfigError("--nproc and the torchrun line's --nproc-per-node disagree: give one of them")
+    return line.nproc if line.nproc is not None else guess
 
 
 def script_label(script: list[str], rest: list[str]) -> str:
@@ -99,19 +114,29 @@ def script_label(script: list[str], rest: list[str]) -> str:
 
 def script_argv(script: list[str], nproc: int, logs: JobLogPaths | None = None) -> list[str]:
     """torchrun on this node for ``python x.py ARGS``, ``python -m mod ARGS`` or ``x.py ARGS``;
-    a command that is already ``torchrun ...`` runs as given. Raises ConfigError (one line)
-    for a command with nothing to run."""
-    rest = _command(script)
-    if not rest:
-        return script
+    a user's own ``torchrun OPTIONS x.py ARGS`` keeps its options (with commtop's log files and
+    monitor interval unless it sets its own). Either way the script runs through the capture
+    bootstrap, with this interpreter. Raises ConfigError (one line) for a command with nothing
+    to run, or one commtop cannot watch."""
     # The bootstrap captures collectives and copies of the unmodified script, then runs it as __main__.
-    return [*torchrun_prefix(nproc, logs), "-m", "workers.capture.bootstrap", *rest]
+    if torchrun_line.is_torchrun(script):
+        line = torchrun_line.parse(script)
+        ours = ["--monitor-interval=0.2"] if "--monitor-interval" not in line.given else []
+        if "--nproc-per-node" not in line.given:
+            ours.append(f"--nproc-per-node={nproc}")
+        if logs is not None and not line.given & torchrun_line.OUTPUT_OPTIONS:
+            ours += ["--log-dir", str(logs.ranks_dir), "--redirects", "3"]
+        launcher = [sys.executable, "-m", "torch.distributed.run"]
+        watched = line.target[:2] in (("-m", "workers.capture.bootstrap"), ("-m", "workers"))  # already
+        return [*launcher, *line.options, *ours, *([] if watched else BOOTSTRAP), *line.target]
+    return [*torchrun_prefix(nproc, logs), *BOOTSTRAP, *_command(script)]
 
 
 def _command(script: list[str]) -> list[str]:
-    """What python runs (``train.py ARGS`` or ``-m mod ARGS``); [] for a ``torchrun ...`` command."""
-    if os.path.basename(script[0]) == "torchrun":
-        return []
+    """What python runs (``train.py ARGS`` or ``-m mod ARGS``), also under a torchrun line."""
+    if torchrun_line.is_torchrun(script):
+        target = list(torchrun_line.parse(script).target)
+        return target[2:] if tuple(target[:2]) == BOOTSTRAP and len(target) > 2 else target
     rest = list(script)
     if os.path.basename(rest[0]).startswith("python"):
         rest = rest[1:]
@@ -119,8 +144,6 @@ def _command(script: list[str]) -> list[str]:
             rest = rest[1:]
     if not rest or (rest[0] == "-m" and len(rest) < 2):
         raise ConfigError(f"nothing to run in {' '.join(script)!r}; expected e.g. `-- python train.py`")
-    if rest[:2] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
-        return []  # torchrun by its module name: as given, never a torchrun inside a torchrun
     return rest
 
 

@@ -180,7 +180,10 @@ class LiveSession:
 
         if not self.job_argv:
             raise SessionError("this session has no job to start")
-        job = JobProcess(self.job_argv, self.connection, logs=self.job_logs, on_line=on_line)
+        try:
+            job = JobProcess(self.job_argv, self.connection, logs=self.job_logs, on_line=on_line)
+        except OSError as exc:  # the launcher itself cannot start (not found, not executable)
+            raise SessionError(f"cannot start {self.job_argv[0]}: {exc.strerror or exc}") from None
         self.source = JobExitSource(self.source, job)  # a SIGKILLed rank's exit code
         self.job = job
         return job

@@ -1,0 +1,90 @@
+"""A user's own torchrun line under `commtop run -- torchrun ...`: its options kept, the capture
+bootstrap put in front of the script, one torchrun, and a one-line error for what cannot be
+watched (an option torchrun's parser does not know, --no-python, nothing to run)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tui.run.job_plan import script_argv, script_plan
+from tui.run.log_store import JobLogPaths
+from tui.run.torchrun_line import is_torchrun, parse
+from workers.wire.config import ConfigError
+
+BOOT = ["-m", "workers.capture.bootstrap"]
+
+
+@pytest.mark.parametrize(
+    ("command", "options", "target", "nproc"),
+    [
+        (["torchrun", "--nproc-per-node", "8", "train.py", "--lr", "0.1"], ["--nproc-per-node", "8"], ["train.py", "--lr", "0.1"], 8),
+        (["torchrun", "--standalone", "--nproc_per_node=4", "-m", "pkg.train", "-x"], ["--standalone", "--nproc_per_node=4"], ["-m", "pkg.train", "-x"], 4),
+        (["/venv/bin/torchrun", "--nnodes=1", "--nproc-per=2", "t.py"], ["--nnodes=1", "--nproc-per=2"], ["t.py"], 2),
+        (["python", "-u", "-m", "torch.distributed.run", "--rdzv-endpoint", "h:1", "--run-path", "t.py"], ["--rdzv-endpoint", "h:1"], ["t.py"], None),
+        (["torchrun", "--nproc-per-node", "gpu", "t.py", "--nproc-per-node", "3"], ["--nproc-per-node", "gpu"], ["t.py", "--nproc-per-node", "3"], None),
+    ],
+)  # fmt: skip
+def test_a_torchrun_line_splits_into_its_options_and_its_script(
+    command: list[str], options: list[str], target: list[str], nproc: int | None
+) -> None:
+    assert is_torchrun(command)
+    line = parse(command)
+    assert (list(line.options), list(line.target), line.nproc) == (options, target, nproc)
+
+
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [
+        (["torchrun", "--bogus", "t.py"], "unknown torchrun option '--bogus'"),
+        (["torchrun", "--n", "2", "t.py"], "unknown torchrun option '--n'"),  # a prefix of several options
+        (["torchrun", "--no-python", "./a.out"], "not Python"),
+        (["torchrun", "--nproc-per-node", "2"], "nothing to run"),
+        (["torchrun", "--master-port"], "needs a value"),
+        (["torchrun", "--standalone=1", "t.py"], "takes no value"),
+    ],
+)
+def test_a_torchrun_line_commtop_cannot_watch_is_one_line(command: list[str], why: str) -> None:
+    with pytest.raises(ConfigError, match=why) as err:
+        parse(command)
+    assert "\n" not in str(err.value)
+
+
+def test_the_bootstrap_runs_the_script_under_the_users_own_torchrun(tmp_path: Path) -> None:
+    logs = JobLogPaths(tmp_path / "job.log", tmp_path / "job")
+    argv = script_argv(["torchrun", "--standalone", "--nproc-per-node", "2", "t.py", "--lr", "1"], 2, logs)
+    assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert argv[-5:] == [*BOOT, "t.py", "--lr", "1"]
+    assert argv.count("torch.distributed.run") == 1 and "--log-dir" in argv and "--monitor-interval=0.2" in argv
+    # the user's own output options are theirs: commtop adds none of its own
+    own = script_argv(["torchrun", "--nproc-per-node=2", "--tee", "3", "-m", "pkg.t"], 2, logs)
+    assert "--log-dir" not in own and own[-4:] == [*BOOT, "-m", "pkg.t"]
+    # torchrun's default is one rank; commtop's --nproc, when given, is added to the line
+    assert "--nproc-per-node=3" in script_argv(["torchrun", "t.py"], 3, logs)
+
+
+def test_the_plan_takes_its_ranks_from_the_line_and_checks_its_script(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    plan = script_plan(["torchrun", "--nproc-per-node", "3", str(script)], None)
+    assert plan.nproc == 3 and plan.label == "train"
+    assert script_plan(["torchrun", str(script)], None).nproc == 1  # torchrun's default
+    assert script_plan(["torchrun", str(script)], 4).nproc == 4
+    with pytest.raises(ConfigError, match="disagree"):
+        script_plan(["torchrun", "--nproc-per-node", "3", str(script)], 2)
+    with pytest.raises(ConfigError, match="no such file"):
+        script_plan(["torchrun", "--nproc-per-node", "3", str(tmp_path / "missing.py")], None)
+
+
+@pytest.mark.e2e  # tries to start a process
+def test_a_launcher_that_cannot_start_is_one_line_and_leaves_no_run(runtime_dir: Path) -> None:
+    from tui.run.job_plan import JobPlan
+    from tui.run.session import LiveSession, SessionError
+
+    session = LiveSession.for_job(JobPlan(2, label="t", collective="monitor", script=("python", "t.py")), None)
+    session.job_argv = [str(runtime_dir / "no-such-launcher"), "t.py"]
+    with pytest.raises(SessionError, match=r"cannot start .*no-such-launcher: No such file"), session.supervised():
+        pass
+    assert not any(runtime_dir.glob("*/connection.json"))  # the run's folder went with the session
