@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tui.run.job_plan import _command, script_argv, script_label, script_plan
+from workers.wire.config import ConfigError
 
 
 @pytest.mark.parametrize(
@@ -19,6 +20,7 @@ from tui.run.job_plan import _command, script_argv, script_label, script_plan
         (["python", "-u", "examples/train_ddp.py"], "train_ddp"),
         (["python", "-m", "pkg.train", "--steps", "7"], "train"),
         (["python3", "-m", "trainer"], "trainer"),
+        (["python", "-X", "dev", "-W", "error", "-O", "train.py"], "train"),
         (["torchrun", "--nproc-per-node", "2", "x.py"], "x"),
         (["torchrun", "--nproc-per-node", "2", "-m", "pkg.x"], "x"),
         (["torchrun", "--nproc-per-node", "2", "-m", "workers.capture.bootstrap", "t.py"], "t"),
@@ -55,3 +57,8 @@ def test_ab_runs_the_users_command_as_commtop_run_does(tmp_path: Path) -> None:
     assert plan.label == "ab" and plan.nproc == 2
     assert plan.argv(None, None) == script_plan(command, 2).argv(None, None)  # type: ignore[arg-type]
     assert plan.argv(None, None).count("torch.distributed.run") == 1  # type: ignore[arg-type]
+
+
+def test_python_dash_c_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match="python -c runs no script"):
+        _command(["python", "-c", "print(1)"])

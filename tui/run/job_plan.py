@@ -137,11 +137,7 @@ def _command(script: list[str]) -> list[str]:
     if torchrun_line.is_torchrun(script):
         target = list(torchrun_line.parse(script).target)
         return target[2:] if tuple(target[:2]) == BOOTSTRAP and len(target) > 2 else target
-    rest = list(script)
-    if os.path.basename(rest[0]).startswith("python"):
-        rest = rest[1:]
-        while rest and rest[0].startswith("-") and rest[0] != "-m":  # python's own flags (-u, -O)
-            rest = rest[1:]
+    rest = torchrun_line.after_python(script)
     if not rest or (rest[0] == "-m" and len(rest) < 2):
         raise ConfigError(f"nothing to run in {' '.join(script)!r}; expected e.g. `-- python train.py`")
     return rest

@@ -108,16 +108,21 @@ def is_torchrun(command: list[str]) -> bool:
         return False
     if os.path.basename(command[0]) == "torchrun":
         return True
-    rest = _after_python(command)
+    rest = after_python(command)
     return rest[:2] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"])
 
 
-def _after_python(command: list[str]) -> list[str]:
+def after_python(command: list[str]) -> list[str]:
+    """What a ``python [FLAGS] ...`` command runs (``train.py ARGS`` or ``-m mod ARGS``), python's
+    own flags (``-u``, ``-O``, ``-X dev``) left out; ``command`` as it is without ``python``.
+    ConfigError for ``python -c``, which runs no script."""
     rest = list(command)
     if rest and os.path.basename(rest[0]).startswith("python"):
         rest = rest[1:]
-        while rest and rest[0].startswith("-") and rest[0] != "-m":  # python's own flags (-u, -O)
-            rest = rest[1:]
+        while rest and rest[0].startswith("-") and rest[0] != "-m":
+            if rest[0] == "-c":
+                raise ConfigError("python -c runs no script: put the code in a file and run that")
+            rest = rest[2:] if rest[0] in ("-W", "-X", "--check-hash-based-pycs") else rest[1:]
     return rest
 
 
@@ -139,7 +144,7 @@ def _spelling(option: str) -> str:
 def parse(command: list[str]) -> TorchrunLine:
     """``command`` (``torchrun ...`` or ``python -m torch.distributed.run ...``) taken apart;
     ConfigError (one line) when it runs nothing commtop can watch."""
-    rest = command[1:] if os.path.basename(command[0]) == "torchrun" else _after_python(command)[2:]
+    rest = command[1:] if os.path.basename(command[0]) == "torchrun" else after_python(command)[2:]
     options: list[str] = []
     given: set[str] = set()
     module = no_python = False
