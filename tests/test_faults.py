@@ -81,9 +81,11 @@ def iteration_times_ms(batches: list[tuple[int, np.ndarray, np.ndarray]]) -> np.
 
 
 def test_tui_sigkilled_and_restarted_five_times_never_stalls_the_workers(run, tmp_path: Path) -> None:
-    conn_path, env, procs = run
     """The first collector is headless (the baseline); the five restarts are the real Textual
-    TUI on a pseudo-terminal, SIGKILLed each time; "shows data" = a rank row on its screen."""
+    TUI on a pseudo-terminal, SIGKILLed each time; "shows data" = a rank row on its screen. The
+    recordings are the measure: their chunks come every 0.9 s here, so a kill loses a short tail."""
+    conn_path, env, procs = run
+    env = {**env, "COMMTOP_RECORD_FLUSH_S": "0.9"}
     first = start_watch(conn_path, env, record=str(tmp_path / "c0.cmtrec"))
     procs.append(first)
     wait_bound(first, record=True)
@@ -119,7 +121,7 @@ def test_tui_sigkilled_and_restarted_five_times_never_stalls_the_workers(run, tm
         up_ms.append((up - bound) / 1e6)
         shown_ms.append((shown - up) / 1e6)
         start_to_shown_ms.append((shown - current.started_ns) / 1e6)
-        time.sleep(1.3)  # > one recorder flush (0.9 s), so the kill below loses at most the tail
+        time.sleep(1.3)  # > one recorder flush (env: 0.9 s), so the kill below loses at most the tail
     job.signal(signal.SIGTERM)  # torchrun forwards it: every rank stops at a step boundary
     assert job.wait(30) in (0, 1, -15, 143), job.text()[-2000:]
     time.sleep(0.5)

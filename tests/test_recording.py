@@ -444,3 +444,18 @@ def test_a_chunk_whose_counts_cannot_be_true_is_skipped_not_allocated(tmp_path: 
     got, rec = read_all(path)
     assert rec.problems == [f"implausible chunk at byte {at}: skipped"]
     assert len(got) == len(items) and len(rec.tables().coll["rank"]) == sum(c.coll_records for c in rec.chunks)
+
+
+def test_the_chunk_interval_comes_from_the_environment_and_a_bad_one_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tui.recordings.recorder import FLUSH_S
+
+    assert Recorder().flush_s == FLUSH_S
+    monkeypatch.setenv("COMMTOP_RECORD_FLUSH_S", "0.5")
+    assert Recorder().flush_s == 0.5
+    for bad in ("soon", "0", "60", "nan"):
+        monkeypatch.setenv("COMMTOP_RECORD_FLUSH_S", bad)
+        assert Recorder().flush_s == FLUSH_S
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "COMMTOP_RECORD_FLUSH_S" in err

@@ -27,6 +27,8 @@ CLOCK_SOURCE = "time.time_ns (CLOCK_REALTIME) per host; GPU events anchored"
 #: read faster: 10 M records of an 8-rank forum loop in 0.9 s chunks took ``commtop report``
 #: 2.9 s on the VM, in 5 s chunks 2.2 s (and 9.0 bytes a record instead of 9.8).
 FLUSH_S = 4.0
+#: Overrides FLUSH_S (seconds, 0.05-10): less to lose to a SIGKILL, slower to read.
+FLUSH_ENV = "COMMTOP_RECORD_FLUSH_S"
 #: Records that start a chunk before ``FLUSH_S`` is up (a busy run: the memory bound holds and
 #: a chunk stays a few MB).
 CHUNK_RECORDS = 262_144
@@ -45,11 +47,31 @@ def run_label(hellos: Mapping[int, p.Hello]) -> str:
     return ""
 
 
+def flush_s_from_env(env: Mapping[str, str] = os.environ) -> float:
+    """FLUSH_S, or ``$COMMTOP_RECORD_FLUSH_S``; a value that is not seconds in 0.05-10 is said in
+    one line on stderr and the default kept (a recording is never refused for it)."""
+    text = env.get(FLUSH_ENV, "").strip()
+    if not text:
+        return FLUSH_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.05 <= value <= 10.0:
+        print(
+            f"commtop: {FLUSH_ENV}={text!r} is not seconds in 0.05-10; recording in {FLUSH_S:g} s chunks",
+            file=sys.stderr,
+        )
+        return FLUSH_S
+    return value
+
+
 class Recorder:
     """The collector's Sink that records: ``r`` in the TUI, ``--record`` on the command line.
 
     ``write`` (ingest thread) appends to a bounded list and returns; a writer thread turns
-    that list into a chunk every ``flush_s`` or once ``chunk_records`` wait. When the disk fails (ENOSPC,
+    that list into a chunk every ``flush_s`` (default FLUSH_S, or ``$COMMTOP_RECORD_FLUSH_S``) or
+    once ``chunk_records`` wait. When the disk fails (ENOSPC,
     EIO) recording stops, ``status().error`` says why, and the live view goes on.
     """
 
@@ -58,7 +80,7 @@ class Recorder:
         collective: str = "run",
         directory: str | os.PathLike[str] = "recordings",
         *,
-        flush_s: float = FLUSH_S,
+        flush_s: float | None = None,
         chunk_records: int = CHUNK_RECORDS,
         max_pending_records: int = 2_000_000,
         max_pending_messages: int = 200_000,
@@ -67,7 +89,7 @@ class Recorder:
     ) -> None:
         self.collective = collective
         self.directory = directory
-        self.flush_s = min(flush_s, 10.0)
+        self.flush_s = min(flush_s if flush_s is not None else flush_s_from_env(), 10.0)
         self.chunk_records = chunk_records
         self._due = threading.Event()  # enough records wait (or stop): write a chunk now
         self.max_pending_records = max_pending_records
