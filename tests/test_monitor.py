@@ -338,10 +338,15 @@ def test_run_script_argv_puts_the_script_under_torchrun() -> None:
     assert script_argv(["python", "-u", "train.py", "--lr", "1"], 2)[1:] == [*head, "train.py", "--lr", "1"]
     assert script_argv(["python3", "-m", "pkg.train"], 2)[1:] == [*head, "-m", "pkg.train"]
     assert script_argv(["train.py"], 2)[1:] == [*head, "train.py"]
-    assert script_argv(["torchrun", "--nproc-per-node", "8", "t.py"], 2) == [
-        "torchrun",
+    # a user's own torchrun line keeps its options; the script goes under the bootstrap all the same
+    assert script_argv(["torchrun", "--nproc-per-node", "8", "t.py"], 8)[1:] == [
+        "-m",
+        "torch.distributed.run",
         "--nproc-per-node",
         "8",
+        "--monitor-interval=0.2",
+        "-m",
+        "workers.capture.bootstrap",
         "t.py",
     ]
     with pytest.raises(Exception, match="nothing to run"):
