@@ -40,7 +40,6 @@ import msgpack
 import numpy as np
 
 from tui.recordings import summary
-from tui.recordings.compression import FLAG_ZLIB, FLAG_ZSTD  # noqa: F401 - the frame flags, named here too
 from workers.wire import protocol as p
 from workers.wire.busbw import algbw_gbps
 from workers.wire.telemetry import Tick
