@@ -20,15 +20,30 @@ import json
 import os
 import socket
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
+from workers.capture.flight_recorder import WAIT, finished
 from workers.capture.fr_child import ChildDecoder
 from workers.capture.fr_source import FlightRecorderSource, ServerDump, WorkerServer, ring_size
 
 KEEP_UP, BLIND, AFTER = 500, 200, 7
+
+
+def settle(timeout_s: float = 30.0) -> None:
+    """Until torch has finished every entry in its ring. gloo marks an entry finished on its
+    own thread, a moment after the collective returned: on a loaded machine a read right after
+    the loop found the last entry unfinished and left it for later (unread 8, not 7)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        dump = json.loads(c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False))
+        if all(finished(e) != WAIT for e in dump.get("entries", [])):
+            return
+        time.sleep(0.01)
+    raise SystemExit("fr_ring_gloo: torch left an entry unfinished for 30 s")
 
 
 def main(folder: str, how: str) -> None:
@@ -64,6 +79,7 @@ def main(folder: str, how: str) -> None:
         proc.wait()
     for _ in range(BLIND):  # nobody reads: the ring wraps
         dist.all_reduce(t)
+    settle()  # the read below then takes every one of them
     source.read(now + 1)
     blind = {"overwritten": source.cursor.overwritten - keep_up["overwritten"]}
     for _ in range(AFTER):  # issued after the last read
