@@ -11,16 +11,20 @@ point-to-point is not a collective (counted as p2p, never lost).
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import pickle
 
+import pytest
 from fake_flight_recorder import FakeRing
 
 from workers.capture.flight_recorder import FrCursor, issued_by_group, load_dump, op_name, read_all
 from workers.capture.fr_source import (
     RING_DEFAULT,
+    FillSchedule,
     FlightRecorderSource,
     choose_ring,
+    idle_setting,
     ring_advice,
     ring_size,
 )
@@ -187,6 +191,38 @@ def test_fill_level_reads_come_before_the_ring_wraps_at_a_steady_rate() -> None:
     simulate(ring2, blind, rate=5000, span_s=10.0)
     assert blind.cursor.overwritten > 0 and len(warned) == 1
     assert "wrapped before it was read" in warned[0] and "TORCH_FR_BUFFER_SIZE=" in warned[0]
+
+
+def idle_read_gaps(schedule: FillSchedule, rate: float, span_s: float, ring: int, cost_s: float = 0.0) -> list[float]:
+    """Seconds between the reads ``schedule`` asks for while a ring of ``ring`` fills at ``rate``/s
+    (each read costing the capture thread ``cost_s``), checked every 10 ms."""
+    times: list[float] = []
+    issued_at_read = 0.0
+    for tick in range(int(span_s * 100)):
+        now = tick / 100
+        if schedule.due(now, rate * now - issued_at_read):
+            times.append(now)
+            issued_at_read = rate * now
+            schedule.read_done(now, cost_s)
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def test_a_slowly_filling_ring_is_read_every_second_or_as_the_user_says() -> None:
+    # 500/s into a ring of 8192: the fill trigger (4915 new) would take ~10 s; read every second.
+    assert idle_read_gaps(FillSchedule(8192), rate=500, span_s=30.0, ring=8192) == pytest.approx([1.0] * 29, abs=0.011)
+    # A job that fills the ring sooner is read by fill level: 0.6 x 8192 new at 6,000/s = 0.82 s.
+    assert idle_read_gaps(FillSchedule(8192), rate=6000, span_s=30.0, ring=8192)[-5:] == pytest.approx(
+        [0.82] * 5, abs=0.011
+    )
+    # A read that costs the capture thread more is spaced out (at most FR_DUTY of its time).
+    assert idle_read_gaps(FillSchedule(8192), rate=10, span_s=60.0, ring=8192, cost_s=0.04) == pytest.approx(
+        [8.0] * 7, abs=0.011
+    )
+    # The user's period wins where set; a value out of range is refused and the default stays.
+    fresh = FillSchedule(8192, idle_set_s=idle_setting({"COMMTOP_FR_IDLE_S": "0.5"}))
+    assert idle_read_gaps(fresh, rate=500, span_s=30.0, ring=8192)[-5:] == pytest.approx([0.5] * 5, abs=0.011)
+    assert idle_setting({}) is None and idle_setting({"COMMTOP_FR_IDLE_S": "0.01"}) is None
+    assert idle_setting({"COMMTOP_FR_IDLE_S": "soon"}) is None and idle_setting({"COMMTOP_FR_IDLE_S": "10"}) == 10.0
 
 
 def test_the_ring_size_follows_torch_s_variables_and_is_only_chosen_when_unset() -> None:

@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=0.0, help="pace the timed steps to about this many collectives/s")
     p.add_argument("--seconds", type=float, default=0.0, help="with --rate: as many steps as fill this long")
     p.add_argument("--result", default="", help="also write the JSON line's object to this file")
+    p.add_argument(
+        "--step-log", default="", help="rank 0 writes each timed step's end (perf_counter s) and length here"
+    )
     return p.parse_args(argv)
 
 
@@ -157,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         torch.cuda.synchronize()
     times: list[float] = []
+    ends: list[float] = []
     started = time.perf_counter()
     last = started
     next_at = started
@@ -170,12 +174,18 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.current_stream().synchronize()  # step time as the job sees it
         now = time.perf_counter()
         times.append(now - last)
+        ends.append(now)
         last = now
     elapsed = time.perf_counter() - started
     buckets = 0
     if model is not None:
         data = model._get_ddp_logging_data()
         buckets = int(data.get("num_buckets_reduced", 0)) if isinstance(data, dict) else 0
+    if rank == 0 and args.step_log:
+        with open(args.step_log, "w") as f:
+            json.dump(
+                {"end_s": ends, "dur_s": times, "perf_to_epoch_ns": time.time_ns() - int(time.perf_counter() * 1e9)}, f
+            )
     if rank == 0:
         times.sort()
         out = {
