@@ -23,7 +23,7 @@ from tui.model.history import HistoryMatrix
 from tui.model.in_force import InForceTracker
 from tui.model.job import JobInfo
 from tui.model.rank_state import RankState
-from tui.model.skew import SETTLE_ITERS, clock_offsets, straggler, straggler_shares, worst_skew
+from tui.model.skew import SETTLE_ITERS, clock_offsets, straggler, straggler_shares, worst_skews
 from tui.model.snapshot import History, RankView, SkewEvent, Snapshot
 from tui.model.stats import RunAggregate, RunStats, weighted_rate
 from tui.model.steps import StepView, step_view
@@ -143,10 +143,11 @@ class SnapshotBuilder:
         complete = ~np.isnan(history.ms).any(axis=0) if history.ms.shape[0] >= 2 else None
         shares = straggler_shares(history, complete)
         settle = _settle_iters(run.lead_hello())
-        skew = worst_skew(history, order, settle, complete)
+        since = now - int(RECENT_SKEW_S * 1e9)
+        skew, found = worst_skews(history, order, settle, complete, since_ns=since)
         if skew is not None and (self.worst_skew is None or skew.skew_ms > self.worst_skew.skew_ms):
             self.worst_skew = skew
-        recent_skew = self._recent_skew(history, order, settle, complete, now)
+        recent_skew = self._recent_skew(found, since)
         drawn = run.stream_history_matrix(order)  # one stream's lines instead of every collective's
         if drawn is not None:
             first, ms, mode, start = drawn.window()
@@ -237,14 +238,10 @@ class SnapshotBuilder:
         self._steps_cache = (self._stamp(run, now), view)
         return view
 
-    def _recent_skew(
-        self, history: History, order: list[int], settle: int, complete: np.ndarray | None, now: int
-    ) -> SkewEvent | None:
-        """The largest arrival skew of the iterations that started in the last RECENT_SKEW_S: the
-        history window may hold less than that (fast collectives), so each snapshot's finding
-        is kept until it is older."""
-        since = now - int(RECENT_SKEW_S * 1e9)
-        found = worst_skew(history, order, settle, complete, since_ns=since)
+    def _recent_skew(self, found: SkewEvent | None, since: int) -> SkewEvent | None:
+        """The largest arrival skew of the iterations that started since ``since`` (the last
+        RECENT_SKEW_S): the history window may hold less than that (fast collectives), so each
+        snapshot's finding ``found`` is kept until it is older."""
         kept = self._recent_skews
         if found is not None and not any(e.iteration == found.iteration for e in kept):
             kept.append(found)
