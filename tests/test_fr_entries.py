@@ -160,6 +160,25 @@ def test_untimed_and_unknown_collectives_count_as_lost() -> None:
     assert len(rows) + cursor.lost == ring.issued
 
 
+def test_a_collective_dumped_between_its_retirement_and_its_duration_is_timed_at_the_next_read() -> None:
+    # torch marks an entry retired, then computes its duration outside its lock (retire_id): a
+    # dump in between shows it retired without one. It was counted lost (H200: 1 of 120,500).
+    ring = FakeRing(world=2)
+    ring.collective("nccl:all_reduce", [[4]], [[4]], done=True)  # the group times its collectives
+    for _ in range(3):
+        ring.collective("nccl:all_reduce", [[4]], [[4]])
+    ring.complete(timed=False)
+    cursor = FrCursor()
+    assert [r.seq for r in cursor.read(ring.dump())] == [1] and cursor.pending == 3 and cursor.lost == 0
+    state = cursor.state()  # a child decoder hands the cursor over between reads
+    for e in list(ring.entries)[1:3]:
+        e["duration_ms"] = 0.07  # torch has set two of the durations by the next dump
+    cursor = FrCursor.from_state(state)
+    rows = cursor.read(ring.dump())
+    assert [r.seq for r in rows] == [2, 3] and cursor.untimed == 1 and cursor.pending == 0  # the third had none
+    assert len(rows) + 1 + cursor.lost == ring.issued
+
+
 def simulate(ring: FakeRing, source: FlightRecorderSource, rate: float, span_s: float) -> list[int]:
     """A job issuing ``rate`` collectives/s (finished at once) while the capture thread polls and
     reads as the source schedules; returns the ring entries new at each read."""

@@ -24,7 +24,8 @@ How entries count (one collective = one ``collective_seq_id`` of one group):
 
 Lost (Hello.lost) = ``overwritten`` (a gap in a group's sequence numbers between what was handled
 and the oldest entry still in the ring: the ring wrapped before a read) + ``untimed`` (finished
-without a duration) + ``unknown`` (an op commtop cannot name, or a closing entry whose ops were
+without a duration; in a group that times its collectives only once two dumps say so, since
+torch marks an entry retired before it computes its duration, outside its lock) + ``unknown`` (an op commtop cannot name, or a closing entry whose ops were
 overwritten) + ``unread`` (at the end: issued per torch's own count, ``pg_status``, and never
 seen finished). Bytes follow nccl-tests' S (total gathered size for all_gather, total input
 otherwise), as :mod:`workers.monitor.patch` does.
@@ -257,6 +258,14 @@ class FrCursor:
         self.p2p = 0  # point-to-point entries seen (not collectives; never lost)
         self.pending = 0  # collectives of the last dump still running or not retired yet
         self._pending: dict[str, set[int]] = {}
+        #: (group, seq) retired without a duration in the last dump: torch marks an entry retired
+        #: and computes its duration after, outside its lock, so a dump can fall in between; the
+        #: next dump says whether it was timed. Untimed only if it still has none then.
+        self._settling: set[tuple[str, int]] = set()
+        self._settling_next: set[tuple[str, int]] = set()
+        #: Groups that have shown a timed collective: only there is "no duration" a maybe (gloo's
+        #: rings, or a group whose timing is off, time nothing: untimed at once, as they wrap fast).
+        self._timed_groups: set[str] = set()
         self._p2p_upto = -1
         self._sizes: dict[str, int] = {}
         self._kinds: dict[str, tuple[str | None, bool]] = {}  # profiling name -> (op, closer)
@@ -280,6 +289,7 @@ class FrCursor:
             self.overwritten += self.groups[name].skip_to(seq)
         out: list[FrCollective] = []
         self._pending = {}
+        self._settling_next = set()
         lowest_pending: int | None = None
         for (name, seq), unit in units.items():
             g = self.groups[name]
@@ -294,6 +304,7 @@ class FrCursor:
             g.account(seq)
             if row is not None:
                 out.append(row)
+        self._settling = self._settling_next
         self.pending = sum(len(s) for s in self._pending.values())
         if entries:
             self.last_record = _rid(entries[-1])
@@ -332,6 +343,8 @@ class FrCursor:
             "last_record": self.last_record,
             "counts": [self.overwritten, self.untimed, self.unknown, self.unread, self.p2p, self.pending],
             "pending": {n: sorted(s) for n, s in self._pending.items()},
+            "settling": sorted([n, q] for n, q in self._settling),
+            "timed_groups": sorted(self._timed_groups),
             "p2p_upto": self._p2p_upto,
             "sizes": dict(self._sizes),
         }
@@ -349,6 +362,8 @@ class FrCursor:
             c.floor, c.last_record, c._p2p_upto = int(state["floor"]), int(state["last_record"]), int(state["p2p_upto"])
             c.overwritten, c.untimed, c.unknown, c.unread, c.p2p, c.pending = (int(v) for v in state["counts"])
             c._pending = {str(n): {int(s) for s in seqs} for n, seqs in dict(state["pending"]).items()}
+            c._settling = {(str(n), int(q)) for n, q in state.get("settling", ())}
+            c._timed_groups = {str(n) for n in state.get("timed_groups", ())}
             c._sizes = {str(n): int(v) for n, v in dict(state["sizes"]).items()}
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a Flight Recorder cursor state: {exc!r}") from exc
@@ -396,6 +411,16 @@ class FrCursor:
                     unit.append(e)
         return units, oldest
 
+    def _untimed(self, name: str, seq: int) -> tuple[int, None]:
+        """A collective retired without a duration: in a group that times its collectives, WAIT
+        the first time (torch may be computing it right now, see ``_settling``), UNTIMED if the
+        dump before said the same; elsewhere UNTIMED."""
+        if name not in self._timed_groups or (name, seq) in self._settling:
+            self.untimed += 1
+            return UNTIMED, None
+        self._settling_next.add((name, seq))
+        return WAIT, None
+
     def _unit(self, name: str, seq: int, unit: list[Entry]) -> tuple[int, FrCollective | None]:
         """(WAIT, None) while it runs; else it is accounted, with its row unless it is lost."""
         if len(unit) == 1:  # a plain (or coalesced-call) collective: the common case, kept short
@@ -406,8 +431,7 @@ class FrCursor:
                 if dur is None or not (e.get("state") == "completed" or e.get("retired")):
                     if not e.get("retired"):
                         return WAIT, None
-                    self.untimed += 1
-                    return UNTIMED, None
+                    return self._untimed(name, seq)
                 if op is None:
                     self.unknown += 1
                     return TIMED, None
@@ -423,6 +447,7 @@ class FrCursor:
                     nbytes = int(sizes[0][0]) * DTYPE_BYTES.get(str(dtypes[0]), 0)
                 else:
                     nbytes = entry_nbytes(op, e, size)
+                self._timed_groups.add(name)
                 return TIMED, FrCollective(
                     e["record_id"],
                     name,
@@ -449,8 +474,7 @@ class FrCursor:
         if state == WAIT:
             return WAIT, None
         if state == UNTIMED:
-            self.untimed += 1
-            return UNTIMED, None
+            return self._untimed(name, seq)
         op = self._kind(parts[0])[0] if parts else None
         if op is None:
             self.unknown += 1
@@ -461,6 +485,7 @@ class FrCursor:
         dtype = self._dtypes.get(names[0], -1)
         if dtype < 0:
             dtype = self._dtypes[names[0]] = dtype_code(str(names[0]))
+        self._timed_groups.add(name)
         return TIMED, FrCollective(
             _rid(timing),
             name,
