@@ -20,6 +20,7 @@ from tui.recordings.codec import FORMAT_VERSION
 from tui.recordings.version import tool_version
 from tui.recordings.writer import RecordingWriter, default_path, run_metadata
 from workers.wire import protocol as p
+from workers.wire.config import seconds_in_range
 
 CLOCK_SOURCE = "time.time_ns (CLOCK_REALTIME) per host; GPU events anchored"
 #: How long what was received may wait before it is on disk (what a SIGKILLed collector can
@@ -53,11 +54,8 @@ def flush_s_from_env(env: Mapping[str, str] = os.environ) -> float:
     text = env.get(FLUSH_ENV, "").strip()
     if not text:
         return FLUSH_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0.05 <= value <= 10.0:
+    value = seconds_in_range(text, 0.05, 10.0)
+    if value is None:
         print(
             f"commtop: {FLUSH_ENV}={text!r} is not seconds in 0.05-10; recording in {FLUSH_S:g} s chunks",
             file=sys.stderr,

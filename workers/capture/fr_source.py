@@ -45,6 +45,7 @@ from typing import Any, Protocol, cast
 
 from workers.capture.flight_recorder import FrCursor, issued_by_group, load_dump
 from workers.capture.fr_batch import FrBatch, batch_of
+from workers.wire.config import seconds_in_range
 
 log = logging.getLogger("commtop.capture")
 
@@ -254,11 +255,8 @@ def idle_setting(environ: Mapping[str, str]) -> float | None:
     raw = environ.get(IDLE_ENV, "").strip()
     if not raw:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not 0.2 <= value <= IDLE_MAX_S:
+    value = seconds_in_range(raw, 0.2, IDLE_MAX_S)
+    if value is None:
         log.warning(
             "commtop capture: %s=%r is not 0.2-%g s; reading as the ring's fill says", IDLE_ENV, raw, IDLE_MAX_S
         )

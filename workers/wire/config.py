@@ -170,6 +170,16 @@ BATCH_SCALE_FROM_WORLD = 32
 MAX_SCALED_BATCH_MS = 500.0
 
 
+def seconds_in_range(text: str, lo: float, hi: float) -> float | None:
+    """``text`` as seconds if it is a number in ``lo``-``hi``, else None (an environment
+    variable's value: the callers keep their default and say so in one line)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if lo <= value <= hi else None
+
+
 def batch_ms_for_world(batch_ms: float, world_size: int) -> float:
     """The batch spacing a rank of a ``world_size`` job uses: ``batch_ms`` up to
     BATCH_SCALE_FROM_WORLD ranks, then ``batch_ms * world / BATCH_SCALE_FROM_WORLD`` (at most
