@@ -24,11 +24,12 @@ How entries count (one collective = one ``collective_seq_id`` of one group):
 
 Lost (Hello.lost) = ``overwritten`` (a gap in a group's sequence numbers between what was handled
 and the oldest entry still in the ring: the ring wrapped before a read) + ``untimed`` (finished
-without a duration; in a group that times its collectives only once two dumps say so, since
-torch marks an entry retired before it computes its duration, outside its lock) + ``unknown`` (an op commtop cannot name, or a closing entry whose ops were
-overwritten) + ``unread`` (at the end: issued per torch's own count, ``pg_status``, and never
-seen finished). Bytes follow nccl-tests' S (total gathered size for all_gather, total input
-otherwise), as :mod:`workers.monitor.patch` does.
+without a duration; in a group that times its collectives, only once two dumps say so: torch
+marks an entry retired before it computes its duration, outside its lock) + ``unknown`` (an op
+commtop cannot name, or a closing entry whose ops were overwritten) + ``unread`` (at the end:
+issued per torch's own count, ``pg_status``, and never seen finished). Bytes follow
+nccl-tests' S (total gathered size for all_gather, total input otherwise), as
+:mod:`workers.monitor.patch` does.
 """
 
 from __future__ import annotations
