@@ -7,7 +7,8 @@ puts it on screen (target: p99 <= 200 ms).
 Real workers (``torchrun -m workers`` launched the way ``commtop run`` launches them) stream to
 the real app (headless ``run_test``: LiveSource -> IngestLoop -> RunModel -> snapshot ->
 RankGrid, painted). After every frame that shows a new snapshot, each record that became
-visible in it is looked up in the model (its ``start_ns`` and duration, on the host wall
+visible in it (its rank's latency bars reach its iteration; a rank's numbers refresh at most
+every TEXT_EVERY_S) is looked up in the model (its ``start_ns`` and duration, on the host wall
 clock; GPU event times are anchored to it) and ``painted_at - (start_ns + dur)`` is one sample.
 The path: worker batching (<= 50 ms), ZeroMQ, ingest, snapshot interval (80 ms), paint.
 """
@@ -19,6 +20,7 @@ import asyncio
 import time
 from typing import Any
 
+import numpy as np
 from _common import Report, add_common_args, finish, percentile  # benchmarks/standing/ is sys.path[0]
 from _tui_probe import FrameMeter, quiesce, reference_paint
 
@@ -31,6 +33,16 @@ from workers.wire.config import add_loop_arguments, config_from_args
 from workers.wire.connection import create_run
 
 TARGET_P99_MS = 200.0
+
+
+def shown_iteration(history: Any, row: int) -> int | None:
+    """The newest iteration the rank's latency bars show in this frame (its last column with a
+    value), or None: the bars are drawn every snapshot, while a rank's numbers are refreshed at
+    most every TEXT_EVERY_S, so they say when a record is on screen."""
+    if row >= history.ms.shape[0]:
+        return None
+    filled = np.flatnonzero(~np.isnan(history.ms[row]))
+    return int(history.first_iteration + filled[-1]) if len(filled) else None
 
 
 class Latencies:
@@ -46,9 +58,12 @@ class Latencies:
         if not self.active or self.app.ingest is None:
             return
         with self.app.ingest.lock:
-            for view in snap.ranks:
+            for row, view in enumerate(snap.ranks):
+                newest = shown_iteration(snap.history, row)
+                if newest is None:
+                    continue
                 first = self.shown.get(view.rank)
-                self.shown[view.rank] = view.last_iteration
+                self.shown[view.rank] = newest
                 if first is None:
                     continue  # records shown before measuring started
                 state = self.app.model.ranks.get(view.rank)
@@ -56,7 +71,7 @@ class Latencies:
                     continue
                 rows = state.coll.view()
                 it = rows["iteration"]
-                sel = (it > first) & (it <= view.last_iteration)
+                sel = (it > first) & (it <= newest)
                 done = rows["start_ns"][sel] + (rows["dur_us"][sel].astype("float64") * 1000).astype("int64")
                 self.samples_ms += ((painted_ns - done) / 1e6).tolist()
 
