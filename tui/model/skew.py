@@ -44,21 +44,14 @@ def straggler_shares(history: History, complete: np.ndarray | None = None) -> np
     return np.bincount(last_in, minlength=ms.shape[0]) / len(cols)
 
 
-def worst_skew(
-    history: History, order: list[int], settle: int = 0, complete: np.ndarray | None = None, since_ns: int = 0
-) -> SkewEvent | None:
-    """The complete iteration of the history window whose ranks arrived furthest apart,
-    iterations before ``settle`` left out (the first step still carries the ranks' start-up),
-    and those that started before ``since_ns`` (a recent window)."""
-    return worst_skews(history, order, settle, complete, since_ns)[1 if since_ns else 0]
-
-
 def worst_skews(
     history: History, order: list[int], settle: int = 0, complete: np.ndarray | None = None, since_ns: int = 0
 ) -> tuple[SkewEvent | None, SkewEvent | None]:
-    """(:func:`worst_skew` of the window, and of its iterations that started at or after
-    ``since_ns``) from one pass over the newest SKEW_ITERS complete iterations: a snapshot
-    wants both, and the spread per iteration is most of the cost (0.26 ms each at 8 ranks)."""
+    """(The complete iteration of the history window whose ranks arrived furthest apart, and the
+    same among those that started at or after ``since_ns``), iterations before ``settle`` left
+    out (the first step still carries the ranks' start-up). One pass over the newest SKEW_ITERS
+    complete iterations: a snapshot wants both, and the spread per iteration is most of the
+    cost (0.26 ms each at 8 ranks)."""
     ms = history.ms
     if ms.shape[0] < 2 or ms.shape[1] == 0:
         return None, None
