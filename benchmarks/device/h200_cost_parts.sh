@@ -5,7 +5,9 @@
 # then each of $VARIANTS (NAME=VAR=VALUE,VAR=VALUE ...; default: commtop as it is, without CUPTI
 # copies, with a ring of 2000; a variant named "timing" runs bare under torchrun with its
 # variables), each step time from the job's own clock, ratios to the same round's bare run;
-# (3) benchmarks/probes/mixed_backend_fr.py.
+# (3) benchmarks/probes/mixed_backend_fr.py. REF=NAME takes that variant as each round's
+# reference instead of bare (bare is then not run). Each run also prints its slow steps (over
+# 1.25x the run's median, from the job's --step-log) and their excess over the median.
 #   device run: bash benchmarks/device/h200_cost_parts.sh [ROUNDS] [STEPS]
 set -u
 ROUNDS=${1:-3}
@@ -23,37 +25,50 @@ done
 JOB=(benchmarks/jobs/ddp_offload.py --steps "$STEPS" --warmup 50)
 one() { # NAME ENV...
   local name=$1; shift
-  local res="$W/${name}_$r.json"
+  local res="$W/${name}_$r.json" steps="$W/${name}_$r.steps.json"
   case $name in
-    bare|timing) env "$@" timeout 200 "${TR[@]}" "${JOB[@]}" --result "$res" >"$W/${name}_$r.log" 2>&1 ;;
-    *) env "$@" timeout 200 "${CT[@]}" -- python3 "${JOB[@]}" --result "$res" >"$W/${name}_$r.log" 2>&1 ;;
+    bare|timing*) env "$@" timeout 200 "${TR[@]}" "${JOB[@]}" --result "$res" --step-log "$steps" >"$W/${name}_$r.log" 2>&1 ;;
+    *) env "$@" timeout 200 "${CT[@]}" -- python3 "${JOB[@]}" --result "$res" --step-log "$steps" >"$W/${name}_$r.log" 2>&1 ;;
   esac
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f'{sys.argv[2]:8s} round {sys.argv[3]}: step mean {d[\"step_ms_mean\"]:.4f} p50 {d[\"step_ms_p50\"]:.4f} p99 {d[\"step_ms_p99\"]:.4f}')" "$res" "$name" "$r" 2>/dev/null || { echo "$name round $r: FAILED"; tail -3 "$W/${name}_$r.log"; }
+  python3 - "$res" "$steps" "$name" "$r" <<'PY' 2>/dev/null || { echo "$name round $r: FAILED"; tail -3 "$W/${name}_$r.log"; }
+import json, statistics, sys
+d = json.load(open(sys.argv[1]))
+dur = json.load(open(sys.argv[2]))["dur_s"]
+med = statistics.median(dur)
+slow = [x for x in dur if x > 1.25 * med]
+excess = sum(x - med for x in dur if x > med)
+print(f"{sys.argv[3]:8s} round {sys.argv[4]}: step mean {d['step_ms_mean']:.4f} p50 {d['step_ms_p50']:.4f} "
+      f"p99 {d['step_ms_p99']:.4f}; slow {len(slow)} ({sum(slow) * 1e3:.0f} ms), excess {excess * 1e3:.0f} ms "
+      f"({excess / sum(dur) * 100:.2f} %)")
+PY
 }
 # NAME=ENV,ENV... per variant; "timing" runs bare under torchrun with the given variables
 VARIANTS=${VARIANTS:-"commtop=X=1 nocupti=COMMTOP_CUPTI=0 ring2000=TORCH_FR_BUFFER_SIZE=2000"}
 echo "== $ROUNDS rounds, $STEPS steps: bare, then $VARIANTS" | tee -a "$R"
+REF=${REF:-bare}
 for r in $(seq 1 "$ROUNDS"); do
-  one bare X=1
+  [ "$REF" = bare ] && one bare X=1
   for v in $VARIANTS; do
     IFS=, read -r -a envs <<<"${v#*=}"
     one "${v%%=*}" "${envs[@]}"
   done
 done | tee -a "$R"
-python3 - "$W" "$ROUNDS" $(for v in $VARIANTS; do echo "${v%%=*}"; done) <<'PY' | tee -a "$R"
+python3 - "$W" "$ROUNDS" "$REF" $(for v in $VARIANTS; do echo "${v%%=*}"; done) <<'PY' | tee -a "$R"
 import json, sys
 sys.path.insert(0, "benchmarks/device")
 from job_cost_summary import mean_ci
-w, rounds = sys.argv[1], int(sys.argv[2])
+w, rounds, ref = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def mean(name, r):
     try:
         return json.load(open(f"{w}/{name}_{r}.json"))["step_ms_mean"]
     except (OSError, ValueError, KeyError):
         return None
-for name in sys.argv[3:]:
-    ratios = [mean(name, r) / mean("bare", r) for r in range(1, rounds + 1) if mean(name, r) and mean("bare", r)]
+for name in sys.argv[4:]:
+    if name == ref:
+        continue
+    ratios = [mean(name, r) / mean(ref, r) for r in range(1, rounds + 1) if mean(name, r) and mean(ref, r)]
     m, h = mean_ci(ratios)
-    print(f"{name:8s} / bare, same round: " + " ".join(f"{x:.4f}" for x in ratios) + f"; mean {m:.4f} ± {h:.4f} (95 % t)")
+    print(f"{name:8s} / {ref}, same round: " + " ".join(f"{x:.4f}" for x in ratios) + f"; mean {m:.4f} ± {h:.4f} (95 % t)")
 PY
 grep -h "^\[rank0\]: commtop\|^commtop" "$W"/*_1.log | cut -c1-300 | tee -a "$R"
 (cd "$W" && tar czf "$OUT/cost_parts_runs.tar.gz" *.json *.log) || true
