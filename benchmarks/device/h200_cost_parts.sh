@@ -44,8 +44,8 @@ PY
 }
 # NAME=ENV,ENV... per variant; "timing" runs bare under torchrun with the given variables
 VARIANTS=${VARIANTS:-"commtop=X=1 nocupti=COMMTOP_CUPTI=0 ring2000=TORCH_FR_BUFFER_SIZE=2000"}
-echo "== $ROUNDS rounds, $STEPS steps: bare, then $VARIANTS" | tee -a "$R"
 REF=${REF:-bare}
+echo "== $ROUNDS rounds, $STEPS steps: $([ "$REF" = bare ] && echo "bare, then ")$VARIANTS; ratios to $REF" | tee -a "$R"
 for r in $(seq 1 "$ROUNDS"); do
   [ "$REF" = bare ] && one bare X=1
   for v in $VARIANTS; do
