@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# `commtop report` on the H200 host's CPU with the read and sort passes sized by the usable CPUs
-# (tui.recordings.cpus): one 10 M-record file (benchmarks/standing/recordings.py, ~90 s to
-# write), then the benchmark on it pinned to 2, 8 and 16 CPUs with taskset, twice each in
-# alternating order (2 CPUs: the thread counts of before the change). Then render_scale (8, 64
-# and 512 ranks) once, for the host's TUI row. ~5 min.
+# Does `commtop report` scale with the H200 host's CPUs? One 10 M-record file
+# (benchmarks/standing/recordings.py, ~50-90 s to write), then the benchmark on it pinned to 2, 8
+# and 16 CPUs with taskset, each twice in alternating order; then render_scale (8, 64 and 512
+# ranks) once, for the host's TUI row. ~5 min. Written for bb5dd9b (read and sort threads sized
+# by the usable CPUs, 2-8): it did not scale (results/report_threads_h200host_2026-12-04.md),
+# and the change was reverted; the script still measures the report pinned to 2, 8 and 16 CPUs.
 #   device run: bash benchmarks/device/h200_report_threads.sh      (carry .whl)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -12,6 +12,7 @@ way the writer never writes) goes to the per-chunk decoder, in its place, with i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,7 +38,6 @@ from tui.recordings.codec import (
     zeros_enc,
 )
 from tui.recordings.compression import decompress
-from tui.recordings.cpus import threads_for
 from workers.wire import protocol as p
 from workers.wire.telemetry import decode_tick
 
@@ -270,9 +270,9 @@ def _bad_counts(chunks: list[_Chunk], kinds: np.ndarray, counts: dict[str, np.nd
     return bad
 
 
-#: Chunks per task of the reading threads (one per usable CPU, 2-8: tui.recordings.cpus). Each
-#: thread inflates (zstd or zlib, without the GIL) then unpacks and checks (Python, with it), so
-#: some inflate while one unpacks; this thread only waits. (Were it unpacking while they inflate, each worker would wait out the
+#: Chunks per task of the two reading threads. Each thread inflates (zstd or zlib, without the GIL)
+#: then unpacks and checks (Python, with it), so one inflates while the other unpacks; this
+#: thread only waits. (Were it unpacking while they inflate, each worker would wait out the
 #: interpreter's switch interval, 5 ms, for the GIL after every chunk.)
 READ_TASK = 32
 
@@ -292,11 +292,10 @@ def _read(
 
 def _read_all(rec: ChunkSource, wanted: dict[str, set[str]]) -> list[_Chunk | None]:
     chunks, stored = rec.chunks, rec.chunk_body
-    threads = threads_for()
-    if len(chunks) < 4 * READ_TASK or threads < 2:
+    if len(chunks) < 4 * READ_TASK or (os.cpu_count() or 1) < 2:
         return _read(stored, chunks, wanted)
     out: list[_Chunk | None] = []
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="commtop-read") as pool:
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="commtop-read") as pool:
         tasks = [chunks[i : i + READ_TASK] for i in range(0, len(chunks), READ_TASK)]
         for part in pool.map(lambda infos: _read(stored, infos, wanted), tasks):
             out += part

@@ -26,7 +26,6 @@ import numpy as np
 
 from tui.model.job import JobInfo
 from tui.recordings.codec import Tables
-from tui.recordings.cpus import threads_for
 from tui.recordings.reader import Recording
 from tui.recordings.writer import run_metadata
 from tui.report.epoch_rows import Baselines, Context, Copies, Records, epoch_rows
@@ -276,8 +275,7 @@ def _sort_epochs(
     orders: dict[int, _EpochOrder | None] = {}
     pure_epochs: dict[int, list[tuple[int, int, int]]] = {}
     dur32, ocls = recs.dur32, recs.ocls
-    threads = max(2, threads_for())  # numpy sorts without the GIL
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="commtop-sort") as pool:
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="commtop-sort") as pool:  # numpy sorts without the GIL
         sorted_epochs = list(
             pool.map(
                 lambda ep: _EpochOrder.of(dur32[ep[1] : ep[2]], ocls[ep[1] : ep[2]], [b - a for _, a, b in ep[3]]),
