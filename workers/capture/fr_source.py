@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from workers.capture.flight_recorder import FrCursor, issued_by_group, load_dump
@@ -228,19 +228,21 @@ class FillSchedule:
     trigger: float = FILL_TRIGGER
     last_read: float = -math.inf
     idle_set_s: float | None = None
-    idle_s: float = IDLE_MIN_S
+    idle_s: float = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.idle_set_s is not None:
-            self.idle_s = self.idle_set_s
+        self.idle_s = self._floor_s
+
+    @property
+    def _floor_s(self) -> float:
+        return self.idle_set_s if self.idle_set_s is not None else IDLE_MIN_S
 
     def due(self, now: float, new_entries: float) -> bool:
         return new_entries >= self.trigger * self.ring or now - self.last_read >= self.idle_s
 
     def read_done(self, now: float, cost_s: float) -> None:
         self.last_read = now
-        floor = self.idle_set_s if self.idle_set_s is not None else IDLE_MIN_S
-        self.idle_s = min(IDLE_MAX_S, max(floor, cost_s / FR_DUTY))
+        self.idle_s = min(IDLE_MAX_S, max(self._floor_s, cost_s / FR_DUTY))
 
     def next_poll(self, now: float, new_entries: float, rate: float) -> float:
         """When to look at the status next: half the time the trigger is away at ``rate``."""
