@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tui.model.stats import AxisScale, LogHistogram, Ring, RunAggregate, nice_ceiling, weighted_rate
-from workers.wire.stats import percentile, percentiles, percentiles_and_max
+from workers.wire.stats import median, percentile, percentiles, percentiles_and_max
 
 
 def test_ring_keeps_the_newest_rows_in_order_across_the_wrap() -> None:
@@ -45,6 +45,28 @@ def test_percentile_is_numpys_linear_definition_bit_for_bit() -> None:
         assert top == float(d32.max()) and max(got) <= top
     with_zero = np.array([0.0, -0.0, 1.0], dtype=np.float32)
     assert percentiles(with_zero, [50]) == np.percentile(with_zero.astype(np.float64), [50]).tolist()
+
+
+def test_median_is_numpys_bit_for_bit_signed_zeros_and_nan_included() -> None:
+    rng = np.random.default_rng(7)
+    cases: list[np.ndarray] = []
+    for trial in range(600):
+        n = int(rng.integers(1, 5 if trial % 3 == 0 else 400))
+        values = (rng.lognormal(0, 3, n) * rng.choice([1, -1], n)).astype([np.float32, np.float64][trial % 2])
+        if trial % 5 == 0:
+            values[rng.integers(0, n)] = 0.0
+        if trial % 7 == 0:
+            values[: max(1, n // 2)] = -0.0
+        cases.append(values)
+    cases.append(np.array([1.0, np.nan, 2.0], dtype=np.float32))
+    for values in cases:
+        for given in (values, values.astype(np.float64).tolist()):
+            want, got = float(np.median(given)), median(given)
+            assert (want == got and math.copysign(1, want) == math.copysign(1, got)) or (
+                math.isnan(want) and math.isnan(got)
+            ), (want, got, given)
+    assert math.isnan(median([]))
+    assert median(np.array([1, 2, 3, 4])) == 2.5  # integers: numpy's own path
 
 
 def test_run_aggregate_percentiles_equal_the_reports_while_exact_and_never_exceed_max_after() -> None:

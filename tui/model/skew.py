@@ -15,6 +15,7 @@ import numpy as np
 
 from tui.model.rank_state import RankState
 from tui.model.snapshot import History, SkewEvent
+from workers.wire.stats import median
 from workers.wire.straggler import STRAGGLER_ITERS, clearly_last
 
 #: Iterations left out of the straggler headline when the run does not say its step length.
@@ -91,7 +92,7 @@ def _event(
         skew_ms=float(skew[j]),
         wait_ms=float(longest[j]),
         own_ms=float(sub[last, j]),
-        typical_ms=float(np.median(longest[picked])),
+        typical_ms=median(longest[picked]),
         t_ns=int(history.start_ns[col]) if len(history.start_ns) > col else 0,
     )
 

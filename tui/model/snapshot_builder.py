@@ -30,7 +30,7 @@ from tui.model.steps import StepView, step_view
 from tui.model.streams import StreamTable, StreamView
 from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
 from workers.wire.protocol import MODES, Hello
-from workers.wire.stats import percentiles
+from workers.wire.stats import median, percentiles
 
 #: Windowed statistics (last / p50 / p99 / busbw / rate) cover this much record time.
 WINDOW_S = 5.0
@@ -191,8 +191,8 @@ class SnapshotBuilder:
             pending_settings=in_force.pending_settings,
             apply_at=in_force.apply_at,
             started_ns=min((h.started_ns for h in hellos), default=0),
-            iter_rate=float(np.median(rates)) if rates else math.nan,
-            step_rate=float(np.median(step_rates)) if step_rates else math.nan,
+            iter_rate=median(rates) if rates else math.nan,
+            step_rate=median(step_rates) if step_rates else math.nan,
             drops=sum(v.drops for v in ranks),
             lost=sum(v.lost for v in ranks),
             lost_batches=sum(v.lost_batches for v in ranks),

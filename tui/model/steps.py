@@ -24,6 +24,7 @@ import numpy as np
 from tui.model.stats import RunAggregate, RunStats
 from workers.wire.overlap import end_ns
 from workers.wire.protocol import DIRECTIONS
+from workers.wire.stats import median
 
 #: Step starts kept per rank for the windowed steps/s.
 RECENT_STEPS = 256
@@ -260,7 +261,7 @@ def step_view(ranks: Sequence[RankSteps], during: int = 0) -> StepView:
             rates.append(rate)
     return StepView(
         steps=begun,
-        steps_per_s=float(np.median(rates)) if rates else math.nan,
+        steps_per_s=median(rates) if rates else math.nan,
         step=times.stats(),
         coll_ms_per_step=coll_us / 1e3 / begun if begun else math.nan,
         copies=copy_steps(count, nbytes, dur, begun),

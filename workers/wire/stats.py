@@ -68,3 +68,19 @@ def _from_ordered(ordered: np.ndarray, values: np.ndarray, qs: Sequence[float]) 
         diff = hi - lo
         out.append(hi - diff * (1 - t) if t >= 0.5 else lo + diff * t)
     return out, vals[n - 1]
+
+
+def median(values: np.ndarray | Sequence[float]) -> float:
+    """``float(np.median(values))`` bit for bit, for a float array or a list of floats, without
+    np.median's dispatch (~40 us, where the live snapshot takes a few medians of a few hundred
+    values at 15 Hz): one sort, then the middle value or numpy's mean of the two middle ones
+    (their sum from zero in the values' float type, halved). NaN when empty or when any value is NaN."""
+    ordered = np.sort(np.asarray(values))
+    n = len(ordered)
+    if n == 0 or ordered.dtype.kind != "f":
+        return float(np.median(ordered)) if n else math.nan
+    if ordered[-1] != ordered[-1]:  # NaN sorts last
+        return math.nan
+    k = n // 2
+    zero = ordered.dtype.type(0)  # numpy's mean adds to a zero: -0.0 comes out as 0.0
+    return float(zero + ordered[k]) if n % 2 else float((zero + ordered[k - 1] + ordered[k]) / 2)
