@@ -73,3 +73,17 @@ def test_the_run_model_snapshot_shows_its_tracker_state() -> None:
 
 def protocol_mode(index: int) -> str:
     return p.MODES[index]
+
+
+def test_a_hello_with_new_settings_is_read_anew_and_one_repeating_them_keeps_them() -> None:
+    """Settings are parsed once per change (every Hello repeats them), never kept past a change."""
+    tracker = InForceTracker()
+    first = frozen_hello(0, world=1)
+    tracker.note(first)
+    kept = tracker.state().settings
+    tracker.note(frozen_hello(0, world=1, t_ns=first.t_ns + 1))
+    assert tracker.state().settings is kept
+    changed = frozen_hello(0, world=1, t_ns=first.t_ns + 2, epoch=1, settings={**first.settings, "mode": "sync"})
+    tracker.note(changed)
+    assert tracker.state().settings is not None and tracker.state().settings.mode == "sync"
+    assert tracker.settings_of(1) == tracker.state().settings and tracker.settings_of(0) == kept

@@ -117,9 +117,12 @@ class InForceTracker:
                     if message.kind == COLL and len(message):
                         rank.mode = int(message.columns["mode"][-1])
         elif isinstance(message, Hello):
-            settings = reported_settings(message.settings)
             with self._lock:
                 rank = self._ranks.setdefault(message.rank, _RankControl())
+                last = rank.hello
+                # a rank repeats its settings in every Hello (once a second): parsed once
+                same = last is not None and last.settings == message.settings
+                settings = rank.settings if same else reported_settings(message.settings)
                 rank.hello, rank.settings = message, settings
                 if settings is not None:
                     self._remember(message.epoch, settings)
