@@ -54,6 +54,36 @@ def test_stream_numbers_match_numpy_on_its_records() -> None:
     assert 0 < sum(s.share for s in snap.streams) < 1
 
 
+def test_a_fold_of_one_stream_equals_the_sorted_fold_of_mixed_batches() -> None:
+    """Folds of single-stream batches take a short path (no sort); a mixed batch in the same fold
+    takes the sorted one. Both give the stream the same records in the same order."""
+    rng = np.random.default_rng(5)
+    hello = job_hello(0, 1, T0)
+    ar, ag = p.OP_NAMES.index("all_reduce"), p.OP_NAMES.index("all_gather")
+
+    def cols(n: int, ops: np.ndarray) -> dict[str, np.ndarray]:
+        return {
+            "op": ops.astype(np.uint8),
+            "group": np.zeros(n, np.uint16),
+            "dtype": np.zeros(n, np.uint8),
+            "nbytes": np.full(n, 1024, np.int64),
+            "dur_us": rng.lognormal(4, 1, n).astype(np.float32),
+            "busbw": rng.random(n).astype(np.float32),
+        }
+
+    batches = [cols(500, np.full(500, ar)) for _ in range(20)]
+    both = cols(8, np.array([ar, ag] * 4))
+    only = {k: v[both["op"] == ar] for k, v in both.items()}  # the same all_reduce records alone
+    views = []
+    for middle in (only, both):
+        table = StreamTable()
+        for c in [*batches[:10], middle, *batches[10:]]:
+            table.add(0, hello, c)
+        views.append({v.op: v for v in table.views(1e12)})
+    assert views[0]["all_reduce"] == views[1]["all_reduce"] and views[0]["all_reduce"].count == 10_004
+    assert set(views[0]) == {"all_reduce"} and views[1]["all_gather"].count == 4
+
+
 def test_records_of_a_group_not_yet_named_join_their_stream_when_a_hello_names_it() -> None:
     items = list(job_run(world=2, steps=20))
     model = RunModel(clock=lambda: T0)

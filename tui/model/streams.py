@@ -139,8 +139,9 @@ class StreamTable:
         self._streams: dict[int, _Stream] = {}  # by ring value, OTHER too (made on first use)
         self._codes: dict[int, dict[int, int]] = {}  # rank -> packed key -> ring value
         self._pending: dict[tuple[int, int], _Stream] = {}  # (rank, packed key) not named yet
-        #: Batches not yet in their streams' statistics: (rank, ring values, dur_us, busbw).
-        self._waiting: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        #: Batches not yet in their streams' statistics: (rank, ring values, dur_us, busbw, the
+        #: one ring value of them all or -1).
+        self._waiting: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, int]] = []
         self._waiting_n = 0
         self.version = 0
         self._views: dict[int, tuple[int, StreamView]] = {}  # ring value -> (count, view)
@@ -177,7 +178,7 @@ class StreamTable:
             out = np.empty(n, dtype=np.uint8)
             out[order] = np.repeat(np.array(values, dtype=np.uint8), np.diff(bounds))
             single = -1
-        self._waiting.append((rank, out, dur, bw))
+        self._waiting.append((rank, out, dur, bw, single))
         self._waiting_n += n
         if self._waiting_n >= FOLD_RECORDS:
             self._fold()
@@ -212,6 +213,13 @@ class StreamTable:
             return
         self._waiting, self._waiting_n = [], 0
         self.version += 1
+        singles = {w[4] for w in waiting}
+        if len(singles) == 1 and (value := singles.pop()) >= 0:  # one stream (the usual case): no sort
+            if value != UNNAMED:
+                stream = self._stream(value)
+                stream.agg.add(np.concatenate([w[2] for w in waiting]), np.concatenate([w[3] for w in waiting]))
+                stream.ranks.update({w[0] for w in waiting})
+            return
         values = np.concatenate([w[1] for w in waiting])
         dur = np.concatenate([w[2] for w in waiting])
         bw = np.concatenate([w[3] for w in waiting])
