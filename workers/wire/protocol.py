@@ -295,15 +295,30 @@ def decode_columns(raw: Any, n: int, schema: Mapping[str, str]) -> dict[str, np.
     if not isinstance(raw, dict):
         raise ProtocolError("field", "'cols' must be a map")
     out: dict[str, np.ndarray] = {}
-    for name, dtype in schema.items():
+    for name, dtype, width in _layout(schema):
         buf = raw.get(name)
         if not isinstance(buf, bytes):
             raise ProtocolError("field", f"column {name!r} missing or not bytes")
-        width = np.dtype(dtype).itemsize
         if len(buf) != n * width:
             raise ProtocolError("field", f"column {name!r} holds {len(buf)} bytes, expected {n} x {width}")
         out[name] = np.frombuffer(buf, dtype=dtype)
     return out
+
+
+_LAYOUTS: dict[int, tuple[Mapping[str, str], list[tuple[str, np.dtype, int]]]] = {}
+
+
+def _layout(schema: Mapping[str, str]) -> list[tuple[str, np.dtype, int]]:
+    """(name, numpy dtype, bytes per value) of each column of ``schema``, made once per schema
+    object (the cache holds it, so its id stays its own): the viewer decodes ~1,500 batches a
+    second at 512 ranks, and building 13 dtypes from their names was a fifth of a batch's decoding."""
+    cached = _LAYOUTS.get(id(schema))
+    if cached is not None and cached[0] is schema:
+        return cached[1]
+    layout = [(name, np.dtype(dtype), np.dtype(dtype).itemsize) for name, dtype in schema.items()]
+    if len(_LAYOUTS) < 64:  # the schemas are a handful of module constants
+        _LAYOUTS[id(schema)] = (schema, layout)
+    return layout
 
 
 @dataclass(frozen=True)
