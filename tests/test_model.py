@@ -316,3 +316,42 @@ def test_on_screen_a_rank_s_numbers_follow_at_5_hz_and_every_other_snapshot_at_o
     assert [r.count for r in held.snapshot(text_every_s=0.2).ranks] == [r.count for r in first.ranks]
     wall[0] += 0.25
     assert [r.count for r in held.snapshot(text_every_s=0.2).ranks] == [400, 400]
+
+
+def test_with_the_heat_map_shown_a_large_world_s_rank_views_follow_at_5_hz() -> None:
+    """With the heat map shown (whole-run statistics off) and more than LARGE_WORLD ranks, the
+    screen's snapshots reuse the last rank views for 0.2 s on both clocks (the heat map's cells,
+    from the history, move at every snapshot); the rows view, direct snapshots and small worlds
+    rebuild them every time."""
+    world = 20
+    messages = frozen_run(world=world, iterations=200)
+    half = len(messages) // 2
+    now, wall = [T0], [0.0]
+
+    def model_at_half(whole_run_stats: bool, ranks: int = world) -> tuple[RunModel, Snapshot]:
+        model = RunModel(clock=lambda: now[0])
+        model._builder.wall = lambda: wall[0]
+        model.whole_run_stats = whole_run_stats
+        for m in frozen_run(world=ranks, iterations=200)[: half if ranks == world else None]:
+            model.apply(m)
+        return model, model.snapshot(text_every_s=0.2)
+
+    heat, first = model_at_half(False)
+    for m in messages[half:]:
+        heat.apply(m)
+    now[0] += int(0.1e9)
+    wall[0] += 0.1
+    held = heat.snapshot(text_every_s=0.2)
+    assert held.ranks is first.ranks and held.drops == first.drops  # views and their totals kept
+    assert held.history.ms.shape[1] > first.history.ms.shape[1]  # the cells moved
+    assert heat.snapshot().ranks is not first.ranks  # a direct snapshot builds them anew
+    now[0] += int(0.25e9)
+    wall[0] += 0.25
+    later = heat.snapshot(text_every_s=0.2)
+    assert later.ranks is not first.ranks and later.ranks[0].silent_s > first.ranks[0].silent_s
+    rows, first_rows = model_at_half(True)
+    for m in messages[half:]:
+        rows.apply(m)
+    assert rows.snapshot(text_every_s=0.2).ranks is not first_rows.ranks  # the rows view: every snapshot
+    small, first_small = model_at_half(False, ranks=4)
+    assert small.snapshot(text_every_s=0.2).ranks is not first_small.ranks  # 16 ranks or fewer: every snapshot

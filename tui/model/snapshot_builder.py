@@ -13,7 +13,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -100,6 +100,29 @@ class _Kept:
         self.classes: tuple[_Stamp, dict[str, RunStats]] | None = None
 
 
+@dataclass(frozen=True)
+class _RankTotals:
+    """The header's numbers over every rank's view (medians of the rates, sums of the losses)."""
+
+    iter_rate: float
+    step_rate: float
+    drops: int
+    lost: int
+    lost_batches: int
+
+    @classmethod
+    def of(cls, ranks: tuple[RankView, ...]) -> _RankTotals:
+        rates = [v.iter_rate for v in ranks if math.isfinite(v.iter_rate)]
+        step_rates = [v.step_rate for v in ranks if math.isfinite(v.step_rate)]
+        return cls(
+            iter_rate=median(rates) if rates else math.nan,
+            step_rate=median(step_rates) if step_rates else math.nan,
+            drops=sum(v.drops for v in ranks),
+            lost=sum(v.lost for v in ranks),
+            lost_batches=sum(v.lost_batches for v in ranks),
+        )
+
+
 class SnapshotBuilder:
     """Snapshots of one run model; ``reset()`` with the model."""
 
@@ -120,6 +143,8 @@ class SnapshotBuilder:
         self._offsets_cache: tuple[int, tuple[str, dict[str, float]]] | None = None
         self._streams_cache: tuple[_Stamp, int, tuple[StreamView, ...]] | None = None  # (stamp, streams, views)
         self._steps_cache: tuple[_Stamp, StepView] | None = None
+        #: The rank views of the last snapshot that built them: (order, model ns, wall s, views, totals).
+        self._ranks_kept: tuple[list[int], int, float, tuple[RankView, ...], _RankTotals] | None = None
 
     def build(self, run: RunState, now: int, *, fresh_run_stats: bool = False, text_every_s: float = 0.0) -> Snapshot:
         """A frozen view of ``run`` at ``now``. Whole-run percentiles are refreshed at most every
@@ -153,23 +178,27 @@ class SnapshotBuilder:
             first, ms, mode, start = drawn.window()
             history = History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
         clock_ref, offsets = self._offsets(run, now, order, fresh_run_stats)
-        due = self._due_for_refresh(run, order, now) if len(order) > LARGE_WORLD and not fresh_run_stats else None
-        ranks = tuple(
-            self._rank_view(
-                run,
-                run.ranks[r],
-                now,
-                shares[i] if shares is not None else math.nan,
-                fresh_run_stats,
-                due,
-                text_every_s,
+        kept_ranks = self._kept_ranks(run, order, now, fresh_run_stats, text_every_s)
+        if kept_ranks is not None:
+            ranks, totals = kept_ranks
+        else:
+            due = self._due_for_refresh(run, order, now) if len(order) > LARGE_WORLD and not fresh_run_stats else None
+            ranks = tuple(
+                self._rank_view(
+                    run,
+                    run.ranks[r],
+                    now,
+                    shares[i] if shares is not None else math.nan,
+                    fresh_run_stats,
+                    due,
+                    text_every_s,
+                )
+                for i, r in enumerate(order)
             )
-            for i, r in enumerate(order)
-        )
+            totals = _RankTotals.of(ranks)
+            self._ranks_kept = (list(order), now, self.wall(), ranks, totals)
         lead = run.lead_hello()
         config = dict(lead.config) if lead else {}
-        rates = [v.iter_rate for v in ranks if math.isfinite(v.iter_rate)]
-        step_rates = [v.step_rate for v in ranks if math.isfinite(v.step_rate)]
         in_force = run.in_force.state()
         hellos = [s.hello for s in run.ranks.values() if s.hello]
         return Snapshot(
@@ -191,11 +220,11 @@ class SnapshotBuilder:
             pending_settings=in_force.pending_settings,
             apply_at=in_force.apply_at,
             started_ns=min((h.started_ns for h in hellos), default=0),
-            iter_rate=median(rates) if rates else math.nan,
-            step_rate=median(step_rates) if step_rates else math.nan,
-            drops=sum(v.drops for v in ranks),
-            lost=sum(v.lost for v in ranks),
-            lost_batches=sum(v.lost_batches for v in ranks),
+            iter_rate=totals.iter_rate,
+            step_rate=totals.step_rate,
+            drops=totals.drops,
+            lost=totals.lost,
+            lost_batches=totals.lost_batches,
             rejected=dict(run.rejected, **({"rank": run.refused_ranks} if run.refused_ranks else {})),
             worker_rejected=sum(sum(h.rejected.values()) for h in hellos),
             messages=run.messages,
@@ -214,6 +243,22 @@ class SnapshotBuilder:
             steps=self._steps(run, ranks, now, fresh_run_stats),
             job=JobInfo.of(config),
         )
+
+    def _kept_ranks(
+        self, run: RunState, order: list[int], now: int, fresh: bool, text_every_s: float
+    ) -> tuple[tuple[RankView, ...], _RankTotals] | None:
+        """The last snapshot's rank views, while the heat map is shown in a large world and they
+        are younger than ``text_every_s`` on both clocks (as the text rule of each rank): the heat
+        map shows none of a rank's numbers, its cells come from the history matrix at every
+        snapshot, and a rank's state (live, stale, ...) may be a fifth of a second late. At 512
+        ranks the rank views were most of a snapshot (~4 of ~8 ms on the VM)."""
+        kept = self._ranks_kept
+        if kept is None or fresh or text_every_s <= 0 or run.whole_run_stats or len(order) <= LARGE_WORLD:
+            return None
+        kept_order, at_ns, at_wall, ranks, totals = kept
+        if 0 <= now - at_ns < text_every_s * 1e9 and self.wall() - at_wall < text_every_s and kept_order == order:
+            return ranks, totals
+        return None
 
     def _streams(self, run: RunState, now: int, fresh: bool) -> tuple[StreamView, ...]:
         """The stream table, refreshed at most every ``_run_stats_every_ns`` (a stream's
