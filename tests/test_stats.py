@@ -23,6 +23,20 @@ def test_ring_keeps_the_newest_rows_in_order_across_the_wrap() -> None:
     assert ring.view()["a"].tolist() == [107, 108, 109, 110, 111]
 
 
+def test_ring_holds_the_newest_rows_for_any_sequence_of_batch_sizes() -> None:
+    rng = np.random.default_rng(2)
+    for size in (1, 5, 64):
+        ring, every = Ring({"a": "<i8", "b": "<f4"}, size=size), np.zeros(0, dtype=np.int64)
+        for _ in range(200):
+            n = int(rng.choice([0, 1, size - 1, size, size + 1, int(rng.integers(0, 3 * size + 2))]))
+            a = np.arange(len(every), len(every) + max(n, 0), dtype=np.int64)
+            ring.append({"a": a, "b": a.astype(np.float32) / 2})
+            every = np.concatenate((every, a))
+            got = ring.view()
+            assert got["a"].tolist() == every[-size:].tolist() and (got["b"] == got["a"] / 2).all()
+            assert (len(ring), ring.total) == (min(size, len(every)), len(every))
+
+
 def test_ring_view_is_a_copy() -> None:
     ring = Ring({"a": "<i8"}, size=4)
     ring.append({"a": np.array([1, 2])})

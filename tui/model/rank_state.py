@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from tui.model.overlap_live import RankOverlap
-from tui.model.stats import RING_SIZE, Ring, RunAggregate
+from tui.model.stats import RING_SIZE, Ring, RunAggregate, uniform
 from tui.model.steps import RankSteps
 from workers.wire.protocol import COLL, COLL_COLUMNS, COPY, COPY_COLUMNS, Batch, Bye, Hello, pick_columns
 
@@ -124,10 +124,10 @@ class RankState:
         self.last_iteration = max(self.last_iteration, hi)
         self.received += n
         modes = cols["mode"]
-        m_lo, m_hi = int(modes.min()), int(modes.max())
-        if m_lo == m_hi:
-            self._agg(m_lo).add(cols["dur_us"], cols["busbw"])
-            return (m_lo,)
+        if uniform(modes):  # one mode (the usual batch): a bytes compare, not two reductions
+            m = int(modes[0])
+            self._agg(m).add(cols["dur_us"], cols["busbw"])
+            return (m,)
         seen = []
         for m in np.unique(modes):
             sel = modes == m

@@ -48,11 +48,16 @@ class Ring:
         n_keep = n - skip
         start = (self.head + skip) % self.size
         first = min(n_keep, self.size - start)
-        for name, dest in self.cols.items():
-            src = columns[name][skip:]
-            dest[start : start + first] = src[:first]
-            if first < n_keep:
-                dest[: n_keep - first] = src[first:]
+        if not skip and first == n:  # the usual batch: one slice per column, no views of it
+            end = start + n
+            for name, dest in self.cols.items():
+                dest[start:end] = columns[name]
+        else:
+            for name, dest in self.cols.items():
+                src = columns[name][skip:]
+                dest[start : start + first] = src[:first]
+                if first < n_keep:
+                    dest[: n_keep - first] = src[first:]
         self.head = (start + n_keep) % self.size
         self.filled = min(self.size, self.filled + n)
 
@@ -291,3 +296,11 @@ class AxisScale:
         elif wanted != self.top and now_s - self._changed_at >= self.min_interval_s:
             self.top, self._changed_at = wanted, now_s
         return self.top
+
+
+def uniform(a: np.ndarray) -> bool:
+    """Every value of ``a`` equals the first (a bytes comparison: cheaper than numpy calls
+    on the small arrays of a batch)."""
+    raw = a.tobytes()
+    width = a.itemsize
+    return raw == raw[:width] * (len(raw) // width)

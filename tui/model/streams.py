@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tui.model.stats import RunAggregate
+from tui.model.stats import RunAggregate, uniform
 from workers.wire.protocol import DTYPES, OP_NAMES, Hello
 
 #: Named streams kept; records of further streams go to the "other" bucket.
@@ -74,14 +74,6 @@ def pack_keys(op: np.ndarray, group: np.ndarray, dtype: np.ndarray, nbytes: np.n
     packed |= op.astype(np.uint64) << np.uint64(8)
     packed |= dtype.astype(np.uint64)
     return packed
-
-
-def _uniform(a: np.ndarray) -> bool:
-    """Every value of ``a`` equals the first (a bytes comparison: cheaper than numpy calls
-    on the small arrays of a batch)."""
-    raw = a.tobytes()
-    width = a.itemsize
-    return raw == raw[:width] * (len(raw) // width)
 
 
 def unpack_key(key: int) -> tuple[int, int, int, int]:
@@ -160,7 +152,7 @@ class StreamTable:
         if n == 0:
             return np.empty(0, dtype=np.uint8), -1
         dur, bw = cols["dur_us"], cols["busbw"]
-        if _uniform(op) and _uniform(group) and _uniform(dtype) and _uniform(nbytes):
+        if uniform(op) and uniform(group) and uniform(dtype) and uniform(nbytes):
             key = int(min(int(nbytes[0]), (1 << 40) - 1)) << 24 | min(int(group[0]), 255) << 16
             value = self._value(rank, hello, key | int(op[0]) << 8 | int(dtype[0]), dur, bw, None)
             out = np.full(n, value, dtype=np.uint8)
