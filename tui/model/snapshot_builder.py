@@ -47,8 +47,9 @@ EPOCHS_RANKS_PER_S = 128
 #: Above LARGE_WORLD ranks, a rank's numbers (last/p50/p99/busbw/rate; not its history, which
 #: feeds the sparklines and the heat map at every snapshot) are recomputed for at most
 #: 1/REFRESH_SHARE of the ranks per snapshot (at least REFRESH_MIN), the longest-waiting first:
-#: every rank's numbers are then at most REFRESH_SHARE snapshots old (~2 s at 15 Hz), and a
-#: snapshot's cost no longer grows with the rank count (recomputing all of them was most of it).
+#: every rank's numbers are then at most REFRESH_SHARE snapshots old (~2 s at 15 Hz; with the heat
+#: map shown the rank views are rebuilt at 5 Hz, so ~6 s), and a snapshot's cost no longer grows
+#: with the rank count (recomputing all of them was most of it).
 #: Nobody reads 64 rows of numbers at 15 Hz; 16 ranks or fewer are recomputed whenever they change.
 LARGE_WORLD = 16
 REFRESH_SHARE = 32
