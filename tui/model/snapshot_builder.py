@@ -257,7 +257,7 @@ class SnapshotBuilder:
         if kept is None or fresh or text_every_s <= 0 or run.whole_run_stats or len(order) <= LARGE_WORLD:
             return None
         kept_order, at_ns, at_wall, ranks, totals = kept
-        if 0 <= now - at_ns < text_every_s * 1e9 and self.wall() - at_wall < text_every_s and kept_order == order:
+        if self._younger(now, at_ns, at_wall, text_every_s * 1e9) and kept_order == order:
             return ranks, totals
         return None
 
@@ -337,7 +337,13 @@ class SnapshotBuilder:
         if (version if version >= 0 else run.version) == stamp[2]:
             return True
         every = _run_stats_every_ns(run)
-        return 0 <= now - stamp[0] < every and (self.wall() - stamp[1]) * 1e9 < every
+        return self._younger(now, stamp[0], stamp[1], every)
+
+    def _younger(self, now: int, at_ns: int, at_wall: float, every_ns: float) -> bool:
+        """Whether something made at ``at_ns`` (model clock) and ``at_wall`` (the builder's wall
+        clock) is younger than ``every_ns`` on both: the model's clock alone stands still in a
+        paused or ended replay."""
+        return 0 <= now - at_ns < every_ns and (self.wall() - at_wall) * 1e9 < every_ns
 
     def _rank_stamp(self, s: RankState, now: int) -> _Stamp:
         return (now, self.wall(), s.version)
@@ -413,7 +419,7 @@ class SnapshotBuilder:
                 # unchanged, or computed less than text_every_s ago on both clocks (the model's
                 # stands still in a paused or ended replay: the wall clock then lets the last
                 # records in); either way not behind on whole-run statistics
-                recent = 0 <= now - cached[1] < text_every_s * 1e9 and self.wall() - kept.view_wall < text_every_s
+                recent = self._younger(now, cached[1], kept.view_wall, text_every_s * 1e9)
                 reuse = (cached[0] == s.version or recent) and not self._behind(run, s, kept, now)
         if reuse and cached is not None:
             view = cached[2]
