@@ -86,3 +86,42 @@ def test_the_newest_record_of_an_iteration_wins() -> None:
     model.apply(frozen_coll(0, 1, range(5, 10), np.full(5, 4000.0), world=1))
     h = model.snapshot().history
     assert (h.ms[0, 5:10] == 4.0).all() and (h.ms[0, :5] == 1.0).all() and (h.ms[0, 10:] == 1.0).all()
+
+
+def test_queued_batches_scatter_as_the_batches_added_one_by_one() -> None:
+    """The model queues its batches and the matrix scatters them together when read: the same
+    cells, modes and start times as adding each batch in turn, also where a rank repeats
+    iterations (a restart), jumps past the width, lags behind it, or has no start time."""
+    rng = np.random.default_rng(11)
+    reads = 0
+    for _trial in range(200):
+        world, width = int(rng.integers(1, 7)), int(rng.integers(1, 40))
+        one_by_one, queued = HistoryMatrix(list(range(world)), width), HistoryMatrix(list(range(world)), width)
+        pos = {r: int(rng.integers(0, 30)) for r in range(world)}
+        for _step in range(int(rng.integers(1, 60))):
+            r = int(rng.integers(0, world))
+            n = int(rng.integers(1, 30))
+            if rng.random() < 0.1:
+                pos[r] = max(0, pos[r] - int(rng.integers(1, 40)))  # a restart repeats iterations
+            its = np.arange(pos[r], pos[r] + n, dtype=np.int64)
+            if rng.random() < 0.3:
+                its = its[rng.random(n) > 0.3] if n > 1 else its
+            pos[r] += n + (int(rng.integers(0, 3 * width)) if rng.random() < 0.1 else 0)
+            if not len(its):
+                continue
+            cols = {
+                "iteration": its,
+                "dur_us": (rng.random(len(its)) * 3000).astype(np.float32),
+                "mode": rng.integers(0, 4, len(its)).astype(np.uint8),
+                "start_ns": np.where(rng.random(len(its)) < 0.2, 0, rng.integers(1, 10**6, len(its))).astype(np.int64),
+            }
+            one_by_one.add(r, cols)
+            queued.queue(r, cols, int(its.min()), int(its.max()))
+            if rng.random() < 0.15:
+                for got, want in zip(queued.window(), one_by_one.window(), strict=True):
+                    np.testing.assert_array_equal(got, want)
+                reads += 1
+        for got, want in zip(queued.window(), one_by_one.window(), strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert reads > 100
+    assert not HistoryMatrix([0], 4).queue(3, {"iteration": np.arange(2)}, 0, 1)  # no row for rank 3

@@ -8,6 +8,11 @@ modulo the width) when it is applied, so a snapshot only copies one contiguous m
 The result is the same as building it from the rings: column j of a snapshot is iteration
 ``first + j`` for the newest ``width`` iterations any rank reached; NaN / NO_MODE where a rank
 has no record; ``start_ns`` per iteration from the lowest rank that has it.
+
+The model queues its batches (:meth:`HistoryMatrix.queue`) and the matrix scatters all of them
+at once when it is read (every snapshot) or when PENDING_BATCHES are waiting: numpy's cost per
+call, not per record, was most of the scatter (64 ranks send ~40 batches between two snapshots,
+512 ranks ~90), and the result is the one the batches added one by one give.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ import numpy as np
 NO_MODE = 255
 #: Larger than any row index: "no rank gave this column its start time yet".
 _NO_ROW = np.iinfo(np.int32).max
+#: Batches queued before they are scattered even if nobody reads the matrix (bounded memory).
+PENDING_BATCHES = 256
+
+_Queued = tuple[int, Mapping[str, np.ndarray], int, int]  # row, columns, lowest and highest iteration
 
 
 class HistoryMatrix:
@@ -37,6 +46,11 @@ class HistoryMatrix:
         self.start_ns = np.zeros(width, dtype=np.int64)
         self.start_row = np.full(width, _NO_ROW, dtype=np.int32)
         self.last = -1  # newest iteration any rank reached (-1: none yet)
+        self._queued: list[_Queued] = []
+        #: The newest iteration queued per row since the last scatter: a batch at or below it
+        #: repeats iterations (a restarted rank), and the queue is then added batch by batch.
+        self._queued_top: dict[int, int] = {}
+        self._in_order = True
 
     def _advance(self, last: int) -> None:
         """Make iteration ``last`` the newest: clear the columns of the iterations it reuses."""
@@ -74,9 +88,73 @@ class HistoryMatrix:
             self.start_row[take] = row
         return True
 
+    def queue(self, rank: int, columns: Mapping[str, np.ndarray], lo: int, hi: int) -> bool:
+        """Add one collective batch of ``rank`` (iterations ``lo``..``hi``) at the next read;
+        False if the rank has no row here. The batch's arrays are kept, not copied: the caller
+        must not write them afterwards (decoded batches are never written)."""
+        row = self.row_of.get(rank)
+        if row is None:
+            return False
+        if len(columns["iteration"]) == 0:
+            return True
+        top = self._queued_top.get(row)
+        if top is not None and lo <= top:
+            self._in_order = False
+        self._queued_top[row] = hi if top is None else max(top, hi)
+        self._queued.append((row, columns, lo, hi))
+        if len(self._queued) >= PENDING_BATCHES:
+            self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Scatter the queued batches: one set of numpy calls for all of them, or one batch at
+        a time where a row's batches repeat iterations (the newest record must win)."""
+        queued, in_order = self._queued, self._in_order
+        if not queued:
+            return
+        self._queued, self._queued_top, self._in_order = [], {}, True
+        if len(queued) == 1 or not in_order:
+            for row, columns, _, _ in queued:
+                self.add(self.ranks[row], columns)
+            return
+        self._advance(max(hi for _, _, _, hi in queued))
+        floor = self.last - self.width  # iterations at or below are outside the window
+        parts = [q for q in queued if q[3] > floor]
+        if not parts:
+            return
+        it = np.concatenate([c["iteration"] for _, c, _, _ in parts])
+        dur = np.concatenate([c["dur_us"] for _, c, _, _ in parts])
+        mode = np.concatenate([c["mode"] for _, c, _, _ in parts])
+        start = np.concatenate([c["start_ns"] for _, c, _, _ in parts])
+        rows = np.repeat(
+            np.array([row for row, _, _, _ in parts], dtype=np.intp), [len(c["iteration"]) for _, c, _, _ in parts]
+        )
+        if any(lo <= floor for _, _, lo, _ in parts):
+            keep = it > floor
+            it, dur, mode, start, rows = it[keep], dur[keep], mode[keep], start[keep], rows[keep]
+        slots = (it % self.width).astype(np.intp)
+        self.ms[rows, slots] = dur / np.float32(1e3)
+        self.mode[rows, slots] = mode
+        self._take_starts(rows, slots, start)
+
+    def _take_starts(self, rows: np.ndarray, slots: np.ndarray, start: np.ndarray) -> None:
+        """Each column's start time from the lowest row that has one (rows of one batch each
+        own their slots: the queue was in order), as ``add`` keeps it batch by batch."""
+        given = start != 0
+        if not given.all():
+            rows, slots, start = rows[given], slots[given], start[given]
+        if not len(rows):
+            return
+        lowest = self.start_row.copy()
+        np.minimum.at(lowest, slots, rows.astype(np.int32))
+        win = lowest[slots] == rows
+        self.start_ns[slots[win]] = start[win]
+        self.start_row[slots[win]] = rows[win]
+
     def window(self) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
         """(first iteration, ms, mode, start_ns) of the newest ``width`` iterations, oldest
-        first, as copies the caller may keep."""
+        first, as copies the caller may keep (the queued batches scattered first)."""
+        self.flush()
         if self.last < 0:
             n = len(self.ranks)
             return 0, np.full((n, 0), np.nan, np.float32), np.zeros((n, 0), np.uint8), np.zeros(0, np.int64)

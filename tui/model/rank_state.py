@@ -51,6 +51,8 @@ class RankState:
         #: Records per stream ring value so far (tui.model.streams): the per-stream history's columns.
         self.stream_counts = np.zeros(256, dtype=np.int64)
         self.first_start_ns = 0  # start of its first collective record
+        #: The lowest and highest iteration of its newest collective batch.
+        self.batch_iterations = (-1, -1)
         self.last_end_ns = 0  # latest end of its collective records
 
     @property
@@ -120,6 +122,7 @@ class RankState:
         self.last_end_ns = max(self.last_end_ns, int(start[-1]) + round(float(dur[-1]) * 1e3))
         it = cols["iteration"]
         lo, hi = int(it.min()), int(it.max())
+        self.batch_iterations = (lo, hi)
         self.first_iteration = lo if self.first_iteration < 0 else min(self.first_iteration, lo)
         self.last_iteration = max(self.last_iteration, hi)
         self.received += n

@@ -166,7 +166,7 @@ class RunModel:
         self.modes_seen.update(state.add_batch(batch, now, streams, single))
         self.records += len(batch)
         if coll and self._history is not None:
-            if not self._history.add(batch.rank, batch.columns):
+            if not self._history.queue(batch.rank, batch.columns, *state.batch_iterations):
                 self._history = None  # a rank it has no row for: rebuilt from the rings
         if coll and self._stream_history is not None and streams is not None:
             mine = streams == self.selected_stream
