@@ -397,15 +397,56 @@ def run_for(loop: IngestLoop, seconds: float) -> None:
 
 
 def test_messages_gather_until_the_snapshot_is_due_not_one_wake_up_each() -> None:
-    """Once something changed the thread sleeps until the next snapshot is due and then takes
-    what queued: a few polls per snapshot, every record still applied, snapshots on time."""
+    """While messages stream in, the thread sleeps until the next snapshot is due and then takes
+    what queued: one poll per snapshot (waking for the first message after each snapshot made
+    two), every record still applied, snapshots on time."""
     src = TrickleSource()
     snaps: list[Any] = []
     loop = IngestLoop(src, RunModel(), on_snapshot=snaps.append, interval_s=0.1)
     run_for(loop, 1.0)
     assert 6 <= len(snaps) <= 12  # ~10 at 0.1 s
-    assert src.polls <= 4 * len(snaps) + 4  # busy polling would make thousands
+    assert src.polls <= 1.5 * len(snaps) + 2  # busy polling would make thousands; two a snapshot, 20
     assert loop.model.records == src.it  # nothing skipped
+
+
+def test_after_a_quiet_interval_the_thread_waits_for_the_first_message_again() -> None:
+    """The stream stops for longer than a snapshot interval: the thread goes back to one long
+    poll that returns with the first message (not a poll at every due time), and that message
+    is snapshotted."""
+
+    class PausingSource(TrickleSource):  # test-only: three batches, a pause, then one more
+        resume = threading.Event()
+
+        def poll(self, timeout_s: float) -> list[object]:
+            if self.it < 3:
+                return super().poll(timeout_s)
+            self.polls += 1
+            if self.resume.wait(timeout_s):
+                self.resume.clear()
+                self.polls -= 1  # counted by super() again
+                return super().poll(timeout_s)
+            return []
+
+    src = PausingSource()
+    snaps: list[Any] = []
+    loop = IngestLoop(src, RunModel(), on_snapshot=snaps.append, interval_s=0.1, poll_s=5.0)
+    loop.start()
+    try:
+        deadline = time.monotonic() + 10
+        while (not snaps or snaps[-1].records < 3) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        polls = src.polls
+        time.sleep(1.0)  # quiet for ten intervals
+        quiet_polls = src.polls - polls
+        PausingSource.resume.set()
+        while snaps[-1].records < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        loop.stop()
+        PausingSource.resume.set()
+        loop.join(6)
+    assert snaps[-1].records == 4
+    assert quiet_polls <= 2  # one due-time poll finds nothing, then one long poll (10 if it kept waking)
 
 
 def test_a_backlog_is_drained_without_waiting_for_the_snapshot() -> None:
