@@ -379,3 +379,34 @@ async def test_an_unchanged_links_panel_is_not_repainted_but_a_changed_one_is() 
         app.show_snapshot(frozen_snapshot(world=8, gpus=1))  # a GPU's telemetry arrives
         await pilot.pause()
         assert repaints and panel.line_text(0) != ""
+
+
+@run_async
+async def test_a_snapshot_is_painted_in_the_wake_up_that_shows_it() -> None:
+    """The UI thread paints a snapshot's changes while handling it, not on Textual's update timer
+    a second wake-up later: the screen's update ran once in the handler and left nothing dirty
+    (so the idle check that follows starts no timer)."""
+    from textual.screen import Screen
+
+    from tui.view.messages import SnapshotReady
+
+    app = CommtopApp(links=False)
+    async with app.run_test(size=SIZE) as pilot:
+        app.show_snapshot(frozen_snapshot(world=2, iterations=200))
+        await pilot.pause()
+        painted: list[int] = []
+        update = Screen._on_timer_update
+
+        def counted(screen: Screen) -> None:
+            painted.append(1)
+            update(screen)
+
+        Screen._on_timer_update = counted  # type: ignore[method-assign]
+        try:
+            app.on_snapshot_ready(SnapshotReady(frozen_snapshot(world=4, iterations=300)))
+            screen = app.screen
+            assert painted == [1]  # painted once, here
+            assert not screen._dirty_widgets and not screen._repaint_required and not screen._layout_required
+            assert len([row for row in grid_text(app) if row.startswith("●")]) == 4
+        finally:
+            Screen._on_timer_update = update  # type: ignore[method-assign]
