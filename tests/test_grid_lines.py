@@ -121,3 +121,55 @@ def test_every_heat_cell_matches_the_per_cell_reference(world: int, max_lines: i
                 down_color = colors(down)[min(int(heat[down, j]) + 1, len(_HEAT_COLORS) - 1)]
                 want = ("▀", restyle(style(up_color or "#000000", down_color)))
             assert got[j] == want, (line, j)
+
+
+def test_rows_view_number_columns_kept_by_what_they_show_draw_what_a_fresh_view_draws() -> None:
+    """The rows view keeps each line's number columns by the values they show (they change at
+    5 Hz, frames come at 15): a line of unchanged values is the kept one, and every line drawn
+    with a warm cache equals the line drawn from scratch, through changes of every kind (state,
+    exit, straggler, window and whole-run numbers, counts, classes, width)."""
+    from tui.view.widgets.rank_rows import RowsView
+
+    base = frozen_snapshot(world=8, iterations=200)
+    ranks = ranks_in_every_state()
+    snap = replace(base, ranks=tuple(ranks))
+    warm = Restyle(Style(bgcolor="#101010"))
+
+    def lines(s, restyle: Restyle, width: int = 150) -> list[list]:
+        view = RowsView(s, bucket(s.history, 60, 1), 15.0, width, row_h=4, restyle=restyle)
+        return [view.line(i) for i in range(view.n_lines)]
+
+    copies = replace(snap, ranks=tuple(replace(r) for r in ranks))  # new views, the same values
+    assert lines(snap, warm) == lines(copies, warm)
+    views = [RowsView(s, bucket(s.history, 60, 1), 15.0, 150, row_h=4, restyle=warm) for s in (snap, copies)]
+    for line in range(4):
+        kept = views[0]._fixed_columns(snap.ranks[0], line)
+        assert views[1]._fixed_columns(copies.ranks[0], line) is kept  # kept, not drawn again
+    live = ranks[6]
+    one_field_each = {
+        "state": "stale",
+        "host": "other-host",
+        "gpu": "3",
+        "last_ms": 8.25,
+        "p99_ms": 31.5,
+        "busbw_gbps": 77.0,
+        "copy_gbps": 5.5,
+        "run": replace(live.run, p99_ms=42.0),
+        "copy_run": replace(live.copy_run, busbw_gbps=3.25),
+        "iter_rate": 99.0,
+        "count": 12345,
+        "missing": 17,
+        "drops": 7,
+        "run_by_class": {"no copies": live.run_by_class["no copies"]},  # short: the overlapped share fits
+        "overlapped": 0.25,
+    }
+    changes: list[dict[int, dict]] = [{0: {"p50_ms": 9.5}}, {2: {"exit_code": 0}}]
+    changes += [{6: {name: value}} for name, value in one_field_each.items()]
+    changes += [{6: {"run_by_class": {}}}]
+    for change in changes:
+        for i, fields in change.items():
+            ranks[i] = replace(ranks[i], **fields)
+        for s in (replace(snap, ranks=tuple(ranks)), replace(snap, ranks=tuple(ranks), straggler=ranks[3].rank)):
+            for width in (150, 90):
+                assert lines(s, warm, width) == lines(s, Restyle(Style(bgcolor="#101010")), width)
+    assert "9.50" in "".join(seg.text for seg in lines(replace(snap, ranks=tuple(ranks)), warm)[0])

@@ -98,6 +98,9 @@ class Restyle:
         self.heat_segments: dict[tuple[bool, bool, bool], dict[int, Segment]] = {}
         #: Bar styles by style key, per colour variant (0 = live, 1 = dimmed, 2 = failed), combined.
         self.spark_styles: tuple[dict[int, Style | None], ...] = ({}, {}, {})
+        #: The rows view's number columns, fitted and combined, by the values they show: a rank's
+        #: numbers change at 5 Hz (tui.model.snapshot_builder.TEXT_EVERY_S), its bars at 15.
+        self.number_lines: dict[tuple[object, ...], list[Segment]] = {}
 
     def __call__(self, st: Style | None) -> Style | None:
         base = self.base

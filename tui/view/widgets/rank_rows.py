@@ -107,31 +107,63 @@ class RowsView:
         for i, bands in enumerate(block, start=first):
             self._bands.setdefault(i, bands)
 
+    def _segments(self, r: RankView, line: int) -> list[Segment]:
+        """The number columns of line ``line`` of rank ``r``'s row, as drawn."""
+        if line == 0:
+            return _numbers(self.snap, r, self.narrow)
+        if line == 1:
+            return _run_numbers(r, self.narrow)
+        if line == 2:
+            return _counts(r, self.narrow)
+        if line == 3:  # p50 per overlap class (tui.view.widgets.class_row)
+            return class_numbers(r, fixed_width(self.width))
+        return [Segment(" " * fixed_width(self.width))]
+
+    def _fixed_columns(self, r: RankView, line: int) -> list[Segment]:
+        """:meth:`_segments` fitted to the fixed columns with the line style, kept by the values
+        the line shows: they change at 5 Hz, the frames come at 15, and building a line's
+        Segments was most of a rows-view frame."""
+        fixed = fixed_width(self.width)
+        key = (line, fixed, self.narrow, *_shown(self.snap, r, line))
+        cache = self.restyle.number_lines
+        numbers = cache.get(key)
+        if numbers is None:
+            if len(cache) > 4096:  # a few lines per rank; only a bound
+                cache.clear()
+            numbers = cache[key] = self.restyle.line(fit(self._segments(r, line), fixed))
+        return numbers
+
     def line(self, index: int) -> list[Segment]:
         i, line = divmod(index, self.row_h)
         r = self.snap.ranks[i]
-        if line == 0:
-            segs = _numbers(self.snap, r, self.narrow)
-        elif line == 1:
-            segs = _run_numbers(r, self.narrow)
-        elif line == 2:
-            segs = _counts(r, self.narrow)
-        elif line == 3:  # p50 per overlap class (tui.view.widgets.class_row)
-            segs = class_numbers(r, fixed_width(self.width))
-        else:
-            segs = [Segment(" " * fixed_width(self.width))]
         if not (self.cells.ms.ndim == 2 and self.cells.ms.shape[1]):
-            return self.restyle.line(fit(segs, self.width))
+            return self.restyle.line(fit(self._segments(r, line), self.width))
         bands = self._bands.get(i)
         if bands is None:  # the bar lines of a block of ranks at once (numpy per block, not per line)
             self._spark_block(i)
             bands = self._bands[i]
         spark = bands[self.row_h - 1 - line]  # band 0 = the rank's bottom line (styles combined)
         fixed = fixed_width(self.width)
-        numbers = self.restyle.line(fit(segs, fixed))
+        numbers = self._fixed_columns(r, line)
         if _SPARK_NARROW and not (line == 0 and r.state != "live"):  # no note: every cell is one column
             return fit_known(numbers + spark, fixed + len(self.levels[i]), self.width, self.restyle(None))
         return fit(numbers + spark, self.width, self.restyle(None))
+
+
+def _shown(snap: Snapshot, r: RankView, line: int) -> tuple[object, ...]:
+    """Everything line ``line``'s number columns of rank ``r`` depend on (besides the width):
+    equal tuples draw equal Segments. The values are the view's own objects, so a NaN of a
+    view kept between snapshots is the same object and matches."""
+    if line == 0:
+        return (r.state, r.exit_code, r.rank, snap.straggler == r.rank, r.host, r.gpu, r.last_ms, r.p50_ms,
+                r.p99_ms, r.busbw_gbps, r.copy_gbps)  # fmt: skip
+    if line == 1:
+        return (r.run, r.copy_run)
+    if line == 2:
+        return (r.iter_rate, r.count, r.missing, r.drops)
+    if line == 3:
+        return (tuple(r.run_by_class.items()), r.overlapped)
+    return ()
 
 
 def _numbers(snap: Snapshot, r: RankView, narrow: bool = False) -> list[Segment]:
