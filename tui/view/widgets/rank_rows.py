@@ -108,7 +108,9 @@ class RowsView:
             self._bands.setdefault(i, bands)
 
     def _segments(self, r: RankView, line: int) -> list[Segment]:
-        """The number columns of line ``line`` of rank ``r``'s row, as drawn."""
+        """The number columns of line ``line`` of rank ``r``'s row, as drawn. :func:`_shown` lists
+        every value they read (the key they are kept by): a value added to a line goes there too
+        (tests/test_grid_lines.py changes each one and compares with lines drawn from scratch)."""
         if line == 0:
             return _numbers(self.snap, r, self.narrow)
         if line == 1:
