@@ -247,10 +247,9 @@ class CommtopApp(App[None]):
         wake-up. e2e_latency on the VM, 2 alternating pairs: record to screen p50 71-72 -> 68-69
         ms, p99 131 -> 126-128 ms; the UI thread's CPU did not measurably change (render_scale).
         Textual is pinned (pyproject): this calls the screen's own update, which clears what it
-        painted, so the idle check that follows finds nothing left and starts no timer."""
-        screen = self.screen
-        if screen.is_current and not self._batch_count:
-            screen._on_timer_update()
+        painted, so the idle check that follows finds nothing left and starts no timer (it paints
+        only the current screen, outside a batch update, as on its timer)."""
+        self.screen._on_timer_update()
 
     def on_ingest_error(self, message: IngestError) -> None:
         self._errors = (self._errors + [message.text])[-10:]
