@@ -11,7 +11,7 @@ import pytest
 from frozen_run import frozen_snapshot
 from rich.style import Style
 
-from tui.view.widgets.grid_cells import HEAT_LABEL_W, bucket, visible_top
+from tui.view.widgets.grid_cells import FIXED_W, HEAT_LABEL_W, bucket, visible_top
 from tui.view.widgets.grid_lines import Restyle, failed
 from tui.view.widgets.heat_map import _HEAT_COLORS, _HEAT_COLORS_DIM, HeatView, _heat_index
 from tui.view.widgets.palette import SPARK_CHARS, style
@@ -143,8 +143,8 @@ def test_rows_view_number_columns_kept_by_what_they_show_draw_what_a_fresh_view_
     assert lines(snap, warm) == lines(copies, warm)
     views = [RowsView(s, bucket(s.history, 60, 1), 15.0, 150, row_h=4, restyle=warm) for s in (snap, copies)]
     for line in range(4):
-        kept = views[0]._fixed_columns(snap.ranks[0], line)
-        assert views[1]._fixed_columns(copies.ranks[0], line) is kept  # kept, not drawn again
+        kept = views[0]._fixed_columns(snap.ranks[0], line, FIXED_W)
+        assert views[1]._fixed_columns(copies.ranks[0], line, FIXED_W) is kept  # kept, not drawn again
     live = ranks[6]
     one_field_each = {
         "state": "stale",

@@ -121,11 +121,10 @@ class RowsView:
             return class_numbers(r, fixed_width(self.width))
         return [Segment(" " * fixed_width(self.width))]
 
-    def _fixed_columns(self, r: RankView, line: int) -> list[Segment]:
+    def _fixed_columns(self, r: RankView, line: int, fixed: int) -> list[Segment]:
         """:meth:`_segments` fitted to the fixed columns with the line style, kept by the values
         the line shows: they change at 5 Hz, the frames come at 15, and building a line's
         Segments was most of a rows-view frame."""
-        fixed = fixed_width(self.width)
         key = (line, fixed, self.narrow, *_shown(self.snap, r, line))
         cache = self.restyle.number_lines
         numbers = cache.get(key)
@@ -146,7 +145,7 @@ class RowsView:
             bands = self._bands[i]
         spark = bands[self.row_h - 1 - line]  # band 0 = the rank's bottom line (styles combined)
         fixed = fixed_width(self.width)
-        numbers = self._fixed_columns(r, line)
+        numbers = self._fixed_columns(r, line, fixed)
         if _SPARK_NARROW and not (line == 0 and r.state != "live"):  # no note: every cell is one column
             return fit_known(numbers + spark, fixed + len(self.levels[i]), self.width, self.restyle(None))
         return fit(numbers + spark, self.width, self.restyle(None))
