@@ -7,7 +7,16 @@ import math
 import numpy as np
 import pytest
 
-from tui.model.stats import AxisScale, LogHistogram, Ring, RunAggregate, nice_ceiling, weighted_rate
+from tui.model.stats import (
+    AxisScale,
+    LogHistogram,
+    Ring,
+    RunAggregate,
+    RunStats,
+    nice_ceiling,
+    pooled_stats,
+    weighted_rate,
+)
 from workers.wire.stats import median, percentile, percentiles, percentiles_and_max
 
 
@@ -96,6 +105,51 @@ def test_run_aggregate_percentiles_equal_the_reports_while_exact_and_never_excee
     agg.add(np.array([1.0]))  # one past the cap: histogram, clamped to the exact min and max
     st = agg.stats()
     assert not st.exact and st.min_ms <= st.p50_ms <= st.p99_ms <= st.max_ms
+
+
+def test_run_aggregate_read_between_adds_and_merges_equals_every_value_sorted_again() -> None:
+    """Whole-run numbers are read between adds (the kept sorted run merged with what came
+    since); each read must equal numpy's percentiles of all values so far, NaN and merges included."""
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        agg, other, seen = RunAggregate(), RunAggregate(), []
+        read = float(rng.uniform(0.02, 0.5))  # some trials read rarely: many parts between reads
+        for _ in range(int(rng.integers(1, 150))):
+            n = int(rng.integers(1, 200))
+            part = rng.lognormal(5.0, 1.0, n).astype(np.float32)
+            if rng.random() < 0.1:
+                part[int(rng.integers(0, n))] = np.nan
+            if rng.random() < 0.2:  # into another aggregate, merged in
+                other.add(part)
+                if rng.random() < 0.5:
+                    other.stats()
+                agg.merge(other)
+                other = RunAggregate()
+            else:
+                agg.add(part)
+            seen.append(part)
+            if rng.random() < read and agg.count <= RunAggregate.EXACT_CAP:
+                st = agg.stats()
+                every = np.concatenate(seen).astype(np.float64)
+                want = np.percentile(every, [50, 99]) / 1e3
+                assert st.exact and st.count == len(every), trial
+                assert np.array_equal([st.p50_ms, st.p99_ms], want, equal_nan=True), (trial, st, want)
+
+
+def test_pooled_stats_of_one_aggregate_with_records_are_its_own_and_of_several_their_merge() -> None:
+    rng = np.random.default_rng(3)
+    one, empty = RunAggregate(), RunAggregate()
+    one.add(rng.lognormal(5.0, 1.0, 500).astype(np.float32), rng.random(500))
+    merged = RunAggregate()
+    merged.merge(one)
+    assert pooled_stats([empty, one, RunAggregate()]) == merged.stats() == one.stats()
+    two = RunAggregate()
+    two.add(rng.lognormal(6.0, 1.0, 300).astype(np.float32))
+    both = RunAggregate()
+    both.merge(one)
+    both.merge(two)
+    assert pooled_stats([one, two]) == both.stats() and both.stats().count == 800
+    assert pooled_stats([]) == RunStats()
 
 
 def test_weighted_rate_is_the_rate_at_the_average_duration() -> None:

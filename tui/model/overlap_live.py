@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from tui.model.stats import RunAggregate, RunStats
+from tui.model.stats import RunAggregate, RunStats, pooled_stats
 from workers.wire.overlap import CLASSES, DURING, classify, end_ns
 
 #: Collectives waiting for their copies, at most (per rank): past this the oldest settle.
@@ -178,11 +178,7 @@ class RankOverlap:
         self.settle()
         out = {}
         for c, name in enumerate(CLASSES):
-            total = RunAggregate()
-            total.merge(self.retired[c])
-            for aggs in self.by_epoch.values():
-                total.merge(aggs[c])
-            st = total.stats()
+            st = pooled_stats([self.retired[c], *(aggs[c] for aggs in self.by_epoch.values())])
             if st.count:
                 out[name] = st
         return out

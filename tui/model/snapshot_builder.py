@@ -25,7 +25,7 @@ from tui.model.job import JobInfo
 from tui.model.rank_state import RankState
 from tui.model.skew import SETTLE_ITERS, clock_offsets, straggler, straggler_shares, worst_skews
 from tui.model.snapshot import History, RankView, SkewEvent, Snapshot
-from tui.model.stats import RunAggregate, RunStats, weighted_rate
+from tui.model.stats import RunStats, pooled_stats, weighted_rate
 from tui.model.steps import StepView, step_view
 from tui.model.streams import StreamTable, StreamView
 from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
@@ -433,11 +433,8 @@ class SnapshotBuilder:
         cached = kept.run
         if cached is not None and not fresh and self._run_stats_current(run, s, cached[0], now):
             return cached[1]
-        total = RunAggregate()
-        for agg in s.run_by_mode.values():
-            total.merge(agg)
         by_mode = {MODES[m] if m < len(MODES) else str(m): a.stats() for m, a in sorted(s.run_by_mode.items())}
-        result = (total.stats(), by_mode, s.copy_run.stats())
+        result = (pooled_stats(s.run_by_mode.values()), by_mode, s.copy_run.stats())
         kept.run = (self._rank_stamp(s, now), result)
         return result
 
