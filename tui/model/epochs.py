@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tui.model.overlap_live import RankOverlap
-from tui.model.stats import RunAggregate
+from tui.model.stats import RunAggregate, pooled_stats
 from workers.wire.overlap import CLASSES
 from workers.wire.protocol import MODES
 from workers.wire.settings import Settings
@@ -130,10 +130,7 @@ def compare_epochs(
         base, other = new, old  # copies are what is judged: compare against the epoch without
 
     def p50(aggs: list[RunAggregate]) -> float:
-        total = RunAggregate()
-        for a in aggs:
-            total.merge(a)
-        return total.stats().p50_ms
+        return pooled_stats(aggs).p50_ms
 
     classes = {name: agg.stats().p50_ms for name, agg in zip(CLASSES, merged[other], strict=True) if agg.count}
     nbytes = dur = 0.0
