@@ -452,6 +452,68 @@ def test_a_job_without_steps_still_sends_records_and_hellos(run, source) -> None
     assert [m for m in messages if isinstance(m, protocol.Hello) and m.t_ns < stopped_ns]  # from the heartbeat
 
 
+def test_a_slow_job_without_steps_sends_each_record_within_a_batch_interval(run, source) -> None:
+    """A few collectives a second and no optimizer steps: the records reach the collector
+    while the job runs (they waited for 64 collectives before), not only at its exit."""
+    monitor.start(run.path, wait_s=2.0, sampler=False, batch_ms=50.0)
+    monitor.patch_distributed()
+    t = torch.ones(N)
+    seen: list[Any] = []
+    for _ in range(5):
+        dist.all_reduce(t)
+        time.sleep(0.08)
+    dist.all_reduce(t)  # past the batch interval: the harvest that sends the five before it
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and len(columns(seen, protocol.COLL).get("iteration", ())) < 5:
+        seen += source.poll(0.05)
+    assert len(columns(seen, protocol.COLL)["iteration"]) >= 5  # while the job still runs
+    monitor.stop()
+
+
+def test_a_refused_call_is_no_record_and_leaves_no_gap(run, source) -> None:
+    """torch refuses a call before issuing it (a root outside the group, a dtype gloo lacks):
+    the job sees torch's error, commtop counts nothing, and the next collective takes the
+    iteration, so nothing is shown as missing."""
+    monitor.start(run.path, wait_s=2.0, sampler=False)
+    monitor.patch_distributed()
+    t = torch.ones(N)
+    dist.all_reduce(t)
+    for bad in (lambda: dist.broadcast(t, src=7), lambda: dist.all_reduce(torch.ones(4, dtype=torch.uint16))):
+        with pytest.raises((RuntimeError, ValueError)):
+            bad()
+    dist.all_reduce(t)
+    monitor.stop()
+    coll = columns(drain(source), protocol.COLL)
+    assert coll["iteration"].tolist() == [0, 1]
+    assert coll["op"].tolist() == [protocol.OP_NAMES.index("all_reduce")] * 2
+
+
+def test_a_group_this_rank_is_not_in_is_no_record(run, source) -> None:
+    """torch returns at once for a group the rank is not in (GroupMember.NON_GROUP_MEMBER)
+    and issues nothing: commtop must not count it as a collective of a group of its own."""
+    mon = monitor.start(run.path, wait_s=2.0, sampler=False)
+    monitor.patch_distributed()
+    t = torch.ones(N)
+    not_mine = dist.GroupMember.NON_GROUP_MEMBER  # what new_group gives a rank outside it
+    for _ in range(3):
+        assert dist.all_reduce(t, group=not_mine) is None
+    dist.all_reduce(t)
+    assert mon.timers.iteration == 1
+    monitor.stop()
+    coll = columns(drain(source), protocol.COLL)
+    assert coll["iteration"].tolist() == [0]
+
+
+def test_monitored_barrier_is_timed_as_a_barrier(run, source) -> None:
+    monitor.start(run.path, wait_s=2.0, sampler=False)
+    assert "monitored_barrier" in monitor.patch_distributed()
+    for _ in range(3):
+        dist.monitored_barrier()
+    monitor.stop()
+    coll = columns(drain(source), protocol.COLL)
+    assert coll["op"].tolist() == [protocol.OP_NAMES.index("barrier")] * 3
+
+
 # --------------------------------------------------------------------------- CUDA branch, without a GPU
 
 

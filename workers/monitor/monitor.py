@@ -189,12 +189,22 @@ class Monitor:
             return None
 
     def coll_end(self, token: Any, result: Any) -> None:
-        """After the call returned (:meth:`Timers.coll_end`); harvests every HARVEST_EVERY."""
+        """After the call returned (:meth:`Timers.coll_end`); harvests every HARVEST_EVERY, or when a
+        batch interval has passed since the last harvest."""
         if token is None:
             return
         try:
             if self.timers.coll_end(token, result):
                 self.harvest()
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+
+    def coll_failed(self, token: Any) -> None:
+        """The call raised: no record, and its iteration is given back (not a gap)."""
+        if token is None:
+            return
+        try:
+            self.timers.coll_failed(token)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 

@@ -40,6 +40,8 @@ class Hooks(Protocol):
 
     def coll_end(self, token: Any, result: Any) -> None: ...
 
+    def coll_failed(self, token: Any) -> None: ...
+
 
 def _arg(args: Args, kwargs: Kwargs, i: int, name: str) -> Any:
     return args[i] if len(args) > i else kwargs.get(name)
@@ -90,6 +92,7 @@ FUNCTIONS: dict[str, tuple[str, Callable[[Args, Kwargs], tuple[Any, int]]]] = {
     "all_to_all": ("all_to_all", _all_to_all_list),
     "reduce": ("reduce", _one(0, "tensor")),
     "barrier": ("barrier", _no_tensor),
+    "monitored_barrier": ("barrier", _no_tensor),  # gloo's barrier that names a late rank
     "gather": ("gather", _one(0, "tensor")),
     "scatter": ("scatter", _one(0, "tensor")),
     # Blocking point-to-point only: gloo's isend/irecv Works have no future and finish only
@@ -151,6 +154,9 @@ def _wrap(original: Callable[..., Any], spec: OpSpec, compiling: Callable[[], bo
         hooks.busy = True
         try:
             result = original(*args, **kwargs)  # the job's own errors propagate untouched
+        except BaseException:
+            hooks.coll_failed(token)  # torch refused it (a bad root, a dtype gloo lacks): nothing was issued
+            raise
         finally:
             hooks.busy = False
         hooks.coll_end(token, result)

@@ -36,7 +36,8 @@ HOST_NS = 9
 
 COLL_RING = 4096
 COPY_RING = 1024
-#: Collectives between harvests when a step runs many (keeps the CUDA event rings from filling).
+#: Collectives between harvests when a step runs many (keeps the CUDA event rings from filling);
+#: a collective also harvests once a batch interval has passed since the last harvest.
 HARVEST_EVERY = 64
 
 
@@ -87,6 +88,9 @@ class Timers:
         self.iteration = 0  # collectives begun on this rank (the records' iteration)
         self.lock = threading.RLock()  # harvest vs rows from a capture thread (add)
         self._since_harvest = 0
+        #: perf_counter_ns after which the next collective harvests: a job without steps that
+        #: issues few collectives still sends its records within about a batch interval
+        self._harvest_at = time.perf_counter_ns() + batcher.batch_ns
         self._dtypes: dict[Any, int] = {}  # torch dtype -> protocol code (a handful per job)
         self._waiter: queue.SimpleQueue[tuple[Any, Ender] | None] | None = None
         self._waiter_thread: threading.Thread | None = None
@@ -108,6 +112,8 @@ class Timers:
     def coll_begin(self, spec: OpSpec, args: Args, kwargs: Kwargs, step: int, epoch: int, mode: int) -> Any:
         """Before a collective: its metadata and the start of its timing (the token)."""
         tensor, nbytes, group, is_async = spec.parse(args, kwargs)
+        if type(group) is int:  # torch's GroupMember.NON_GROUP_MEMBER: not this rank's group, torch issues nothing
+            return None
         known = self.groups.by_pg.get(group)  # (code, size): one lookup once the group was seen
         code, ranks = known if known is not None else self.groups.of_pg(group)
         if spec.times_group:  # nccl-tests' S of gather and scatter: every rank's tensor
@@ -169,7 +175,15 @@ class Timers:
                     future.wait()  # this private stream waits for the NCCL stream's end event
                     timer.end(slot)  # ... so this end event marks the collective's completion
         self._since_harvest += 1
-        return self._since_harvest >= HARVEST_EVERY
+        return self._since_harvest >= HARVEST_EVERY or time.perf_counter_ns() >= self._harvest_at
+
+    def coll_failed(self, token: Any) -> None:
+        """The call of ``token`` raised before it was issued (torch refused its arguments): its
+        iteration goes back, so the next collective takes it and no gap counts as missing. A
+        CUDA start event stays unharvested; the next begin reuses its slot."""
+        self.iteration -= 1  # the job's thread: no other collective began since (hooks.busy)
+        if token[0] is not None and token[1] < 0:
+            token[0].untimed -= 1  # the ring was full: it counted one untimed
 
     # ------------------------------------------------------------------ records
 
@@ -177,6 +191,7 @@ class Timers:
         """Move finished records into the batcher; send a batch if one is due. Never waits
         (the lock is only contended by a capture thread's add, a list extend)."""
         self._since_harvest = 0
+        self._harvest_at = time.perf_counter_ns() + self.batcher.batch_ns
         with self.lock:
             b = self.batcher
             self.cpu_coll.harvest(b.coll_rows)
