@@ -206,7 +206,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
         if ns.headless:
             return session.run_headless(job)
         show(session, title=plan.title)
-        return session.job_outcome()
+        outcome = session.job_outcome()  # before the stop: a job stopped by q did not fail
+        session.stop_job_collecting(job)
+        return outcome
 
 
 def cmd_watch(ns: argparse.Namespace) -> int:

@@ -182,6 +182,12 @@ class JobProcess:
         self.output.join(timeout=2)
         return code
 
+    def terminate(self) -> None:
+        """SIGTERM the whole group and return at once: its ranks send their last records and end
+        (workers.capture.on_sigterm) while the caller still collects; :meth:`stop` ends what is left."""
+        if self.proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+
     def stop(self, grace_s: float = STOP_GRACE_S) -> int:
         """SIGTERM the whole group, then SIGKILL what is left after ``grace_s``."""
         if self.proc.poll() is None:

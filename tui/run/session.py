@@ -32,7 +32,7 @@ from tui.recordings.replay import ReplaySource
 from tui.run.control_server import ControlServer
 from tui.run.job_output import JobLine
 from tui.run.job_plan import JobPlan
-from tui.run.launcher import JobProcess
+from tui.run.launcher import STOP_GRACE_S, JobProcess
 from tui.run.log_store import JobLogPaths
 from workers.wire import connection as connections
 
@@ -229,24 +229,39 @@ class LiveSession:
         from tui.run.headless import format_summary
         from tui.run.headless_out import Progress
 
-        stop = threading.Event()
-        previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        asked, forced = threading.Event(), threading.Event()
+
+        def on_signal(*_: object) -> None:
+            """The first Ctrl-C or SIGTERM stops the job while its last records still come in;
+            a second one stops collecting at once."""
+            if asked.is_set():
+                forced.set()
+                return
+            asked.set()
+            job.terminate()
+
+        previous = signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
         finished = job_finished(job)
         progress = Progress(self.model, self.expected_ranks)
         terminal = self.terminal
+        asked_at: list[float] = []
 
         def until() -> bool:
             now = time.monotonic()
             if terminal is not None and terminal.progress_on and progress.due(now):
                 terminal.progress(progress.text(now))
+            if asked.is_set():
+                asked_at[:] = asked_at or [now]
+                if now - asked_at[0] > STOP_GRACE_S:
+                    return True
             return finished()
 
         try:
-            snapshot = self.collect(stop, until=until)
+            snapshot = self.collect(forced, until=until)
         finally:
             signal.signal(signal.SIGINT, previous)
-        interrupted = stop.is_set()
+        interrupted = asked.is_set()
         code = job.stop() if interrupted else job.wait()
         if terminal is not None:
             terminal.close()
@@ -254,6 +269,17 @@ class LiveSession:
         if code != 0 and not interrupted:
             self.failed_code = code
         return 130 if interrupted else code
+
+    def stop_job_collecting(self, job: JobProcess) -> None:
+        """After the TUI (``q``) with the job still running: SIGTERM it and keep collecting into
+        the recording until it has ended (at most STOP_GRACE_S and the drain), so the records its
+        ranks send as they stop are kept; :meth:`supervised` ends what is left."""
+        if job.exit_code() is not None:
+            return
+        print("commtop: stopping the job (its ranks send their last records)...", file=sys.stderr, flush=True)
+        job.terminate()
+        finished, deadline = job_finished(job), time.monotonic() + STOP_GRACE_S
+        self.collect(threading.Event(), until=lambda: finished() or time.monotonic() > deadline)
 
     def job_outcome(self) -> int:
         """After the TUI: the job's exit code (0 while it runs, or without a job); a failure is

@@ -13,7 +13,9 @@ one line. ``COMMTOP_CAPTURE=hooks`` forces the fallback, ``=off`` captures nothi
 decoded in a child process (:mod:`.fr_child`) unless ``COMMTOP_FR_DECODE=rank``.
 
 Then the script runs through :mod:`runpy` as ``__main__`` with its own ``sys.argv``, so its
-exit code, exceptions and signal handling are its own; the bootstrap adds no signal handler.
+exit code, exceptions and signal handling are its own. One handler is added where SIGTERM is
+at its default: on SIGTERM the rank sends what it timed, then ends by SIGTERM as it would have
+(:mod:`.on_sigterm`); a handler the script installs replaces it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import functools
 import logging
 import os
 import runpy
+import signal
 import sys
 import time
 from typing import Any
@@ -78,6 +81,11 @@ class Capture:
             # every torch module that bound it (init_device_mesh calls device_mesh's own)
             rebind(name, (current, getattr(current, "__commtop_original__", current)), wrap(current))
         atexit.register(self.finish)
+        from workers.capture import on_sigterm
+
+        on_sigterm.install(
+            self._flush_on_sigterm, lambda: self.mon.hold_for_exit(-int(signal.SIGTERM), "stopped by SIGTERM")
+        )
 
     def _wrap_init(self, original: Any) -> Any:
         original = getattr(original, "__commtop_original__", original)
@@ -251,14 +259,20 @@ class Capture:
         self.finish()
         self._mon_close()
 
-    def finish(self) -> None:
+    def _flush_on_sigterm(self) -> None:
+        """SIGTERM (off the main thread, :mod:`.on_sigterm`): what was captured and batched goes
+        out with the rank's Bye. No device sync: a stopped job's collectives may never end."""
+        self.finish(synchronize=False)
+        self._mon_close()
+
+    def finish(self, synchronize: bool = True) -> None:
         """Read what is left (before the groups go away, or at exit). Idempotent."""
         thread, self.thread = self.thread, None
         if thread is not None:
             try:
                 import torch
 
-                if torch.cuda.is_available():
+                if synchronize and torch.cuda.is_available():
                     torch.cuda.synchronize()  # end of the job: its last collectives finish
             except Exception:  # noqa: BLE001
                 pass

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from types import TracebackType
@@ -72,6 +73,8 @@ class Monitor:
         self._in_copy = False
         self._closed = False
         self._exit: tuple[int, str] = (0, "finished")
+        self._holding = False  # SIGTERM: the job's thread stops at its next collective hook
+        self._held = threading.Event()
         self.control: Control | None = None
         self._step_block = _StepBlock(self)
         #: Copies are captured underneath (CUPTI, workers.capture): ``copy()`` blocks only set the stream.
@@ -182,6 +185,8 @@ class Monitor:
 
     def coll_begin(self, spec: OpSpec, args: Args, kwargs: Kwargs) -> Any:
         """Before a collective: its metadata and the start of its timing (the token)."""
+        if self._holding:
+            self._hold()
         try:
             return self.timers.coll_begin(spec, args, kwargs, self._step, self._epoch, self._mode)
         except Exception as exc:  # noqa: BLE001
@@ -198,6 +203,21 @@ class Monitor:
                 self.harvest()
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
+        if self._holding:
+            self._hold()
+
+    def hold_for_exit(self, exit_code: int, reason: str) -> threading.Event:
+        """A SIGTERM ends this process (workers.capture.on_sigterm): the job's thread stops at
+        its next collective hook (after the record of a collective that returned, before a new
+        one), so what is sent next is all it issued, and the Bye says how the rank ends. Returns
+        the event set once the job's thread stopped there (never, if it issues no collective)."""
+        self._exit = (exit_code, reason)
+        self._holding = True
+        return self._held
+
+    def _hold(self) -> None:
+        self._held.set()
+        threading.Event().wait()  # until the process ends (on_sigterm ends it once the records went out)
 
     def coll_failed(self, token: Any) -> None:
         """The call raised: no record, and its iteration is given back (not a gap)."""
