@@ -206,6 +206,36 @@ def test_selecting_a_stream_draws_only_its_latency_aligned_across_ranks() -> Non
     assert model.snapshot().selected is None
 
 
+def test_skew_and_straggler_compare_one_collective_across_ranks_not_each_ranks_kth_record() -> None:
+    """Ranks 0 and 1 issue group 1's collectives, ranks 2 and 3 group 2's: a rank's k-th record
+    is not the others' k-th collective, so arrival skew and straggler are not read from every
+    collective (the sweep's job: 'rank 1 arrived 21.8 ms late at iteration 271', comparing a
+    group-2 float64 all_reduce with a group-3 int32 one). Drawing one stream (f) gives them for
+    that stream's ranks: rank 2, slow at every collective, is its straggler."""
+    model = fed(job_run(world=4, steps=200, slow_rank=2), clock_ns=T0 + 201 * STEP_NS)
+    snap = model.snapshot(fresh_run_stats=True)
+    assert not model.streams.ranks_aligned(4)
+    assert snap.straggler is None and snap.worst_skew is None and snap.recent_skew is None
+    pair = next(s for s in snap.streams if s.group == "2")  # ranks 2 and 3 only
+    model.select_stream(pair.index)
+    snap = model.snapshot(fresh_run_stats=True)
+    assert snap.straggler == 2
+    shares = {v.rank: v.straggler_share for v in snap.ranks}
+    assert math.isnan(shares[0]) and math.isnan(shares[1]) and shares[2] > shares[3]
+
+
+def test_a_job_whose_ranks_all_issue_the_same_collectives_keeps_its_straggler() -> None:
+    """One group, every rank: the k-th record of each rank is the same collective."""
+    table = StreamTable()
+    hello = job_hello(0, 2, T0, lost=0)
+    cols = {"op": np.zeros(3, np.uint8), "group": np.zeros(3, np.uint16), "dtype": np.ones(3, np.uint8)}
+    cols |= {"nbytes": np.full(3, 4096, np.int64), "dur_us": np.ones(3, np.float32), "busbw": np.ones(3, np.float32)}
+    table.add(0, hello, cols)
+    table.views(1.0)
+    assert table.ranks_aligned(2)
+    assert not table.ranks_aligned(4)  # the same stream seen as a group of 2 in a world of 4
+
+
 def test_selected_stream_history_grows_with_new_batches() -> None:
     items = list(job_run(world=2, steps=40))
     model = RunModel(clock=lambda: T0)

@@ -165,19 +165,34 @@ class SnapshotBuilder:
                 state.overlap.flush()
         first, ms, mode, start = run.history_matrix(order).window()
         history = History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
-        # Iterations every rank reported (one scan of the matrix, shared by the two below).
-        complete = ~np.isnan(history.ms).any(axis=0) if history.ms.shape[0] >= 2 else None
-        shares = straggler_shares(history, complete)
-        settle = _settle_iters(run.lead_hello())
-        since = now - int(RECENT_SKEW_S * 1e9)
-        skew, found = worst_skews(history, order, settle, complete, since_ns=since)
-        if skew is not None and (self.worst_skew is None or skew.skew_ms > self.worst_skew.skew_ms):
-            self.worst_skew = skew
-        recent_skew = self._recent_skew(found, since)
         drawn = run.stream_history_matrix(order)  # one stream's lines instead of every collective's
         if drawn is not None:
             first, ms, mode, start = drawn.window()
             history = History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
+        # Skew and straggler compare the k-th collective of each rank: the drawn stream's (its
+        # records line up; only its group's ranks), else every collective's where all ranks issue
+        # the same sequence. A job with subgroups or point-to-point has neither until a stream
+        # is picked (f).
+        if drawn is not None:
+            aligned, members = _members_only(history)
+        else:
+            aligned, members = (history if run.streams.ranks_aligned(_world_size(run, order)) else None), None
+        a_order = order if members is None else [r for r, m in zip(order, members.tolist(), strict=True) if m]
+        # Iterations every rank reported (one scan of the matrix, shared by the two below).
+        complete = ~np.isnan(aligned.ms).any(axis=0) if aligned is not None and aligned.ms.shape[0] >= 2 else None
+        a_shares = straggler_shares(aligned, complete) if aligned is not None else None
+        shares = a_shares
+        if a_shares is not None and members is not None:
+            shares = np.full(len(order), np.nan)
+            shares[members] = a_shares
+        settle = _settle_iters(run.lead_hello())
+        since = now - int(RECENT_SKEW_S * 1e9)
+        skew, found = (
+            worst_skews(aligned, a_order, settle, complete, since_ns=since) if aligned is not None else (None, None)
+        )
+        if skew is not None and (self.worst_skew is None or skew.skew_ms > self.worst_skew.skew_ms):
+            self.worst_skew = skew
+        recent_skew = self._recent_skew(found, since)
         clock_ref, offsets = self._offsets(run, now, order, fresh_run_stats)
         kept_ranks = self._kept_ranks(run, order, now, fresh_run_stats, text_every_s)
         if kept_ranks is not None:
@@ -231,7 +246,7 @@ class SnapshotBuilder:
             messages=run.messages,
             records=run.records,
             modes_seen=tuple(MODES[m] if m < len(MODES) else str(m) for m in sorted(run.modes_seen)),
-            straggler=straggler(shares, complete, order),
+            straggler=straggler(a_shares, complete, a_order),
             worst_skew=self.worst_skew,
             recent_skew=recent_skew,
             clock_offsets_ms=offsets,
@@ -492,6 +507,21 @@ class SnapshotBuilder:
             run_by_class=self._class_stats(run, s, kept, now, fresh),
             overlapped=s.overlap.overlapped(),
         )
+
+
+def _world_size(run: RunState, order: list[int]) -> int:
+    return max((s.hello.world_size for s in run.ranks.values() if s.hello), default=len(order))
+
+
+def _members_only(history: History | None) -> tuple[History | None, np.ndarray | None]:
+    """``history`` without the rows of ranks that have no record in it (ranks outside a drawn
+    stream's group), and which rows stayed (None: all)."""
+    if history is None or history.ms.shape[0] < 2:
+        return history, None
+    rows = ~np.isnan(history.ms).all(axis=1)
+    if rows.all() or not rows.any():
+        return history, None
+    return replace(history, ms=history.ms[rows], mode=history.mode[rows]), rows
 
 
 def _settle_iters(lead: Hello | None) -> int:

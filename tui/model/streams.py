@@ -24,6 +24,8 @@ import numpy as np
 from tui.model.stats import RunAggregate, uniform
 from workers.wire.protocol import DTYPES, OP_NAMES, Hello
 
+_POINT_TO_POINT = {OP_NAMES.index("send"), OP_NAMES.index("recv")}
+
 #: Named streams kept; records of further streams go to the "other" bucket.
 MAX_STREAMS = 64
 #: Ring value (per record) of the "other" bucket.
@@ -289,6 +291,20 @@ class StreamTable:
             return values[0] if values else -1
         i = values.index(value) + 1
         return values[i] if i < len(values) else -1
+
+    def ranks_aligned(self, world_size: int) -> bool:
+        """Whether the k-th collective of every rank is the same collective, as the history's
+        iterations assume (arrival skew, straggler): no stream on a group smaller than the world
+        (its members issue collectives the others do not), no point-to-point, no "other" bucket.
+        A group not named yet does not count until it is."""
+        if self.count_other() or any(op in _POINT_TO_POINT for _, _, _, op, _, _ in self.keys):
+            return False
+        return all(size in (0, world_size) for _, _, size, _, _, _ in self.keys)
+
+    def count_other(self) -> int:
+        """Records in the "other" bucket (streams past the ring's 254 named ones)."""
+        other = self._streams.get(OTHER)
+        return other.agg.count if other is not None else 0
 
     def views(self, rank_time_ns: float, cached: bool = True) -> tuple[StreamView, ...]:
         """Every stream with records, named ones by (group, op, dtype, size), then groups not named
