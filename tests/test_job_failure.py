@@ -90,6 +90,23 @@ def test_without_any_rank_failing_torchruns_last_lines_are_said() -> None:
     assert failure.first is None and failure.lines[-1].strip() == lines[0]
 
 
+def test_a_rank_that_exits_without_a_traceback_is_not_explained_by_commtops_own_notice() -> None:
+    """The sweep: every rank ran sys.exit(3); the failure named commtop's capture notice as rank
+    0's error. A rank's error is its own lines, and with none, how it ended."""
+    notice = "commtop: gloo: no Flight Recorder timing; timing collectives with Python hooks (DDP through a comm hook)"
+    torchrun = ["E1205 failed (exitcode: 3) local_rank: 0 (pid: 101) of binary: /venv/bin/python"]
+    exits = torchrun_lines(torchrun).exits
+    outputs = {0: RankOutput(0, [notice], traceback_seen=None)}
+    failure = explain(3, exits, outputs, {}, torchrun)
+    assert failure.first == 0
+    assert failure.lines == ["rank 0 failed first: exit code 3"]
+    outputs[0] = RankOutput(0, [notice, "giving up: no data"], traceback_seen=None)
+    assert explain(3, exits, outputs, {}, torchrun).lines == [
+        "rank 0 failed first (exit code 3):",
+        "  [rank0]: giving up: no data",
+    ]
+
+
 def _terminal(progress: bool = False) -> tuple[HeadlessTerminal, io.StringIO, io.StringIO]:
     out, err = io.StringIO(), io.StringIO()
     return HeadlessTerminal(out, err, progress=progress), out, err

@@ -35,6 +35,8 @@ _PEER_FAILED = re.compile(
 )
 #: C++ source locations that torch, gloo and NCCL errors start with: "[/src/gloo/.../pair.cc:553] ".
 _SOURCE = re.compile(r"\[[^\]\s]*[/\\][^\]\s]*:\d+\]\s*")
+#: How commtop's own one-line notices in a rank's output begin (the capture's, the monitor's).
+_COMMTOP_NOTICE = ("commtop: ", "commtop monitor", "commtop capture")
 #: Frames a traceback shows because commtop started the script (the capture bootstrap runs it
 #: through runpy; the monitor wraps torch.distributed's calls).
 _COMMTOP_FRAME = re.compile(r'File "(<frozen runpy>|[^"]*workers/(capture/bootstrap|monitor/patch)\.py)"')
@@ -117,8 +119,8 @@ def last_traceback(err: Sequence[str]) -> list[str]:
     without commtop's own frames (the capture bootstrap, runpy, the monitor's wrapper), or the
     last lines when there is none."""
     starts = [i for i, ln in enumerate(err) if ln.strip() == TRACEBACK]
-    if not starts:
-        return [ln for ln in err if ln.strip()][-3:]
+    if not starts:  # commtop's own notices in the rank's stderr are not the rank's error
+        return [ln for ln in err if ln.strip() and not ln.startswith(_COMMTOP_NOTICE)][-3:]
     block = _without_commtop_frames([ln for ln in err[starts[-1] :] if ln.strip()])
     if len(block) > TRACEBACK_LINES + 1:
         block = [block[0], "  ...", *block[-TRACEBACK_LINES:]]
