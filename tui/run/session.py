@@ -230,13 +230,15 @@ class LiveSession:
         from tui.run.headless_out import Progress
 
         asked, forced = threading.Event(), threading.Event()
+        by: list[int] = []
 
-        def on_signal(*_: object) -> None:
+        def on_signal(signum: int, _frame: object) -> None:
             """The first Ctrl-C or SIGTERM stops the job while its last records still come in;
             a second one stops collecting at once."""
             if asked.is_set():
                 forced.set()
                 return
+            by.append(signum)
             asked.set()
             job.terminate()
 
@@ -268,7 +270,7 @@ class LiveSession:
         print(format_summary(snapshot), flush=True)
         if code != 0 and not interrupted:
             self.failed_code = code
-        return 130 if interrupted else code
+        return 128 + by[0] if interrupted else code  # 130 after Ctrl-C, 143 after SIGTERM, as a shell says
 
     def stop_job_collecting(self, job: JobProcess) -> None:
         """After the TUI (``q``) with the job still running: SIGTERM it and keep collecting into
