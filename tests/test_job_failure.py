@@ -124,6 +124,29 @@ def test_headless_passes_ranks_lines_to_their_stream_and_leaves_out_torchruns_wr
     assert err.getvalue().splitlines() == ["[rank1]: a warning", TORCHRUN[0], "after the summary"]
 
 
+def test_torchruns_traceback_of_the_sigterm_that_stops_the_job_is_left_out() -> None:
+    """torchrun 2.13's own lines when commtop stops the job (frozen, frames shortened): its
+    warnings pass, its SignalException traceback (30 lines) stays in the log only."""
+    lines = [
+        "W1205 01:42:49.166000 30000 torch/distributed/elastic/agent/server/api.py:753] Received 15 death signal, "
+        "shutting down workers",
+        "Traceback (most recent call last):",
+        '  File "<frozen runpy>", line 198, in _run_module_as_main',
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/agent/server/api.py", line 923, in '
+        "_invoke_run",
+        "    time.sleep(monitor_interval)",
+        "           ^^^^^^^^^^^^^",
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 86, in '
+        "_terminate_process_handler",
+        '    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)',
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 30000 got signal: 15",
+    ]
+    term, _out, err = _terminal()
+    for text in [*lines, "after it"]:
+        term.line(JobLine(None, True, text))
+    assert err.getvalue().splitlines() == [lines[0], "after it"]
+
+
 def test_another_torchrun_traceback_is_passed_through() -> None:
     term, _out, err = _terminal()
     lines = ["Traceback (most recent call last):", '  File "x.py", line 1, in <module>', "OSError: address in use"]

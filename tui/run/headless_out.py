@@ -4,7 +4,8 @@ terminal one progress line rewritten in place (``\\r``, at most twice a second),
 when the output goes to a pipe or a file.
 
 torchrun's ChildFailedError traceback and summary are left out here (they stay in the job's
-log): commtop says at the end which rank failed first and why, in the rank's own words.
+log): commtop says at the end which rank failed first and why, in the rank's own words. So is
+the SignalException traceback torchrun prints when commtop stops the job (Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class HeadlessTerminal:
                 held, self._held = self._held, []
                 if "ChildFailedError" in text:
                     self._skipping = 2  # the summary's top and bottom borders
+                    return []
+                if "SignalException" in text:  # torchrun got the SIGTERM with which commtop stops the job
                     return []
                 return held
             return []
