@@ -70,3 +70,9 @@ def test_an_exact_summary_has_no_tilde_note() -> None:
         model.apply(frozen_coll(r, 0, np.arange(100), np.full(100, 2000.0)))
     table = format_summary(model.snapshot(fresh_run_stats=True))
     assert "~" not in table
+
+
+def test_a_run_where_no_rank_reported_is_summarised_in_one_line() -> None:
+    """The sweep: a job torchrun refused to start ended with 'backend ? · world size 0 · ? ? ?
+    (0.0 MiB/rank) · mode(s) ?' over an empty table."""
+    assert format_summary(RunModel().snapshot(fresh_run_stats=True)) == "commtop summary: no rank reported anything"

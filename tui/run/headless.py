@@ -132,10 +132,10 @@ def format_summary(snapshot: Snapshot) -> str:
             v.ljust(w) if i in left else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True))
         )
 
+    if not rows:  # nothing to describe: not a header of question marks over an empty table
+        return "commtop summary: no rank reported anything"
     lines = [header_line(s), fmt(cols).rstrip(), "  ".join("-" * w for w in widths)]
     lines += [fmt(row).rstrip() for row in rows]
-    if not rows:
-        lines.append("(no rank reported anything)")
     if any(not st.exact for r in s.ranks for st in (r.run, *r.run_by_mode.values())):
         lines.append(approx_footnote())
     extra = []

@@ -127,7 +127,7 @@ class LiveSession:
         from tui.run import log_store
 
         conn = connections.create_run(label=plan.label, prometheus=prometheus)
-        session = cls.open(conn, record, plan.collective)
+        session = cls.open(conn, record, plan.label)  # the script's name before any rank says it
         recording = session.recorder.status()
         session.job_logs = log_store.for_run(conn.run_id, recording.path if recording.active else "")
         session.job_argv = plan.argv(conn, session.job_logs)
