@@ -34,6 +34,9 @@ CAPTURE_ENV = "COMMTOP_CAPTURE"
 #: ``rank`` decodes the Flight Recorder in the rank rather than in a child process (to compare).
 DECODE_ENV = "COMMTOP_FR_DECODE"
 log = logging.getLogger("commtop.capture")
+#: On SIGTERM, how long the last Flight Recorder read waits for running collectives: the job's
+#: peers are being stopped too, so they may never end (the whole flush has 2 s, on_sigterm).
+SIGTERM_SETTLE_S = 0.3
 
 
 class Capture:
@@ -262,11 +265,12 @@ class Capture:
     def _flush_on_sigterm(self) -> None:
         """SIGTERM (off the main thread, :mod:`.on_sigterm`): what was captured and batched goes
         out with the rank's Bye. No device sync: a stopped job's collectives may never end."""
-        self.finish(synchronize=False)
+        self.finish(synchronize=False, settle_s=SIGTERM_SETTLE_S)
         self._mon_close()
 
-    def finish(self, synchronize: bool = True) -> None:
-        """Read what is left (before the groups go away, or at exit). Idempotent."""
+    def finish(self, synchronize: bool = True, settle_s: float = 1.0) -> None:
+        """Read what is left (before the groups go away, or at exit); ``settle_s``: how long
+        the last read waits for collectives still running to end. Idempotent."""
         thread, self.thread = self.thread, None
         if thread is not None:
             try:
@@ -276,7 +280,7 @@ class Capture:
                     torch.cuda.synchronize()  # end of the job: its last collectives finish
             except Exception:  # noqa: BLE001
                 pass
-            thread.stop()
+            thread.stop(settle_s)
         server, self.server = self.server, None
         if server is not None:
             server.shutdown()
