@@ -35,7 +35,7 @@ CAPTURE_ENV = "COMMTOP_CAPTURE"
 DECODE_ENV = "COMMTOP_FR_DECODE"
 log = logging.getLogger("commtop.capture")
 #: On SIGTERM, how long the last Flight Recorder read waits for running collectives: the job's
-#: peers are being stopped too, so they may never end (the whole flush has 2 s, on_sigterm).
+#: peers are being stopped too, so they may never end (the whole flush has 3 s, on_sigterm).
 SIGTERM_SETTLE_S = 0.3
 
 

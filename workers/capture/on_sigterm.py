@@ -5,12 +5,12 @@ Python's default for SIGTERM ends the process on the spot, so a rank's records s
 send were lost without a count (a sweep of unseen jobs: 47 of 239 collectives per rank, all 21
 of a slow job). Where the script has no SIGTERM handler of its own, the bootstrap installs
 this one. The handler, on the main thread, only marks the monitor to stop the job's thread at
-its next collective hook, starts a thread and returns, so it never runs commtop's sends inside an
-interrupted send of the job's thread: that thread waits for the job's thread to stop (at most
-HOLD_WAIT_S), sends the rank's records and its Bye (at most FLUSH_LIMIT_S), then restores the default action in C (Python's
-``signal.signal`` is for the main thread only) and sends SIGTERM again: the rank ends by
-SIGTERM, as torchrun and the script's parent expect. A handler the script installs later
-replaces this one: its own SIGTERM handling then runs as written.
+its next collective hook, starts a thread and returns, so it never runs commtop's sends inside
+an interrupted send of the job's thread. That thread waits for the job's thread to stop (at
+most HOLD_WAIT_S), sends the rank's records and its Bye (at most FLUSH_LIMIT_S), then restores
+the default action in C (Python's ``signal.signal`` is for the main thread only) and sends
+SIGTERM again: the rank ends by SIGTERM, as torchrun and the script's parent expect. A handler
+the script installs later replaces this one: its own SIGTERM handling then runs as written.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-#: The longest a stopping rank spends sending what it timed before it ends.
-FLUSH_LIMIT_S = 2.0
+#: The longest a stopping rank spends sending what it timed before it ends: the monitor's close
+#: may wait 1 s for async Works and 1 s for GPU events, then lingers 0.5 s; `commtop run` kills
+#: what is left of the job 5 s after its SIGTERM (tui.run.launcher.STOP_GRACE_S).
+FLUSH_LIMIT_S = 3.0
 #: The longest the sender waits for the job's thread to stop at a collective hook (a thread in a
 #: long computation, or a job whose collectives are not hooked, never does: it sends anyway).
 HOLD_WAIT_S = 0.25
