@@ -220,13 +220,16 @@ class Monitor:
         threading.Event().wait()  # until the process ends (on_sigterm ends it once the records went out)
 
     def coll_failed(self, token: Any) -> None:
-        """The call raised: no record, and its iteration is given back (not a gap)."""
-        if token is None:
-            return
-        try:
-            self.timers.coll_failed(token)
-        except Exception as exc:  # noqa: BLE001
-            self.fail(exc)
+        """The call raised: no record, and its iteration is given back (not a gap). While a
+        SIGTERM stops the rank, the job's thread stops here instead of raising: the peer it waited
+        for was stopped too, and the rank ends by SIGTERM, not by that error."""
+        if token is not None:
+            try:
+                self.timers.coll_failed(token)
+            except Exception as exc:  # noqa: BLE001
+                self.fail(exc)
+        if self._holding:
+            self._hold()
 
     def harvest(self) -> None:
         """Move finished records into the batcher; send a batch if one is due. Never waits."""
