@@ -587,7 +587,8 @@ class FakeWork:
 
 
 def test_cuda_branch_ends_async_collectives_on_the_private_stream_and_never_waits(run) -> None:
-    mon = monitor.start(run.path, sampler=False)
+    # a batch interval longer than the test: no harvest by time reaches the fake CUDA timers on a loaded machine
+    mon = monitor.start(run.path, sampler=False, batch_ms=60_000.0)
     monitor.patch_distributed()
     fake_torch = FakeTorchCuda()
     timer = FakeCudaTimer(fake_torch)
