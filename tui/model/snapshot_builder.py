@@ -165,6 +165,8 @@ class SnapshotBuilder:
                 state.overlap.flush()
         first, ms, mode, start = run.history_matrix(order).window()
         history = History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
+        hellos = [s.hello for s in run.ranks.values() if s.hello]
+        world_size = max((h.world_size for h in hellos), default=len(order))
         drawn = run.stream_history_matrix(order)  # one stream's lines instead of every collective's
         if drawn is not None:
             first, ms, mode, start = drawn.window()
@@ -176,7 +178,7 @@ class SnapshotBuilder:
         if drawn is not None:
             aligned, members = _members_only(history)
         else:
-            aligned, members = (history if run.streams.ranks_aligned(_world_size(run, order)) else None), None
+            aligned, members = (history if run.streams.ranks_aligned(world_size) else None), None
         a_order = order if members is None else [r for r, m in zip(order, members.tolist(), strict=True) if m]
         # Iterations every rank reported (one scan of the matrix, shared by the two below).
         complete = ~np.isnan(aligned.ms).any(axis=0) if aligned is not None and aligned.ms.shape[0] >= 2 else None
@@ -216,12 +218,11 @@ class SnapshotBuilder:
         lead = run.lead_hello()
         config = dict(lead.config) if lead else {}
         in_force = run.in_force.state()
-        hellos = [s.hello for s in run.ranks.values() if s.hello]
         return Snapshot(
             now_ns=now,
             ranks=ranks,
             history=history,
-            world_size=max((h.world_size for h in hellos), default=len(order)),
+            world_size=world_size,
             backend=lead.backend if lead else "",
             device=lead.device if lead else "",
             collective=str(config.get("collective", "")),
@@ -507,10 +508,6 @@ class SnapshotBuilder:
             run_by_class=self._class_stats(run, s, kept, now, fresh),
             overlapped=s.overlap.overlapped(),
         )
-
-
-def _world_size(run: RunState, order: list[int]) -> int:
-    return max((s.hello.world_size for s in run.ranks.values() if s.hello), default=len(order))
 
 
 def _members_only(history: History | None) -> tuple[History | None, np.ndarray | None]:

@@ -297,11 +297,11 @@ class StreamTable:
         iterations assume (arrival skew, straggler): no stream on a group smaller than the world
         (its members issue collectives the others do not), no point-to-point, no "other" bucket.
         A group not named yet does not count until it is."""
-        if self.count_other() or any(op in _POINT_TO_POINT for _, _, _, op, _, _ in self.keys):
+        if self._other_count() or any(op in _POINT_TO_POINT for _, _, _, op, _, _ in self.keys):
             return False
         return all(size in (0, world_size) for _, _, size, _, _, _ in self.keys)
 
-    def count_other(self) -> int:
+    def _other_count(self) -> int:
         """Records in the "other" bucket (streams past the ring's 254 named ones)."""
         other = self._streams.get(OTHER)
         return other.agg.count if other is not None else 0
