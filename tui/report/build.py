@@ -28,6 +28,7 @@ from tui.model.job import JobInfo
 from tui.recordings.codec import Tables
 from tui.recordings.reader import Recording
 from tui.recordings.writer import run_metadata
+from tui.report.endings import job_ending
 from tui.report.epoch_rows import Baselines, Context, Copies, Records, epoch_rows
 from tui.report.groups_report import group_rows, rank_rows
 from tui.report.kernels import (
@@ -129,6 +130,7 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
         streams=tuple(
             _stream_rows(recs, names, ctx.spans, stream_orders) if job.is_job or len(recs.combos) > 1 else ()
         ),
+        ending=job_ending(tables.byes, rec.first_ns),
     )
 
 

@@ -12,6 +12,7 @@ from tui.experiment.ab_stats import ABResult
 from tui.model.job import JobInfo
 from tui.model.steps import CopyStep
 from tui.model.streams import group_label
+from tui.report.endings import Ending
 from tui.report.peaks import Peaks
 
 
@@ -228,6 +229,7 @@ class Report:
     groups: tuple[GroupRow, ...] = ()
     ranks: tuple[RankRow, ...] = ()
     streams: tuple[StreamRow, ...] = ()  # over the whole recording
+    ending: Ending = Ending()  # how the job ended, from its ranks' Byes
 
     @property
     def has_modes(self) -> bool:

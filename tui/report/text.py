@@ -72,6 +72,9 @@ def format_table(report: Report) -> str:
     ]
     if report.job.is_job:
         lines.append(f"  {job_line(report)}")
+    ended = report.ending.line([r.rank for r in report.ranks])
+    if ended:
+        lines.append(f"  {ended}")
     if report.problems:
         lines.append(f"  warning: {report.problems}")
     if report.several_streams or not report.has_modes:
@@ -203,7 +206,11 @@ def format_json(report: Report) -> str:
         "streams": [asdict(s) for s in report.streams],
         "steps": [asdict(s) for s in report.steps],
         "groups": [asdict(g) for g in report.groups],
-        "ranks": [{**asdict(r), "missing": r.missing} for r in report.ranks],
+        "ranks": [
+            {**asdict(r), "missing": r.missing, "ended": report.ending.by_rank.get(r.rank)} for r in report.ranks
+        ],
+        "ended": report.ending.verdict or None,
+        "first_failure": asdict(report.ending.first) if report.ending.first is not None else None,
         "missing": sum(r.missing for r in report.ranks),
         "ab": [ab_json(result) for result in report.ab],
         "peaks": peaks_json(report.peaks),

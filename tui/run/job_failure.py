@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 import re
-import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from workers.wire.protocol import peer_failed, signal_name
 
 #: torchrun's agent, when it stops the other workers: "Sending process 123 closing signal SIGTERM".
 _CLOSING = re.compile(r"Sending process (\d+) closing signal (SIG[A-Z]+)")
@@ -27,12 +28,6 @@ _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d
 #: then "exitcode : -9 (pid: 123)".
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank: (\d+)\)")
 _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+) \(pid: (\d+)\)")
-#: An error a rank gets because a peer died (the collective broke), not a cause of its own.
-_PEER_FAILED = re.compile(
-    r"Connection closed by peer|Connection reset by peer|remote worker crash|remote process exited"
-    r"|NCCL communicator was aborted|Broken pipe",
-    re.IGNORECASE,
-)
 #: C++ source locations that torch, gloo and NCCL errors start with: "[/src/gloo/.../pair.cc:553] ".
 _SOURCE = re.compile(r"\[[^\]\s]*[/\\][^\]\s]*:\d+\]\s*")
 #: How commtop's own one-line notices in a rank's output begin (the capture's, the monitor's).
@@ -43,13 +38,6 @@ _COMMTOP_FRAME = re.compile(r'File "(<frozen runpy>|[^"]*workers/(capture/bootst
 TRACEBACK = "Traceback (most recent call last):"
 #: Lines of a traceback shown: its first line, then the last ones (the exception is last).
 TRACEBACK_LINES = 10
-
-
-def signal_name(code: int) -> str:
-    """``SIGTERM`` for exit code -15 (a process ended by a signal); "" for a plain exit code."""
-    if code < 0 and -code in {s.value for s in signal.Signals}:
-        return signal.Signals(-code).name
-    return ""
 
 
 def ended_text(code: int) -> str:
@@ -222,7 +210,7 @@ def first_failure(
         bye_ns, bye_reason = failing_byes.get(rank, (math.inf, ""))
         error = f"{exception_line(out.err) if out is not None else ''} {bye_reason}"
         seen = out.traceback_seen if out is not None and out.traceback_seen is not None else math.inf
-        return (bool(_PEER_FAILED.search(error)), bye_ns, seen, rank)
+        return (peer_failed(error), bye_ns, seen, rank)
 
     return min(candidates, key=key)
 

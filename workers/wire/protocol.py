@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -494,6 +495,30 @@ class Bye:
     exit_code: int
     reason: str
     t_ns: int
+
+
+#: An error a rank gets because a peer died (the collective broke), not a cause of its own.
+_PEER_FAILED = re.compile(
+    r"Connection closed by peer|Connection reset by peer|remote worker crash|remote process exited"
+    r"|NCCL communicator was aborted|Broken pipe",
+    re.IGNORECASE,
+)
+
+
+def peer_failed(error: str) -> bool:
+    """Whether a rank's error (a Bye's reason, an exception line) is a peer's failure seen
+    through a collective, rather than a cause of its own."""
+    return bool(_PEER_FAILED.search(error))
+
+
+def signal_name(code: int) -> str:
+    """``SIGTERM`` for exit code -15 (a process ended by a signal); "" for a plain exit code."""
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return ""
+    return ""
 
 
 #: A C++ source location that torch/gloo/NCCL errors start with: "[/src/gloo/.../pair.cc:534] ".

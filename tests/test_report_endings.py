@@ -1,0 +1,84 @@
+"""A report says how the recorded job ended, from its ranks' Byes: which rank failed first and
+with what error (its own, not a peer's "Connection closed by peer"), how the others ended, or
+that every rank finished or was stopped; nothing where the recording holds no Bye."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+from job_synth import job_run
+from recording_synth import write_recording
+
+from tui import cli
+from tui.report.endings import job_ending
+from workers.wire import protocol as p
+
+T0 = 1_000_000_000_000
+PEER = "RuntimeError: [../pair.cc:553] Connection closed by peer [127.0.0.1]:21892"
+
+
+def byes(*items: tuple[int, int, str, float]) -> list[tuple[int, p.Bye]]:
+    """(rank, exit code, reason, seconds after T0) -> (recv_ns, Bye), in the order given."""
+    return [(T0 + int(s * 1e9) + 1000, p.Bye(r, code, why, T0 + int(s * 1e9))) for r, code, why, s in items]
+
+
+def test_the_first_failure_is_the_rank_whose_error_is_its_own_even_when_a_peer_said_bye_first() -> None:
+    ending = job_ending(
+        byes((0, 1, PEER, 0.30), (1, 1, "ValueError: bad shape", 0.35), (0, -15, "killed by SIGTERM", 0.9)), T0
+    )
+    assert ending.verdict == "failed"
+    assert ending.first is not None and (ending.first.rank, ending.first.code) == (1, 1)
+    assert ending.by_rank == {0: "killed by SIGTERM", 1: "exit code 1"}  # each rank's last Bye
+    assert ending.line([0, 1]) == (
+        "ended: failed, rank 1 first (exit code 1, 0.3 s in): ValueError: bad shape; rank 0 killed by SIGTERM"
+    )
+
+
+def test_among_errors_of_their_own_the_earliest_fails_first_and_a_signal_other_than_a_stop_is_a_failure() -> None:
+    ending = job_ending(byes((2, 1, "OSError: disk full", 2.0), (3, -9, "killed by SIGKILL", 1.5)), T0)
+    assert ending.first is not None and ending.first.rank == 3
+    assert ending.line([0, 1, 2, 3]).startswith("ended: failed, rank 3 first (killed by SIGKILL, 1.5 s in)")
+    assert ending.line([0, 1, 2, 3]).endswith("rank 2 exit code 1, ranks 0-1 no end recorded")
+
+
+def test_a_stopped_or_finished_job_did_not_fail_and_no_bye_says_nothing() -> None:
+    stopped = job_ending(byes((0, -15, "stopped by SIGTERM", 1), (1, -2, "", 1)), T0)
+    assert stopped.first is None and stopped.verdict == "stopped"
+    assert stopped.line([0, 1]) == "ended: rank 0 killed by SIGTERM, rank 1 killed by SIGINT"
+    finished = job_ending(byes(*((r, 0, "finished", 1) for r in (0, 1, 2, 4))), T0)
+    assert finished.verdict == "finished"
+    assert finished.line([0, 1, 2, 4]) == "ended: ranks 0-2,4 finished"
+    assert job_ending([], T0).line([0, 1]) == ""
+
+
+def report(path: Path, *fmt: str) -> str:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main(["report", str(path), *fmt]) == 0
+    return buf.getvalue()
+
+
+@pytest.mark.e2e  # the report looks for libraries with ldconfig
+def test_the_report_of_a_failed_jobs_recording_says_it_failed_in_text_and_json(tmp_path: Path) -> None:
+    items = [item for item in job_run(world=4, steps=20) if not isinstance(item[1], p.Bye)]
+    end = items[-1][0] + 1_000_000
+    items += [
+        (end, p.Bye(0, 1, PEER, end)),
+        (end + 10, p.Bye(2, 1, "RuntimeError: CUDA out of memory", end + 5)),
+        (end + 20, p.Bye(1, -15, "killed by SIGTERM (stopped by torchrun after rank 2 failed)", end + 20)),
+    ]
+    path = tmp_path / "failed.commtop"
+    write_recording(path, items)
+    text = report(path)
+    line = next(ln.strip() for ln in text.splitlines() if ln.strip().startswith("ended:"))
+    assert line.startswith("ended: failed, rank 2 first (exit code 1, ")
+    assert line.endswith(
+        "RuntimeError: CUDA out of memory; rank 0 exit code 1, rank 1 killed by SIGTERM, rank 3 no end recorded"
+    )
+    doc = json.loads(report(path, "--format", "json"))
+    assert doc["ended"] == "failed" and doc["first_failure"]["rank"] == 2
+    assert [r["ended"] for r in doc["ranks"]] == ["exit code 1", "killed by SIGTERM", "exit code 1", None]

@@ -1,0 +1,110 @@
+"""How the recorded job ended, from its ranks' Byes: each rank's last word (finished, an exit
+code, a signal) and the rank that failed first, so a report of a failed run says so at its top as
+the headless summary did while it ran (tui.run.job_failure reads torchrun's log for the same; a
+recording has only the Byes).
+
+The first failure is the earliest Bye with an error of the rank's own, not a peer's failure seen
+through a collective ("Connection closed by peer"); ranks stamp their Byes on one host clock.
+A rank stopped by SIGTERM or SIGINT (Ctrl-C, ``q``, torchrun stopping the others) did not fail.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from workers.wire import protocol as p
+
+#: Signals a stop sends: a rank ended by one was stopped, it did not fail.
+_STOPS = {-int(signal.SIGTERM), -int(signal.SIGINT)}
+
+
+def end_text(code: int) -> str:
+    """``finished``, ``exit code 1`` or ``killed by SIGTERM``."""
+    if code == 0:
+        return "finished"
+    name = p.signal_name(code)
+    return f"killed by {name}" if name else f"exit code {code}"
+
+
+@dataclass(frozen=True)
+class FirstFailure:
+    rank: int
+    code: int
+    reason: str
+    at_s: float  # seconds into the recording
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Per rank how it ended (``end_text`` of its last Bye); ranks without a Bye are absent."""
+
+    by_rank: dict[int, str] = field(default_factory=dict)
+    first: FirstFailure | None = None
+
+    @property
+    def verdict(self) -> str:
+        """``failed``, ``stopped``, ``finished`` or "" (no Bye recorded)."""
+        if not self.by_rank:
+            return ""
+        if self.first is not None:
+            return "failed"
+        return "finished" if all(v == "finished" for v in self.by_rank.values()) else "stopped"
+
+    def line(self, ranks: Sequence[int]) -> str:
+        """The report's one line: ``ended: ranks 0-7 finished``, ``ended: failed, rank 1 first
+        (exit code 1, 0.4 s in): RuntimeError: ...; rank 0 killed by SIGTERM``; "" when no rank
+        said Bye (the recording ended while the job ran)."""
+        if not self.verdict:
+            return ""
+        rest = {r: v for r, v in self.by_rank.items() if self.first is None or r != self.first.rank}
+        parts = [f"{_ranks_text(rs)} {how}" for how, rs in _by_value(rest).items()]
+        silent = [r for r in ranks if r not in self.by_rank]
+        if silent:
+            parts.append(f"{_ranks_text(silent)} no end recorded")
+        if self.first is None:
+            return f"ended: {', '.join(parts)}"
+        f = self.first
+        head = f"ended: failed, rank {f.rank} first ({end_text(f.code)}, {f.at_s:.1f} s in)"
+        head += f": {f.reason}" if f.reason else ""
+        return head + (f"; {', '.join(parts)}" if parts else "")
+
+
+def job_ending(byes: Sequence[tuple[int, p.Bye]], first_ns: int) -> Ending:
+    """The :class:`Ending` of a recording's ``(recv_ns, Bye)`` list (in file order)."""
+    last: dict[int, p.Bye] = {}
+    failures: list[p.Bye] = []
+    for _, bye in byes:
+        last[bye.rank] = bye
+        if bye.exit_code != 0 and bye.exit_code not in _STOPS:
+            failures.append(bye)
+    first = min(failures, key=lambda b: (p.peer_failed(b.reason), b.t_ns, b.rank), default=None)
+    return Ending(
+        {r: end_text(b.exit_code) for r, b in sorted(last.items())},
+        None
+        if first is None
+        else FirstFailure(first.rank, first.exit_code, first.reason, (first.t_ns - first_ns) / 1e9),
+    )
+
+
+def _by_value(by_rank: dict[int, str]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for rank, how in sorted(by_rank.items()):
+        out.setdefault(how, []).append(rank)
+    return out
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    """``rank 3`` or ``ranks 0-2,5``."""
+    rs = sorted(ranks)
+    spans: list[str] = []
+    start = prev = rs[0]
+    for r in [*rs[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return f"{'rank' if len(rs) == 1 else 'ranks'} {','.join(spans)}"
