@@ -10,7 +10,7 @@ from job_synth import COPY_BYTES, STEP_NS, T0, expected_counts, job_hello, job_r
 
 from tui.model.job import JobInfo
 from tui.model.run_model import RunModel
-from tui.model.streams import OTHER, UNNAMED, StreamTable, group_label
+from tui.model.streams import OTHER, UNNAMED, StreamTable, dtype_name, group_label
 from workers.wire import protocol as p
 from workers.wire.stats import percentiles
 
@@ -310,3 +310,17 @@ def test_busy_time_is_the_length_of_the_union_of_the_intervals(seed: int) -> Non
     for a, b in zip(start.tolist(), end.tolist(), strict=True):
         covered.update(range(max(a, after), b))
     assert busy_ns(start, end, after) == (len(covered), max(after, int(end.max())))
+
+
+def test_a_call_that_moves_no_data_has_no_dtype_and_an_unknown_dtype_stays_a_question_mark() -> None:
+    assert dtype_name(0, 0) == "-"  # a barrier: no tensor
+    assert dtype_name(0, 4096) == "?"  # a tensor of a dtype commtop does not know
+    assert dtype_name(1, 0) == "float32"  # an empty float32 tensor still has its dtype
+
+
+def test_a_stream_size_is_a_whole_unit_or_below_a_mebibyte_its_bytes() -> None:
+    from tui.report.views_text import size_cell
+
+    assert [size_cell(n) for n in (8, 2000, 4096, 100_000, 1 << 20, 1_052_672, 3 << 30)] == [
+        "8B", "2000B", "4KiB", "100000B", "1MiB", "1.004MiB", "3GiB",
+    ]  # fmt: skip

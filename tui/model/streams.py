@@ -64,7 +64,11 @@ def op_name(code: int) -> str:
     return OP_NAMES[code] if code < len(OP_NAMES) else f"op{code}"
 
 
-def dtype_name(code: int) -> str:
+def dtype_name(code: int, nbytes: int = -1) -> str:
+    """The dtype's name; "-" for a call that moves no data (a barrier: no tensor, no dtype),
+    "?" where a call's tensor had a dtype commtop does not know."""
+    if code == 0 and nbytes == 0:
+        return "-"
     return DTYPES[code] if code < len(DTYPES) else f"dtype{code}"
 
 
@@ -279,7 +283,7 @@ class StreamTable:
             key=lambda v: (
                 group_label(*self.keys[v][:2]),
                 op_name(self.keys[v][3]),
-                dtype_name(self.keys[v][4]),
+                dtype_name(self.keys[v][4], self.keys[v][5]),
                 self.keys[v][5],
             ),
         )
@@ -349,7 +353,7 @@ class StreamTable:
             group_desc=desc,
             group_size=size,
             op="other" if op < 0 else op_name(op),
-            dtype="" if op < 0 else dtype_name(dtype),
+            dtype="" if op < 0 else dtype_name(dtype, nbytes),
             nbytes=nbytes,
             count=st.count,
             ranks=len(stream.ranks),
@@ -380,7 +384,7 @@ class StreamTable:
                 "",
                 0,
                 op_name(op),
-                dtype_name(dtype),
+                dtype_name(dtype, nbytes),
                 nbytes,
                 st.count,
                 len(ranks),

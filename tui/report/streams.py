@@ -164,4 +164,4 @@ class StreamName:
 def stream_name(names: GroupNames, combo: int) -> StreamName:
     g, op, dtype, nbytes = combo_parts(combo)
     name, desc, size = names.groups[g] if g < len(names.groups) else (f"?{g}", "", 0)
-    return StreamName(name, desc, size, op_name(op), dtype_name(dtype), nbytes, op)
+    return StreamName(name, desc, size, op_name(op), dtype_name(dtype, nbytes), nbytes, op)

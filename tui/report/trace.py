@@ -174,9 +174,10 @@ def _collectives(
     modes = list(p.MODES) + ["?"] * (256 - len(p.MODES))
     codes, named = streams
     labels = [
-        json.dumps(" ".join(w for w in (s.op, size_cell(s.nbytes), s.dtype) if w != "?") + f" · group {s.group_text}")[
-            1:-1
-        ]
+        json.dumps(
+            " ".join(w for w in (s.op, size_cell(s.nbytes), s.dtype) if w not in ("?", "-"))
+            + f" · group {s.group_text}"
+        )[1:-1]
         for s in named
     ]
     args = [

@@ -31,10 +31,14 @@ def job_line(report: Report) -> str:
 
 
 def size_cell(n: int) -> str:
-    """ "4MiB", "1.004MiB", "8B": four significant digits where the size is no whole unit."""
+    """ "4MiB", "1.004MiB", "2000B", "8B": a whole unit where the size is one; below 1 MiB
+    otherwise the bytes themselves (a 2000-byte tensor reads as 2000B, as nccl-tests prints
+    sizes, not 1.953KiB); above it four significant digits."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n // size}{unit}" if n % size == 0 else f"{n / size:.4g}{unit}"
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+        if n >= size and size > 1 << 10:
+            return f"{n / size:.4g}{unit}"
     return f"{n}B"
 
 
