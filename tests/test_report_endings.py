@@ -82,3 +82,12 @@ def test_the_report_of_a_failed_jobs_recording_says_it_failed_in_text_and_json(t
     doc = json.loads(report(path, "--format", "json"))
     assert doc["ended"] == "failed" and doc["first_failure"]["rank"] == 2
     assert [r["ended"] for r in doc["ranks"]] == ["exit code 1", "killed by SIGTERM", "exit code 1", None]
+
+
+def test_the_launchers_word_on_an_exit_code_is_not_repeated_as_the_reason_the_ranks_own_words_are() -> None:
+    launcher = "exit code 3 (failed first) (reported by torchrun)"
+    assert (
+        job_ending(byes((0, 3, launcher, 1.0)), T0).line([0]) == "ended: failed, rank 0 first (exit code 3, 1.0 s in)"
+    )
+    both = job_ending(byes((0, 3, "SystemExit: 3", 0.9), (0, 3, launcher, 1.0)), T0)
+    assert both.first is not None and both.first.reason == "SystemExit: 3"

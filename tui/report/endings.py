@@ -80,12 +80,17 @@ def job_ending(byes: Sequence[tuple[int, p.Bye]], first_ns: int) -> Ending:
         if bye.exit_code != 0 and bye.exit_code not in _STOPS:
             failures.append(bye)
     first = min(failures, key=lambda b: (p.peer_failed(b.reason), b.t_ns, b.rank), default=None)
-    return Ending(
-        {r: end_text(b.exit_code) for r, b in sorted(last.items())},
-        None
-        if first is None
-        else FirstFailure(first.rank, first.exit_code, first.reason, (first.t_ns - first_ns) / 1e9),
-    )
+    ended = {r: end_text(b.exit_code) for r, b in sorted(last.items())}
+    if first is None:
+        return Ending(ended)
+    said = (b.reason for b in failures if b.rank == first.rank and _own_words(b))
+    return Ending(ended, FirstFailure(first.rank, first.exit_code, next(said, ""), (first.t_ns - first_ns) / 1e9))
+
+
+def _own_words(bye: p.Bye) -> bool:
+    """A reason that says more than the exit code: the rank's exception, not the launcher's
+    ``exit code 3 (failed first) (reported by torchrun)``."""
+    return bool(bye.reason) and not bye.reason.startswith(end_text(bye.exit_code))
 
 
 def _by_value(by_rank: dict[int, str]) -> dict[str, list[int]]:
