@@ -459,3 +459,20 @@ def test_the_chunk_interval_comes_from_the_environment_and_a_bad_one_is_one_line
         assert Recorder().flush_s == FLUSH_S
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "COMMTOP_RECORD_FLUSH_S" in err
+
+
+def test_a_recording_no_rank_reported_to_is_removed_with_one_line(tmp_path: Path, capsys) -> None:
+    """A job that never started (a script that fails before init_process_group) leaves no empty
+    recording behind; its log, beside where the recording was, says why."""
+    recorder = Recorder(directory=tmp_path)
+    path = Path(recorder.start())
+    recorder.write({"k": p.TELEM_CAPS, "host": "node"})  # the node's telemetry is no rank's
+    recorder.stop()
+    recorder.stop()  # a second stop (close after a hang-up) changes nothing
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    assert capsys.readouterr().err.count(f"the empty recording {path} was removed") == 1
+    kept = Recorder(directory=tmp_path)
+    kept.start()
+    kept.write(hello(0, 1, 0, synth_epoch(), T0))
+    kept.stop()
+    assert Path(kept.status().path).exists()
