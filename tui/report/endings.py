@@ -22,10 +22,7 @@ _STOPS = {-int(signal.SIGTERM), -int(signal.SIGINT)}
 
 def end_text(code: int) -> str:
     """``finished``, ``exit code 1`` or ``killed by SIGTERM``."""
-    if code == 0:
-        return "finished"
-    name = p.signal_name(code)
-    return f"killed by {name}" if name else f"exit code {code}"
+    return "finished" if code == 0 else p.ended_text(code)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from workers.wire.protocol import peer_failed, signal_name
+from workers.wire.protocol import ended_text, peer_failed
 
 #: torchrun's agent, when it stops the other workers: "Sending process 123 closing signal SIGTERM".
 _CLOSING = re.compile(r"Sending process (\d+) closing signal (SIG[A-Z]+)")
@@ -38,12 +38,6 @@ _COMMTOP_FRAME = re.compile(r'File "(<frozen runpy>|[^"]*workers/(capture/bootst
 TRACEBACK = "Traceback (most recent call last):"
 #: Lines of a traceback shown: its first line, then the last ones (the exception is last).
 TRACEBACK_LINES = 10
-
-
-def ended_text(code: int) -> str:
-    """``killed by SIGTERM`` or ``exit code 1``."""
-    name = signal_name(code)
-    return f"killed by {name}" if name else f"exit code {code}"
 
 
 @dataclass(frozen=True)

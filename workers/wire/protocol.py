@@ -521,6 +521,12 @@ def signal_name(code: int) -> str:
     return ""
 
 
+def ended_text(code: int) -> str:
+    """``killed by SIGTERM`` or ``exit code 1``: how a process ended, from its exit code."""
+    name = signal_name(code)
+    return f"killed by {name}" if name else f"exit code {code}"
+
+
 #: A C++ source location that torch/gloo/NCCL errors start with: "[/src/gloo/.../pair.cc:534] ".
 _SOURCE_PREFIX = re.compile(r"^(?:\[[^\]\s]*[/\\][^\]\s]*:\d+\]\s*)+")
 
