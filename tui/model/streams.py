@@ -64,7 +64,7 @@ def op_name(code: int) -> str:
     return OP_NAMES[code] if code < len(OP_NAMES) else f"op{code}"
 
 
-def dtype_name(code: int, nbytes: int = -1) -> str:
+def dtype_name(code: int, nbytes: int) -> str:
     """The dtype's name; "-" for a call that moves no data (a barrier: no tensor, no dtype),
     "?" where a call's tensor had a dtype commtop does not know."""
     if code == 0 and nbytes == 0:

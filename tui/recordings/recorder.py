@@ -108,7 +108,6 @@ class Recorder:
         self._error = ""
         self._lost = 0
         self._writer: RecordingWriter | None = None
-        self._from_ranks = False  # this recording holds a rank's message (else a job that never started)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -120,8 +119,6 @@ class Recorder:
             self._caps[str(message.get("host", ""))] = message
         if not self._active:
             return
-        if isinstance(message, (p.Hello, p.Batch)):
-            self._from_ranks = True
         n = len(message) if isinstance(message, p.Batch) else 1
         with self._lock:
             if self._pending_records + n > self.max_pending_records or len(self._pending) >= self.max_pending_messages:
@@ -172,7 +169,6 @@ class Recorder:
             self._pending = [(now, h) for _, h in sorted(self._hellos.items())]
             self._pending += [(now, c) for c in self._caps.values()]
             self._pending_records = 0
-            self._from_ranks = bool(self._hellos)
             self._active = True
         self._started = time.monotonic()
         self._stop.clear()
@@ -190,7 +186,10 @@ class Recorder:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if not self._from_ranks and self._writer is not None:  # no rank said anything: a job that never started
+        writer = self._writer
+        if (
+            writer is not None and not self._hellos and not writer.records
+        ):  # no rank said anything: a job that never started
             self._writer = None
             self._remove_empty()
             return
