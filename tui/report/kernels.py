@@ -166,8 +166,11 @@ class _EpochOrder:
     finite values), the rank index and the class into one uint64; an epoch with a negative,
     NaN or infinite duration, or more than 65,535 ranks, keeps the per-subset sorts (None)."""
 
-    def __init__(self, values: np.ndarray, rank: np.ndarray, cls: np.ndarray) -> None:
+    def __init__(self, values: np.ndarray, rank: np.ndarray, cls: np.ndarray, one_class: int | None = None) -> None:
         self.values, self.rank, self.cls = values, rank, cls
+        #: The class of every record where they share one (no copies, say): :meth:`group` then
+        #: counts nothing (a count per class was a pass over the epoch for every row).
+        self.one_class = one_class
         self._by_rank: tuple[np.ndarray, np.ndarray, list[int]] | None = None
 
     @classmethod
@@ -202,7 +205,7 @@ class _EpochOrder:
         values = by_rank.copy() if len(sizes) > 1 else by_rank
         if len(sizes) > 1:
             values.sort(kind="stable")  # merges the sorted runs
-        order = cls(values, np.zeros(0, dtype=np.uint16), np.full(len(values), ocls, dtype=np.int8))
+        order = cls(values, np.zeros(0, dtype=np.uint16), np.full(len(values), ocls, dtype=np.int8), ocls)
         order._by_rank = (by_rank, order.cls, starts)
         return order
 
@@ -217,7 +220,9 @@ class _EpochOrder:
         values = np.concatenate([p.values for p in parts if p is not None])
         classes = np.concatenate([p.cls for p in parts if p is not None])
         order = np.argsort(values, kind="stable")  # merges the sorted runs
-        return cls(values[order], np.zeros(len(values), dtype=np.uint16), classes[order])
+        ones = {p.one_class for p in parts if p is not None}
+        one = ones.pop() if len(ones) == 1 else None
+        return cls(values[order], np.zeros(len(values), dtype=np.uint16), classes[order], one)
 
     def _ranks(self) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """(values, classes) regrouped rank by rank, each rank's still in order (a stable radix
@@ -237,11 +242,14 @@ class _EpochOrder:
             by_rank, by_rank_cls, starts = self._ranks()
             a, b = (starts[index], starts[index + 1]) if index + 1 < len(starts) else (0, 0)
             values, cls = by_rank[a:b], by_rank_cls[a:b]
-        counts = np.bincount(cls, minlength=4).tolist() if len(cls) else [0, 0, 0, 0]
-        return values, {
-            c: values if counts[c] == len(values) else values[:0] if not counts[c] else values[cls == c]
-            for c in (NO_COPIES, DURING, AFTER)
-        }
+        if self.one_class is not None:
+            return values, {c: values if c == self.one_class else values[:0] for c in (NO_COPIES, DURING, AFTER)}
+        out = {}
+        for c in (NO_COPIES, DURING, AFTER):
+            mine = cls == c
+            count = int(np.count_nonzero(mine))
+            out[c] = values if count == len(values) else values[mine] if count else values[:0]
+        return values, out
 
 
 def _baselines(
