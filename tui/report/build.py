@@ -34,6 +34,7 @@ from tui.report.groups_report import group_rows, rank_rows
 from tui.report.kernels import (
     _baselines,
     _baselines_of_pure_epochs,
+    _counts,
     _EpochOrder,
     _epochs,
     _group,
@@ -254,14 +255,15 @@ def _sorted_records(tables: Tables, g: _Groups, sums: _Sums | None, names: Group
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commtop-report") as side:
         summed = side.submit(_sums_of_columns, coll, g) if sums is None else None
         order = g.order
-        dur32 = coll["dur_us"][order]  # percentiles sort these (workers.wire.stats)
+        gathered = side.submit(np.take, coll["dur_us"], order)  # percentiles sort these (workers.wire.stats)
         if len(copy["rank"]):
             ocls, ofrac = classify_columns(coll, copy)
         else:  # what classify_columns says of collectives without copies, without reading their steps
-            ocls, ofrac = np.zeros(len(dur32), dtype=np.uint8), np.zeros(len(dur32), dtype=np.float32)
+            ocls, ofrac = np.zeros(len(order), dtype=np.uint8), np.zeros(len(order), dtype=np.float32)
         mode = coll["mode"][order]
         codes, combos = stream_codes(names.index, coll["op"], coll["dtype"], coll["nbytes"])
         code = codes[order]
+        dur32 = gathered.result()
         if summed is not None:
             sums = summed.result()
     assert sums is not None
@@ -357,10 +359,8 @@ def _mode_rows(
     """A row per offload mode, all ranks and epochs together, with its slowdown against none."""
     dur32, mode, code, ocls = recs.dur32, recs.mode, recs.code, recs.ocls
     modes = []
-    mcounts = np.bincount(mode) if len(mode) else np.zeros(0, dtype=np.int64)
-    for m, count in enumerate(mcounts.tolist()):
-        if not count:
-            continue
+    present, mcounts = _counts(mode)  # a few modes: no full-size widening as np.bincount's
+    for m, count in zip(present.tolist(), mcounts.tolist(), strict=True):
         pure = pure_epochs.get(m, [])
         merged = _EpochOrder.union([epoch_orders[a] for a, _, _ in pure])
         if merged is not None and sum(b - a for a, b, _ in pure) == count and len({k for _, _, k in pure}) == 1:
