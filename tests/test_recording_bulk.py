@@ -82,6 +82,27 @@ def test_a_synthetic_run_with_copies_telemetry_and_many_chunks(tmp_path: Path) -
     assert_bulk_is_by_chunk(path)
 
 
+def test_columns_decoded_on_two_threads_are_the_columns_decoded_on_one(tmp_path: Path, monkeypatch) -> None:
+    """A large part's stored columns decode on two threads: with the threshold at 0 every part
+    takes that path, and the tables are still the per-chunk decoder's, bit for bit."""
+    import threading
+
+    path = tmp_path / "run.commtop"
+    write_recording(path, list(synth_run(duration_s=3.0, world=4)), chunk_s=0.05)
+    threads: set[str] = set()
+    decode_ints = bulk.decode_ints
+
+    def recording_thread(*args, **kwargs):  # type: ignore[no-untyped-def]
+        threads.add(threading.current_thread().name)
+        return decode_ints(*args, **kwargs)
+
+    monkeypatch.setattr(bulk, "decode_ints", recording_thread)
+    monkeypatch.setattr(bulk, "PARALLEL_RECORDS", 0)
+    monkeypatch.setattr(bulk.os, "cpu_count", lambda: 2)  # the path is taken on a 1-CPU machine too
+    assert_bulk_is_by_chunk(path)
+    assert any(name.startswith("commtop-columns") for name in threads)
+
+
 def test_odd_values_and_empty_batches(tmp_path: Path) -> None:
     n = 7
     cols = {

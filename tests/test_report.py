@@ -601,3 +601,24 @@ def test_an_epoch_of_one_class_is_ordered_as_the_packed_keys_order_it(sizes, cls
         assert all(len(v) == 0 for c, v in by_class.items() if c != cls)
         if 0 <= index < len(sizes) - 1:  # ranks the extra record is not in: the same as the keys give
             assert keys.group(index)[0].tobytes() == values.tobytes()
+
+
+@pytest.mark.parametrize("classes", [(0, 0), (1, 1), (0, 2), (1, 2)])
+def test_epochs_of_one_class_each_merged_split_by_class_as_their_values_say(classes: tuple[int, int]) -> None:
+    """Two epochs, each of one overlap class, merged (a settings or mode row over both): each
+    class's sorted durations are those of the epochs of that class, whether the classes are
+    the same (no counting) or differ (counted on the merged classes)."""
+    rng = np.random.default_rng(7)
+    durs = [rng.lognormal(8, 0.3, n).astype(np.float32) for n in (40, 25)]
+    parts = [
+        kernels._EpochOrder.of(d, np.full(len(d), c, dtype=np.uint8), [len(d) // 2, len(d) - len(d) // 2])
+        for d, c in zip(durs, classes, strict=True)
+    ]
+    merged = kernels._EpochOrder.union(parts)
+    assert merged is not None
+    values, by_class = merged.group(-1)
+    assert values.tobytes() == np.sort(np.concatenate(durs)).tobytes()
+    for c in (0, 1, 2):
+        mine = [d for d, k in zip(durs, classes, strict=True) if k == c]
+        want = np.sort(np.concatenate(mine)) if mine else np.zeros(0, dtype=np.float32)
+        assert by_class[c].tobytes() == want.tobytes(), c
