@@ -97,10 +97,53 @@ def test_columns_decoded_on_two_threads_are_the_columns_decoded_on_one(tmp_path:
         return decode_ints(*args, **kwargs)
 
     monkeypatch.setattr(bulk, "decode_ints", recording_thread)
-    monkeypatch.setattr(bulk, "PARALLEL_RECORDS", 0)
-    monkeypatch.setattr(bulk.os, "cpu_count", lambda: 2)  # the path is taken on a 1-CPU machine too
+    _two_threads(monkeypatch)
     assert_bulk_is_by_chunk(path)
     assert any(name.startswith("commtop-columns") for name in threads)
+
+
+def _two_threads(monkeypatch) -> None:
+    """Every part takes the two-thread decode (and with it the early grouping), on any machine."""
+    monkeypatch.setattr(bulk, "PARALLEL_RECORDS", 0)
+    monkeypatch.setattr(bulk.os, "cpu_count", lambda: 2)
+
+
+def test_the_reader_groups_the_records_while_the_other_columns_decode(tmp_path: Path, monkeypatch) -> None:
+    """``group_by`` gets the epoch and rank columns the tables end up with, and its result is
+    what grouping those columns afterwards gives; the tables are the same as without it."""
+    from tui.report.kernels import _group
+
+    _two_threads(monkeypatch)
+    path = tmp_path / "run.commtop"
+    write_recording(path, list(synth_run(duration_s=3.0, world=4)), chunk_s=0.05)
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def group_by(epoch: np.ndarray, rank: np.ndarray):  # type: ignore[no-untyped-def]
+        seen.append((epoch, rank))
+        return _group(epoch, rank)
+
+    with open_recording(path) as one, open_recording(path) as two:
+        grouped, plain = one.tables(REPORT_COLUMNS, group_by=group_by), two.tables(REPORT_COLUMNS)
+    assert_same_tables(grouped, plain)
+    assert plain.coll_grouped is None
+    ((epoch, rank),) = seen
+    assert epoch is grouped.coll["epoch"] and rank is grouped.coll["rank"]
+    want, got = _group(plain.coll["epoch"], plain.coll["rank"]), grouped.coll_grouped
+    assert got.runs == want.runs and got.ids == want.ids and got.span == want.span
+    assert np.array_equal(got.order, want.order) and np.array_equal(got.gid, want.gid)
+
+
+def test_no_early_grouping_where_a_chunk_is_decoded_on_its_own(tmp_path: Path, monkeypatch) -> None:
+    """A chunk the bulk path does not take is decoded in its place: the columns are then pieces
+    joined afterwards, not the arrays ``group_by`` saw, so its result is dropped."""
+    _two_threads(monkeypatch)
+    path = tmp_path / "run.commtop"
+    write_recording(path, list(synth_run(duration_s=3.0, world=2)), chunk_s=0.25)
+    _rewrite_chunk(path, 3, _delta_not_delta)
+    calls: list[int] = []
+    with open_recording(path) as rec:
+        tables = rec.tables(REPORT_COLUMNS, group_by=lambda epoch, rank: calls.append(len(epoch)) or "grouped")
+    assert calls and tables.coll_grouped is None
 
 
 def test_odd_values_and_empty_batches(tmp_path: Path) -> None:

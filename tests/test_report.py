@@ -511,6 +511,32 @@ def test_sorting_each_epoch_once_gives_the_report_that_sorting_every_subset_give
     assert format_table(fast) == format_table(slow)
 
 
+def test_the_report_of_columns_decoded_on_two_threads_and_grouped_early_is_the_same(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A large recording's columns decode on two threads and its records are grouped while they
+    do (tui.recordings.bulk): with that path forced on a small one, the report is the one built
+    from tables read on one thread and grouped afterwards, bit for bit."""
+    from recording_synth import Epoch
+
+    from tui.recordings import bulk
+    from tui.recordings.reader import open_recording
+    from tui.report.text import format_table
+
+    epochs = [Epoch(0.0, "none"), Epoch(1.0, "overlap", copies=3), Epoch(2.0, "sync")]
+    path = tmp_path / "run.commtop"
+    write_recording(path, list(synth_run(duration_s=3.0, world=3, epochs=epochs, seed=9)), chunk_s=0.1)
+    one = build.build_report(open_recording(path))
+    monkeypatch.setattr(bulk, "PARALLEL_RECORDS", 0)
+    monkeypatch.setattr(bulk.os, "cpu_count", lambda: 2)
+    with open_recording(path) as rec:
+        tables = reading.report_tables(rec)
+        assert tables.coll_grouped is not None
+        two = build.build_report(rec, tables)
+    assert repr(one) == repr(two)  # every field (repr: NaN equals NaN there)
+    assert format_table(one) == format_table(two)
+
+
 def test_baselines_read_out_of_the_sorted_epochs_are_the_baselines_of_the_records(tmp_path: Path, monkeypatch) -> None:
     """Mode none's medians (per rank and over all ranks, the slowdown's baseline) come out of
     the epochs' sorted orders when every none record is in a none-only epoch; computing them from

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -199,6 +199,8 @@ def _needed(codecs: dict[str, str], wanted: Sequence[str] | None) -> set[str]:
 BLOCK = 1 << 18
 #: Records of a part from which its stored columns decode on two threads (below, threads cost more than they save).
 PARALLEL_RECORDS = 1 << 16
+#: The dtype of a table's "rank" column.
+RANK_DTYPE = "<i4"
 
 
 def _columns(
@@ -208,13 +210,18 @@ def _columns(
     schema: dict[str, str],
     need: set[str],
     counts: np.ndarray,
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """(batch ranks, per-record columns) of one part over ``chunks``, each column as the
-    per-chunk decoder's ``_decode_part`` gives it.
+    side: ThreadPoolExecutor | None = None,
+    group_by: Callable[[np.ndarray, np.ndarray], Any] | None = None,
+) -> tuple[np.ndarray, dict[str, np.ndarray], Future[Any] | None]:
+    """(batch ranks, per-record columns, ``group_by``'s future) of one part over ``chunks``,
+    each column as the per-chunk decoder's ``_decode_part`` gives it.
 
     The stored columns decode on two threads (numpy copies and sums without the GIL, the
     joins of byte planes with it, so one column's numpy runs while another's joins); the
-    columns computed from others follow, in order."""
+    columns computed from others follow, in order. With ``group_by`` (and ``side``, its
+    thread), the epochs and the per-record ranks come first ("rank" joins the columns) and
+    ``group_by(epoch, rank)`` runs on ``side`` while the rest decode: the report's grouping,
+    its longest step on one thread, no longer waits for every column."""
     having = [c.parts[name] for c in chunks if name in c.parts]
     stored = [col for col, codec in codecs.items() if col in need and codec in ("d", "p", "f", "h")]
 
@@ -227,15 +234,22 @@ def _columns(
         dtype = np.dtype(schema[col])
         return decode_ints(encs, dtype.itemsize).view(dtype)
 
-    if len(stored) > 1 and int(counts.sum()) >= PARALLEL_RECORDS and (os.cpu_count() or 1) > 1:
-        # the widest first, so that the two threads end together
-        widest = sorted(stored, key=lambda col: -max((h["cols"][col][3] for h in having), default=0))
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="commtop-columns") as pool:
-            done = dict(zip(widest, pool.map(decode, widest), strict=True))
-    else:
-        done = {col: decode(col) for col in stored}
     ranks = decode_ints([h["meta"]["rank"] for h in having]).view(np.int64)
     cols: dict[str, np.ndarray] = {}
+    done: dict[str, np.ndarray] = {}
+    grouped: Future[Any] | None = None
+    if len(stored) > 1 and int(counts.sum()) >= PARALLEL_RECORDS and (os.cpu_count() or 1) > 1:
+        if group_by is not None and side is not None and "epoch" in stored:
+            done["epoch"] = decode("epoch")
+            cols["rank"] = np.repeat(ranks.astype(RANK_DTYPE), counts)
+            grouped = side.submit(group_by, done["epoch"], cols["rank"])
+        # the widest first, so that the two threads end together
+        rest = [col for col in stored if col not in done]
+        widest = sorted(rest, key=lambda col: -max((h["cols"][col][3] for h in having), default=0))
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="commtop-columns") as pool:
+            done.update(zip(widest, pool.map(decode, widest), strict=True))
+    else:
+        done = {col: decode(col) for col in stored}
     for col, codec in codecs.items():  # dict order puts every dependency first
         if col not in need:
             continue
@@ -255,7 +269,7 @@ def _columns(
                 f = factor[a : a + BLOCK] if isinstance(factor, np.ndarray) else factor
                 bits[a : a + BLOCK] ^= _f32_bits(_recomputed(codec, part, f))
             cols[col] = bits.view(np.float32)
-    return ranks, cols
+    return ranks, cols, grouped
 
 
 def _segment_sums(values: np.ndarray, sizes: list[int]) -> np.ndarray:
@@ -322,9 +336,16 @@ def _read_all(rec: ChunkSource, wanted: dict[str, set[str]]) -> list[_Chunk | No
     return out
 
 
-def read_tables(rec: ChunkSource, coll_columns: Sequence[str] | None = None, *, summary: bool = False) -> Tables:
+def read_tables(
+    rec: ChunkSource,
+    coll_columns: Sequence[str] | None = None,
+    *,
+    summary: bool = False,
+    group_by: Callable[[np.ndarray, np.ndarray], Any] | None = None,
+) -> Tables:
     """``rec.tables(coll_columns)``, every chunk the per-chunk decoder reads read in bulk;
-    ``summary``: with the chunks' collective summaries where every chunk has a valid one."""
+    ``summary``: with the chunks' collective summaries where every chunk has a valid one;
+    ``group_by``: ``Tables.coll_grouped`` (see :func:`_columns`)."""
     wanted = {"coll": _needed(COLL_CODECS, coll_columns), "copy": _needed(COPY_CODECS, None)}
     checked = _read_all(rec, wanted)
     while True:
@@ -344,11 +365,16 @@ def read_tables(rec: ChunkSource, coll_columns: Sequence[str] | None = None, *, 
             break
         drop = {id(good[i]) for i in bad}
         checked = [None if c is not None and id(c) in drop else c for c in checked]
-    have = {
-        name: (counts[name], *_columns(good, name, codecs, schema, wanted[name], counts[name]))
-        for name, _, codecs, schema, _ in _PARTS
-    }
-    tables = _assemble(rec, checked, t, kinds, have, others, coll_columns)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commtop-group") as side:
+        have, grouped = {}, None
+        for name, _, codecs, schema, _ in _PARTS:
+            mine = group_by if name == "coll" else None
+            ranks, cols, future = _columns(good, name, codecs, schema, wanted[name], counts[name], side, mine)
+            have[name] = (counts[name], ranks, cols)
+            grouped = future or grouped
+        tables = _assemble(rec, checked, t, kinds, have, others, coll_columns)
+        if grouped is not None and all(c is not None for c in checked):  # the columns it was given
+            tables.coll_grouped = grouped.result()
     if summary and all(c is not None for c in checked):
         parts = [c.parts["coll"]["s"] for c in good if "coll" in c.parts]
         if all(chunk_summary.valid(s) for s in parts):
@@ -385,7 +411,7 @@ def _others(chunks: list[_Chunk], t: np.ndarray, kinds: np.ndarray) -> tuple[lis
 def _table_columns(schema: dict[str, str], wanted: Sequence[str] | None) -> dict[str, str]:
     """The table's columns and dtypes, in the order ``Recording.tables`` has always given."""
     dtypes = {n: d for n, d in {**schema, "recv_ns": "<i8"}.items() if wanted is None or n in wanted}
-    return {**dtypes, "rank": "<i4"}
+    return {**dtypes, "rank": RANK_DTYPE}
 
 
 def _assemble(
@@ -406,7 +432,7 @@ def _assemble(
         out = {}
         for col, dtype in columns.items():
             if col == "rank":
-                out[col] = np.repeat(ranks.astype(dtype), counts)
+                out[col] = cols["rank"] if "rank" in cols else np.repeat(ranks.astype(dtype), counts)
             elif col == "recv_ns":
                 out[col] = np.repeat(t[kinds == kind], counts)
             else:

@@ -433,3 +433,7 @@ class Tables:
     #: Every chunk's collective summary rows (tui.recordings.summary), when asked for and every
     #: chunk has one; else None.
     coll_summary: dict[str, np.ndarray] | None = None
+    #: What the reader's ``group_by`` gave for the collectives' (epoch, rank) columns, computed
+    #: while the other columns decoded; None when not asked for, or when some chunk was decoded
+    #: on its own (the columns are then not the arrays it was given).
+    coll_grouped: Any = None

@@ -7,8 +7,10 @@ from __future__ import annotations
 import mmap
 import os
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+import numpy as np
 
 from tui.recordings import summary
 from tui.recordings.bulk import read_tables
@@ -215,13 +217,20 @@ class Recording:
             if chunk is not None:
                 yield from chunk_messages(chunk)
 
-    def tables(self, coll_columns: Sequence[str] | None = None, *, summary: bool = False) -> Tables:
+    def tables(
+        self,
+        coll_columns: Sequence[str] | None = None,
+        *,
+        summary: bool = False,
+        group_by: Callable[[np.ndarray, np.ndarray], Any] | None = None,
+    ) -> Tables:
         """The whole recording as numpy columns (+ "rank" and "recv_ns" per record).
         ``coll_columns`` limits the collective columns decoded (faster, less memory); "rank"
         always comes, "recv_ns" only when named. ``summary``: also the chunks' collective
-        summaries (``Tables.coll_summary``). Read in bulk (:mod:`tui.recordings.bulk`):
-        one numpy pass per column over every chunk."""
-        return read_tables(self, coll_columns, summary=summary)
+        summaries (``Tables.coll_summary``). ``group_by``: called with the collectives' epoch
+        and rank columns on a side thread while the others decode (``Tables.coll_grouped``).
+        Read in bulk (:mod:`tui.recordings.bulk`): one numpy pass per column over every chunk."""
+        return read_tables(self, coll_columns, summary=summary, group_by=group_by)
 
     @property
     def has_summaries(self) -> bool:

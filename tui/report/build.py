@@ -235,13 +235,21 @@ def _grouped(rec: Recording, tables: Tables) -> tuple[Tables, _Groups, _Sums | N
     """The records grouped by (epoch, rank), and their sums where the chunks' summaries give
     them. Tables read with ``summary_columns`` whose summaries are missing or do not add
     up are read again with the report's columns (the sums then come from those)."""
-    g = _group(tables.coll["epoch"], tables.coll["rank"])
+    g = _groups_of(tables)
     lean = "busbw" not in tables.coll  # read with summary_columns: the sums must come from the summaries
     sums = _sums_of_summary(tables.coll_summary, g) if lean else None
     if lean and sums is None:  # summaries missing or not adding up: read the columns
-        tables = rec.tables(coll_columns=report_columns(rec))
-        g = _group(tables.coll["epoch"], tables.coll["rank"])  # (the chunks it takes are checked anew)
+        tables = rec.tables(coll_columns=report_columns(rec), group_by=_group)
+        g = _groups_of(tables)  # (the chunks it takes are checked anew)
     return tables, g, sums
+
+
+def _groups_of(tables: Tables) -> _Groups:
+    """The records grouped by (epoch, rank): as the reader grouped them while it decoded the
+    other columns (:func:`~tui.report.reading.report_tables`), else now."""
+    if isinstance(tables.coll_grouped, _Groups):
+        return tables.coll_grouped
+    return _group(tables.coll["epoch"], tables.coll["rank"])
 
 
 def _sorted_records(tables: Tables, g: _Groups, sums: _Sums | None, names: GroupNames) -> tuple[Records, _Sums]:

@@ -9,6 +9,7 @@ import numpy as np
 
 from tui.recordings.codec import Tables
 from tui.recordings.reader import Recording
+from tui.report.kernels import _group
 
 #: The stream (group, op, dtype, nbytes), the step view (step, start_ns) and the gaps (iteration)
 #: need their columns; the rows their durations and sums.
@@ -41,10 +42,11 @@ def summary_columns(rec: Recording) -> tuple[str, ...]:
 
 def report_tables(rec: Recording) -> Tables:
     """The tables :func:`build_report` needs: fewer columns and the summaries where the writer
-    summarised its chunks (tui.recordings.summary), else the report's columns."""
+    summarised its chunks (tui.recordings.summary), else the report's columns; the records
+    grouped by (epoch, rank) while the other columns decode."""
     if rec.has_summaries:
-        return rec.tables(coll_columns=summary_columns(rec), summary=True)
-    return rec.tables(coll_columns=report_columns(rec))
+        return rec.tables(coll_columns=summary_columns(rec), summary=True, group_by=_group)
+    return rec.tables(coll_columns=report_columns(rec), group_by=_group)
 
 
 def window_span(window: tuple[float, float], duration_s: float) -> tuple[float, float]:
