@@ -371,7 +371,8 @@ def read_tables(
             mine = group_by if name == "coll" else None
             ranks, cols, future = _columns(good, name, codecs, schema, wanted[name], counts[name], side, mine)
             have[name] = (counts[name], ranks, cols)
-            grouped = future or grouped
+            if future is not None:
+                grouped = future
         tables = _assemble(rec, checked, t, kinds, have, others, coll_columns)
         if grouped is not None and all(c is not None for c in checked):  # the columns it was given
             tables.coll_grouped = grouped.result()
