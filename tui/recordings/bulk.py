@@ -212,14 +212,14 @@ def _columns(
     counts: np.ndarray,
     side: ThreadPoolExecutor | None = None,
     group_by: Callable[[np.ndarray, np.ndarray], Any] | None = None,
-) -> tuple[np.ndarray, dict[str, np.ndarray], Future[Any] | None]:
-    """(batch ranks, per-record columns, ``group_by``'s future) of one part over ``chunks``,
+) -> tuple[dict[str, np.ndarray], Future[Any] | None]:
+    """(per-record columns with "rank", ``group_by``'s future) of one part over ``chunks``,
     each column as the per-chunk decoder's ``_decode_part`` gives it.
 
     The stored columns decode on two threads (numpy copies and sums without the GIL, the
     joins of byte planes with it, so one column's numpy runs while another's joins); the
     columns computed from others follow, in order. With ``group_by`` (and ``side``, its
-    thread), the epochs and the per-record ranks come first ("rank" joins the columns) and
+    thread), the epochs and the per-record ranks come first and
     ``group_by(epoch, rank)`` runs on ``side`` while the rest decode: the report's grouping,
     its longest step on one thread, no longer waits for every column."""
     having = [c.parts[name] for c in chunks if name in c.parts]
@@ -234,14 +234,13 @@ def _columns(
         dtype = np.dtype(schema[col])
         return decode_ints(encs, dtype.itemsize).view(dtype)
 
-    ranks = decode_ints([h["meta"]["rank"] for h in having]).view(np.int64)
-    cols: dict[str, np.ndarray] = {}
+    ranks = decode_ints([h["meta"]["rank"] for h in having]).view(np.int64)  # one per batch
+    cols: dict[str, np.ndarray] = {"rank": np.repeat(ranks.astype(RANK_DTYPE), counts)}
     done: dict[str, np.ndarray] = {}
     grouped: Future[Any] | None = None
     if len(stored) > 1 and int(counts.sum()) >= PARALLEL_RECORDS and (os.cpu_count() or 1) > 1:
         if group_by is not None and side is not None and "epoch" in stored:
             done["epoch"] = decode("epoch")
-            cols["rank"] = np.repeat(ranks.astype(RANK_DTYPE), counts)
             grouped = side.submit(group_by, done["epoch"], cols["rank"])
         # the widest first, so that the two threads end together
         rest = [col for col in stored if col not in done]
@@ -269,7 +268,7 @@ def _columns(
                 f = factor[a : a + BLOCK] if isinstance(factor, np.ndarray) else factor
                 bits[a : a + BLOCK] ^= _f32_bits(_recomputed(codec, part, f))
             cols[col] = bits.view(np.float32)
-    return ranks, cols, grouped
+    return cols, grouped
 
 
 def _segment_sums(values: np.ndarray, sizes: list[int]) -> np.ndarray:
@@ -369,8 +368,8 @@ def read_tables(
         have, grouped = {}, None
         for name, _, codecs, schema, _ in _PARTS:
             mine = group_by if name == "coll" else None
-            ranks, cols, future = _columns(good, name, codecs, schema, wanted[name], counts[name], side, mine)
-            have[name] = (counts[name], ranks, cols)
+            cols, future = _columns(good, name, codecs, schema, wanted[name], counts[name], side, mine)
+            have[name] = (counts[name], cols)
             if future is not None:
                 grouped = future
         tables = _assemble(rec, checked, t, kinds, have, others, coll_columns)
@@ -420,7 +419,7 @@ def _assemble(
     checked: list[_Chunk | None],
     t: np.ndarray,
     kinds: np.ndarray,
-    have: dict[str, tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]],
+    have: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]],
     others: list[list[tuple[int, Any]]],
     coll_columns: Sequence[str] | None,
 ) -> Tables:
@@ -428,13 +427,11 @@ def _assemble(
     bulk: dict[str, dict[str, np.ndarray]] = {}
     layout = {}
     for name, _, _, schema, kind in _PARTS:
-        counts, ranks, cols = have[name]
+        counts, cols = have[name]
         columns = _table_columns(schema, coll_columns if name == "coll" else None)
         out = {}
-        for col, dtype in columns.items():
-            if col == "rank":
-                out[col] = cols["rank"] if "rank" in cols else np.repeat(ranks.astype(dtype), counts)
-            elif col == "recv_ns":
+        for col in columns:
+            if col == "recv_ns":
                 out[col] = np.repeat(t[kinds == kind], counts)
             else:
                 out[col] = cols[col]

@@ -187,9 +187,8 @@ class Recorder:
             self._thread.join()
             self._thread = None
         writer = self._writer
-        if (
-            writer is not None and not self._hellos and not writer.records
-        ):  # no rank said anything: a job that never started
+        # no rank said anything (no Hello, no record written): a job that never started
+        if writer is not None and not self._hellos and not writer.records:
             self._writer = None
             self._remove_empty()
             return
