@@ -606,7 +606,7 @@ def test_a_recording_without_copies_puts_every_collective_in_no_copies(tmp_path:
     zeros=st.booleans(),
 )
 def test_an_epoch_of_one_class_is_ordered_as_the_packed_keys_order_it(sizes, cls: int, seed: int, zeros: bool) -> None:
-    """One overlap class in the epoch: each rank's float32 durations sorted and merged give the
+    """One overlap class in the epoch: each rank's float32 durations sorted, and the epoch's sorted again, give the
     epoch's, each rank's and each class's sorted durations exactly as the uint64 keys do."""
     rng = np.random.default_rng(seed)
     dur = rng.choice(np.array([0.0, 1.5, 2700.25, 1e-30, 3e38], dtype=np.float32), sum(sizes))

@@ -195,16 +195,16 @@ class _EpochOrder:
     @classmethod
     def _of_one_class(cls, dur32: np.ndarray, ocls: int, sizes: list[int]) -> _EpochOrder:
         """:meth:`of` where every record has the same class: each rank's durations sorted as
-        float32 (half the bytes of the packed keys), the epoch's merged from those runs by a
-        stable sort. For non-negative finite values the float order is the order of the bits,
-        so the values come out exactly as from the keys."""
+        float32 (half the bytes of the packed keys), and the epoch's sorted again as a whole.
+        For non-negative finite values the float order is the order of the bits, so the values
+        come out exactly as from the keys; equal floats are the same bits, so any sort gives
+        the same array. numpy's default float32 sort (SIMD quicksort) took 28 ms on 5 M values
+        of 8 sorted runs where the stable sort's merge of those runs took 85 ms (VM, Xeon)."""
         starts = np.cumsum([0, *sizes]).tolist()
         by_rank = np.empty(len(dur32), dtype=np.float32)
         for a, b in zip(starts[:-1], starts[1:], strict=True):
             by_rank[a:b] = np.sort(dur32[a:b])
-        values = by_rank.copy() if len(sizes) > 1 else by_rank
-        if len(sizes) > 1:
-            values.sort(kind="stable")  # merges the sorted runs
+        values = np.sort(by_rank) if len(sizes) > 1 else by_rank
         order = cls(values, np.zeros(0, dtype=np.uint16), np.full(len(values), ocls, dtype=np.int8), ocls)
         order._by_rank = (by_rank, order.cls, starts)
         return order
@@ -218,10 +218,13 @@ class _EpochOrder:
         if len(parts) == 1:
             return parts[0]
         values = np.concatenate([p.values for p in parts if p is not None])
-        classes = np.concatenate([p.cls for p in parts if p is not None])
-        order = np.argsort(values, kind="stable")  # merges the sorted runs
         ones = {p.one_class for p in parts if p is not None}
         one = ones.pop() if len(ones) == 1 else None
+        if one is not None:  # one class: the values alone, sorted as in _of_one_class
+            values.sort()
+            return cls(values, np.zeros(len(values), dtype=np.uint16), np.full(len(values), one, dtype=np.int8), one)
+        classes = np.concatenate([p.cls for p in parts if p is not None])
+        order = np.argsort(values, kind="stable")  # merges the sorted runs
         return cls(values[order], np.zeros(len(values), dtype=np.uint16), classes[order], one)
 
     def _ranks(self) -> tuple[np.ndarray, np.ndarray, list[int]]:
