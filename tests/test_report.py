@@ -648,3 +648,33 @@ def test_epochs_of_one_class_each_merged_split_by_class_as_their_values_say(clas
         mine = [d for d, k in zip(durs, classes, strict=True) if k == c]
         want = np.sort(np.concatenate(mine)) if mine else np.zeros(0, dtype=np.float32)
         assert by_class[c].tobytes() == want.tobytes(), c
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_a_runs_busy_time_a_block_at_a_time_is_the_whole_runs(in_order: bool) -> None:
+    """The step view's time in collectives per (epoch, rank) run, taken BUSY_BLOCK records at a
+    time, is busy_ns over the whole run: intervals that reach across a block's end count once,
+    and a run whose starts are out of order is taken whole."""
+    from tui.model.steps import busy_ns
+    from tui.report import steps_report
+    from workers.wire.overlap import end_ns
+
+    rng = np.random.default_rng(11)
+    n = 3 * steps_report.BUSY_BLOCK + 17
+    start = np.cumsum(rng.integers(0, 3000, n)).astype(np.int64)
+    if not in_order:
+        start[[5, n - 5]] = start[[n - 5, 5]]
+    dur = rng.lognormal(0.5, 1.5, n).astype(np.float32)  # some reach past several later starts
+    want = busy_ns(start, end_ns(start, dur), -(2**62))[0]
+    assert steps_report._busy_of_run(start, dur) == want
+    # a block-local busy time (no carry across blocks) would count the overlaps twice
+    blocks = sum(
+        busy_ns(
+            start[a : a + steps_report.BUSY_BLOCK],
+            end_ns(start[a : a + steps_report.BUSY_BLOCK], dur[a : a + steps_report.BUSY_BLOCK]),
+            -(2**62),
+        )[0]
+        for a in range(0, n, steps_report.BUSY_BLOCK)
+    )
+    if in_order:
+        assert blocks != want

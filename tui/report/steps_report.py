@@ -28,6 +28,8 @@ _Epoch = tuple[int, int, int, list[tuple[int, int, int]]]
 #: Records at the ends of a run that its time window is taken from (issue order is nearly
 #: start order; a collective issued earlier on another stream may end a little later).
 _EDGE = 64
+#: Records per block of a run's busy time (int64 temporaries of 128 KB).
+BUSY_BLOCK = 1 << 14
 
 
 @dataclass
@@ -76,7 +78,7 @@ def run_pass(
         # np.take: a third less than fancy indexing for these mostly ascending indices
         step, start, dur = np.take(step_col, idx), np.take(start_col, idx).astype(np.int64, copy=False), dur32[a:b]
         span[gid] = int(window_end_ns(start[-_EDGE:], dur[-_EDGE:]).max()) - int(start[:_EDGE].min())
-        busy[gid] = busy_ns(start, end_ns(start, dur), -(2**62))[0]
+        busy[gid] = _busy_of_run(start, dur)
         first, dt, _ = step_boundaries(np.zeros(len(step), dtype=np.int8), step, start)
         begun[gid] = len(first)
         times[gid] = np.sort(dt) / 1e6
@@ -95,6 +97,22 @@ def run_pass(
                 new = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
                 _add_group_steps(groups, grp, rank, s, dur[mine], new)
     return RunPass(span, busy, begun, rate, times, groups)
+
+
+def _busy_of_run(start: np.ndarray, dur: np.ndarray) -> int:
+    """:func:`busy_ns` of a run's records (their ends from ``dur``), BUSY_BLOCK records at a
+    time when the starts are in order (the usual case; each block carries the latest end so
+    far, so the sum is the same): the temporaries then stay in cache, half the time of the
+    whole run's (VM)."""
+    if len(start) > 1 and bool((start[1:] < start[:-1]).any()):  # busy_ns sorts the whole run
+        return busy_ns(start, end_ns(start, dur), -(2**62))[0]
+    covered, after = 0, -(2**62)
+    for a in range(0, len(start), BUSY_BLOCK):
+        part, after = busy_ns(
+            start[a : a + BUSY_BLOCK], end_ns(start[a : a + BUSY_BLOCK], dur[a : a + BUSY_BLOCK]), after
+        )
+        covered += part
+    return covered
 
 
 def _add_group_steps(
