@@ -9,7 +9,9 @@ import pytest
 from job_synth import COPY_BYTES, STEP_NS, T0, expected_counts, job_hello, job_run
 
 from tui.model.job import JobInfo
+from tui.model.rank_state import RankState
 from tui.model.run_model import RunModel
+from tui.model.stats import RunAggregate
 from tui.model.streams import OTHER, UNNAMED, StreamTable, dtype_name, group_label
 from workers.wire import protocol as p
 from workers.wire.stats import percentiles
@@ -146,6 +148,47 @@ def test_step_view_from_the_step_column() -> None:
     assert (c.direction, c.pinned, c.per_step, c.bytes_per_step) == ("d2h", True, 2.0, 2.0 * COPY_BYTES)
     assert c.gbps == pytest.approx(COPY_BYTES / 350.0 / 1e3)
     assert snap.step_rate == pytest.approx(1e9 / STEP_NS)
+
+
+class _OwnStepTimesModel(RunModel):
+    """Test double: a run model whose ranks keep their own step-time aggregates, which the step
+    view merges (what every model did before they shared one)."""
+
+    def _rank(self, rank: int) -> RankState:
+        state = self.ranks.get(rank)
+        if state is None:
+            state = self.ranks[rank] = RankState(rank)
+        return state
+
+
+@pytest.mark.parametrize(("world", "steps"), [(4, 60), (2, 8300)])  # 8300: past the exact values' cap
+def test_the_step_view_of_one_shared_aggregate_is_that_of_every_ranks_merged(world: int, steps: int) -> None:
+    """The run model's ranks put their step times into one aggregate, which the step view reads
+    as it is: the same step view as merging an aggregate per rank (the mean to rounding), with
+    exact percentiles and past RunAggregate.EXACT_CAP from the histogram alike."""
+    items = list(job_run(world=world, steps=steps, copies=1))
+    shared = fed(items)
+    own = _OwnStepTimesModel(clock=lambda: T0)
+    for _, m in items:
+        own.apply(m)
+    assert shared.ranks[0].steps.times is shared.ranks[1].steps.times  # one aggregate
+    assert own.ranks[0].steps.times is not own.ranks[1].steps.times
+    a, b = (m.snapshot(fresh_run_stats=True).steps for m in (shared, own))
+    assert a.step.count == b.step.count == world * (steps - 1)
+    assert a.step.exact == b.step.exact == (world * (steps - 1) <= RunAggregate.EXACT_CAP)
+    assert (a.step.p50_ms, a.step.p99_ms, a.step.min_ms, a.step.max_ms) == (
+        b.step.p50_ms,
+        b.step.p99_ms,
+        b.step.min_ms,
+        b.step.max_ms,
+    )
+    assert a.step.mean_ms == pytest.approx(b.step.mean_ms, rel=1e-12)
+    assert (a.steps, a.steps_per_s, a.coll_ms_per_step, a.copies) == (
+        b.steps,
+        b.steps_per_s,
+        b.coll_ms_per_step,
+        b.copies,
+    )
 
 
 def test_steps_and_streams_catch_up_when_the_model_clock_stands_still() -> None:

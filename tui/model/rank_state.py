@@ -26,7 +26,9 @@ COPY_RING_SIZE = 1024
 class RankState:
     """Everything the model keeps of one rank; ``version`` changes with every message of it."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, step_times: RunAggregate | None = None) -> None:
+        """``step_times``: the aggregate its step times go to (see :class:`RankSteps`; the run
+        model shares one among its ranks)."""
         self.rank = rank
         self.hello: Hello | None = None
         self.bye: Bye | None = None
@@ -45,7 +47,7 @@ class RankState:
         self.sent_hint = {COLL: 0, COPY: 0}  # batches sent so far, from the hello
         self.version = 0  # bumped by every message of this rank (snapshot caching)
         self.overlap = RankOverlap()
-        self.steps = RankSteps()
+        self.steps = RankSteps(step_times)
         #: Collectives the rank says it issued and never recorded (its Hello's ``lost``).
         self.lost = 0
         #: Records per stream ring value so far (tui.model.streams): the per-stream history's columns.

@@ -36,7 +36,7 @@ from tui.model.in_force import InForceTracker
 from tui.model.rank_state import RankState
 from tui.model.snapshot import Snapshot
 from tui.model.snapshot_builder import SnapshotBuilder
-from tui.model.stats import RING_SIZE
+from tui.model.stats import RING_SIZE, RunAggregate
 from tui.model.streams import NEXT_STREAM, UNNAMED, StreamTable
 from tui.model.telemetry import TelemetryModel
 from workers.wire.protocol import COLL, TELEM, TELEM_CAPS, Batch, Bye, Hello, Message
@@ -98,6 +98,8 @@ class RunModel:
         self._stream_history: HistoryMatrix | None = None
         self.streams.reset()
         self.telemetry = TelemetryModel()
+        #: Every rank's step times in one aggregate (the step view reads it whole).
+        self.step_times = RunAggregate()
         self.in_force.reset()
         self._builder.reset()
 
@@ -116,7 +118,7 @@ class RunModel:
     def _rank(self, rank: int) -> RankState:
         state = self.ranks.get(rank)
         if state is None:
-            state = self.ranks[rank] = RankState(rank)
+            state = self.ranks[rank] = RankState(rank, self.step_times)
         return state
 
     def apply(self, message: Message, now_ns: int | None = None) -> None:
