@@ -304,3 +304,28 @@ def test_the_child_ends_when_its_rank_is_killed(tmp_path: Path) -> None:
     else:
         os.kill(child, signal.SIGKILL)
         pytest.fail("the decoder child outlived its rank")
+
+
+@pytest.mark.e2e
+def test_the_child_outlives_a_stop_signal_and_ends_with_its_rank(tmp_path: Path) -> None:
+    """SIGTERM and SIGINT reach the job's whole group at a stop: the decoder child lives on for
+    the rank's last read (it used to die of them), then ends when the rank closes its pipe."""
+    from workers.capture.fr_child import ChildDecoder
+
+    decoder = ChildDecoder(str(tmp_path / "none.sock"))
+    proc = decoder.proc
+    assert proc is not None
+    time.sleep(0.5)  # (a signal before its handlers are set would end it: not what is tested)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # started: python and the imports take a while under load
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        ignored = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+        if ignored & (1 << (signal.SIGTERM - 1)) and ignored & (1 << (signal.SIGINT - 1)):
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    assert proc.poll() is None  # still there
+    decoder.close()
+    assert proc.wait(timeout=15) == 0

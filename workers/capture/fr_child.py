@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -81,6 +82,11 @@ def main(argv: list[str] | None = None) -> None:
     handler = args[1] if len(args) > 1 else "dump_nccl_trace_pickle"
     dump = ServerDump(args[0], handler, decode=json.loads) if args[2:] == ["json"] else ServerDump(args[0], handler)
     parent = int(os.environ.get("COMMTOP_FR_PARENT", "0")) or os.getppid()
+    # A stop is its rank's to handle: `commtop run` and Ctrl-C signal the job's whole group, and
+    # a child ended by that signal failed the rank's last read (seen on an H100: "decoder child:
+    # Broken pipe" at every stop). It still ends at EOF or once the rank is gone (and SIGKILL).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         serve(dump, sys.stdin.buffer, sys.stdout.buffer, parent)
     except (BrokenPipeError, KeyboardInterrupt):
