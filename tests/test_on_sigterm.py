@@ -1,9 +1,10 @@
 """workers.capture.on_sigterm in a real child process: on SIGTERM the flush runs, then the
-process ends by SIGTERM (what its parent and torchrun see is unchanged); a script that chose its
-own SIGTERM handling keeps it."""
+process ends by SIGTERM (what its parent and torchrun see is unchanged); the job's own code stops
+where the signal found it; a script that chose its own SIGTERM handling keeps it."""
 
 from __future__ import annotations
 
+import runpy
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e  # starts processes
+from workers.capture import on_sigterm
 
 CHILD = """
 import signal, sys, threading, time
@@ -32,6 +33,26 @@ while True:
 """
 
 
+#: A job whose work is not hooked (as under the Flight Recorder capture): it counts its iterations
+#: into a file; the flush notes the count it sees, then takes a while, as a last read does.
+COUNTING_CHILD = """
+import os, sys, time
+from pathlib import Path
+from workers.capture import on_sigterm
+count, out = Path(sys.argv[1]), Path(sys.argv[2])
+def flush():
+    out.write_text(count.read_text())
+    time.sleep(0.5)
+on_sigterm.install(flush)
+print("installed", flush=True)
+tmp, n = count.with_suffix(".tmp"), 0
+while True:
+    n += 1
+    tmp.write_text(str(n))
+    os.replace(tmp, count)
+"""
+
+
 def run_child(tmp_path: Path, variant: str) -> tuple[int, str, str]:
     out = tmp_path / f"{variant}.txt"
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(out), variant], stdout=subprocess.PIPE, text=True)
@@ -43,6 +64,7 @@ def run_child(tmp_path: Path, variant: str) -> tuple[int, str, str]:
     return code, said, out.read_text() if out.exists() else ""
 
 
+@pytest.mark.e2e  # starts processes
 @pytest.mark.parametrize("variant", ["plain", "hold"])
 def test_sigterm_flushes_then_ends_the_process_by_sigterm(tmp_path: Path, variant: str) -> None:
     code, said, written = run_child(tmp_path, variant)
@@ -51,6 +73,40 @@ def test_sigterm_flushes_then_ends_the_process_by_sigterm(tmp_path: Path, varian
     assert code == -signal.SIGTERM  # killed by SIGTERM, as without the handler
 
 
+@pytest.mark.e2e
+def test_the_jobs_own_code_stops_where_sigterm_found_it(tmp_path: Path) -> None:
+    """Nothing the job does comes after the flush's count (before, the job ran on through the
+    flush: on an H100, 150-300 collectives a stop that no read saw)."""
+    count, out = tmp_path / "count.txt", tmp_path / "flushed.txt"
+    child = subprocess.Popen(
+        [sys.executable, "-c", COUNTING_CHILD, str(count), str(out)], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None and child.stdout.readline().strip() == "installed"
+    time.sleep(0.2)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=30) == -signal.SIGTERM
+    assert int(out.read_text()) > 0
+    assert count.read_text() == out.read_text()
+
+
+def test_commtop_code_on_the_stack_is_not_parked() -> None:
+    """A handler that lands in commtop's code (a hook, the monitor) must not park there: that code
+    may hold a lock the flush needs. The job's code, started by runpy, is parked."""
+    here = sys._getframe()
+    assert not on_sigterm.in_commtop(here)
+    assert on_sigterm._quietly(lambda: on_sigterm.in_commtop(sys._getframe())) is True
+
+
+def test_a_script_run_by_runpy_from_commtop_is_the_jobs_code(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import sys\nfrom workers.capture import on_sigterm\nfound = on_sigterm.in_commtop(sys._getframe())\n"
+    )
+    ran = on_sigterm._quietly(lambda: runpy.run_path(str(script)))
+    assert ran["found"] is False
+
+
+@pytest.mark.e2e
 def test_a_script_with_its_own_sigterm_handler_keeps_it(tmp_path: Path) -> None:
     code, said, written = run_child(tmp_path, "own")
     assert said == "not installed"

@@ -3,7 +3,8 @@
 # tested on gloo by tests/test_stopped_job_keeps_records.py): `commtop run --headless --record`
 # of benchmarks/jobs/counted_until_stopped.py on the GPUs, stopped after DELAY s by SIGTERM or
 # SIGINT to commtop; per rank, the job's own [done, begun] against the recording's records, the
-# exit code, the summary's end column, and what is left running. ~2-3 min.
+# exit code, the summary's end column, how long the stop took (signal to commtop's exit) and what
+# is left running. ~2-3 min.
 #   device run: bash benchmarks/device/h200_stop_check.sh      (carry .whl)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -18,26 +19,28 @@ check() {  # SIG PACE DELAY TAG [ENV=VAL]
     -- python3 benchmarks/jobs/counted_until_stopped.py "$dir" "$pace" > "$dir/out.txt" 2>&1 &
   local pid=$!
   for _ in $(seq 300); do [ -s "$dir/rank0.json" ] && break; sleep 0.2; done
-  sleep "$delay"; kill -"$sig" $pid; wait $pid; local rc=$?
+  sleep "$delay"; local t0; t0=$(date +%s.%N); kill -"$sig" $pid; wait $pid; local rc=$?
+  local took; took=$(python3 -c "import time; print(f'{time.time() - $t0:.2f}')")
   sleep 1
-  local left; left=$(pgrep -fc "counted_until_stopped|torchrun|workers.capture" || true)
-  python3 - "$dir" "$tag" "$rc" "$left" <<'PY' | tee -a "$R"
+  local left; left=$(pgrep -fc "python3 benchmarks/jobs/counted_until_stopped.py|torch.distributed.run|workers.capture.(bootstrap|fr_child)" || true)
+  python3 - "$dir" "$tag" "$rc" "$left" "$took" <<'PY' | tee -a "$R"
 import collections, json, sys
 from pathlib import Path
 from tui.recordings.reader import open_recording
-d, tag, rc, left = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+d, tag, rc, left, took = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 with open_recording(d / "rec.commtop") as rec:
     got = collections.Counter(rec.tables().coll["rank"].tolist())
 ends = [" ".join(l.split()[-3:]) for l in (d / "out.txt").read_text().splitlines() if l[:1].isdigit() and " killed " in l]
 for f in sorted(d.glob("rank*.json")):
     r = int(f.stem[4:]); t = json.loads(f.read_text())
     ok = t["done"] <= got[r] <= t["begun"]
-    print(f"{tag:22s} rank {r}: issued done {t['done']} begun {t['begun']}, recorded {got[r]} -> {'OK' if ok else 'MISMATCH'}; rc {rc}; left running {left}; ends {ends}")
+    print(f"{tag:22s} rank {r}: issued done {t['done']} begun {t['begun']}, recorded {got[r]} -> {'OK' if ok else 'MISMATCH'}; rc {rc}; stop {took} s; left running {left}; ends {ends}")
 PY
   tail -25 "$dir/out.txt" > "$OUT/stop_$tag.txt"
 }
 { date -u +%FT%TZ; nvidia-smi -L; } | tee "$R"
 check TERM fast 8 term-fast
+check TERM fast 5 term-fast-2
 check INT fast 8 int-fast
 check TERM slow 6 term-slow
 check TERM fast 8 term-fast-rankdecode COMMTOP_FR_DECODE=rank

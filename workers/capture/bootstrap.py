@@ -34,9 +34,12 @@ CAPTURE_ENV = "COMMTOP_CAPTURE"
 #: ``rank`` decodes the Flight Recorder in the rank rather than in a child process (to compare).
 DECODE_ENV = "COMMTOP_FR_DECODE"
 log = logging.getLogger("commtop.capture")
-#: On SIGTERM, how long the last Flight Recorder read waits for running collectives: the job's
-#: peers are being stopped too, so they may never end (the whole flush has 3 s, on_sigterm).
-SIGTERM_SETTLE_S = 0.3
+#: On SIGTERM, how long the last Flight Recorder read waits for running collectives to be retired
+#: (the job's thread is parked, so the ring goes quiet once torch's watchdog, every ~0.1 s, has
+#: seen them end; a read of a full ring through the worker server takes ~0.25 s). The job's peers
+#: are being stopped too, so some may never end: the wait is bounded (the whole flush has 3 s,
+#: on_sigterm).
+SIGTERM_SETTLE_S = 1.0
 
 
 class Capture:

@@ -4,13 +4,21 @@
 Python's default for SIGTERM ends the process on the spot, so a rank's records since its last
 send were lost without a count (a sweep of unseen jobs: 47 of 239 collectives per rank, all 21
 of a slow job). Where the script has no SIGTERM handler of its own, the bootstrap installs
-this one. The handler, on the main thread, only marks the monitor to stop the job's thread at
-its next collective hook, starts a thread and returns, so it never runs commtop's sends inside
-an interrupted send of the job's thread. That thread waits for the job's thread to stop (at
-most HOLD_WAIT_S), sends the rank's records and its Bye (at most FLUSH_LIMIT_S), then restores
-the default action in C (Python's ``signal.signal`` is for the main thread only) and sends
-SIGTERM again: the rank ends by SIGTERM, as torchrun and the script's parent expect. A handler
-the script installs later replaces this one: its own SIGTERM handling then runs as written.
+this one. The handler, on the main thread, marks the monitor to stop the job's thread at its
+next collective hook and starts a thread that sends the rank's records and its Bye (at most
+FLUSH_LIMIT_S), then restores the default action in C (Python's ``signal.signal`` is for the
+main thread only) and sends SIGTERM again: the rank ends by SIGTERM, as torchrun and the
+script's parent expect. A handler the script installs later replaces this one: its own SIGTERM
+handling then runs as written.
+
+Where SIGTERM found the job's own code (or torch's) running, the handler then parks the main
+thread until the process ends: the job stops where SIGTERM's default action would have ended it,
+so nothing it issues comes after the flush's last count. Without that, a job whose collectives
+are not hooked (the Flight Recorder capture) ran on through the flush: on an H100, 150-300
+collectives per stop that no read saw or counted, and a settle that never saw the ring go quiet.
+Where SIGTERM found commtop's own code (a hook, a wrapper, the monitor), the handler returns as
+before, so the flush never waits on a lock that code holds; the job's thread then stops at its
+next collective hook (HOLD_WAIT_S at most).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 #: The longest a stopping rank spends sending what it timed before it ends: the monitor's close
@@ -29,6 +38,8 @@ FLUSH_LIMIT_S = 3.0
 #: The longest the sender waits for the job's thread to stop at a collective hook (a thread in a
 #: long computation, or a job whose collectives are not hooked, never does: it sends anyway).
 HOLD_WAIT_S = 0.25
+#: Where commtop's code lives (this package's parent folder).
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def install(flush: Callable[[], None], hold: Callable[[], threading.Event] | None = None) -> bool:
@@ -42,17 +53,34 @@ def install(flush: Callable[[], None], hold: Callable[[], threading.Event] | Non
         return False
     started: list[threading.Thread] = []
 
-    def on_sigterm(_signum: int, _frame: object) -> None:
+    def on_sigterm(_signum: int, frame: FrameType | None) -> None:
         if started:  # a second SIGTERM while flushing changes nothing
             return
         held = _quietly(hold) if hold is not None else None
+        park = not in_commtop(frame)
+        if park and held is not None:
+            held.set()  # the job's thread stops here, not at a hook: the flush need not wait for one
         started.append(
             threading.Thread(target=_flush_then_end, args=(flush, held), name="commtop-sigterm", daemon=True)
         )
         started[0].start()
+        if park:
+            threading.Event().wait()  # until the flush ends the process
 
     signal.signal(signal.SIGTERM, on_sigterm)
     return True
+
+
+def in_commtop(frame: FrameType | None) -> bool:
+    """Whether the interrupted thread is inside commtop's code (``workers/``), up to where the
+    script was started (``runpy``): code that may hold a lock the flush needs."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_PACKAGE):
+            return True
+        if frame.f_globals.get("__name__") == "runpy":  # (a frozen module: no file name to match)
+            return False
+        frame = frame.f_back
+    return False
 
 
 def _flush_then_end(flush: Callable[[], None], held: threading.Event | None) -> None:
