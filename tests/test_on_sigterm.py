@@ -4,6 +4,8 @@ where the signal found it; a script that chose its own SIGTERM handling keeps it
 
 from __future__ import annotations
 
+import contextlib
+import os
 import runpy
 import signal
 import subprocess
@@ -87,6 +89,67 @@ def test_the_jobs_own_code_stops_where_sigterm_found_it(tmp_path: Path) -> None:
     assert child.wait(timeout=30) == -signal.SIGTERM
     assert int(out.read_text()) > 0
     assert count.read_text() == out.read_text()
+
+
+#: A job whose main thread is stuck in a C call when SIGTERM comes (system() waits for its child
+#: through EINTR, as a device sync waits for a collective a stopped peer never issued).
+STUCK_CHILD = """
+import ctypes, sys
+from pathlib import Path
+from workers.capture import on_sigterm
+out = Path(sys.argv[1])
+on_sigterm.install(lambda: out.write_text("flushed"))
+print("installed", flush=True)
+ctypes.CDLL(None).system(b"sleep 60")
+"""
+
+#: A job that forks a worker (as a DataLoader does) and stops it with SIGTERM: the worker ends by
+#: SIGTERM's default, the rank carries on and flushes nothing.
+FORKING_CHILD = """
+import os, signal, sys, time
+from pathlib import Path
+from workers.capture import on_sigterm
+out = Path(sys.argv[1])
+on_sigterm.install(lambda: out.write_text("flushed"))
+pid = os.fork()
+if pid == 0:
+    time.sleep(60)
+    os._exit(0)
+time.sleep(0.2)
+os.kill(pid, signal.SIGTERM)
+_, status = os.waitpid(pid, 0)
+time.sleep(1.5)
+print("rank alive; worker", "killed by SIGTERM" if os.WTERMSIG(status) == signal.SIGTERM else status, flush=True)
+"""
+
+
+@pytest.mark.e2e
+def test_a_main_thread_stuck_in_a_c_call_still_flushes_and_ends(tmp_path: Path) -> None:
+    """Python runs handlers only between bytecodes; the wake-up watcher begins the stop."""
+    out = tmp_path / "flushed.txt"
+    child = subprocess.Popen(
+        [sys.executable, "-c", STUCK_CHILD, str(out)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "installed"
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=40) == -signal.SIGTERM
+        assert time.monotonic() - t0 < 30  # not when the C call returns (60 s)
+        assert out.read_text() == "flushed"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)  # the sleep system() started
+
+
+@pytest.mark.e2e
+def test_a_forked_worker_stopped_by_sigterm_does_not_stop_the_rank(tmp_path: Path) -> None:
+    out = tmp_path / "flushed.txt"
+    done = subprocess.run([sys.executable, "-c", FORKING_CHILD, str(out)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "rank alive; worker killed by SIGTERM"
+    assert not out.exists()
 
 
 def test_commtop_code_on_the_stack_is_not_parked() -> None:
