@@ -1,15 +1,21 @@
 """A job that counts its own collectives until it is stopped (for a stop's check, not commtop's).
 
-    commtop run --headless --record R -- python counted_until_stopped.py FOLDER fast|slow
+    commtop run --headless --record R -- python counted_until_stopped.py FOLDER fast|slow|stuck
 
 Each rank writes ``FOLDER/rankN.json``: ``begun`` before every collective call, ``done`` after it
 returned. A stop may land between the two, so what a recording holds for a rank must lie in
 [done, begun]. On a GPU it runs NCCL (all_reduce of 4 MiB and all_gather_into_tensor of 1 MiB per
 rank, a loss read back every 100 iterations, as a training loop logs); on a CPU, gloo.
+
+``stuck``: as ``fast``, but after 4 s the main thread gets stuck in a C call for 60 s, where a
+Python signal handler cannot run: on a GPU a 60 s kernel ahead of the collectives and the next
+read-back waiting for it (as a rank waits on a collective its stopped peer never issued); on a
+CPU ``system("sleep 60")``. Collectives issued behind that kernel never finish before the stop.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import sys
@@ -40,8 +46,14 @@ def main() -> None:
     shard = torch.ones(1 << 18, device=device)
     gathered = torch.empty(world * shard.numel(), device=device)
     calls = [lambda: dist.all_reduce(grad), lambda: dist.all_gather_into_tensor(gathered, shard)]
-    t0, i = time.monotonic(), 0
+    t0, i, stuck = time.monotonic(), 0, pace == "stuck"
     while time.monotonic() - t0 < 120:
+        if stuck and time.monotonic() - t0 > 4:
+            stuck = False
+            if gpu:
+                torch.cuda._sleep(int(1.2e11))  # cycles: 60 s at 2 GHz, longer at lower clocks
+            else:
+                ctypes.CDLL(None).system(b"sleep 60")
         for call in calls:
             counts["begun"] += 1
             save()
