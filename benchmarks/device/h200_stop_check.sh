@@ -50,3 +50,5 @@ check INT fast 8 int-fast
 check TERM slow 6 term-slow
 check TERM stuck 8 term-stuck
 check TERM fast 8 term-fast-rankdecode COMMTOP_FR_DECODE=rank
+check TERM fast 8 term-fast-hooks COMMTOP_CAPTURE=hooks
+check TERM stuck 8 term-stuck-hooks COMMTOP_CAPTURE=hooks
