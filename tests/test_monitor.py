@@ -615,3 +615,16 @@ def test_cuda_branch_ends_async_collectives_on_the_private_stream_and_never_wait
     assert [m[0] for m in metas] == [0, 1, 2, 3] and {m[4:9] for m in metas} == {
         (OP_INDEX["all_reduce"], 0, protocol.DTYPE_INDEX["float16"], 4096, 1)
     }
+
+
+def test_gpu_records_still_in_flight_at_close_are_counted_lost_not_dropped(run) -> None:
+    """A rank stopped while a kernel holds its last collectives (H100: 148 never sent, ``lost 0``):
+    what never finished is counted in the last Hello."""
+    mon = monitor.start(run.path, sampler=False, batch_ms=60_000.0)
+    fake_torch = FakeTorchCuda()
+    coll, copy = FakeCudaTimer(fake_torch), FakeCudaTimer(fake_torch)
+    coll.untimed, coll.count, copy.untimed, copy.count = 2, 5, 1, 3  # harvest never finishes them
+    mon.timers.cuda = SimpleNamespace(torch=fake_torch, coll=coll, copy=copy, stream="private")
+    mon.close()
+    assert mon.status.lost == 2 + 5
+    assert mon.status.untimed == 2 + 5 + 1 + 3

@@ -175,6 +175,7 @@ class Monitor:
                         break
                     time.sleep(0.01)
                 self.timers.flush()
+                self.timers.count_unfinished()
             if self.control is not None:
                 self.control.close()
             self.session.close(*self._exit)

@@ -234,6 +234,18 @@ class Timers:
         with self.lock:
             self.batcher.flush()
 
+    def count_unfinished(self) -> None:
+        """At close, after the last harvest: GPU records whose end never came (a kernel ahead of
+        them, a stopped peer) will never be timed or sent: count them (the last Hello's ``lost``
+        and ``untimed``), not drop them silently. Before, a rank stuck behind a 60 s kernel when
+        stopped lost 148 collectives on an H100 with ``lost 0``."""
+        cuda = self.cuda
+        if cuda is None:
+            return
+        with self.lock:
+            self.status.untimed = cuda.coll.untimed + cuda.copy.untimed + cuda.coll.count + cuda.copy.count
+            self.status.lost = cuda.coll.untimed + cuda.coll.count
+
     def stop_waiter(self, timeout_s: float) -> None:
         """At close: the waiter thread ends once the Works it waits on have."""
         if self._waiter is not None and self._waiter_thread is not None:
