@@ -135,3 +135,32 @@ def test_cupti_is_left_to_a_profiler_that_holds_it(monkeypatch) -> None:
         assert cupti_holder() == "torch.profiler"
     monkeypatch.setenv("CUDA_INJECTION64_PATH", "/opt/nsight/libToolsInjection64.so")
     assert cupti_holder() == "Nsight"
+
+
+class _RecordingMonitor:
+    """What the step hooks call on the monitor, recorded (a named fake: the hooks' order is the point)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def step(self, n: int) -> Any:
+        self.calls.append(f"step {n}")
+        return SimpleNamespace(__enter__=lambda: None, __exit__=lambda *a: self.calls.append("exit"))
+
+    def hold_if_stopping(self) -> None:
+        self.calls.append("hold point")
+
+
+def test_the_step_hooks_end_at_a_hold_point() -> None:
+    """A stop holds a Flight Recorder job's thread at its next step hook, after the hook's own work
+    (no collective hook comes under that capture)."""
+    from workers.capture.bootstrap import Capture
+
+    cap = Capture()
+    mon = cap.mon = _RecordingMonitor()
+    cap._mon_step = mon.step
+    cap.block = SimpleNamespace(__exit__=lambda *a: mon.calls.append("exit"))
+    cap._on_optimizer_step(None, (), {})
+    assert mon.calls[-2:] == ["step 1", "hold point"]
+    cap._user_step(7)
+    assert mon.calls[-2:] == ["step 7", "hold point"]

@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -628,3 +629,15 @@ def test_gpu_records_still_in_flight_at_close_are_counted_lost_not_dropped(run) 
     mon.close()
     assert mon.status.lost == 2 + 5
     assert mon.status.untimed == 2 + 5 + 1 + 3
+
+
+def test_a_stopping_rank_holds_the_jobs_thread_at_a_step_hook(run) -> None:
+    """Under the Flight Recorder capture no collective hook comes: the capture's step hooks are
+    where a stop holds the job's thread (when SIGTERM could not park it inside commtop's code)."""
+    mon = monitor.start(run.path, sampler=False)
+    mon.hold_if_stopping()  # not stopping: returns at once
+    held = mon.hold_for_exit(-15, "stopped by SIGTERM")
+    assert not held.is_set()
+    threading.Thread(target=mon.hold_if_stopping, daemon=True).start()  # parks there for good
+    assert held.wait(10)
+    mon._holding = False  # (the process would end here; let the fixture close this monitor)

@@ -249,7 +249,9 @@ class Capture:
             if block is not None:
                 block.__exit__(None, None, None)
         self.timeline.mark(time.time_ns(), step)
-        return self._mon_step(step)
+        block = self._mon_step(step)
+        self.mon.hold_if_stopping()
+        return block
 
     def _on_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if self.block is None or self.user_steps:
@@ -257,6 +259,7 @@ class Capture:
         self.block.__exit__(None, None, None)
         self.step += 1
         self._begin_step()
+        self.mon.hold_if_stopping()
 
     def _close_monitor(self) -> None:
         """The script closes the monitor (``monitor.stop()``): read what is left first, else

@@ -18,7 +18,7 @@ are not hooked (the Flight Recorder capture) ran on through the flush: on an H10
 collectives per stop that no read saw or counted, and a settle that never saw the ring go quiet.
 Where SIGTERM found commtop's own code (a hook, a wrapper, the monitor), the handler returns as
 before, so the flush never waits on a lock that code holds; the job's thread then stops at its
-next collective hook (HOLD_WAIT_S at most).
+next collective hook or at the end of the step hook it was in (the flush waits HOLD_WAIT_S at most).
 
 A Python handler runs only when the main thread runs Python: one stuck in a C call (a device
 sync waiting on a collective that a peer, parked first, never issued; a blocking gloo call)

@@ -216,6 +216,14 @@ class Monitor:
         self._holding = True
         return self._held
 
+    def hold_if_stopping(self) -> None:
+        """A point where the job's thread is outside commtop's locks (the end of the capture's
+        step hooks): while a SIGTERM stops the rank, it stops here, as at a collective hook. A
+        SIGTERM that lands in such a hook cannot park the job there (on_sigterm), and under the
+        Flight Recorder capture no collective hook comes."""
+        if self._holding:
+            self._hold()
+
     def _hold(self) -> None:
         self._held.set()
         threading.Event().wait()  # until the process ends (on_sigterm ends it once the records went out)
