@@ -5,6 +5,8 @@
 # BEFORE_DIR (a tree of the older commit, git archive) and from the working tree. ~2.5 min.
 #   here:   git archive --prefix=.ab_before/ OLD | tar -x    (.ab_before is git-ignored via info/exclude)
 #   device: BEFORE_DIR=.ab_before bash benchmarks/device/h200_report_ab.sh   (carry .whl and .ab_before)
+# REUSE=1 reads the file an earlier script of the same call wrote. .whl must hold zstandard (the
+# device image lacks it, and without it the recording is zlib, which no pip install gives).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BEFORE_DIR=${BEFORE_DIR:?a tree of the older commit}
@@ -14,7 +16,7 @@ export PYTHONUNBUFFERED=1
 R="$OUT/report_ab.txt"
 { nproc; lscpu | grep -E "Model name|^CPU\(s\)"; python3 --version; } | tee "$R"
 F=/tmp/bench10m.commtop
-(cd benchmarks/standing && PYTHONPATH=/tmp/site:$PWD/../.. timeout 300 python3 -c "
+[ -s "$F" ] && [ -n "${REUSE:-}" ] && echo "reusing $F" | tee -a "$R" || (cd benchmarks/standing && PYTHONPATH=/tmp/site:$PWD/../.. timeout 300 python3 -c "
 from pathlib import Path
 import recordings
 print('write s', recordings.write(Path('$F'), 10_000_000, 8))
