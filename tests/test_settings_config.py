@@ -139,10 +139,10 @@ def test_settings_from_wire_keeps_reported_knobs_within_bounds_when_choices_are_
         settings_from_wire({"knobs": ["offload"]})
 
 
-def test_batches_are_spaced_with_the_world_size_beyond_32_ranks() -> None:
+def test_batches_are_spaced_with_the_world_size_beyond_16_ranks() -> None:
     from workers.wire.config import MAX_SCALED_BATCH_MS, batch_ms_for_world
 
-    assert batch_ms_for_world(50.0, 1) == batch_ms_for_world(50.0, 32) == 50.0
-    assert batch_ms_for_world(50.0, 64) == 100.0 and batch_ms_for_world(50.0, 256) == 400.0
+    assert batch_ms_for_world(50.0, 1) == batch_ms_for_world(50.0, 16) == 50.0
+    assert batch_ms_for_world(50.0, 32) == 100.0 and batch_ms_for_world(50.0, 64) == 200.0
     assert batch_ms_for_world(50.0, 100_000) == MAX_SCALED_BATCH_MS  # silent ranks turn stale after 2 s
     assert batch_ms_for_world(800.0, 512) == 800.0  # never shorter than asked

@@ -160,7 +160,7 @@ def spawn_publishers(
     dur_us: float = 64.0,
 ) -> list[subprocess.Popen[str]]:
     """``processes`` synthetic publisher processes sharing ``world`` ranks; batches every
-    ``batch_ms``, by default what a worker of a ``world``-rank job uses (50 ms up to 32 ranks,
+    ``batch_ms``, by default what a worker of a ``world``-rank job uses (50 ms up to 16 ranks,
     then spaced with the world size: workers.wire.config.batch_ms_for_world)."""
     if batch_ms is None:
         try:

@@ -104,7 +104,7 @@ class IngestLoop:
             gather = self._gather_wait(taken)
             if gather > 0:
                 # Let what comes until the snapshot is due queue in the source: one wake-up per
-                # snapshot, not one per message (8 ranks send 160 batches a second, 64 ranks 640).
+                # snapshot, not one per message (8 ranks send 160 batches a second, 64 ranks 320).
                 self._stop.wait(gather)
             taken = self.step(0.0 if gather > 0 else self._poll_timeout(), self._emit_safely)
             self._emit_safely()

@@ -163,9 +163,12 @@ def add_loop_arguments(parser: argparse.ArgumentParser) -> None:
 
 #: Up to this many ranks every rank publishes at its own ``batch_ms``; beyond, batches are
 #: spaced in proportion to the world size, so the viewer receives about as many messages a
-#: second (~640 at 50 ms) at 64 or 512 ranks as at 32: its cost is per message more than per
-#: record (at 64 ranks, halving the messages took the ingest thread from 24 % to 16 % of a core).
-BATCH_SCALE_FROM_WORLD = 32
+#: second (~320 at 50 ms) at 64 or 512 ranks as at 16: its cost is per message more than per
+#: record. At 64 ranks on the 2-core VM, halving the messages took the ingest thread from 24 % to
+#: 16 % of a core (from 32 ranks on), and again from 12.6-14.3 % to 7.5-10.2 % (from 16 on;
+#: the app 25.6-29.0 -> 18.0-22.4 %). The price: a record waits up to 200 ms in a 64-rank job's
+#: rank (100 ms before), at most MAX_SCALED_BATCH_MS in a larger one's.
+BATCH_SCALE_FROM_WORLD = 16
 #: Widest batch spacing (well under the 2 s after which a silent rank is shown stale).
 MAX_SCALED_BATCH_MS = 500.0
 
