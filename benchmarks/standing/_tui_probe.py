@@ -412,16 +412,19 @@ async def reference_paint(size: tuple[int, int], hz: float, seconds: float, runs
             return Strip(segs, run * runs_per_line).extend_cell_length(w)
 
     class Bare(App[None]):
+        # The widget is held, not queried: a tick that fired while run_test tore the screen
+        # down found no Lines (NoMatches), and the reference run died (1 run in ~15 on the VM).
+        lines = Lines()
+
         def compose(self) -> ComposeResult:
-            yield Lines()
+            yield self.lines
 
         def on_mount(self) -> None:
             self.set_interval(1 / hz, self.advance)
 
         def advance(self) -> None:
-            lines = self.query_one(Lines)
-            lines.tick += 1
-            lines.refresh()
+            self.lines.tick += 1
+            self.lines.refresh()
 
     app = Bare()
     meter = FrameMeter.__new__(FrameMeter)  # paint timing only: no snapshots in this app
