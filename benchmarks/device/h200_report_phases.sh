@@ -15,7 +15,7 @@ try:
     import zstandard; z = zstandard.__version__
 except ImportError:
     z = 'absent'
-print('numpy', numpy.__version__, 'msgpack', msgpack.version, type(msgpack.Unpacker).__module__, 'zstandard', z)
+print('numpy', numpy.__version__, 'msgpack', msgpack.version, msgpack.Unpacker.__module__, 'zstandard', z)
 " 2>&1 | tee -a "$R"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
