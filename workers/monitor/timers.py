@@ -203,8 +203,7 @@ class Timers:
             if b.due():
                 b.flush()
                 if cuda is not None:
-                    self.status.untimed = cuda.coll.untimed + cuda.copy.untimed
-                    self.status.lost = cuda.coll.untimed  # collectives begun, never timed nor sent
+                    self._count_untimed(cuda, in_flight=False)
 
     def add(self, coll_rows: list[tuple[Any, ...]], copy_rows: list[tuple[Any, ...]]) -> None:
         """Rows captured off the job's thread (workers.capture), batched and sent from the
@@ -243,8 +242,15 @@ class Timers:
         if cuda is None:
             return
         with self.lock:
-            self.status.untimed = cuda.coll.untimed + cuda.copy.untimed + cuda.coll.count + cuda.copy.count
-            self.status.lost = cuda.coll.untimed + cuda.coll.count
+            self._count_untimed(cuda, in_flight=True)
+
+    def _count_untimed(self, cuda: CudaTimers, in_flight: bool) -> None:
+        """The status's ``untimed`` (collectives and copies) and ``lost`` (collectives begun, never
+        timed nor sent); ``in_flight``: those whose end is still awaited count too (at close)."""
+        coll = cuda.coll.untimed + (cuda.coll.count if in_flight else 0)
+        copy = cuda.copy.untimed + (cuda.copy.count if in_flight else 0)
+        self.status.untimed = coll + copy
+        self.status.lost = coll
 
     def stop_waiter(self, timeout_s: float) -> None:
         """At close: the waiter thread ends once the Works it waits on have."""
