@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -12,7 +13,7 @@ from frozen_run import T0, TENSOR_BYTES, frozen_coll, frozen_copy, frozen_hello,
 from tui.model.run_model import HISTORY_ITERS, RunModel, history_iters
 from tui.model.snapshot import Snapshot
 from tui.model.stats import RING_SIZE
-from workers.wire.protocol import Bye
+from workers.wire.protocol import Batch, Bye
 
 S = 1_000_000_000
 
@@ -318,40 +319,67 @@ def test_on_screen_a_rank_s_numbers_follow_at_5_hz_and_every_other_snapshot_at_o
     assert [r.count for r in held.snapshot(text_every_s=0.2).ranks] == [400, 400]
 
 
-def test_with_the_heat_map_shown_a_large_world_s_rank_views_follow_at_5_hz() -> None:
-    """With the heat map shown (whole-run statistics off) and more than LARGE_WORLD ranks, the
-    screen's snapshots reuse the last rank views for 0.2 s on both clocks (the heat map's cells,
-    from the history, move at every snapshot); the rows view, direct snapshots and small worlds
-    rebuild them every time."""
-    world = 20
-    messages = frozen_run(world=world, iterations=200)
-    half = len(messages) // 2
+@pytest.mark.parametrize(
+    ("world", "whole_run_stats"), [(20, False), (20, True), (4, True)], ids=["heat", "rows", "small"]
+)
+def test_between_two_text_ticks_the_screen_s_snapshot_moves_only_its_history(world: int, whole_run_stats: bool) -> None:
+    """The screen's snapshots (text_every_s) rebuild their text (rank views, header numbers,
+    skew, panels) at most every 0.2 s on both clocks, in any view and world; between two ticks
+    they are the last full snapshot with the new history and counters. A direct snapshot is
+    always full."""
+    messages = frozen_run(world=world, iterations=400)
+    quarter = len(messages) // 4  # both quarters in one mode: the second half changes it
     now, wall = [T0], [0.0]
-
-    def model_at_half(whole_run_stats: bool, ranks: int = world) -> tuple[RunModel, Snapshot]:
-        model = RunModel(clock=lambda: now[0])
-        model._builder.wall = lambda: wall[0]
-        model.whole_run_stats = whole_run_stats
-        for m in frozen_run(world=ranks, iterations=200)[: half if ranks == world else None]:
-            model.apply(m)
-        return model, model.snapshot(text_every_s=0.2)
-
-    heat, first = model_at_half(False)
-    for m in messages[half:]:
-        heat.apply(m)
+    model = RunModel(clock=lambda: now[0])
+    model._builder.wall = lambda: wall[0]
+    model.whole_run_stats = whole_run_stats
+    for m in messages[:quarter]:
+        model.apply(m)
+    first = model.snapshot(text_every_s=0.2)
+    for m in messages[quarter : 2 * quarter - world]:
+        model.apply(m)
     now[0] += int(0.1e9)
     wall[0] += 0.1
-    held = heat.snapshot(text_every_s=0.2)
-    assert held.ranks is first.ranks and held.drops == first.drops  # views and their totals kept
-    assert held.history.ms.shape[1] > first.history.ms.shape[1]  # the cells moved
-    assert heat.snapshot().ranks is not first.ranks  # a direct snapshot builds them anew
+    held = model.snapshot(text_every_s=0.2)
+    assert held.ranks is first.ranks and held.streams is first.streams and held.steps is first.steps
+    assert held.history.ms.shape[1] > first.history.ms.shape[1]  # the lines moved
+    assert (held.now_ns, held.version, held.records) == (now[0], model.version, model.records)
+    assert held.records > first.records
+    assert model.snapshot().ranks is not first.ranks  # a direct snapshot builds them anew
     now[0] += int(0.25e9)
     wall[0] += 0.25
-    later = heat.snapshot(text_every_s=0.2)
+    later = model.snapshot(text_every_s=0.2)
     assert later.ranks is not first.ranks and later.ranks[0].silent_s > first.ranks[0].silent_s
-    rows, first_rows = model_at_half(True)
-    for m in messages[half:]:
-        rows.apply(m)
-    assert rows.snapshot(text_every_s=0.2).ranks is not first_rows.ranks  # the rows view: every snapshot
-    small, first_small = model_at_half(False, ranks=4)
-    assert small.snapshot(text_every_s=0.2).ranks is not first_small.ranks  # 16 ranks or fewer: every snapshot
+
+
+@pytest.mark.parametrize("change", ["bye", "new rank", "stream", "view", "pending epoch"])
+def test_what_the_user_acts_on_makes_a_full_snapshot_at_once(change: str) -> None:
+    """A rank ending or appearing, another stream drawn, the other view (whole-run statistics)
+    or a change of the settings pending shows at the next snapshot, not up to 0.2 s later."""
+    now, wall = [T0], [0.0]
+    model = RunModel(clock=lambda: now[0])
+    model._builder.wall = lambda: wall[0]
+    messages = frozen_run(world=3, iterations=100)
+    for m in messages:
+        model.apply(m)
+    first = model.snapshot(text_every_s=0.2)
+    assert model.snapshot(text_every_s=0.2).ranks is first.ranks  # nothing the user acts on: held
+    if change == "bye":
+        model.apply(Bye(rank=1, exit_code=0, reason="", t_ns=T0 + 10**12))
+    elif change == "new rank":
+        model.apply(frozen_hello(3, 4))
+    elif change == "stream":
+        model.select_stream(0)
+    elif change == "view":
+        model.whole_run_stats = not model.whole_run_stats
+    else:
+        batch = next(m for m in messages if isinstance(m, Batch) and m.rank == 0)
+        model.apply(dataclasses.replace(batch, seq=10**6, pending_epoch=7, apply_at=123, t_ns=T0 + 10**12))
+    snap = model.snapshot(text_every_s=0.2)
+    assert snap.ranks is not first.ranks
+    if change == "bye":
+        assert snap.ranks[1].state == "exited"
+    elif change == "new rank":
+        assert len(snap.ranks) == 4
+    elif change == "pending epoch":
+        assert (snap.pending_epoch, snap.apply_at) == (7, 123)

@@ -210,7 +210,8 @@ class IngestLoop:
 
     def snapshot(self, fresh_run_stats: bool = False, text_every_s: float = 0.0) -> Snapshot:
         """A fresh snapshot (thread-safe; also used by the headless collector at the end);
-        the screen's own (maybe_emit) recompute a rank's numbers at most every TEXT_EVERY_S."""
+        the screen's own (maybe_emit) rebuild their text at most every TEXT_EVERY_S (between two
+        such ticks only the history moves: SnapshotBuilder._between_ticks)."""
         with self.lock:
             self._apply_requests()
             snap = self.model.snapshot(self.clock(), fresh_run_stats=fresh_run_stats, text_every_s=text_every_s)

@@ -223,7 +223,8 @@ class RunModel:
 
         Whole-run percentiles are refreshed at most every RUN_STATS_EVERY_S (they cost a
         histogram scan per rank and mode) unless ``fresh_run_stats``; a changed rank's numbers
-        at most every ``text_every_s`` (the screen's 5 Hz: SnapshotBuilder.TEXT_EVERY_S).
+        and the rest of the text at most every ``text_every_s`` (the screen's 5 Hz:
+        snapshot_builder.TEXT_EVERY_S; between two such ticks only the history moves).
         """
         now = self.clock() if now_ns is None else now_ns
         return self._builder.build(self, now, fresh_run_stats=fresh_run_stats, text_every_s=text_every_s)

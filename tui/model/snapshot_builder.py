@@ -1,10 +1,12 @@
 """Builds the frozen :class:`~tui.model.snapshot.Snapshot` of the run model, as cheaply as a tick
 allows: what has not changed is reused.
 
-A rank's numbers (window and whole-run statistics) are recomputed only when the rank changed,
-and in large worlds only for a share of the changed ranks per snapshot; whole-run statistics,
-clock offsets and the epochs' comparison are reused for RUN_STATS_EVERY_S (longer in large
-worlds). Called on the ingest thread, under the lock that also guards ``apply``.
+On screen the text is rebuilt at most every TEXT_EVERY_S and the snapshots between two such
+ticks only carry the new history (see SnapshotBuilder._between_ticks). A rank's numbers (window
+and whole-run statistics) are recomputed only when the rank changed, and in large worlds only for
+a share of the changed ranks per snapshot; whole-run statistics, clock offsets and the epochs'
+comparison are reused for RUN_STATS_EVERY_S (longer in large worlds). Called on the ingest
+thread, under the lock that also guards ``apply``.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from tui.model.epochs import EpochComparison, compare_epochs
 from tui.model.history import HistoryMatrix
-from tui.model.in_force import InForceTracker
+from tui.model.in_force import InForce, InForceTracker
 from tui.model.job import JobInfo
 from tui.model.rank_state import RankState
 from tui.model.skew import SETTLE_ITERS, clock_offsets, straggler, straggler_shares, worst_skews
@@ -47,16 +49,18 @@ EPOCHS_RANKS_PER_S = 128
 #: Above LARGE_WORLD ranks, a rank's numbers (last/p50/p99/busbw/rate; not its history, which
 #: feeds the sparklines and the heat map at every snapshot) are recomputed for at most
 #: 1/REFRESH_SHARE of the ranks per snapshot (at least REFRESH_MIN), the longest-waiting first:
-#: every rank's numbers are then at most REFRESH_SHARE snapshots old (~2 s at 15 Hz; with the heat
-#: map shown the rank views are rebuilt at 5 Hz, so ~6 s), and a snapshot's cost no longer grows
-#: with the rank count (recomputing all of them was most of it).
+#: every rank's numbers are then at most REFRESH_SHARE full snapshots old (~6 s on screen, where a
+#: full snapshot comes every TEXT_EVERY_S), and a snapshot's cost no longer grows with the rank
+#: count (recomputing all of them was most of it).
 #: Nobody reads 64 rows of numbers at 15 Hz; 16 ranks or fewer are recomputed whenever they change.
 LARGE_WORLD = 16
 REFRESH_SHARE = 32
 REFRESH_MIN = 8
-#: On screen (the ingest loop's snapshots) a changed rank's numbers are recomputed at most this
-#: often (a readable 5 Hz; its sparkline, from the history matrix, still moves at every
-#: snapshot): at 15 Hz that spares two of three. Other callers get every change at once.
+#: On screen (the ingest loop's snapshots) the text is rebuilt at most this often (a readable
+#: 5 Hz: the ranks' numbers and states, the header, straggler and skew lines, the panels); the
+#: sparklines and the heat map, from the history matrix, move at every snapshot. At 15 Hz that
+#: spares two snapshots of three (SnapshotBuilder._between_ticks). Other callers get every change
+#: at once.
 TEXT_EVERY_S = 0.2
 
 _RunNumbers = tuple[RunStats, dict[str, RunStats], RunStats]  # whole run, per mode, copies
@@ -144,14 +148,17 @@ class SnapshotBuilder:
         self._offsets_cache: tuple[int, tuple[str, dict[str, float]]] | None = None
         self._streams_cache: tuple[_Stamp, int, tuple[StreamView, ...]] | None = None  # (stamp, streams, views)
         self._steps_cache: tuple[_Stamp, StepView] | None = None
-        #: The rank views of the last snapshot that built them: (order, model ns, wall s, views, totals).
-        self._ranks_kept: tuple[list[int], int, float, tuple[RankView, ...], _RankTotals] | None = None
+        #: The last full snapshot, what makes the next one full at once, and its wall clock time.
+        self._ticked: tuple[Snapshot, tuple[Any, ...], float] | None = None
 
     def build(self, run: RunState, now: int, *, fresh_run_stats: bool = False, text_every_s: float = 0.0) -> Snapshot:
         """A frozen view of ``run`` at ``now``. Whole-run percentiles are refreshed at most every
         RUN_STATS_EVERY_S (they cost a histogram scan per rank and mode) unless ``fresh_run_stats``;
-        a changed rank's numbers at most every ``text_every_s`` (0: at every change)."""
+        its text at most every ``text_every_s`` (0: at every change; see _between_ticks)."""
         order = sorted(run.ranks)
+        between = self._between_ticks(run, order, now, fresh_run_stats, text_every_s)
+        if between is not None:
+            return between
         if run.whole_run_stats and not self._run_stats_on:
             # Back on: every rank's numbers count as changed, so their kept views (with whole-run
             # statistics of when they were off) are recomputed like those of a rank with news.
@@ -163,14 +170,9 @@ class SnapshotBuilder:
         if fresh_run_stats:  # the final summary: no copy can still come for what is pending
             for state in run.ranks.values():
                 state.overlap.flush()
-        first, ms, mode, start = run.history_matrix(order).window()
-        history = History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
+        history, drawn = _history(run, order)
         hellos = [s.hello for s in run.ranks.values() if s.hello]
         world_size = max((h.world_size for h in hellos), default=len(order))
-        drawn = run.stream_history_matrix(order)  # one stream's lines instead of every collective's
-        if drawn is not None:
-            first, ms, mode, start = drawn.window()
-            history = History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
         # Skew and straggler compare the k-th collective of each rank: the drawn stream's (its
         # records line up; only its group's ranks), else every collective's where all ranks issue
         # the same sequence. A job with subgroups or point-to-point has neither until a stream
@@ -196,29 +198,24 @@ class SnapshotBuilder:
             self.worst_skew = skew
         recent_skew = self._recent_skew(found, since)
         clock_ref, offsets = self._offsets(run, now, order, fresh_run_stats)
-        kept_ranks = self._kept_ranks(run, order, now, fresh_run_stats, text_every_s)
-        if kept_ranks is not None:
-            ranks, totals = kept_ranks
-        else:
-            due = self._due_for_refresh(run, order, now) if len(order) > LARGE_WORLD and not fresh_run_stats else None
-            ranks = tuple(
-                self._rank_view(
-                    run,
-                    run.ranks[r],
-                    now,
-                    shares[i] if shares is not None else math.nan,
-                    fresh_run_stats,
-                    due,
-                    text_every_s,
-                )
-                for i, r in enumerate(order)
+        due = self._due_for_refresh(run, order, now) if len(order) > LARGE_WORLD and not fresh_run_stats else None
+        ranks = tuple(
+            self._rank_view(
+                run,
+                run.ranks[r],
+                now,
+                shares[i] if shares is not None else math.nan,
+                fresh_run_stats,
+                due,
+                text_every_s,
             )
-            totals = _RankTotals.of(ranks)
-            self._ranks_kept = (list(order), now, self.wall(), ranks, totals)
+            for i, r in enumerate(order)
+        )
+        totals = _RankTotals.of(ranks)
         lead = run.lead_hello()
         config = dict(lead.config) if lead else {}
         in_force = run.in_force.state()
-        return Snapshot(
+        snap = Snapshot(
             now_ns=now,
             ranks=ranks,
             history=history,
@@ -260,22 +257,38 @@ class SnapshotBuilder:
             steps=self._steps(run, ranks, now, fresh_run_stats),
             job=JobInfo.of(config),
         )
+        self._ticked = (snap, self._tick_key(run, order, in_force), self.wall())
+        return snap
 
-    def _kept_ranks(
-        self, run: RunState, order: list[int], now: int, fresh: bool, text_every_s: float
-    ) -> tuple[tuple[RankView, ...], _RankTotals] | None:
-        """The last snapshot's rank views, while the heat map is shown in a large world and they
-        are younger than ``text_every_s`` on both clocks (as the text rule of each rank): the heat
-        map shows none of a rank's numbers, its cells come from the history matrix at every
-        snapshot, and a rank's state (live, stale, ...) may be a fifth of a second late. At 512
-        ranks the rank views were most of a snapshot (~4 of ~8 ms on the VM)."""
-        kept = self._ranks_kept
-        if kept is None or fresh or text_every_s <= 0 or run.whole_run_stats or len(order) <= LARGE_WORLD:
+    def _between_ticks(self, run: RunState, order: list[int], now: int, fresh: bool, every_s: float) -> Snapshot | None:
+        """The screen's snapshot between two text ticks (``every_s`` apart on both clocks; None
+        when one is due): the last full snapshot with the new history (the sparklines and the
+        heat map move at every snapshot), counters and telemetry. Its text (the ranks' numbers
+        and states, the header's rates, straggler and skew, the streams, steps and verdict) is
+        at most ``every_s`` old, as the ranks' numbers already were; a new or exited rank set,
+        a change of the settings in force or pending, another stream drawn or the whole-run
+        statistics switched make a full one at once.
+
+        Why: on a machine that idles between snapshots, each distinct piece of code costs 10-50x
+        its warm time the first time it runs after a wake (a 2 us numpy call ~50 us on the VM;
+        benchmarks/probes/wake_tax.py), so a snapshot's cost is mostly how many different steps
+        it takes; these take four (history, counters, telemetry, the tick's key) of ~40."""
+        ticked = self._ticked
+        if ticked is None or fresh or every_s <= 0:
             return None
-        kept_order, at_ns, at_wall, ranks, totals = kept
-        if self._younger(now, at_ns, at_wall, text_every_s * 1e9) and kept_order == order:
-            return ranks, totals
-        return None
+        snap, key, at_wall = ticked
+        if not self._younger(now, snap.now_ns, at_wall, every_s * 1e9):
+            return None
+        if self._tick_key(run, order, run.in_force.state()) != key:
+            return None
+        history, _ = _history(run, order)
+        return _with_news(snap, now, history, run, _telemetry_snapshot(run.telemetry, now, snap.clock_offsets_ms))
+
+    @staticmethod
+    def _tick_key(run: RunState, order: list[int], in_force: InForce) -> tuple[Any, ...]:
+        """What makes a full snapshot at once when it changes (see _between_ticks)."""
+        ended = sum(1 for s in run.ranks.values() if s.bye is not None)
+        return (order, ended, in_force, run.selected_stream, run.whole_run_stats, run.refused_ranks, len(run.rejected))
 
     def _streams(self, run: RunState, now: int, fresh: bool) -> tuple[StreamView, ...]:
         """The stream table, refreshed at most every ``_run_stats_every_ns`` (a stream's
@@ -508,6 +521,34 @@ class SnapshotBuilder:
             run_by_class=self._class_stats(run, s, kept, now, fresh),
             overlapped=s.overlap.overlapped(),
         )
+
+
+def _history(run: RunState, order: list[int]) -> tuple[History, HistoryMatrix | None]:
+    """The history drawn (every collective's, or the selected stream's) and the stream's matrix."""
+    first, ms, mode, start = run.history_matrix(order).window()
+    history = History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
+    drawn = run.stream_history_matrix(order)  # one stream's lines instead of every collective's
+    if drawn is not None:
+        first, ms, mode, start = drawn.window()
+        history = History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
+    return history, drawn
+
+
+def _with_news(snap: Snapshot, now: int, history: History, run: RunState, telemetry: TelemetrySnapshot) -> Snapshot:
+    """A copy of ``snap`` with what moves between text ticks set (as _with_live_fields: a copy of
+    the instance dict, not ``replace``'s __init__ of 37 fields)."""
+    new = object.__new__(Snapshot)
+    fields = new.__dict__
+    fields.update(snap.__dict__)
+    fields.update(
+        now_ns=now,
+        history=history,
+        version=run.version,
+        messages=run.messages,
+        records=run.records,
+        telemetry=telemetry,
+    )
+    return new
 
 
 def _members_only(history: History | None) -> tuple[History | None, np.ndarray | None]:
