@@ -264,6 +264,24 @@ def test_large_worlds_refresh_a_bounded_share_of_rank_numbers_per_snapshot() -> 
     assert all(v.last_ms == pytest.approx(3.0) for v in model.snapshot().ranks)
 
 
+def test_with_the_heat_map_a_large_world_refreshes_n_over_refresh_share_ranks_and_fresh_loss_counts() -> None:
+    """The heat map shows none of a rank's numbers: its snapshots recompute n / REFRESH_SHARE of
+    them (no REFRESH_MIN), while the header's loss counts come from every rank's state at once."""
+    from tui.model.snapshot_builder import REFRESH_SHARE
+
+    world = 2 * REFRESH_SHARE  # budget = 2 ranks per snapshot
+    model = RunModel()
+    model.whole_run_stats = False
+    for r in range(world):
+        model.apply(frozen_coll(r, 0, range(10), np.full(10, 1000.0), world=world))
+    model.snapshot()
+    for r in range(world):  # every rank skips iterations 10-14: 5 gaps each
+        model.apply(frozen_coll(r, 1, range(15, 25), np.full(10, 3000.0), world=world))
+    snap = model.snapshot()
+    assert sum(v.count == 20 for v in snap.ranks) == 2
+    assert snap.drops == 5 * world  # every rank's gaps, not only the refreshed ranks' views
+
+
 def test_whole_run_stats_keep_their_values_while_off_and_are_fresh_once_back_on() -> None:
     """The heat map shows no whole-run numbers, so the app turns their refresh off; back on,
     the next snapshot has them fresh, also for a rank that has been silent since."""

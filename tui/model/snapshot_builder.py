@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -48,10 +48,10 @@ RECENT_SKEWS_KEPT = 256
 EPOCHS_RANKS_PER_S = 128
 #: Above LARGE_WORLD ranks, a rank's numbers (last/p50/p99/busbw/rate; not its history, which
 #: feeds the sparklines and the heat map at every snapshot) are recomputed for at most
-#: 1/REFRESH_SHARE of the ranks per snapshot (at least REFRESH_MIN), the longest-waiting first:
-#: every rank's numbers are then at most REFRESH_SHARE full snapshots old (~6 s on screen, where a
-#: full snapshot comes every TEXT_EVERY_S), and a snapshot's cost no longer grows with the rank
-#: count (recomputing all of them was most of it).
+#: 1/REFRESH_SHARE of the ranks per snapshot (at least REFRESH_MIN while the rows are shown), the
+#: longest-waiting first: every rank's numbers are then at most REFRESH_SHARE full snapshots old
+#: (~6 s on screen, where a full snapshot comes every TEXT_EVERY_S; 64 ranks' rows ~1.6 s), and a
+#: snapshot's cost no longer grows with the rank count (recomputing all of them was most of it).
 #: Nobody reads 64 rows of numbers at 15 Hz; 16 ranks or fewer are recomputed whenever they change.
 LARGE_WORLD = 16
 REFRESH_SHARE = 32
@@ -107,7 +107,8 @@ class _Kept:
 
 @dataclass(frozen=True)
 class _RankTotals:
-    """The header's numbers over every rank's view (medians of the rates, sums of the losses)."""
+    """The header's numbers: medians of the ranks' rates (from their views, which may be a few
+    snapshots old in large worlds) and sums of their losses (from their states: always new)."""
 
     iter_rate: float
     step_rate: float
@@ -116,15 +117,20 @@ class _RankTotals:
     lost_batches: int
 
     @classmethod
-    def of(cls, ranks: tuple[RankView, ...]) -> _RankTotals:
+    def of(cls, ranks: tuple[RankView, ...], states: Iterable[RankState]) -> _RankTotals:
         rates = [v.iter_rate for v in ranks if math.isfinite(v.iter_rate)]
         step_rates = [v.step_rate for v in ranks if math.isfinite(v.step_rate)]
+        drops = lost = lost_batches = 0
+        for s in states:  # as each RankView has them
+            drops += max(s.dropped, s.gaps)
+            lost += s.lost
+            lost_batches += s.lost_batches
         return cls(
             iter_rate=median(rates) if rates else math.nan,
             step_rate=median(step_rates) if step_rates else math.nan,
-            drops=sum(v.drops for v in ranks),
-            lost=sum(v.lost for v in ranks),
-            lost_batches=sum(v.lost_batches for v in ranks),
+            drops=drops,
+            lost=lost,
+            lost_batches=lost_batches,
         )
 
 
@@ -211,7 +217,7 @@ class SnapshotBuilder:
             )
             for i, r in enumerate(order)
         )
-        totals = _RankTotals.of(ranks)
+        totals = _RankTotals.of(ranks, run.ranks.values())
         lead = run.lead_hello()
         config = dict(lead.config) if lead else {}
         in_force = run.in_force.state()
@@ -398,8 +404,10 @@ class SnapshotBuilder:
 
     def _due_for_refresh(self, run: RunState, order: list[int], now: int) -> set[int]:
         """The changed ranks whose numbers this snapshot recomputes (large worlds): the
-        ``len(order) / REFRESH_SHARE`` (at least REFRESH_MIN) computed longest ago."""
-        budget = max(REFRESH_MIN, -(-len(order) // REFRESH_SHARE))
+        ``len(order) / REFRESH_SHARE`` (at least REFRESH_MIN with the rows shown) computed longest
+        ago. The heat map shows none of their numbers, only the header's medians of their rates."""
+        least = REFRESH_MIN if run.whole_run_stats else 1
+        budget = max(least, -(-len(order) // REFRESH_SHARE))
         changed = []
         for r in order:
             kept = self._kept.get(r)
