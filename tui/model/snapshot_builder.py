@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,6 +25,7 @@ from tui.model.history import HistoryMatrix
 from tui.model.in_force import InForce, InForceTracker
 from tui.model.job import JobInfo
 from tui.model.rank_state import RankState
+from tui.model.rank_totals import RankTotals
 from tui.model.skew import SETTLE_ITERS, clock_offsets, straggler, straggler_shares, worst_skews
 from tui.model.snapshot import History, RankView, SkewEvent, Snapshot
 from tui.model.stats import RunStats, pooled_stats, weighted_rate
@@ -32,7 +33,7 @@ from tui.model.steps import StepView, step_view
 from tui.model.streams import StreamTable, StreamView
 from tui.model.telemetry import TelemetryModel, TelemetrySnapshot
 from workers.wire.protocol import MODES, Hello
-from workers.wire.stats import median, percentiles
+from workers.wire.stats import percentiles
 
 #: Windowed statistics (last / p50 / p99 / busbw / rate) cover this much record time.
 WINDOW_S = 5.0
@@ -103,35 +104,6 @@ class _Kept:
         self.view_wall = -math.inf  # the builder's wall clock when the view was computed
         self.run: tuple[_Stamp, _RunNumbers] | None = None  # stamped with the rank's version
         self.classes: tuple[_Stamp, dict[str, RunStats]] | None = None
-
-
-@dataclass(frozen=True)
-class _RankTotals:
-    """The header's numbers: medians of the ranks' rates (from their views, which may be a few
-    snapshots old in large worlds) and sums of their losses (from their states: always new)."""
-
-    iter_rate: float
-    step_rate: float
-    drops: int
-    lost: int
-    lost_batches: int
-
-    @classmethod
-    def of(cls, ranks: tuple[RankView, ...], states: Iterable[RankState]) -> _RankTotals:
-        rates = [v.iter_rate for v in ranks if math.isfinite(v.iter_rate)]
-        step_rates = [v.step_rate for v in ranks if math.isfinite(v.step_rate)]
-        drops = lost = lost_batches = 0
-        for s in states:  # as each RankView has them
-            drops += max(s.dropped, s.gaps)
-            lost += s.lost
-            lost_batches += s.lost_batches
-        return cls(
-            iter_rate=median(rates) if rates else math.nan,
-            step_rate=median(step_rates) if step_rates else math.nan,
-            drops=drops,
-            lost=lost,
-            lost_batches=lost_batches,
-        )
 
 
 class SnapshotBuilder:
@@ -217,7 +189,7 @@ class SnapshotBuilder:
             )
             for i, r in enumerate(order)
         )
-        totals = _RankTotals.of(ranks, run.ranks.values())
+        totals = RankTotals.of(ranks, run.ranks.values())
         lead = run.lead_hello()
         config = dict(lead.config) if lead else {}
         in_force = run.in_force.state()
