@@ -4,9 +4,9 @@ right after a sleep as long as a snapshot interval, as the TUI's ingest and UI t
     python benchmarks/probes/wake_tax.py [SLEEP_S] [ROUNDS]       (default 1/15 s, 60 rounds)
 
 Prints the median time of each step, warm and after the sleep, then the same step run again
-at once after the sleep. VM (2 cores), 2026-12-05: a 2 us np.concatenate of three 74-value
-arrays took ~55 us as the first step after a 67 ms sleep and ~3 us as the second; different
-steps after the sleep took 18-170 us each (warm: 1-43 us). A snapshot's cost on an idling
+at once after the sleep. VM (2 cores), 2026-12-05: each step as the first after a 67 ms sleep
+took 6-38x its warm time (a 2 us np.concatenate of three 74-value arrays ~55 us, a 54 us
+percentile ~330 us), and about its warm time run again at once. A snapshot's cost on an idling
 machine is then mostly how many different steps it takes, not how much data they touch: the
 reason the screen's snapshots between two text ticks take only a few
 (tui.model.snapshot_builder.SnapshotBuilder._between_ticks).

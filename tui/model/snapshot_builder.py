@@ -247,7 +247,7 @@ class SnapshotBuilder:
         a change of the settings in force or pending, another stream drawn or the whole-run
         statistics switched make a full one at once.
 
-        Why: on a machine that idles between snapshots, each distinct piece of code costs 10-50x
+        Why: on a machine that idles between snapshots, each distinct piece of code costs 6-40x
         its warm time the first time it runs after a wake (a 2 us numpy call ~50 us on the VM;
         benchmarks/probes/wake_tax.py), so a snapshot's cost is mostly how many different steps
         it takes; these take four (history, counters, telemetry, the tick's key) of ~40."""
