@@ -378,6 +378,7 @@ def test_what_the_user_acts_on_makes_a_full_snapshot_at_once(change: str) -> Non
     model = RunModel(clock=lambda: now[0])
     model._builder.wall = lambda: wall[0]
     messages = frozen_run(world=3, iterations=100)
+    model.whole_run_stats = change != "view"  # "view": the heat map (whole-run statistics off) to the rows
     for m in messages:
         model.apply(m)
     first = model.snapshot(text_every_s=0.2)
@@ -389,7 +390,8 @@ def test_what_the_user_acts_on_makes_a_full_snapshot_at_once(change: str) -> Non
     elif change == "stream":
         model.select_stream(0)
     elif change == "view":
-        model.whole_run_stats = not model.whole_run_stats
+        model.apply(frozen_coll(0, 10**6, range(100, 104), [1000.0] * 4, world=3))
+        model.whole_run_stats = True
     else:
         batch = next(m for m in messages if isinstance(m, Batch) and m.rank == 0)
         model.apply(dataclasses.replace(batch, seq=10**6, pending_epoch=7, apply_at=123, t_ns=T0 + 10**12))
@@ -401,3 +403,5 @@ def test_what_the_user_acts_on_makes_a_full_snapshot_at_once(change: str) -> Non
         assert len(snap.ranks) == 4
     elif change == "pending epoch":
         assert (snap.pending_epoch, snap.apply_at) == (7, 123)
+    elif change == "view":  # the rows' numbers count what came while the heat map was shown
+        assert snap.ranks[0].count == first.ranks[0].count + 4

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -64,6 +64,8 @@ REFRESH_MIN = 8
 #: at once.
 TEXT_EVERY_S = 0.2
 
+#: Snapshot or RankView (see _copy_with).
+_Frozen = TypeVar("_Frozen", Snapshot, RankView)
 _RunNumbers = tuple[RunStats, dict[str, RunStats], RunStats]  # whole run, per mode, copies
 #: When numbers were computed: (model clock ns, wall clock s, version of the model or the rank).
 _Stamp = tuple[int, float, int]
@@ -97,11 +99,10 @@ class RunState(Protocol):
 class _Kept:
     """What the builder computed for one rank last time, and when (rank version or ns)."""
 
-    __slots__ = ("view", "view_wall", "run", "classes")
+    __slots__ = ("view", "run", "classes")
 
     def __init__(self) -> None:
         self.view: tuple[int, int, RankView] | None = None  # (rank version, computed at ns, view)
-        self.view_wall = -math.inf  # the builder's wall clock when the view was computed
         self.run: tuple[_Stamp, _RunNumbers] | None = None  # stamped with the rank's version
         self.classes: tuple[_Stamp, dict[str, RunStats]] | None = None
 
@@ -134,16 +135,20 @@ class SnapshotBuilder:
         RUN_STATS_EVERY_S (they cost a histogram scan per rank and mode) unless ``fresh_run_stats``;
         its text at most every ``text_every_s`` (0: at every change; see _between_ticks)."""
         order = sorted(run.ranks)
-        between = self._between_ticks(run, order, now, fresh_run_stats, text_every_s)
-        if between is not None:
-            return between
+        # Before the next text tick a full snapshot (something the user acts on changed) keeps
+        # the ranks' numbers: only their states and what changed are new.
+        hold = not self._tick_due(now, fresh_run_stats, text_every_s)
+        if hold:
+            between = self._between_ticks(run, order, now)
+            if between is not None:
+                return between
         if run.whole_run_stats and not self._run_stats_on:
             # Back on: every rank's numbers count as changed, so their kept views (with whole-run
             # statistics of when they were off) are recomputed like those of a rank with news.
+            hold = False
             for kept in self._kept.values():
                 if kept.view is not None:
                     kept.view = (-1, *kept.view[1:])
-                    kept.view_wall = -math.inf
         self._run_stats_on = run.whole_run_stats
         if fresh_run_stats:  # the final summary: no copy can still come for what is pending
             for state in run.ranks.values():
@@ -185,7 +190,7 @@ class SnapshotBuilder:
                 shares[i] if shares is not None else math.nan,
                 fresh_run_stats,
                 due,
-                text_every_s,
+                hold,
             )
             for i, r in enumerate(order)
         )
@@ -238,29 +243,44 @@ class SnapshotBuilder:
         self._ticked = (snap, self._tick_key(run, order, in_force), self.wall())
         return snap
 
-    def _between_ticks(self, run: RunState, order: list[int], now: int, fresh: bool, every_s: float) -> Snapshot | None:
-        """The screen's snapshot between two text ticks (``every_s`` apart on both clocks; None
-        when one is due): the last full snapshot with the new history (the sparklines and the
-        heat map move at every snapshot), counters and telemetry. Its text (the ranks' numbers
-        and states, the header's rates, straggler and skew, the streams, steps and verdict) is
-        at most ``every_s`` old, as the ranks' numbers already were; a new or exited rank set,
-        a change of the settings in force or pending, another stream drawn or the whole-run
-        statistics switched make a full one at once.
+    def _tick_due(self, now: int, fresh: bool, every_s: float) -> bool:
+        """Whether this snapshot rebuilds the text: always for direct (``every_s`` 0) and fresh
+        snapshots; on screen when the last full one is ``every_s`` old on either clock (the
+        model's stands still in a paused or ended replay: the wall clock then lets the last
+        records in)."""
+        ticked = self._ticked
+        if ticked is None or fresh or every_s <= 0:
+            return True
+        return not self._younger(now, ticked[0].now_ns, ticked[2], every_s * 1e9)
+
+    def _between_ticks(self, run: RunState, order: list[int], now: int) -> Snapshot | None:
+        """The screen's snapshot between two text ticks (None when something the user acts on
+        changed): the last full snapshot with the new history (the sparklines and the heat map
+        move at every snapshot), counters and telemetry. Its text (the ranks' numbers and
+        states, the header's rates, straggler and skew, the streams, steps and verdict) is at
+        most TEXT_EVERY_S old; a new or exited rank set, a change of the settings in force or
+        pending, another stream drawn or the whole-run statistics switched make a full one at
+        once.
 
         Why: on a machine that idles between snapshots, each distinct piece of code costs 6-40x
         its warm time the first time it runs after a wake (a 2 us numpy call ~50 us on the VM;
         benchmarks/probes/wake_tax.py), so a snapshot's cost is mostly how many different steps
         it takes; these take four (history, counters, telemetry, the tick's key) of ~40."""
-        ticked = self._ticked
-        if ticked is None or fresh or every_s <= 0:
-            return None
-        snap, key, at_wall = ticked
-        if not self._younger(now, snap.now_ns, at_wall, every_s * 1e9):
-            return None
+        assert self._ticked is not None  # _tick_due said a full snapshot was built before
+        snap, key, _ = self._ticked
         if self._tick_key(run, order, run.in_force.state()) != key:
             return None
         history, _ = _history(run, order)
-        return _with_news(snap, now, history, run, _telemetry_snapshot(run.telemetry, now, snap.clock_offsets_ms))
+        telemetry = _telemetry_snapshot(run.telemetry, now, snap.clock_offsets_ms)
+        return _copy_with(
+            snap,
+            now_ns=now,
+            history=history,
+            version=run.version,
+            messages=run.messages,
+            records=run.records,
+            telemetry=telemetry,
+        )
 
     @staticmethod
     def _tick_key(run: RunState, order: list[int], in_force: InForce) -> tuple[Any, ...]:
@@ -401,11 +421,11 @@ class SnapshotBuilder:
         share: float,
         fresh: bool,
         due: set[int] | None = None,
-        text_every_s: float = 0.0,
+        hold: bool = False,
     ) -> RankView:
         """The rank's view, recomputed when the rank changed (with ``due``, a large world: only
-        when the rank is in it; with ``text_every_s``, at most that often); state, silence and
-        straggler share are always new."""
+        when the rank is in it; with ``hold``, not before the next text tick); state, silence
+        and straggler share are always new."""
         if s.bye is not None:
             state = "exited"
         elif now - s.last_seen_ns > self.stale_after_ns:
@@ -425,18 +445,15 @@ class SnapshotBuilder:
             if due is not None and s.rank not in due:
                 reuse = True  # a large world: not this rank's turn
             else:
-                # unchanged, or computed less than text_every_s ago on both clocks (the model's
-                # stands still in a paused or ended replay: the wall clock then lets the last
-                # records in); either way not behind on whole-run statistics
-                recent = self._younger(now, cached[1], kept.view_wall, text_every_s * 1e9)
-                reuse = (cached[0] == s.version or recent) and not self._behind(run, s, kept, now)
+                # unchanged, or held until the next text tick; either way not behind on
+                # whole-run statistics
+                reuse = (cached[0] == s.version or hold) and not self._behind(run, s, kept, now)
         if reuse and cached is not None:
             view = cached[2]
         else:
             view = self._compute_rank_view(run, s, kept, now, fresh)
             kept.view = (s.version, now, view)
-            kept.view_wall = self.wall()
-        return _with_live_fields(view, state, silent, idle, share)
+        return _copy_with(view, state=state, silent_s=silent, idle_s=idle, straggler_share=share)
 
     def _run_stats(self, run: RunState, s: RankState, kept: _Kept, now: int, fresh: bool) -> _RunNumbers:
         cached = kept.run
@@ -504,31 +521,12 @@ class SnapshotBuilder:
 
 
 def _history(run: RunState, order: list[int]) -> tuple[History, HistoryMatrix | None]:
-    """The history drawn (every collective's, or the selected stream's) and the stream's matrix."""
-    first, ms, mode, start = run.history_matrix(order).window()
-    history = History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
+    """The history drawn (every collective's, or the selected stream's) and the stream's matrix.
+    Only the drawn matrix is copied out: the other keeps its queued batches (it scatters them
+    itself when PENDING_BATCHES wait) until it is drawn again."""
     drawn = run.stream_history_matrix(order)  # one stream's lines instead of every collective's
-    if drawn is not None:
-        first, ms, mode, start = drawn.window()
-        history = History(first_iteration=first, ms=ms, mode=mode, start_ns=start)
-    return history, drawn
-
-
-def _with_news(snap: Snapshot, now: int, history: History, run: RunState, telemetry: TelemetrySnapshot) -> Snapshot:
-    """A copy of ``snap`` with what moves between text ticks set (as _with_live_fields: a copy of
-    the instance dict, not ``replace``'s __init__ of 37 fields)."""
-    new = object.__new__(Snapshot)
-    fields = new.__dict__
-    fields.update(snap.__dict__)
-    fields.update(
-        now_ns=now,
-        history=history,
-        version=run.version,
-        messages=run.messages,
-        records=run.records,
-        telemetry=telemetry,
-    )
-    return new
+    first, ms, mode, start = (drawn if drawn is not None else run.history_matrix(order)).window()
+    return History(first_iteration=first, ms=ms, mode=mode, start_ns=start), drawn
 
 
 def _members_only(history: History | None) -> tuple[History | None, np.ndarray | None]:
@@ -562,14 +560,14 @@ def _telemetry_snapshot(telemetry: TelemetryModel, now: int, offsets_ms: dict[st
     return telemetry.snapshot(now, {h: round(v * 1e6) for h, v in offsets_ms.items()})
 
 
-def _with_live_fields(view: RankView, state: str, silent_s: float, idle_s: float, share: float) -> RankView:
-    """A copy of ``view`` with the fields that change at every snapshot set: ``replace`` runs
-    the dataclass ``__init__`` (~25 us for RankView's 32 fields, 13 ms a snapshot at 512 ranks);
-    copying the instance dict costs ~1 us. RankView is frozen for its readers, not for its maker."""
-    new = object.__new__(RankView)
-    fields = new.__dict__
-    fields.update(view.__dict__)
-    fields["state"], fields["silent_s"], fields["idle_s"], fields["straggler_share"] = state, silent_s, idle_s, share
+def _copy_with(instance: _Frozen, **fields: Any) -> _Frozen:
+    """A copy of a frozen dataclass instance with ``fields`` set: ``replace`` runs the dataclass
+    ``__init__`` (~25 us for RankView's 32 fields, 13 ms a snapshot at 512 ranks); copying the
+    instance dict costs ~1 us. Snapshots and rank views are frozen for their readers, not for
+    their maker."""
+    new = object.__new__(type(instance))
+    new.__dict__.update(instance.__dict__)
+    new.__dict__.update(fields)
     return new
 
 
