@@ -54,6 +54,26 @@ def test_ring_view_is_a_copy() -> None:
     assert got.tolist() == [1, 2]
 
 
+def test_ring_window_is_the_rows_near_the_newest_time_in_order_or_not() -> None:
+    rng = np.random.default_rng(5)
+    for size in (1, 7, 64):
+        ring, t_all = Ring({"t": "<i8", "v": "<f4", "w": "<u1"}, size=size), np.zeros(0, dtype=np.int64)
+        for step in range(120):
+            n = int(rng.integers(0, 2 * size + 2))
+            t = np.arange(len(t_all), len(t_all) + n, dtype=np.int64) * 10
+            if step % 7 == 3 and n > 1:  # now and then a batch out of time order
+                t = t[::-1].copy()
+            ring.append({"t": t, "v": t.astype(np.float32) / 2, "w": (t % 256).astype(np.uint8)})
+            t_all = np.concatenate((t_all, t))
+            held = t_all[-size:]
+            for span in (0, 25, 10 * size, 10**9):
+                got = ring.window("t", span, ("t", "v"))
+                want = held[held >= held.max() - span] if len(held) else held
+                assert set(got) == {"t", "v"}
+                assert got["t"].tolist() == want.tolist() and (got["v"] == got["t"] / 2).all()
+    assert Ring({"t": "<i8"}, size=4).window("t", 5, ("t",))["t"].tolist() == []
+
+
 def test_percentile_is_numpys_linear_definition_bit_for_bit() -> None:
     values = np.array([4.0, 1.0, 3.0, 2.0])
     assert percentile(values, 50) == 2.5

@@ -37,6 +37,8 @@ from workers.wire.stats import percentiles
 
 #: Windowed statistics (last / p50 / p99 / busbw / rate) cover this much record time.
 WINDOW_S = 5.0
+#: What a rank's numbers read of its collectives' window.
+_VIEW_COLUMNS = ("start_ns", "dur_us", "busbw", "mode", "epoch")
 #: Whole-run statistics (histogram percentiles) of a snapshot are at most this old,
 #: unless the snapshot is asked for ``fresh_run_stats`` (the headless summary is).
 RUN_STATS_EVERY_S = 1.0
@@ -474,8 +476,9 @@ class SnapshotBuilder:
 
     def _compute_rank_view(self, run: RunState, s: RankState, kept: _Kept, now: int, fresh: bool) -> RankView:
         h = s.hello
-        win = _window(s.coll.view(copy=False), "start_ns")
-        cwin = _window(s.copy.view(copy=False), "start_ns")
+        span = int(WINDOW_S * 1e9)
+        win = s.coll.window("start_ns", span, _VIEW_COLUMNS)
+        cwin = s.copy.window("start_ns", span, ("nbytes", "dur_us"))
         dur = win["dur_us"]
         rate = math.nan
         if len(dur) > 1:
@@ -569,15 +572,3 @@ def _copy_with(instance: _Frozen, **fields: Any) -> _Frozen:
     new.__dict__.update(instance.__dict__)
     new.__dict__.update(fields)
     return new
-
-
-def _window(view: dict[str, np.ndarray], time_col: str) -> dict[str, np.ndarray]:
-    """The rows of ``view`` within WINDOW_S of its newest row (record time, not wall time)."""
-    t = view[time_col]
-    if len(t) == 0:
-        return view
-    keep = t >= t.max() - int(WINDOW_S * 1e9)
-    first = int(np.argmax(keep))
-    if keep[first:].all():  # records in time order (the usual case): the window is a suffix, no copies
-        return {k: v[first:] for k, v in view.items()}
-    return {k: v[keep] for k, v in view.items()}
