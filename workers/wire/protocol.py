@@ -199,7 +199,7 @@ def open_frames(key: bytes, frames: list[bytes], session: str | None = None) -> 
     mac, payload = frames
     if len(payload) > MAX_BODY_BYTES:
         raise ProtocolError("oversized", f"body of {len(payload)} bytes > {MAX_BODY_BYTES}")
-    # hmac.digest: OpenSSL's one-shot HMAC, a third cheaper than hmac.new(...).digest() per message
+    # hmac.digest: the one-shot HMAC, ~30 % cheaper than hmac.new(...).digest() (4.7 KB body, VM)
     if len(mac) != MAC_BYTES or not hmac.compare_digest(hmac.digest(key, payload, "sha256"), bytes(mac)):
         raise ProtocolError("signature", "missing or wrong HMAC-SHA256 signature")
     body = unpack_body(payload)
@@ -305,8 +305,8 @@ def decode_columns(raw: Any, n: int, schema: Mapping[str, str] | Layout) -> dict
     come as its :func:`column_layout` (the batch decoder's, made once: the viewer decodes ~1,500
     batches a second at 512 ranks). The loop is the viewer's per-message cost, so it is kept
     lean: a list layout skips the ABC check of a Mapping, one exact type test stands for
-    ``isinstance``, and ``frombuffer`` is a local with a positional dtype (together ~18 ->
-    ~10 us for a 13-column batch, VM)."""
+    ``isinstance``, and ``frombuffer`` is a local with a positional dtype (a 13-column batch
+    7.5-8.9 -> 5.9 us; with the HMAC and unpacking, 22-23 -> 19-20 us a message, VM)."""
     if not isinstance(raw, dict):
         raise ProtocolError("field", "'cols' must be a map")
     layout = schema if type(schema) is list else column_layout(schema)  # type: ignore[arg-type]
