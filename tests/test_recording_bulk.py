@@ -82,30 +82,50 @@ def test_a_synthetic_run_with_copies_telemetry_and_many_chunks(tmp_path: Path) -
     assert_bulk_is_by_chunk(path)
 
 
-def test_columns_decoded_on_two_threads_are_the_columns_decoded_on_one(tmp_path: Path, monkeypatch) -> None:
-    """A large part's stored columns decode on two threads: with the threshold at 0 every part
-    takes that path, and the tables are still the per-chunk decoder's, bit for bit."""
+@pytest.mark.parametrize("cpus", [2, 16])
+def test_columns_decoded_on_several_threads_are_the_columns_decoded_on_one(
+    tmp_path: Path, monkeypatch, cpus: int
+) -> None:
+    """A large part's stored columns decode on 2 threads, up to MAX_COLUMN_THREADS where more
+    CPUs are usable: with the threshold at 0 every part takes that path, and the tables are
+    still the per-chunk decoder's, bit for bit."""
     import threading
 
     path = tmp_path / "run.commtop"
     write_recording(path, list(synth_run(duration_s=3.0, world=4)), chunk_s=0.05)
     threads: set[str] = set()
     decode_ints = bulk.decode_ints
+    # The first columns wait here until every thread of the pool holds one (so each thread is
+    # seen however fast the others are), once: then the gate stays open.
+    gate, opened = threading.Barrier(min(cpus, bulk.MAX_COLUMN_THREADS), timeout=30), threading.Event()
 
     def recording_thread(*args, **kwargs):  # type: ignore[no-untyped-def]
-        threads.add(threading.current_thread().name)
+        if threading.current_thread().name.startswith("commtop-columns"):
+            threads.add(threading.current_thread().name)
+            if not opened.is_set():
+                try:
+                    gate.wait()
+                except threading.BrokenBarrierError:
+                    pass
+                opened.set()
         return decode_ints(*args, **kwargs)
 
     monkeypatch.setattr(bulk, "decode_ints", recording_thread)
-    _two_threads(monkeypatch)
+    _two_threads(monkeypatch, cpus)
     assert_bulk_is_by_chunk(path)
-    assert any(name.startswith("commtop-columns") for name in threads)
+    assert len(threads) == min(cpus, bulk.MAX_COLUMN_THREADS)
 
 
-def _two_threads(monkeypatch) -> None:
-    """Every part takes the two-thread decode (and with it the early grouping), on any machine."""
+def test_pools_take_two_threads_and_more_only_where_more_cpus_are_usable(monkeypatch) -> None:
+    for cpus, most, want in ((1, 4, 2), (2, 4, 2), (3, 4, 3), (16, 4, 4), (16, 2, 2)):
+        monkeypatch.setattr(bulk, "usable_cpus", lambda cpus=cpus: cpus)
+        assert bulk.worker_threads(most) == want
+
+
+def _two_threads(monkeypatch, cpus: int = 2) -> None:
+    """Every part takes the threaded decode (and with it the early grouping), on any machine."""
     monkeypatch.setattr(bulk, "PARALLEL_RECORDS", 0)
-    monkeypatch.setattr(bulk.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(bulk, "usable_cpus", lambda: cpus)
 
 
 def test_the_reader_groups_the_records_while_the_other_columns_decode(tmp_path: Path, monkeypatch) -> None:

@@ -528,7 +528,7 @@ def test_the_report_of_columns_decoded_on_two_threads_and_grouped_early_is_the_s
     write_recording(path, list(synth_run(duration_s=3.0, world=3, epochs=epochs, seed=9)), chunk_s=0.1)
     one = build.build_report(open_recording(path))
     monkeypatch.setattr(bulk, "PARALLEL_RECORDS", 0)
-    monkeypatch.setattr(bulk.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(bulk, "usable_cpus", lambda: 2)
     with open_recording(path) as rec:
         tables = reading.report_tables(rec)
         assert tables.coll_grouped is not None

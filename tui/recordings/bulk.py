@@ -197,8 +197,26 @@ def _needed(codecs: dict[str, str], wanted: Sequence[str] | None) -> set[str]:
 #: Records per block where a column is recomputed from others (float64 temporaries): blocks
 #: reuse the same memory where full-size temporaries would fault in fresh pages each time.
 BLOCK = 1 << 18
-#: Records of a part from which its stored columns decode on two threads (below, threads cost more than they save).
+#: Records of a part from which its stored columns decode on several threads (below, threads cost more than they save).
 PARALLEL_RECORDS = 1 << 16
+#: Threads at most for the columns' decode (memory-bound numpy passes, without the GIL).
+MAX_COLUMN_THREADS = 4
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity, e.g. under taskset or a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def worker_threads(most: int) -> int:
+    """Threads for a pool of numpy work: 2 (what a 2-core machine has, the floor every pool
+    was tuned on), up to ``most`` where more CPUs are usable."""
+    return max(2, min(most, usable_cpus()))
+
+
 #: The dtype of a table's "rank" column.
 RANK_DTYPE = "<i4"
 
@@ -216,8 +234,9 @@ def _columns(
     """(per-record columns with "rank", ``group_by``'s future) of one part over ``chunks``,
     each column as the per-chunk decoder's ``_decode_part`` gives it.
 
-    The stored columns decode on two threads (numpy copies and sums without the GIL, the
-    joins of byte planes with it, so one column's numpy runs while another's joins); the
+    The stored columns decode on 2 to MAX_COLUMN_THREADS threads (numpy copies and sums
+    without the GIL, the joins of byte planes with it, so one column's numpy runs while
+    another's joins); the
     columns computed from others follow, in order. With ``group_by`` (and ``side``, its
     thread), the epochs and the per-record ranks come first and
     ``group_by(epoch, rank)`` runs on ``side`` while the rest decode: the report's grouping,
@@ -238,14 +257,15 @@ def _columns(
     cols: dict[str, np.ndarray] = {"rank": np.repeat(ranks.astype(RANK_DTYPE), counts)}
     done: dict[str, np.ndarray] = {}
     grouped: Future[Any] | None = None
-    if len(stored) > 1 and int(counts.sum()) >= PARALLEL_RECORDS and (os.cpu_count() or 1) > 1:
+    if len(stored) > 1 and int(counts.sum()) >= PARALLEL_RECORDS and usable_cpus() > 1:
         if group_by is not None and side is not None and "epoch" in stored:
             done["epoch"] = decode("epoch")
             grouped = side.submit(group_by, done["epoch"], cols["rank"])
-        # the widest first, so that the two threads end together
+        # the widest first, so that the threads end together
         rest = [col for col in stored if col not in done]
         widest = sorted(rest, key=lambda col: -max((h["cols"][col][3] for h in having), default=0))
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="commtop-columns") as pool:
+        threads = worker_threads(MAX_COLUMN_THREADS)
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="commtop-columns") as pool:
             done.update(zip(widest, pool.map(decode, widest), strict=True))
     else:
         done = {col: decode(col) for col in stored}

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from tui.model.job import JobInfo
+from tui.recordings.bulk import worker_threads
 from tui.recordings.codec import Tables
 from tui.recordings.reader import Recording
 from tui.recordings.writer import run_metadata
@@ -58,6 +59,9 @@ from tui.report.telemetry import HBM_UTIL, NodeTelemetry, link_tx
 from workers.wire import protocol as p
 from workers.wire.overlap import AFTER, DURING, NO_COPIES, classify_columns
 from workers.wire.stats import percentiles, percentiles_and_max_sorted
+
+#: Threads at most for the epochs' sorts (numpy sorts, without the GIL).
+MAX_SORT_THREADS = 4
 
 _Run = tuple[int, int, int]  # (key = epoch << 20 | rank, start, end) of one (epoch, rank) group
 _Epoch = tuple[int, int, int, list[_Run]]  # (epoch, start, end, its (epoch, rank) runs)
@@ -287,7 +291,10 @@ def _sort_epochs(
     orders: dict[int, _EpochOrder | None] = {}
     pure_epochs: dict[int, list[tuple[int, int, int]]] = {}
     dur32, ocls = recs.dur32, recs.ocls
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="commtop-sort") as pool:  # numpy sorts without the GIL
+    threads = worker_threads(MAX_SORT_THREADS)
+    with ThreadPoolExecutor(
+        max_workers=threads, thread_name_prefix="commtop-sort"
+    ) as pool:  # numpy sorts without the GIL
         sorted_epochs = list(
             pool.map(
                 lambda ep: _EpochOrder.of(dur32[ep[1] : ep[2]], ocls[ep[1] : ep[2]], [b - a for _, a, b in ep[3]]),
