@@ -291,10 +291,8 @@ def _sort_epochs(
     orders: dict[int, _EpochOrder | None] = {}
     pure_epochs: dict[int, list[tuple[int, int, int]]] = {}
     dur32, ocls = recs.dur32, recs.ocls
-    threads = worker_threads(MAX_SORT_THREADS)
-    with ThreadPoolExecutor(
-        max_workers=threads, thread_name_prefix="commtop-sort"
-    ) as pool:  # numpy sorts without the GIL
+    threads = worker_threads(MAX_SORT_THREADS)  # numpy sorts, without the GIL
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="commtop-sort") as pool:
         sorted_epochs = list(
             pool.map(
                 lambda ep: _EpochOrder.of(dur32[ep[1] : ep[2]], ocls[ep[1] : ep[2]], [b - a for _, a, b in ep[3]]),
