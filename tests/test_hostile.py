@@ -294,9 +294,11 @@ def test_real_collector_under_attack_keeps_running_flat_memory_exact_counts(tmp_
         for r in (0, 1):
             assert int(rows[r]["count"]) == 50 * sent_batches and rows[r]["missing"] == "0"
         assert (rss1 - rss0) / 2**20 < 64  # one-off buffers (a 4 MiB frame in flight), then flat:
-        # Flat once the one-off buffers exist: on a busy machine the first round may still be in
-        # flight when it is measured (seen: 39.7, 58.8, 60.7 MiB), so compare from round two on.
-        assert (rss1 - rss_rounds[1]) / 2**20 < 16
+        # Flat once the one-off buffers exist: no more than 16 MiB over the highest of the first
+        # two rounds. On a busy machine the first round may still be in flight when it is
+        # measured (seen: 39.7, 58.8, 60.7 MiB), and the allocator may have handed pages back
+        # just before round two's sample (seen: 53.8, 42.2, 58.4 MiB, then 58.4 at the end).
+        assert (rss1 - max(rss_rounds[:2])) / 2**20 < 16
     finally:
         for proc in procs:
             proc.kill_all()

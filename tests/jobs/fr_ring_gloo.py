@@ -69,6 +69,11 @@ def main(folder: str, how: str) -> None:
         dist.all_reduce(t)
         now += 0.001
         if source.poll(now):
+            # Keeping up includes torch having finished what it reads: on a busy VM gloo's thread
+            # once marked an entry finished only after this loop had issued 64 more (a few ms
+            # here; 64 real collectives' time in a job), so the ring had wrapped past it
+            # (overwritten 1, not 0).
+            settle()
             source.read(now)
     accounted = sum(g.expect - 1 for g in source.cursor.groups.values())  # read or lost so far
     keep_up = {"reads": source.reads, "overwritten": source.cursor.overwritten, "accounted": accounted}
