@@ -111,7 +111,7 @@ def test_columns_decoded_on_several_threads_are_the_columns_decoded_on_one(
         return decode_ints(*args, **kwargs)
 
     monkeypatch.setattr(bulk, "decode_ints", recording_thread)
-    _two_threads(monkeypatch, cpus)
+    _threaded_decode(monkeypatch, cpus)
     assert_bulk_is_by_chunk(path)
     assert len(threads) == min(cpus, bulk.MAX_COLUMN_THREADS)
 
@@ -122,7 +122,7 @@ def test_pools_take_two_threads_and_more_only_where_more_cpus_are_usable(monkeyp
         assert bulk.worker_threads(most) == want
 
 
-def _two_threads(monkeypatch, cpus: int = 2) -> None:
+def _threaded_decode(monkeypatch, cpus: int = 2) -> None:
     """Every part takes the threaded decode (and with it the early grouping), on any machine."""
     monkeypatch.setattr(bulk, "PARALLEL_RECORDS", 0)
     monkeypatch.setattr(bulk, "usable_cpus", lambda: cpus)
@@ -133,7 +133,7 @@ def test_the_reader_groups_the_records_while_the_other_columns_decode(tmp_path: 
     what grouping those columns afterwards gives; the tables are the same as without it."""
     from tui.report.kernels import _group
 
-    _two_threads(monkeypatch)
+    _threaded_decode(monkeypatch)
     path = tmp_path / "run.commtop"
     write_recording(path, list(synth_run(duration_s=3.0, world=4)), chunk_s=0.05)
     seen: list[tuple[np.ndarray, np.ndarray]] = []
@@ -156,7 +156,7 @@ def test_the_reader_groups_the_records_while_the_other_columns_decode(tmp_path: 
 def test_no_early_grouping_where_a_chunk_is_decoded_on_its_own(tmp_path: Path, monkeypatch) -> None:
     """A chunk the bulk path does not take is decoded in its place: the columns are then pieces
     joined afterwards, not the arrays ``group_by`` saw, so its result is dropped."""
-    _two_threads(monkeypatch)
+    _threaded_decode(monkeypatch)
     path = tmp_path / "run.commtop"
     write_recording(path, list(synth_run(duration_s=3.0, world=2)), chunk_s=0.25)
     _rewrite_chunk(path, 3, _delta_not_delta)

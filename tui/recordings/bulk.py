@@ -236,9 +236,8 @@ def _columns(
 
     The stored columns decode on 2 to MAX_COLUMN_THREADS threads (numpy copies and sums
     without the GIL, the joins of byte planes with it, so one column's numpy runs while
-    another's joins); the
-    columns computed from others follow, in order. With ``group_by`` (and ``side``, its
-    thread), the epochs and the per-record ranks come first and
+    another's joins); the columns computed from others follow, in order. With ``group_by``
+    (and ``side``, its thread), the epochs and the per-record ranks come first and
     ``group_by(epoch, rank)`` runs on ``side`` while the rest decode: the report's grouping,
     its longest step on one thread, no longer waits for every column."""
     having = [c.parts[name] for c in chunks if name in c.parts]
