@@ -48,8 +48,32 @@ class Cells:
     edges_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
-def bucket(history: History, cells: int, k: int) -> Cells:
-    """The last ``cells`` buckets of ``k`` iterations, max latency per bucket.
+def settled_last(history: History, wait_its: int) -> int:
+    """The newest iteration every rank has reported, unless a rank is more than ``wait_its``
+    iterations behind the newest any has: such a rank (late, stalled, exited) does not hold
+    the chart back, and shows its gap.
+
+    Why: ranks publish their records in batches (every 50 ms, up to 500 ms in large worlds),
+    so at any moment most are a batch behind the newest. A chart that ended at the newest
+    iteration blinked the last cells of the others on and off at every frame, and each blink
+    repainted a rank's whole lines (half of the lower bar lines at 8 ranks)."""
+    ms = history.ms
+    n_ranks, n_cols = ms.shape
+    last = history.first_iteration + n_cols - 1
+    if n_ranks < 2 or n_cols == 0 or wait_its <= 0:
+        return last
+    have = np.isfinite(ms[:, -min(n_cols, wait_its + 1) :])
+    reporting = have.any(axis=1)
+    if not reporting.any():
+        return last
+    # Columns from the newest back to each reporting rank's newest record.
+    behind = np.argmax(have[reporting, ::-1], axis=1)
+    return last - int(behind.max())
+
+
+def bucket(history: History, cells: int, k: int, wait_its: int = 0) -> Cells:
+    """The last ``cells`` buckets of ``k`` iterations, max latency per bucket, up to the
+    iteration every rank has reported (``wait_its``: see :func:`settled_last`).
 
     Max, not mean: a profiler should show the spike, not average it away.
     """
@@ -57,7 +81,7 @@ def bucket(history: History, cells: int, k: int) -> Cells:
     cells = max(0, cells)
     if n_cols == 0 or cells == 0:
         return Cells(np.full((n_ranks, cells), np.nan), np.full((n_ranks, cells), -1), k, history.first_iteration, 0)
-    last = history.first_iteration + n_cols - 1
+    last = settled_last(history, wait_its)
     start_it = (last // k - cells + 1) * k
     lo, hi = max(start_it, history.first_iteration), last
     src = slice(lo - history.first_iteration, hi - history.first_iteration + 1)

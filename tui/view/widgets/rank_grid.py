@@ -33,6 +33,10 @@ from tui.view.widgets.rank_rows import RowsView
 ZOOMS = (1, 2, 4, 8, 16, 32)
 ZOOM_TARGET_S = 10.0
 ZOOM_HOLD_S = 3.0
+#: The chart ends where every rank has reported, waiting at most this long for a rank's next
+#: batch (ranks publish every 50-500 ms; see grid_cells.settled_last): a rank further behind
+#: shows its gap.
+TAIL_WAIT_S = 0.6
 #: Lines per rank when there is room (taller bars: 8 levels per line).
 MAX_ROW_H = 6
 
@@ -140,7 +144,8 @@ class RankGrid(ScrollView):
             n_cells = 0
         now_s = snap.now_ns / 1e9
         k = self._choose_k(snap, n_cells, now_s)
-        cells: Cells = bucket(snap.history, n_cells, k)
+        wait_its = math.ceil(snap.iter_rate * TAIL_WAIT_S) if math.isfinite(snap.iter_rate) else 0
+        cells: Cells = bucket(snap.history, n_cells, k, wait_its)
         self.time_axis = TimeAxis(label_w, cells.edges_ns) if n_cells else TimeAxis(label_w)
         self.top = self.axis.update(visible_top(cells), now_s)
         procs = self._proc_states(snap)

@@ -1,0 +1,59 @@
+"""Where the latency chart ends: at the newest iteration every rank has reported, so the ranks'
+batches arriving one after another do not blink the chart's last cells, unless a rank is further
+behind than the wait (late, stalled, exited): then that rank shows its gap."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tui.model.snapshot import History
+from tui.view.widgets.grid_cells import bucket, settled_last
+
+FIRST = 1000
+
+
+def history(newest_by_rank: list[int], cols: int = 0) -> History:
+    """Ranks with a record (2.5 ms) for every iteration up to column ``newest_by_rank[r]``; the
+    history reaches the newest any has (or ``cols`` columns)."""
+    cols = cols or max(newest_by_rank) + 1
+    ms = np.full((len(newest_by_rank), cols), np.nan, dtype=np.float32)
+    for r, newest in enumerate(newest_by_rank):
+        ms[r, : newest + 1] = 2.5
+    mode = np.zeros(ms.shape, dtype=np.uint8)
+    return History(first_iteration=FIRST, ms=ms, mode=mode, start_ns=np.arange(1, cols + 1, dtype=np.int64) * 1000)
+
+
+def test_the_chart_ends_where_every_rank_has_reported() -> None:
+    h = history([99, 95, 97])
+    assert settled_last(h, wait_its=10) == FIRST + 95
+    cells = bucket(h, 20, 1, wait_its=10)
+    assert cells.first_iteration + 19 == FIRST + 95  # the last cell is the settled iteration
+    assert np.isfinite(cells.ms[:, -1]).all()  # no rank's last cell is blank
+
+
+def test_batches_arriving_in_turn_never_blank_a_last_cell() -> None:
+    """Each step one rank's batch (5 iterations) arrives; the others are a batch or two behind."""
+    newest = [40, 35, 30]
+    for step in range(12):
+        newest[step % 3] = max(newest) + 5
+        h = history(newest)
+        cells = bucket(h, 16, 2, wait_its=20)
+        last = cells.first_iteration + 2 * 16 - 1  # the last cell's last iteration
+        assert last >= settled_last(h, 20) >= FIRST + min(newest)
+        assert np.isfinite(cells.ms[:, -1]).all(), (step, newest)
+
+
+def test_a_rank_further_behind_than_the_wait_shows_its_gap() -> None:
+    h = history([99, 95, 50])  # rank 2 stalled at 50
+    assert settled_last(h, wait_its=10) == FIRST + 95
+    cells = bucket(h, 20, 1, wait_its=10)
+    assert np.isfinite(cells.ms[:2, -1]).all()
+    assert np.isnan(cells.ms[2, -20:]).all()  # its tail is empty (the state note goes there)
+
+
+def test_without_a_wait_or_with_one_rank_the_chart_ends_at_the_newest_iteration() -> None:
+    assert settled_last(history([99, 95, 97]), wait_its=0) == FIRST + 99
+    assert settled_last(history([90], cols=100), wait_its=10) == FIRST + 99
+    assert settled_last(history([99, 95, 97]), wait_its=10_000) == FIRST + 95
+    empty = History(FIRST, np.full((2, 0), np.nan, dtype=np.float32), np.zeros((2, 0), dtype=np.uint8))
+    assert settled_last(empty, wait_its=10) == FIRST - 1
