@@ -57,3 +57,20 @@ def test_without_a_wait_or_with_one_rank_the_chart_ends_at_the_newest_iteration(
     assert settled_last(history([99, 95, 97]), wait_its=10_000) == FIRST + 95
     empty = History(FIRST, np.full((2, 0), np.nan, dtype=np.float32), np.zeros((2, 0), dtype=np.uint8))
     assert settled_last(empty, wait_its=10) == FIRST - 1
+
+
+def test_a_late_rank_catching_up_does_not_scroll_the_chart_back() -> None:
+    """Rank 2 was beyond the wait (the chart went on without it); its next batch brings it within
+    the wait but still behind the last frame's edge: the edge stays (rank 2 shows its gap)."""
+    first = bucket(history([99, 98, 80]), 20, 1, wait_its=10)
+    assert first.last_iteration == FIRST + 98
+    caught_up = history([99, 98, 92])
+    assert settled_last(caught_up, wait_its=10) == FIRST + 92
+    assert settled_last(caught_up, wait_its=10, not_before=first.last_iteration) == FIRST + 98
+    cells = bucket(caught_up, 20, 1, wait_its=10, not_before=first.last_iteration)
+    assert cells.last_iteration == FIRST + 98 and np.isnan(cells.ms[2, -6:]).all()
+
+
+def test_an_edge_beyond_the_history_is_forgotten() -> None:
+    """A new run or a replay sought back starts again below the last frame's edge."""
+    assert settled_last(history([40, 35, 38]), wait_its=10, not_before=FIRST + 98) == FIRST + 35

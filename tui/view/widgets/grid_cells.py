@@ -46,12 +46,15 @@ class Cells:
     first_start_ns: int  # host time of the first visible iteration (0 = unknown)
     #: Host time where each cell starts, plus the end of the last (cells + 1; empty = unknown).
     edges_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: The newest iteration drawn (-1: none).
+    last_iteration: int = -1
 
 
-def settled_last(history: History, wait_its: int) -> int:
+def settled_last(history: History, wait_its: int, not_before: int = -1) -> int:
     """The newest iteration every rank has reported, unless a rank is more than ``wait_its``
     iterations behind the newest any has: such a rank (late, stalled, exited) does not hold
-    the chart back, and shows its gap.
+    the chart back, and shows its gap. Never before ``not_before`` (the last frame's edge) while
+    the history reaches it: a late rank's batch must not scroll the chart back.
 
     Why: ranks publish their records in batches (every 50 ms, up to 500 ms in large worlds),
     so at any moment most are a batch behind the newest. A chart that ended at the newest
@@ -68,12 +71,13 @@ def settled_last(history: History, wait_its: int) -> int:
         return last
     # Columns from the newest back to each reporting rank's newest record.
     behind = np.argmax(have[reporting, ::-1], axis=1)
-    return last - int(behind.max())
+    settled = last - int(behind.max())
+    return not_before if settled < not_before <= last else settled
 
 
-def bucket(history: History, cells: int, k: int, wait_its: int = 0) -> Cells:
+def bucket(history: History, cells: int, k: int, wait_its: int = 0, not_before: int = -1) -> Cells:
     """The last ``cells`` buckets of ``k`` iterations, max latency per bucket, up to the
-    iteration every rank has reported (``wait_its``: see :func:`settled_last`).
+    iteration every rank has reported (``wait_its``, ``not_before``: see :func:`settled_last`).
 
     Max, not mean: a profiler should show the spike, not average it away.
     """
@@ -81,7 +85,7 @@ def bucket(history: History, cells: int, k: int, wait_its: int = 0) -> Cells:
     cells = max(0, cells)
     if n_cols == 0 or cells == 0:
         return Cells(np.full((n_ranks, cells), np.nan), np.full((n_ranks, cells), -1), k, history.first_iteration, 0)
-    last = settled_last(history, wait_its)
+    last = settled_last(history, wait_its, not_before)
     start_it = (last // k - cells + 1) * k
     lo, hi = max(start_it, history.first_iteration), last
     src = slice(lo - history.first_iteration, hi - history.first_iteration + 1)
@@ -108,7 +112,7 @@ def bucket(history: History, cells: int, k: int, wait_its: int = 0) -> Cells:
         nz = visible[visible > 0]
         first_start = int(nz[0]) if len(nz) else 0
     edges = iteration_edges(history.start_ns, history.first_iteration, start_it, cells, k)
-    return Cells(out_ms, out_mode, k, start_it, first_start, edges)
+    return Cells(out_ms, out_mode, k, start_it, first_start, edges, last)
 
 
 def _bucket_max(cells: np.ndarray, op: np.ufunc) -> np.ndarray:

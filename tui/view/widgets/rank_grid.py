@@ -34,9 +34,9 @@ ZOOMS = (1, 2, 4, 8, 16, 32)
 ZOOM_TARGET_S = 10.0
 ZOOM_HOLD_S = 3.0
 #: The chart ends where every rank has reported, waiting at most this long for a rank's next
-#: batch (ranks publish every 50-500 ms; see grid_cells.settled_last): a rank further behind
-#: shows its gap.
-TAIL_WAIT_S = 0.6
+#: batch (ranks publish every 50-500 ms, workers.wire.config.MAX_SCALED_BATCH_MS; see
+#: grid_cells.settled_last): a rank further behind shows its gap.
+TAIL_WAIT_S = 1.0
 #: Lines per rank when there is room (taller bars: 8 levels per line).
 MAX_ROW_H = 6
 
@@ -76,6 +76,7 @@ class RankGrid(ScrollView):
         self.axis = AxisScale(min_interval_s=1.0)
         self.k = 1
         self._k_changed_s = -math.inf
+        self._chart_last = -1  # the newest iteration the chart drew (it never scrolls back)
         self._view: RowsView | HeatView | None = None
         self._strips: dict[int, Strip] = {}
         #: The segments of each visible line as last drawn, and what they were drawn for.
@@ -145,7 +146,8 @@ class RankGrid(ScrollView):
         now_s = snap.now_ns / 1e9
         k = self._choose_k(snap, n_cells, now_s)
         wait_its = math.ceil(snap.iter_rate * TAIL_WAIT_S) if math.isfinite(snap.iter_rate) else 0
-        cells: Cells = bucket(snap.history, n_cells, k, wait_its)
+        cells: Cells = bucket(snap.history, n_cells, k, wait_its, self._chart_last)
+        self._chart_last = cells.last_iteration
         self.time_axis = TimeAxis(label_w, cells.edges_ns) if n_cells else TimeAxis(label_w)
         self.top = self.axis.update(visible_top(cells), now_s)
         procs = self._proc_states(snap)
