@@ -74,3 +74,33 @@ def test_a_late_rank_catching_up_does_not_scroll_the_chart_back() -> None:
 def test_an_edge_beyond_the_history_is_forgotten() -> None:
     """A new run or a replay sought back starts again below the last frame's edge."""
     assert settled_last(history([40, 35, 38]), wait_its=10, not_before=FIRST + 98) == FIRST + 35
+
+
+def test_the_grid_keeps_its_edge_for_one_stream_only() -> None:
+    """The grid holds the last edge it drew while the same stream is drawn; another stream's
+    iterations are another count, so picking one (f) starts from its own settled edge."""
+    import asyncio
+    from dataclasses import replace
+
+    from frozen_run import frozen_snapshot
+
+    from tui.view.app import CommtopApp
+    from tui.view.widgets.rank_grid import RankGrid
+
+    base = frozen_snapshot(world=3, iterations=200)
+    every = replace(base, history=history([99, 98, 80]), iter_rate=10.0, selected_stream=-1)
+    caught_up = replace(every, history=history([99, 98, 92]))
+    stream = replace(caught_up, selected_stream=0)
+
+    async def body() -> list[int]:
+        app = CommtopApp(links=False)
+        edges = []
+        async with app.run_test(size=(140, 40)) as pilot:
+            grid = app.query_one(RankGrid)
+            for snap in (every, caught_up, stream):
+                grid.show(snap)
+                await pilot.pause()
+                edges.append(grid._chart_last[1])  # noqa: SLF001
+        return edges
+
+    assert asyncio.run(body()) == [FIRST + 98, FIRST + 98, FIRST + 92]

@@ -76,7 +76,9 @@ class RankGrid(ScrollView):
         self.axis = AxisScale(min_interval_s=1.0)
         self.k = 1
         self._k_changed_s = -math.inf
-        self._chart_last = -1  # the newest iteration the chart drew (it never scrolls back)
+        #: The stream drawn and the newest iteration the chart drew (it never scrolls back; another
+        #: stream's iterations are another count).
+        self._chart_last = (-1, -1)
         self._view: RowsView | HeatView | None = None
         self._strips: dict[int, Strip] = {}
         #: The segments of each visible line as last drawn, and what they were drawn for.
@@ -146,8 +148,9 @@ class RankGrid(ScrollView):
         now_s = snap.now_ns / 1e9
         k = self._choose_k(snap, n_cells, now_s)
         wait_its = math.ceil(snap.iter_rate * TAIL_WAIT_S) if math.isfinite(snap.iter_rate) else 0
-        cells: Cells = bucket(snap.history, n_cells, k, wait_its, self._chart_last)
-        self._chart_last = cells.last_iteration
+        drawn, last = self._chart_last
+        cells: Cells = bucket(snap.history, n_cells, k, wait_its, last if drawn == snap.selected_stream else -1)
+        self._chart_last = (snap.selected_stream, cells.last_iteration)
         self.time_axis = TimeAxis(label_w, cells.edges_ns) if n_cells else TimeAxis(label_w)
         self.top = self.axis.update(visible_top(cells), now_s)
         procs = self._proc_states(snap)
