@@ -122,6 +122,41 @@ def test_pools_take_two_threads_and_more_only_where_more_cpus_are_usable(monkeyp
         assert bulk.worker_threads(most) == want
 
 
+@pytest.mark.parametrize("cpus", [2, 16])
+def test_chunks_read_on_several_threads_are_the_chunks_read_on_one(tmp_path: Path, monkeypatch, cpus: int) -> None:
+    """A recording's chunks are inflated, unpacked and checked on 2 threads, up to
+    MAX_READ_THREADS where more CPUs are usable; in order, whatever thread read which, and the
+    tables are the per-chunk decoder's, bit for bit."""
+    import threading
+
+    path = tmp_path / "run.commtop"
+    write_recording(path, list(synth_run(duration_s=3.0, world=4)), chunk_s=0.02)
+    monkeypatch.setattr(bulk, "READ_TASK", 2)
+    monkeypatch.setattr(bulk, "usable_cpus", lambda: cpus)
+    threads: set[str] = set()
+    read = bulk._read
+    # The first tasks wait here until every thread of the pool holds one (a loaded machine
+    # could otherwise let one thread read every chunk before the next one starts).
+    gate, opened = threading.Barrier(min(cpus, bulk.MAX_READ_THREADS), timeout=30), threading.Event()
+
+    def named(*args):  # type: ignore[no-untyped-def]
+        threads.add(threading.current_thread().name)
+        if not opened.is_set():
+            try:
+                gate.wait()
+            except threading.BrokenBarrierError:
+                pass
+            opened.set()
+        return read(*args)
+
+    monkeypatch.setattr(bulk, "_read", named)
+    with open_recording(path) as rec:
+        assert len(rec.chunks) >= 4 * bulk.READ_TASK
+    assert_bulk_is_by_chunk(path)
+    assert all(name.startswith("commtop-read") for name in threads), threads
+    assert len(threads) == min(cpus, bulk.MAX_READ_THREADS)
+
+
 def _threaded_decode(monkeypatch, cpus: int = 2) -> None:
     """Every part takes the threaded decode (and with it the early grouping), on any machine."""
     monkeypatch.setattr(bulk, "PARALLEL_RECORDS", 0)

@@ -678,3 +678,52 @@ def test_a_runs_busy_time_a_block_at_a_time_is_the_whole_runs(in_order: bool) ->
     )
     if in_order:
         assert blocks != want
+
+
+def test_the_steps_pass_on_several_threads_gives_the_report_of_one_thread(tmp_path: Path, monkeypatch) -> None:
+    """Where more than two CPUs are usable the steps' pass walks the (epoch, rank) runs on
+    several threads (tui.report.steps_report.run_pass): the report must be the one-thread
+    report bit for bit, for the forum loop's epochs and for a job of several process groups
+    (each run split by group), and the runs must really have gone through the pool."""
+    import threading
+
+    from job_synth import job_run
+    from recording_synth import Epoch
+
+    from tui.recordings import bulk
+    from tui.recordings.reader import open_recording
+    from tui.report import steps_report
+    from tui.report.text import format_table
+
+    epochs = [Epoch(0.0, "none"), Epoch(1.0, "overlap", copies=3), Epoch(2.0, "sync")]
+    loop, job = tmp_path / "loop.commtop", tmp_path / "job.commtop"
+    write_recording(loop, list(synth_run(duration_s=3.0, world=4, epochs=epochs, seed=4)))
+    write_recording(job, list(job_run(world=4, steps=40)))
+    real, pooled = steps_report.run_pass, []
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        pooled.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(build, "run_pass", spy)
+    for path in (loop, job):
+        for module in (build, bulk):
+            monkeypatch.setattr(module, "usable_cpus", lambda: 2)
+        one = build.build_report(open_recording(path))
+        for module in (build, bulk):
+            monkeypatch.setattr(module, "usable_cpus", lambda: 16)
+        names: set[str] = set()
+        real_one = steps_report._busy_of_run
+
+        def named(*args, names=names, real_one=real_one):  # type: ignore[no-untyped-def]
+            names.add(threading.current_thread().name)
+            return real_one(*args)
+
+        monkeypatch.setattr(steps_report, "_busy_of_run", named)
+        many = build.build_report(open_recording(path))
+        monkeypatch.setattr(steps_report, "_busy_of_run", real_one)
+        assert names and all(n.startswith("commtop-step-runs") for n in names), names
+        assert one.steps and one.groups, path.name
+        assert repr(one) == repr(many), path.name  # every field (repr: NaN equals NaN there)
+        assert format_table(one) == format_table(many)
+    assert pooled == [1, build.MAX_STEP_THREADS, 1, build.MAX_STEP_THREADS]

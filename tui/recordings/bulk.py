@@ -322,11 +322,13 @@ def _bad_counts(chunks: list[_Chunk], kinds: np.ndarray, counts: dict[str, np.nd
     return bad
 
 
-#: Chunks per task of the two reading threads. Each thread inflates (zstd or zlib, without the GIL)
-#: then unpacks and checks (Python, with it), so one inflates while the other unpacks; this
+#: Chunks per task of the reading threads. Each thread inflates (zstd or zlib, without the GIL)
+#: then unpacks and checks (Python, with it), so one inflates while another unpacks; this
 #: thread only waits. (Were it unpacking while they inflate, each worker would wait out the
 #: interpreter's switch interval, 5 ms, for the GIL after every chunk.)
 READ_TASK = 32
+#: Reading threads at most: inflating is ~80 % of a chunk's read (VM, zstd), so more CPUs read faster.
+MAX_READ_THREADS = 4
 
 
 def _read(
@@ -347,7 +349,7 @@ def _read_all(rec: ChunkSource, wanted: dict[str, set[str]]) -> list[_Chunk | No
     if len(chunks) < 4 * READ_TASK or (os.cpu_count() or 1) < 2:
         return _read(stored, chunks, wanted)
     out: list[_Chunk | None] = []
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="commtop-read") as pool:
+    with ThreadPoolExecutor(max_workers=worker_threads(MAX_READ_THREADS), thread_name_prefix="commtop-read") as pool:
         tasks = [chunks[i : i + READ_TASK] for i in range(0, len(chunks), READ_TASK)]
         for part in pool.map(lambda infos: _read(stored, infos, wanted), tasks):
             out += part

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from tui.model.job import JobInfo
-from tui.recordings.bulk import worker_threads
+from tui.recordings.bulk import usable_cpus, worker_threads
 from tui.recordings.codec import Tables
 from tui.recordings.reader import Recording
 from tui.recordings.writer import run_metadata
@@ -62,6 +62,9 @@ from workers.wire.stats import percentiles, percentiles_and_max_sorted
 
 #: Threads at most for the epochs' sorts (numpy sorts, without the GIL).
 MAX_SORT_THREADS = 4
+#: Threads at most for the steps' pass over the (epoch, rank) runs, where more than two CPUs are
+#: usable: on two the epochs' sorts already take both (the pass on two threads was no faster).
+MAX_STEP_THREADS = 4
 
 _Run = tuple[int, int, int]  # (key = epoch << 20 | rank, start, end) of one (epoch, rank) group
 _Epoch = tuple[int, int, int, list[_Run]]  # (epoch, start, end, its (epoch, rank) runs)
@@ -94,7 +97,8 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     epochs = _epochs(g.runs)
     # the steps' pass (gathers and sorts per (epoch, rank): numpy, without the GIL) beside the epochs' sorts
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commtop-steps") as side:
-        stepped = side.submit(run_pass, g, coll, recs.dur32, names.index, names.single)
+        step_threads = worker_threads(MAX_STEP_THREADS) if usable_cpus() > 2 else 1
+        stepped = side.submit(run_pass, g, coll, recs.dur32, names.index, names.single, step_threads)
         orders, pure_epochs = _sort_epochs(epochs, recs)
         epoch_orders = {a: o for a, o in orders.items() if o is not None}
         base = _none_baselines(g.runs, epochs, epoch_orders, pure_epochs, recs)

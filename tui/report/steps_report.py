@@ -12,6 +12,7 @@ its temporaries are one run's, not the recording's.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,41 +62,65 @@ class RunPass:
     groups: dict[int, GroupSteps]  # by global group index
 
 
+#: One run's findings: (span ns, busy ns, steps begun, step times ms sorted, steps/s, and per
+#: process group (group, its steps, per step the time and number of its collectives)).
+_RunFound = tuple[int, int, int, np.ndarray, float, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]]
+
+
 def run_pass(
-    g: _Groups, coll: dict[str, np.ndarray], dur32: np.ndarray, gindex: np.ndarray, one_group: bool
+    g: _Groups,
+    coll: dict[str, np.ndarray],
+    dur32: np.ndarray,
+    gindex: np.ndarray,
+    one_group: bool,
+    threads: int = 1,
 ) -> RunPass:
     """Walk the (epoch, rank) runs: ``dur32`` is sorted by (epoch, rank), ``coll`` in file order,
-    ``gindex`` each record's global group (file order; one value when ``one_group``)."""
+    ``gindex`` each record's global group (file order; one value when ``one_group``).
+
+    ``threads`` > 1: the runs on that many threads (each run's passes are numpy over its own
+    records, mostly without the GIL), their findings put together in run order as one thread
+    would: on a many-core host the pass was the report's longest step on one thread."""
+    step_col, start_col = coll["step"], coll["start_ns"]
+
+    def one(run: tuple[int, int, int]) -> _RunFound:
+        _, a, b = run
+        idx = g.order[a:b]
+        # np.take: a third less than fancy indexing for these mostly ascending indices
+        step, start, dur = np.take(step_col, idx), np.take(start_col, idx).astype(np.int64, copy=False), dur32[a:b]
+        span = int(window_end_ns(start[-_EDGE:], dur[-_EDGE:]).max()) - int(start[:_EDGE].min())
+        busy = _busy_of_run(start, dur)
+        first, dt, _ = step_boundaries(np.zeros(len(step), dtype=np.int8), step, start)
+        steps_run = int(step[first[-1]] - step[first[0]])
+        ns = int(start[first[-1]] - start[first[0]])
+        rate = steps_run / (ns / 1e9) if steps_run > 0 and ns > 0 else math.nan
+        if one_group:
+            parts = [(int(gindex[0]) if len(gindex) else 0, *_group_steps(step, dur, first))]
+        else:
+            gi = gindex[idx]
+            parts = []
+            for grp in np.flatnonzero(np.bincount(gi)).tolist():
+                mine = gi == grp
+                s = step[mine]
+                new = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
+                parts.append((grp, *_group_steps(s, dur[mine], new)))
+        return span, busy, len(first), np.sort(dt) / 1e6, rate, parts
+
+    if threads > 1 and len(g.runs) > 1:
+        with ThreadPoolExecutor(max_workers=min(threads, len(g.runs)), thread_name_prefix="commtop-step-runs") as pool:
+            found = list(pool.map(one, g.runs))
+    else:
+        found = [one(run) for run in g.runs]
     span = np.zeros(g.span)
     busy = np.zeros(g.span)
     begun = np.zeros(g.span, dtype=np.int64)
     rate = np.full(g.span, math.nan)
     times: dict[int, np.ndarray] = {}
     groups: dict[int, GroupSteps] = {}
-    step_col, start_col = coll["step"], coll["start_ns"]
-    for (key, a, b), gid in zip(g.runs, g.ids, strict=True):
-        idx = g.order[a:b]
-        # np.take: a third less than fancy indexing for these mostly ascending indices
-        step, start, dur = np.take(step_col, idx), np.take(start_col, idx).astype(np.int64, copy=False), dur32[a:b]
-        span[gid] = int(window_end_ns(start[-_EDGE:], dur[-_EDGE:]).max()) - int(start[:_EDGE].min())
-        busy[gid] = _busy_of_run(start, dur)
-        first, dt, _ = step_boundaries(np.zeros(len(step), dtype=np.int8), step, start)
-        begun[gid] = len(first)
-        times[gid] = np.sort(dt) / 1e6
-        steps_run = int(step[first[-1]] - step[first[0]])
-        ns = int(start[first[-1]] - start[first[0]])
-        if steps_run > 0 and ns > 0:
-            rate[gid] = steps_run / (ns / 1e9)
-        rank = key & 0xFFFFF
-        if one_group:
-            _add_group_steps(groups, int(gindex[0]) if len(gindex) else 0, rank, step, dur, first)
-        else:
-            gi = gindex[idx]
-            for grp in np.flatnonzero(np.bincount(gi)).tolist():
-                mine = gi == grp
-                s = step[mine]
-                new = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
-                _add_group_steps(groups, grp, rank, s, dur[mine], new)
+    for (key, _, _), gid, (r_span, r_busy, r_begun, r_times, r_rate, parts) in zip(g.runs, g.ids, found, strict=True):
+        span[gid], busy[gid], begun[gid], times[gid], rate[gid] = r_span, r_busy, r_begun, r_times, r_rate
+        for grp, steps, total, counts in parts:
+            groups.setdefault(grp, GroupSteps()).add(key & 0xFFFFF, steps, total, counts)
     return RunPass(span, busy, begun, rate, times, groups)
 
 
@@ -115,12 +140,11 @@ def _busy_of_run(start: np.ndarray, dur: np.ndarray) -> int:
     return covered
 
 
-def _add_group_steps(
-    groups: dict[int, GroupSteps], grp: int, rank: int, step: np.ndarray, dur: np.ndarray, first: np.ndarray
-) -> None:
+def _group_steps(step: np.ndarray, dur: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the steps, per step the time and number of the collectives) of one rank in one group."""
     counts = np.diff(np.append(first, len(step)))
     total = np.add.reduceat(dur.astype(np.float64), first) if len(first) else np.zeros(0)
-    groups.setdefault(grp, GroupSteps()).add(rank, step[first].astype(np.int64), total, counts)
+    return step[first].astype(np.int64), total, counts
 
 
 def step_rows(
