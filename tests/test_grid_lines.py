@@ -173,3 +173,71 @@ def test_rows_view_number_columns_kept_by_what_they_show_draw_what_a_fresh_view_
             for width in (150, 90):
                 assert lines(s, warm, width) == lines(s, Restyle(Style(bgcolor="#101010")), width)
     assert "9.50" in "".join(seg.text for seg in lines(replace(snap, ranks=tuple(ranks)), warm)[0])
+
+
+def _with_hosts(snap, hosts: int):  # type: ignore[no-untyped-def]
+    """``snap`` with its ranks spread over ``hosts`` hosts, not in rank order (rank r on host
+    r % hosts), one failed and one stale rank: hosts whose ranks are not contiguous rows."""
+    ranks = [replace(r, host=f"node{r.rank % hosts:02d}.cluster") for r in snap.ranks]
+    ranks[5] = replace(ranks[5], state="exited", exit_code=1)
+    ranks[6] = replace(ranks[6], state="stale")
+    return replace(snap, ranks=tuple(ranks))
+
+
+def test_a_host_line_shows_the_worst_latency_of_its_ranks_cell_by_cell() -> None:
+    """Too many ranks for two a line: one line per host (two hosts a line where even that does
+    not fit), each cell the max over the host's ranks, whichever rows they sit on."""
+    snap = _with_hosts(frozen_snapshot(world=64, iterations=300), hosts=8)
+    cells = bucket(snap.history, 100, 2)
+    top = visible_top(cells)
+    for max_lines, step in ((10, 1), (6, 2)):
+        view = HeatView(snap, cells, top, 160, max_lines)
+        assert (view.per_host, view.step) == (8, step)
+        by_host = np.stack([np.fmax.reduce(cells.ms[h::8], axis=0) for h in range(8)])
+        heat = _heat_index(by_host, top)
+        hosts = [(h, None) if step == 1 else (h, h + 1) for h in range(0, 8, step)]
+        assert view.n_lines == 1 + len(hosts)
+        for line, (up, down) in enumerate(hosts, start=1):
+            up_dim = up in (5 % 8, 6 % 8)  # the host of the failed rank 5, of the stale rank 6
+            got = [(ch, seg.style) for seg in view.line(line) for ch in seg.text][HEAT_LABEL_W:]
+            for j in range(cells.ms.shape[1]):
+                up_color = (_HEAT_COLORS_DIM if up_dim else _HEAT_COLORS)[
+                    min(int(heat[up, j]) + 1, len(_HEAT_COLORS) - 1)
+                ]
+                if down is None:
+                    assert got[j] == ("█" if up_color else " ", style(up_color)), (max_lines, line, j)
+                else:
+                    down_dim = down in (5, 6)
+                    colors = _HEAT_COLORS_DIM if down_dim else _HEAT_COLORS
+                    down_color = colors[min(int(heat[down, j]) + 1, len(_HEAT_COLORS) - 1)]
+                    assert got[j] == ("▀", style(up_color or "#000000", down_color)), (max_lines, line, j)
+
+
+@pytest.mark.parametrize(("world", "hosts", "max_lines"), [(8, 1, 40), (64, 1, 20), (512, 64, 40)])
+def test_a_frame_between_text_ticks_reuses_the_rows_and_draws_what_a_fresh_view_draws(
+    world: int, hosts: int, max_lines: int
+) -> None:
+    """Between two text ticks a snapshot keeps the last one's rank views (the same tuple) and
+    only its history moves: the heat map keeps the rows it made of them (labels, hosts, dimming)
+    and must draw exactly what a view made afresh draws. New rank views, another straggler or
+    another height make new rows."""
+    snap = _with_hosts(frozen_snapshot(world=world, iterations=300), hosts=hosts)
+    restyle = Restyle(Style(bgcolor="#0e1116", color="#d0d0d0"))
+    first = HeatView(snap, bucket(snap.history, 120, 2), 2.0, 160, max_lines, restyle)
+    later_history = replace(snap.history, ms=snap.history.ms[:, ::-1].copy())  # the cells move
+    between = replace(snap, history=later_history)
+    cells = bucket(between.history, 120, 2)
+    top = visible_top(cells)
+    reused = HeatView(between, cells, top, 160, max_lines, restyle, first.layout)
+    fresh = HeatView(between, cells, top, 160, max_lines, restyle)
+    assert reused.layout is first.layout and fresh.layout is not first.layout
+    assert [reused.line(i) for i in range(reused.n_lines)] == [fresh.line(i) for i in range(fresh.n_lines)]
+    straggler = replace(between, straggler=3 if between.straggler != 3 else 4)
+    new_ranks = replace(between, ranks=tuple(replace(r, state="stale") for r in between.ranks))
+    for changed, lines in ((straggler, max_lines), (new_ranks, max_lines), (between, max_lines + 7)):
+        again = HeatView(changed, cells, top, 160, lines, restyle, first.layout)
+        assert again.layout is not first.layout
+        made = HeatView(changed, cells, top, 160, lines, restyle)
+        assert [again.line(i) for i in range(again.n_lines)] == [made.line(i) for i in range(made.n_lines)]
+    stale = HeatView(new_ranks, cells, top, 160, max_lines, restyle, first.layout)
+    assert stale.line(1) != reused.line(1)  # the new states show (dimmed cells, a warning label)

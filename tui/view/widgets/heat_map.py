@@ -17,16 +17,16 @@ from tui.view.widgets.grid_lines import PLAIN, Restyle, failed, fit, fit_known
 from tui.view.widgets.palette import CLIPPED, EXITED, HEAT_RAMP, MUTED, STRAGGLER, TEXT, WARN, blend, mode_color, style
 
 
-class HeatView:
-    """Lines of the heat map (ranks x time, colour = latency), built on demand. Two ranks
-    share a line (upper/lower half block) when one per line would not fit in ``max_lines``;
-    when even that does not fit and ranks span several hosts, one line per host shows the
-    worst (max) latency of its ranks. Line 0 shows the mode in force per column."""
+class HeatRows:
+    """What the heat map's lines show of the ranks themselves: which ranks share a line (two per
+    line, or one line per host), and each line's label and dimming. These read only the
+    snapshot's rank views, which stay the same object between two text ticks
+    (tui.model.snapshot_builder.TEXT_EVERY_S) while the history moves at every snapshot: so
+    a frame reuses them (:meth:`fits`) and builds only the cells. At 512 ranks that was most of a
+    heat-map frame's Python (grouping 512 ranks by host, 64 labels with their states)."""
 
-    def __init__(
-        self, snap: Snapshot, cells: Cells, top: float, width: int, max_lines: int, restyle: Restyle = PLAIN
-    ) -> None:
-        self.snap, self.cells, self.width, self.restyle = snap, cells, width, restyle
+    def __init__(self, snap: Snapshot, max_lines: int, restyle: Restyle = PLAIN) -> None:
+        self.ranks, self.straggler, self.max_lines, self.restyle = snap.ranks, snap.straggler, max_lines, restyle
         n = len(snap.ranks)
         room = max(1, max_lines - 1)
         groups = _host_groups(snap.ranks) if (n + 1) // 2 > room else []
@@ -34,6 +34,9 @@ class HeatView:
         self.per_host = max(len(g) for _, g in groups) if 1 < len(groups) < n else 0
         #: Common prefix cut from host labels so that two fit one line ("node07-node08" -> "07-08").
         self.host_prefix = ""
+        #: Per host line: the rows of its ranks in host order, and where each host's rows start.
+        self.host_order: np.ndarray | None = None
+        self.host_starts: np.ndarray | None = None
         if self.per_host:
             self.step = 2 if len(groups) > room else 1
             names = [_short_host(host) for host, _ in groups]
@@ -41,43 +44,97 @@ class HeatView:
                 self.host_prefix = os.path.commonprefix([host.split(".", 1)[0] for host, _ in groups])
                 names = [host.split(".", 1)[0][len(self.host_prefix) :] or "?" for host, _ in groups]
             self.rows = [(name, [snap.ranks[i] for i in idx]) for name, (_host, idx) in zip(names, groups, strict=True)]
-            ms = np.stack([np.fmax.reduce(cells.ms[idx], axis=0) for _, idx in groups]) if cells.ms.size else cells.ms
-            self.heat = _heat_index(ms, top)
+            self.host_order = np.array([i for _, idx in groups for i in idx], dtype=np.intp)
+            self.host_starts = np.cumsum([0] + [len(idx) for _, idx in groups[:-1]])
         else:
             self.rows = [(str(r.rank), [r]) for r in snap.ranks]
-            self.heat = _heat_index(cells.ms, top)
             self.step = 2 if n > room else 1
         self.n_lines = 1 + (len(self.rows) + self.step - 1) // self.step
-        self._runs: tuple[list[int], list[int]] | None = None
+        self._labels: dict[int, tuple[Segment, bool, bool, bool]] = {}
 
-    def line(self, index: int) -> list[Segment]:
-        snap = self.snap
-        if index == 0:
-            mode_row = self.cells.mode.max(axis=0) if snap.ranks else np.zeros(0, dtype=np.int16)
-            segs = [Segment(f"{'mode':<{HEAT_LABEL_W}}", style(MUTED))]
-            segs += _mode_segments(mode_row)
-            return self.restyle.line(fit(segs, self.width))
-        i = (index - 1) * self.step
+    def fits(self, snap: Snapshot, max_lines: int, restyle: Restyle) -> bool:
+        """Whether these rows are the ones ``snap`` would make (the same rank views, straggler,
+        height and line style)."""
+        return (
+            snap.ranks is self.ranks
+            and snap.straggler == self.straggler
+            and max_lines == self.max_lines
+            and restyle is self.restyle
+        )
+
+    def heat_ms(self, ms: np.ndarray) -> np.ndarray:
+        """The latency each line's row shows: per host its ranks' worst (max) per cell."""
+        if self.host_order is None or self.host_starts is None or not ms.size:
+            return ms
+        return np.fmax.reduceat(ms[self.host_order], self.host_starts, axis=0)
+
+    def label(self, k: int) -> tuple[Segment, bool, bool, bool]:
+        """Rank line ``k``'s (label segment, upper dimmed, lower dimmed, two rows on it)."""
+        made = self._labels.get(k)
+        if made is not None:
+            return made
+        i = k * self.step
         top_label, top_ranks = self.rows[i]
         low = self.rows[i + 1] if self.step == 2 and i + 1 < len(self.rows) else None
         label = top_label if low is None else f"{top_label}-{low[0]}"
         members = top_ranks + (low[1] if low is not None else [])
-        marked = snap.straggler is not None and any(x.rank == snap.straggler for x in members)
+        marked = self.straggler is not None and any(x.rank == self.straggler for x in members)
         states = {x.state for x in members}
         bad = any(failed(x) for x in members)
         label_color = (
             STRAGGLER if marked else EXITED if bad else WARN if states & {"stale", "stalled", "exited"} else TEXT
         )
-        restyle = self.restyle
-        segs = [
-            Segment(
-                f"{label[-(HEAT_LABEL_W - 2) :]:>{HEAT_LABEL_W - 2}}{'◀' if marked else ' '} ",
-                restyle(style(label_color, bold=marked)),
-            )
-        ]
+        segment = Segment(
+            f"{label[-(HEAT_LABEL_W - 2) :]:>{HEAT_LABEL_W - 2}}{'◀' if marked else ' '} ",
+            self.restyle(style(label_color, bold=marked)),
+        )
         up_dim = _dims(_worst(top_ranks))
         down_dim = _dims(_worst(low[1])) if low is not None else False
-        segs += _heat_run_segments(self._line_runs(index - 1), up_dim, down_dim, low is not None, restyle)
+        made = self._labels[k] = (segment, up_dim, down_dim, low is not None)
+        return made
+
+
+class HeatView:
+    """Lines of the heat map (ranks x time, colour = latency), built on demand. Two ranks
+    share a line (upper/lower half block) when one per line would not fit in ``max_lines``;
+    when even that does not fit and ranks span several hosts, one line per host shows the
+    worst (max) latency of its ranks. Line 0 shows the mode in force per column.
+
+    ``rows``: the previous frame's :class:`HeatRows`, reused when they still fit the snapshot."""
+
+    def __init__(
+        self,
+        snap: Snapshot,
+        cells: Cells,
+        top: float,
+        width: int,
+        max_lines: int,
+        restyle: Restyle = PLAIN,
+        rows: HeatRows | None = None,
+    ) -> None:
+        self.snap, self.cells, self.width, self.restyle = snap, cells, width, restyle
+        if rows is None or not rows.fits(snap, max_lines, restyle):
+            rows = HeatRows(snap, max_lines, restyle)
+        self.layout = rows
+        self.per_host, self.host_prefix, self.step, self.n_lines = (
+            rows.per_host,
+            rows.host_prefix,
+            rows.step,
+            rows.n_lines,
+        )
+        self.heat = _heat_index(rows.heat_ms(cells.ms), top)
+        self._runs: tuple[list[int], list[int]] | None = None
+
+    def line(self, index: int) -> list[Segment]:
+        if index == 0:
+            mode_row = self.cells.mode.max(axis=0) if self.snap.ranks else np.zeros(0, dtype=np.int16)
+            segs = [Segment(f"{'mode':<{HEAT_LABEL_W}}", style(MUTED))]
+            segs += _mode_segments(mode_row)
+            return self.restyle.line(fit(segs, self.width))
+        label, up_dim, down_dim, halves = self.layout.label(index - 1)
+        restyle = self.restyle
+        segs = [label]
+        segs += _heat_run_segments(self._line_runs(index - 1), up_dim, down_dim, halves, restyle)
         if _HEAT_NARROW:  # every heat cell is one terminal cell: no need to measure them
             return fit_known(segs, segs[0].cell_length + self.heat.shape[1], self.width, restyle(None))
         return restyle.line(fit(segs, self.width))
