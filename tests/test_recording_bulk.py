@@ -82,6 +82,25 @@ def test_a_synthetic_run_with_copies_telemetry_and_many_chunks(tmp_path: Path) -
     assert_bulk_is_by_chunk(path)
 
 
+def _pool_gate(threads: int):  # type: ignore[no-untyped-def]
+    """A call each pool thread makes before its first task: it waits until ``threads`` threads
+    hold one (so each thread is seen however fast the others are: a loaded machine could let one
+    thread take every task before the next one starts), once; then the gate stays open."""
+    import threading
+
+    gate, opened = threading.Barrier(threads, timeout=30), threading.Event()
+
+    def wait() -> None:
+        if not opened.is_set():
+            try:
+                gate.wait()
+            except threading.BrokenBarrierError:
+                pass
+            opened.set()
+
+    return wait
+
+
 @pytest.mark.parametrize("cpus", [2, 16])
 def test_columns_decoded_on_several_threads_are_the_columns_decoded_on_one(
     tmp_path: Path, monkeypatch, cpus: int
@@ -95,19 +114,12 @@ def test_columns_decoded_on_several_threads_are_the_columns_decoded_on_one(
     write_recording(path, list(synth_run(duration_s=3.0, world=4)), chunk_s=0.05)
     threads: set[str] = set()
     decode_ints = bulk.decode_ints
-    # The first columns wait here until every thread of the pool holds one (so each thread is
-    # seen however fast the others are), once: then the gate stays open.
-    gate, opened = threading.Barrier(min(cpus, bulk.MAX_COLUMN_THREADS), timeout=30), threading.Event()
+    wait_for_the_pool = _pool_gate(min(cpus, bulk.MAX_COLUMN_THREADS))
 
     def recording_thread(*args, **kwargs):  # type: ignore[no-untyped-def]
         if threading.current_thread().name.startswith("commtop-columns"):
             threads.add(threading.current_thread().name)
-            if not opened.is_set():
-                try:
-                    gate.wait()
-                except threading.BrokenBarrierError:
-                    pass
-                opened.set()
+            wait_for_the_pool()
         return decode_ints(*args, **kwargs)
 
     monkeypatch.setattr(bulk, "decode_ints", recording_thread)
@@ -135,18 +147,11 @@ def test_chunks_read_on_several_threads_are_the_chunks_read_on_one(tmp_path: Pat
     monkeypatch.setattr(bulk, "usable_cpus", lambda: cpus)
     threads: set[str] = set()
     read = bulk._read
-    # The first tasks wait here until every thread of the pool holds one (a loaded machine
-    # could otherwise let one thread read every chunk before the next one starts).
-    gate, opened = threading.Barrier(min(cpus, bulk.MAX_READ_THREADS), timeout=30), threading.Event()
+    wait_for_the_pool = _pool_gate(min(cpus, bulk.MAX_READ_THREADS))
 
     def named(*args):  # type: ignore[no-untyped-def]
         threads.add(threading.current_thread().name)
-        if not opened.is_set():
-            try:
-                gate.wait()
-            except threading.BrokenBarrierError:
-                pass
-            opened.set()
+        wait_for_the_pool()
         return read(*args)
 
     monkeypatch.setattr(bulk, "_read", named)
