@@ -100,7 +100,7 @@ class HeatView:
     when even that does not fit and ranks span several hosts, one line per host shows the
     worst (max) latency of its ranks. Line 0 shows the mode in force per column.
 
-    ``rows``: the previous frame's :class:`HeatRows`, reused when they still fit the snapshot."""
+    ``layout``: the previous frame's :class:`HeatRows`, reused when they still fit the snapshot."""
 
     def __init__(
         self,
@@ -110,19 +110,15 @@ class HeatView:
         width: int,
         max_lines: int,
         restyle: Restyle = PLAIN,
-        rows: HeatRows | None = None,
+        layout: HeatRows | None = None,
     ) -> None:
         self.snap, self.cells, self.width, self.restyle = snap, cells, width, restyle
-        if rows is None or not rows.fits(snap, max_lines, restyle):
-            rows = HeatRows(snap, max_lines, restyle)
-        self.layout = rows
-        self.per_host, self.host_prefix, self.step, self.n_lines = (
-            rows.per_host,
-            rows.host_prefix,
-            rows.step,
-            rows.n_lines,
-        )
-        self.heat = _heat_index(rows.heat_ms(cells.ms), top)
+        if layout is None or not layout.fits(snap, max_lines, restyle):
+            layout = HeatRows(snap, max_lines, restyle)
+        self.layout = layout
+        self.per_host, self.host_prefix = layout.per_host, layout.host_prefix
+        self.step, self.n_lines = layout.step, layout.n_lines
+        self.heat = _heat_index(layout.heat_ms(cells.ms), top)
         self._runs: tuple[list[int], list[int]] | None = None
 
     def line(self, index: int) -> list[Segment]:

@@ -160,8 +160,8 @@ class RankGrid(ScrollView):
             self._restyle = Restyle(line_style)
         self._line_style = line_style
         if view == "heat":
-            rows = self._view.layout if isinstance(self._view, HeatView) else None
-            self._view = HeatView(snap, cells, self.top, width, self.size.height, self._restyle, rows)
+            kept_rows = self._view.layout if isinstance(self._view, HeatView) else None
+            self._view = HeatView(snap, cells, self.top, width, self.size.height, self._restyle, kept_rows)
         else:
             n = max(1, len(snap.ranks))
             self.row_h = max(1, min(MAX_ROW_H, self.size.height // n))
