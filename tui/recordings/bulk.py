@@ -346,7 +346,7 @@ def _read(
 
 def _read_all(rec: ChunkSource, wanted: dict[str, set[str]]) -> list[_Chunk | None]:
     chunks, stored = rec.chunks, rec.chunk_body
-    if len(chunks) < 4 * READ_TASK or (os.cpu_count() or 1) < 2:
+    if len(chunks) < 4 * READ_TASK or usable_cpus() < 2:
         return _read(stored, chunks, wanted)
     out: list[_Chunk | None] = []
     with ThreadPoolExecutor(max_workers=worker_threads(MAX_READ_THREADS), thread_name_prefix="commtop-read") as pool:

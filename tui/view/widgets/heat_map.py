@@ -116,10 +116,24 @@ class HeatView:
         if layout is None or not layout.fits(snap, max_lines, restyle):
             layout = HeatRows(snap, max_lines, restyle)
         self.layout = layout
-        self.per_host, self.host_prefix = layout.per_host, layout.host_prefix
-        self.step, self.n_lines = layout.step, layout.n_lines
         self.heat = _heat_index(layout.heat_ms(cells.ms), top)
         self._runs: tuple[list[int], list[int]] | None = None
+
+    @property
+    def per_host(self) -> int:
+        return self.layout.per_host
+
+    @property
+    def host_prefix(self) -> str:
+        return self.layout.host_prefix
+
+    @property
+    def step(self) -> int:
+        return self.layout.step
+
+    @property
+    def n_lines(self) -> int:
+        return self.layout.n_lines
 
     def line(self, index: int) -> list[Segment]:
         if index == 0:
