@@ -32,6 +32,29 @@ def reference_cell(level: int, mode: int, band: int, bands: int) -> tuple[str, i
     return char, 1 + slot * 2 + int(clipped)
 
 
+def looks_blank(st: Style | None, restyle: Restyle) -> bool:
+    """Whether a space in ``st`` looks like one in the line's own style: the same background,
+    and nothing a space shows (underline, strike, overline, reverse, a frame)."""
+    plain = restyle(_spark_style(0, 0))
+    shown = ("underline", "underline2", "strike", "overline", "reverse", "frame", "encircle")
+    return (
+        st is not None
+        and plain is not None
+        and st.bgcolor == plain.bgcolor
+        and not any(getattr(st, name) for name in shown)
+    )
+
+
+def colour_runs(keys: list[int]) -> int:
+    """Runs of one colour in a line of style keys where a blank (0) continues the colour before it."""
+    runs, last = 0, None
+    for key in keys:
+        shown = key if key or last is None else last
+        if shown != last:
+            runs, last = runs + 1, shown
+    return runs
+
+
 def ranks_in_every_state() -> list:
     """Eight ranks: live, stale, failed, cleanly exited, stalled, waiting, live, live."""
     ranks = list(frozen_snapshot(world=8, iterations=200).ranks)
@@ -71,10 +94,15 @@ def test_every_cell_of_a_block_matches_the_per_cell_reference(bands: int) -> Non
                 if note and start <= j < start + len(note):
                     assert ch == note[j - start]
                     assert st is not None and st.bold
+                elif key == 0:  # a blank: any style that shows the line's background and nothing else
+                    assert ch == " ", (r.state, band, j)
+                    assert looks_blank(st, restyle), (r.state, band, j, st)
                 else:
                     assert ch == want_ch, (r.state, band, j)
                     assert st == restyle(_spark_style(key, variant)), (r.state, band, j)
             assert all(a.style is not b.style for a, b in zip(segments, segments[1:], strict=False))  # runs merged
+            # A blank joins the run before it: a line has a run per change of colour, not per gap.
+            assert len(segments) <= colour_runs([k for _, k in want]) + (2 if note else 0), (r.state, band)
 
 
 def test_a_block_draws_each_rank_as_it_would_alone() -> None:

@@ -260,6 +260,17 @@ _SPARK_CODES = np.array([ord(ch) for ch in _SPARK_GLYPHS.tolist()], dtype="<u4")
 SPARK_BLOCK = 64
 
 
+def _blanks_joined(keys: np.ndarray) -> np.ndarray:
+    """``keys`` (lines x cells) with each blank cell (key 0) given the key of the cell before it on
+    its line: a space shows only its background, which every spark style leaves to the line's,
+    so a line is a run per change of colour, not one per gap between bars (the upper bands of a
+    rank's bars are mostly gaps: ~10 runs a band, each a Segment to build and to render).
+    Blanks that open a line keep key 0."""
+    idx = np.where(keys != 0, np.arange(keys.shape[1], dtype=np.int32), 0)
+    np.maximum.accumulate(idx, axis=1, out=idx)
+    return np.take_along_axis(keys, idx, axis=1)
+
+
 def _spark_bands(
     levels: np.ndarray,
     modes: np.ndarray,
@@ -301,7 +312,7 @@ def _spark_bands(
         note_style = restyle(style(EXITED if failed(r) else MUTED if r.state == "exited" else WARN, bold=True))
         placed[i * bands + top] = (start, note, note_style)
     text = _SPARK_CODES[chars].tobytes().decode("utf-32-le")
-    flat = keys.reshape(-1, n)
+    flat = _blanks_joined(keys.reshape(-1, n))
     row_of, col_of = np.nonzero(flat[:, 1:] != flat[:, :-1])
     counts = np.bincount(row_of, minlength=len(flat)).tolist()
     bounds_all = (col_of + 1).tolist()
