@@ -51,6 +51,22 @@ def on_hangup(*cleanups: Callable[[], Any], deadline_s: float = HANGUP_DEADLINE_
     return restore
 
 
+def ignore_hangup() -> Callable[[], None]:
+    """SIGHUP ignored (main thread only) while commtop already does what a hang-up asks for: the
+    job stopped, the run's folder removed. Restoring the handler from before :func:`on_hangup`
+    at the start of that cleanup gave a hang-up arriving during it (a closed terminal ends the
+    TUI as it sends SIGHUP) the default action, which ended commtop before the folder went.
+    Returns a function restoring the handler before."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    def restore() -> None:
+        signal.signal(signal.SIGHUP, previous)
+
+    return restore
+
+
 class Terminated(SystemExit):
     """A SIGTERM before the TUI or the headless loop answers it: exit 143 through every `finally`."""
 

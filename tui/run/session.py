@@ -195,7 +195,7 @@ class LiveSession:
         terminal (tmux kill-session, a dropped SSH) stops the job first; so does a SIGTERM
         before the TUI or the headless loop takes it over. ``headless``: the job's lines go to
         this terminal as they come (tui.run.headless_out)."""
-        from tui.run.hangup import on_hangup, on_terminate
+        from tui.run.hangup import ignore_hangup, on_hangup, on_terminate
         from tui.run.headless_out import HeadlessTerminal
 
         self.terminal = HeadlessTerminal(sys.stdout, sys.stderr, ranks_stdout=not self.runs_loop) if headless else None
@@ -212,8 +212,9 @@ class LiveSession:
         try:
             yield job
         finally:
-            restore()
-            quiet = on_terminate(ignore=True)  # the cleanup below is what a SIGTERM asks for
+            # The cleanup below is what a SIGTERM or a hang-up asks for: neither may cut it short.
+            hung_up = ignore_hangup()
+            quiet = on_terminate(ignore=True)
             job.stop()
             if self.terminal is not None:
                 self.terminal.close()
@@ -221,6 +222,8 @@ class LiveSession:
             with contextlib.suppress(OSError):  # a terminal gone away
                 self._say_outcome()
             quiet()
+            hung_up()
+            restore()
             before()
 
     def run_headless(self, job: JobProcess) -> int:
