@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
+from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.reactive import var
 from textual.screen import Screen
@@ -162,21 +163,30 @@ class CommtopApp(App[None]):
     # ----------------------------------------------------------------------- layout
 
     def compose(self) -> ComposeResult:
+        # The lines above and below the grid sit in containers of their own: Textual's partial
+        # repaint renders every widget whose container overlaps what changed, so as children of
+        # the screen they were all rendered again at every frame for the grid's lines alone.
+        # The panels below the grid (the links' lines move with every frame too) are apart from
+        # the status line and the footer, which rarely change.
         header = GridHeader(id="grid-header")
-        yield RunHeader(self.run_title, id="header")
-        yield VerdictLine(id="verdict")
-        yield header
+        with Vertical(id="top"):
+            yield RunHeader(self.run_title, id="header")
+            yield VerdictLine(id="verdict")
+            yield header
         if self.connect_lines:
             yield ConnectPanel(self.connect_lines, id="connect")
         yield RankGrid(header, id="grid")
-        yield StreamPanel(id="streams")
-        if self.with_links:
-            yield LinksPanel(id="links")
-        bar = ReplayBar(id="replay")
-        bar.display = self.replay is not None
-        yield bar
-        yield StatusLine(id="status")
-        yield Footer()
+        with Vertical(id="bottom"):
+            with Vertical(id="panels"):
+                yield StreamPanel(id="streams")
+                if self.with_links:
+                    yield LinksPanel(id="links")
+            with Vertical(id="bars"):
+                bar = ReplayBar(id="replay")
+                bar.display = self.replay is not None
+                yield bar
+                yield StatusLine(id="status")
+                yield Footer()
 
     def on_mount(self) -> None:
         self._catch_sigterm()
