@@ -49,6 +49,7 @@ from tui.view.gc_tuning import settle_garbage_collector
 from tui.view.keys import KEYS, bindings
 from tui.view.messages import IngestError, SnapshotReady
 from tui.view.widgets.connect import ConnectPanel
+from tui.view.widgets.covered_box import CoveredBox
 from tui.view.widgets.header import RunHeader, settings_change
 from tui.view.widgets.help import HelpScreen, key_name
 from tui.view.widgets.job_log import JobLogScreen, job_log_of
@@ -169,14 +170,14 @@ class CommtopApp(App[None]):
         # The panels below the grid (the links' lines move with every frame too) are apart from
         # the status line and the footer, which rarely change.
         header = GridHeader(id="grid-header")
-        with Vertical(id="top"):
+        with CoveredBox(id="top"):
             yield RunHeader(self.run_title, id="header")
             yield VerdictLine(id="verdict")
             yield header
         if self.connect_lines:
             yield ConnectPanel(self.connect_lines, id="connect")
         yield RankGrid(header, id="grid")
-        with Vertical(id="bottom"):
+        with CoveredBox(id="bottom"):
             with Vertical(id="panels"):
                 yield StreamPanel(id="streams")
                 if self.with_links:
