@@ -367,3 +367,18 @@ def test_a_stream_size_is_a_whole_unit_or_below_a_mebibyte_its_bytes() -> None:
     assert [size_cell(n) for n in (8, 2000, 4096, 100_000, 1 << 20, 1_052_672, 3 << 30)] == [
         "8B", "2000B", "4KiB", "100000B", "1MiB", "1.004MiB", "3GiB",
     ]  # fmt: skip
+
+
+def test_a_live_ranks_step_rate_reads_the_folded_steps_and_catches_up_without_new_data() -> None:
+    """Live, a rank's steps/s is read over the steps folded so far (its 5 Hz text does not fold
+    them itself); the run's step view folds every rank, and the next snapshot shows the rate of
+    every step even with no new batch: a stopped rank's view must not keep a rate of before."""
+    items = list(job_run(world=2, steps=60))
+    model = fed(items)
+    assert all(state.steps.pending for state in model.ranks.values())  # nothing folded yet
+    first = model.snapshot()
+    assert all(math.isnan(r.step_rate) for r in first.ranks)  # the rank views did not fold
+    second = model.snapshot()  # no new data since
+    exact = fed(items).snapshot(fresh_run_stats=True)
+    assert [r.step_rate for r in second.ranks] == [r.step_rate for r in exact.ranks]
+    assert second.step_rate == pytest.approx(1e9 / STEP_NS)

@@ -101,12 +101,15 @@ class RunState(Protocol):
 class _Kept:
     """What the builder computed for one rank last time, and when (rank version or ns)."""
 
-    __slots__ = ("view", "run", "classes")
+    __slots__ = ("view", "run", "classes", "steps_folds")
 
     def __init__(self) -> None:
         self.view: tuple[int, int, RankView] | None = None  # (rank version, computed at ns, view)
         self.run: tuple[_Stamp, _RunNumbers] | None = None  # stamped with the rank's version
         self.classes: tuple[_Stamp, dict[str, RunStats]] | None = None
+        #: The rank's step folds when its view read a step rate with steps still waiting to be
+        #: folded (-1: none waited): a fold since makes the view due again, as new data would.
+        self.steps_folds = -1
 
 
 class SnapshotBuilder:
@@ -447,9 +450,10 @@ class SnapshotBuilder:
             if due is not None and s.rank not in due:
                 reuse = True  # a large world: not this rank's turn
             else:
-                # unchanged, or held until the next text tick; either way not behind on
-                # whole-run statistics
-                reuse = (cached[0] == s.version or hold) and not self._behind(run, s, kept, now)
+                # unchanged (no new data, no step folded since its rate was read), or held until
+                # the next text tick; either way not behind on whole-run statistics
+                folded = kept.steps_folds >= 0 and kept.steps_folds != s.steps.folds
+                reuse = ((cached[0] == s.version and not folded) or hold) and not self._behind(run, s, kept, now)
         if reuse and cached is not None:
             view = cached[2]
         else:
@@ -511,7 +515,7 @@ class SnapshotBuilder:
             busbw_gbps=weighted_rate(win["busbw"], dur),
             copy_gbps=copy_gbps,
             iter_rate=rate,
-            step_rate=s.steps.rate(),
+            step_rate=self._step_rate(s, kept, fresh),
             mode=MODES[int(win["mode"][-1])] if len(dur) and int(win["mode"][-1]) < len(MODES) else "",
             epoch=int(win["epoch"][-1]) if len(dur) else (h.epoch if h else -1),
             run=whole,
@@ -521,6 +525,14 @@ class SnapshotBuilder:
             run_by_class=self._class_stats(run, s, kept, now, fresh),
             overlapped=s.overlap.overlapped(),
         )
+
+    @staticmethod
+    def _step_rate(s: RankState, kept: _Kept, fresh: bool) -> float:
+        """The rank's steps/s: live, over the steps folded so far (the run's step view folds
+        every rank about once a second; see RankSteps.rate), the rest at a fresh snapshot."""
+        steps = s.steps
+        kept.steps_folds = steps.folds if steps.pending and not fresh else -1
+        return steps.rate(fold=fresh)
 
 
 def _history(run: RunState, order: list[int]) -> tuple[History, HistoryMatrix | None]:
