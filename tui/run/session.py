@@ -212,8 +212,9 @@ class LiveSession:
         try:
             yield job
         finally:
-            # The cleanup below is what a SIGTERM or a hang-up asks for: neither may cut it short.
-            hung_up = ignore_hangup()
+            # The cleanup below is what a SIGTERM or a hang-up asks for: neither may cut it short
+            # (SIGHUP ignored until restore() below puts back the handler from before).
+            ignore_hangup()
             quiet = on_terminate(ignore=True)
             job.stop()
             if self.terminal is not None:
@@ -222,7 +223,6 @@ class LiveSession:
             with contextlib.suppress(OSError):  # a terminal gone away
                 self._say_outcome()
             quiet()
-            hung_up()
             restore()
             before()
 
