@@ -56,7 +56,8 @@ def ignore_hangup() -> Callable[[], None]:
     job stopped, the run's folder removed. Restoring the handler from before :func:`on_hangup`
     at the start of that cleanup gave a hang-up arriving during it (a closed terminal ends the
     TUI as it sends SIGHUP) the default action, which ended commtop before the folder went.
-    Returns a function restoring the handler before."""
+    Returns a function restoring the handler before (supervised() instead ends the cleanup with
+    on_hangup's own restore, which puts back the one from before both)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -17,11 +17,11 @@ from typing import Any
 from textual.containers import Vertical
 from textual.geometry import Region, Size
 from textual.strip import Strip
-from textual.widget import Widget
 
 
-class KeepsLines(Widget):
-    """Keeps the lines it rendered last (mixed into a widget its children cover)."""
+class CoveredBox(Vertical):
+    """A vertical container whose children fill it (height auto, or docked with height auto),
+    keeping the lines it rendered last."""
 
     _kept_lines: tuple[tuple[Region, Size], list[Strip]] | None = None
 
@@ -41,7 +41,3 @@ class KeepsLines(Widget):
         lines = super().render_lines(crop)
         self._kept_lines = (key, lines)
         return lines
-
-
-class CoveredBox(KeepsLines, Vertical):
-    """A vertical container whose children fill it (height auto, or docked with height auto)."""
