@@ -169,25 +169,29 @@ def _threaded_decode(monkeypatch, cpus: int = 2) -> None:
 
 
 def test_the_reader_groups_the_records_while_the_other_columns_decode(tmp_path: Path, monkeypatch) -> None:
-    """``group_by`` gets the epoch and rank columns the tables end up with, and its result is
-    what grouping those columns afterwards gives; the tables are the same as without it."""
+    """``group_by`` gets the epoch and rank columns the tables end up with and the records per
+    batch (each one rank's), and its result is what grouping those columns afterwards gives;
+    the tables are the same as without it."""
     from tui.report.kernels import _group
 
     _threaded_decode(monkeypatch)
     path = tmp_path / "run.commtop"
     write_recording(path, list(synth_run(duration_s=3.0, world=4)), chunk_s=0.05)
-    seen: list[tuple[np.ndarray, np.ndarray]] = []
+    seen: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
-    def group_by(epoch: np.ndarray, rank: np.ndarray):  # type: ignore[no-untyped-def]
-        seen.append((epoch, rank))
-        return _group(epoch, rank)
+    def group_by(epoch: np.ndarray, rank: np.ndarray, batches: np.ndarray):  # type: ignore[no-untyped-def]
+        seen.append((epoch, rank, batches))
+        return _group(epoch, rank, batches)
 
     with open_recording(path) as one, open_recording(path) as two:
         grouped, plain = one.tables(REPORT_COLUMNS, group_by=group_by), two.tables(REPORT_COLUMNS)
     assert_same_tables(grouped, plain)
     assert plain.coll_grouped is None
-    ((epoch, rank),) = seen
+    ((epoch, rank, batches),) = seen
     assert epoch is grouped.coll["epoch"] and rank is grouped.coll["rank"]
+    assert int(batches.sum()) == len(rank) and len(batches) < len(rank)
+    edges = np.cumsum(batches)[:-1]
+    assert all(len(set(part.tolist())) == 1 for part in np.split(rank, edges) if len(part))
     want, got = _group(plain.coll["epoch"], plain.coll["rank"]), grouped.coll_grouped
     assert got.runs == want.runs and got.ids == want.ids and got.span == want.span
     assert np.array_equal(got.order, want.order) and np.array_equal(got.gid, want.gid)
@@ -202,7 +206,7 @@ def test_no_early_grouping_where_a_chunk_is_decoded_on_its_own(tmp_path: Path, m
     _rewrite_chunk(path, 3, _delta_not_delta)
     calls: list[int] = []
     with open_recording(path) as rec:
-        tables = rec.tables(REPORT_COLUMNS, group_by=lambda epoch, rank: calls.append(len(epoch)) or "grouped")
+        tables = rec.tables(REPORT_COLUMNS, group_by=lambda epoch, rank, _: calls.append(len(epoch)) or "grouped")
     assert calls and tables.coll_grouped is None
 
 

@@ -3,6 +3,7 @@ per-record CSV export and on the original messages), formats, errors, trace and 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -10,6 +11,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from recording_synth import DEFAULT_EPOCHS, TENSOR, Epoch, synth_run, write_reco
 from tui import cli
 from tui.report import build, kernels, reading
 from workers.wire import protocol as p
+from workers.wire.stats import order_positions, percentiles_and_max_sorted
 
 ROOT = Path(__file__).parent.parent
 
@@ -598,56 +601,144 @@ def test_a_recording_without_copies_puts_every_collective_in_no_copies(tmp_path:
         assert reading.report_columns(rec) == reading.REPORT_COLUMNS
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 6), min_size=1, max_size=40),
+    seed=st.integers(0, 2**32 - 1),
+    wide=st.booleans(),
+    mid_batch=st.booleans(),
+)
+def test_records_grouped_by_their_batches_are_grouped_as_one_by_one(
+    sizes, seed: int, wide: bool, mid_batch: bool
+) -> None:
+    """Grouping by batches (each one rank's; the epoch changing only where a batch starts) gives
+    the stable order, runs, ids and per-record ids that grouping the records one by one gives;
+    an epoch that changes inside a batch is grouped record by record, with the same result."""
+    rng = np.random.default_rng(seed)
+    n = sum(sizes)
+    brank = rng.integers(0, 3 if not wide else 1 << 19, len(sizes))
+    bepoch = np.sort(rng.integers(-2, 3, len(sizes))) if not wide else rng.integers(-(1 << 40), 1 << 40, len(sizes))
+    rank = np.repeat(brank, sizes).astype(np.int32)
+    epoch = np.repeat(bepoch, sizes).astype(np.int64 if wide else np.int32)
+    if mid_batch and n:
+        epoch[rng.integers(0, n)] += 1  # may land inside a batch
+    batches = np.array(sizes, dtype=np.int64)
+    want, got = kernels._group(epoch, rank), kernels._group(epoch, rank, batches)
+    assert got.runs == want.runs and got.ids == want.ids and got.span == want.span
+    assert np.array_equal(got.order, want.order) and np.array_equal(got.gid, want.gid)
+    assert got.gid.dtype == want.gid.dtype
+    changes = set((np.flatnonzero(epoch[1:] != epoch[:-1]) + 1).tolist())
+    firsts = set((np.cumsum(batches) - batches)[batches > 0].tolist())
+    by_batches = kernels._group_batches(epoch, rank, batches) if n else None
+    assert (by_batches is not None) == (n > 0 and changes <= firsts)
+
+
+@contextlib.contextmanager
+def _partitioned(on: bool):
+    """The report's one-class orders partitioned at its percentile positions (``on``) or sorted,
+    whatever this machine's timing chose (kernels._partition_is_faster), for arrays of any size."""
+    with (
+        mock.patch.object(kernels, "_CHOOSE_AT", 0),
+        mock.patch.object(kernels, "_partition_is_faster", lambda: on),
+    ):
+        yield
+
+
+def _assert_in_order(values: np.ndarray, want_sorted: np.ndarray, partitioned: bool) -> None:
+    """``values`` are ``want_sorted``'s: the same array, or (``partitioned``) the same values with
+    the sorted array's at every position the report reads, and the same percentiles."""
+    if not partitioned:
+        assert values.tobytes() == want_sorted.tobytes()
+        return
+    assert np.sort(values).tobytes() == want_sorted.tobytes()
+    kth = order_positions(len(values), kernels.REPORT_QS)
+    assert values[kth].tobytes() == want_sorted[kth].tobytes()
+    if len(values):
+        assert repr(percentiles_and_max_sorted(values, kernels.REPORT_QS)) == repr(
+            percentiles_and_max_sorted(want_sorted, kernels.REPORT_QS)
+        )
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 50), min_size=1, max_size=6),
     cls=st.integers(0, 2),
     seed=st.integers(0, 2**32 - 1),
     zeros=st.booleans(),
+    partitioned=st.booleans(),
 )
-def test_an_epoch_of_one_class_is_ordered_as_the_packed_keys_order_it(sizes, cls: int, seed: int, zeros: bool) -> None:
-    """One overlap class in the epoch: each rank's float32 durations sorted, and the epoch's sorted again, give the
-    epoch's, each rank's and each class's sorted durations exactly as the uint64 keys do."""
+def test_an_epoch_of_one_class_is_ordered_as_the_packed_keys_order_it(
+    sizes, cls: int, seed: int, zeros: bool, partitioned: bool
+) -> None:
+    """One overlap class in the epoch: each rank's float32 durations and the epoch's, sorted or
+    partitioned at the report's percentile positions, give the epoch's, each rank's and each
+    class's durations in order where the report reads them exactly as the uint64 keys do."""
     rng = np.random.default_rng(seed)
     dur = rng.choice(np.array([0.0, 1.5, 2700.25, 1e-30, 3e38], dtype=np.float32), sum(sizes))
     if not zeros:
         dur = rng.lognormal(8, 0.3, sum(sizes)).astype(np.float32)
-    one = kernels._EpochOrder.of(dur, np.full(len(dur), cls, dtype=np.uint8), sizes)
+    with _partitioned(partitioned):
+        one = kernels._EpochOrder.of(dur, np.full(len(dur), cls, dtype=np.uint8), sizes)
     odd = np.full(len(dur) + 1, cls, dtype=np.uint8)
     odd[-1] = (cls + 1) % 3  # one record of another class: the packed keys
     keys = kernels._EpochOrder.of(np.append(dur, np.float32(dur[0])), odd, [*sizes[:-1], sizes[-1] + 1])
     assert one is not None and keys is not None
-    assert one.values.tobytes() == np.sort(dur).tobytes()
+    _assert_in_order(one.values, np.sort(dur), partitioned)
     for index in range(-1, len(sizes)):
         values, by_class = one.group(index)
         a = 0 if index < 0 else sum(sizes[:index])
         b = len(dur) if index < 0 else a + sizes[index]
-        assert values.tobytes() == np.sort(dur[a:b]).tobytes()
+        _assert_in_order(values, np.sort(dur[a:b]), partitioned)
         assert by_class[cls].tobytes() == values.tobytes()
         assert all(len(v) == 0 for c, v in by_class.items() if c != cls)
         if 0 <= index < len(sizes) - 1:  # ranks the extra record is not in: the same as the keys give
-            assert keys.group(index)[0].tobytes() == values.tobytes()
+            _assert_in_order(values, keys.group(index)[0], partitioned)
 
 
+@pytest.mark.parametrize("partitioned", [False, True])
 @pytest.mark.parametrize("classes", [(0, 0), (1, 1), (0, 2), (1, 2)])
-def test_epochs_of_one_class_each_merged_split_by_class_as_their_values_say(classes: tuple[int, int]) -> None:
+def test_epochs_of_one_class_each_merged_split_by_class_as_their_values_say(
+    classes: tuple[int, int], partitioned: bool
+) -> None:
     """Two epochs, each of one overlap class, merged (a settings or mode row over both): each
-    class's sorted durations are those of the epochs of that class, whether the classes are
-    the same (no counting) or differ (counted on the merged classes)."""
+    class's durations are those of the epochs of that class, in order where the report reads
+    them, whether the classes are the same (no counting) or differ (counted on the merged
+    classes, which a sort puts in order whether the epochs were sorted or partitioned)."""
     rng = np.random.default_rng(7)
     durs = [rng.lognormal(8, 0.3, n).astype(np.float32) for n in (40, 25)]
-    parts = [
-        kernels._EpochOrder.of(d, np.full(len(d), c, dtype=np.uint8), [len(d) // 2, len(d) - len(d) // 2])
-        for d, c in zip(durs, classes, strict=True)
-    ]
-    merged = kernels._EpochOrder.union(parts)
+    with _partitioned(partitioned):
+        parts = [
+            kernels._EpochOrder.of(d, np.full(len(d), c, dtype=np.uint8), [len(d) // 2, len(d) - len(d) // 2])
+            for d, c in zip(durs, classes, strict=True)
+        ]
+        merged = kernels._EpochOrder.union(parts)
     assert merged is not None
     values, by_class = merged.group(-1)
-    assert values.tobytes() == np.sort(np.concatenate(durs)).tobytes()
+    _assert_in_order(values, np.sort(np.concatenate(durs)), partitioned and classes[0] == classes[1])
     for c in (0, 1, 2):
         mine = [d for d, k in zip(durs, classes, strict=True) if k == c]
         want = np.sort(np.concatenate(mine)) if mine else np.zeros(0, dtype=np.float32)
-        assert by_class[c].tobytes() == want.tobytes(), c
+        _assert_in_order(by_class[c], want, partitioned and classes[0] == classes[1])
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_a_report_of_partitioned_epochs_is_the_report_of_sorted_ones(tmp_path: Path, partitioned: bool) -> None:
+    """Every number of a report whose one-class epochs are partitioned at the percentile positions
+    is the number it has when they are sorted, and when no epoch has an order at all (per-subset
+    sorts): the percentiles, medians, baselines and slowdowns read only those positions."""
+    from tui.recordings.reader import open_recording
+
+    # no copies: every epoch of one class (an epoch with copies sorts its packed keys)
+    epochs = [Epoch(0.0, "none", copies=0), Epoch(1.0, "sync", copies=0), Epoch(2.0, "none", copies=0)]
+    epochs.append(Epoch(3.0, "sync", copies=0))
+    path = tmp_path / "run.commtop"
+    write_recording(path, list(synth_run(duration_s=4.0, world=3, epochs=epochs, seed=11)))
+    with _partitioned(partitioned):
+        ordered = build.build_report(open_recording(path))
+    with mock.patch.object(kernels._EpochOrder, "of", classmethod(lambda cls, *a: None)):
+        per_subset = build.build_report(open_recording(path))
+    assert any(r.rank is not None for r in ordered.rows) and ordered.modes and ordered.settings
+    assert repr(ordered) == repr(per_subset)
 
 
 @pytest.mark.parametrize("in_order", [True, False])

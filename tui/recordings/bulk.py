@@ -229,7 +229,7 @@ def _columns(
     need: set[str],
     counts: np.ndarray,
     side: ThreadPoolExecutor | None = None,
-    group_by: Callable[[np.ndarray, np.ndarray], Any] | None = None,
+    group_by: Callable[[np.ndarray, np.ndarray, np.ndarray], Any] | None = None,
 ) -> tuple[dict[str, np.ndarray], Future[Any] | None]:
     """(per-record columns with "rank", ``group_by``'s future) of one part over ``chunks``,
     each column as the per-chunk decoder's ``_decode_part`` gives it.
@@ -238,8 +238,8 @@ def _columns(
     without the GIL, the joins of byte planes with it, so one column's numpy runs while
     another's joins); the columns computed from others follow, in order. With ``group_by``
     (and ``side``, its thread), the epochs and the per-record ranks come first and
-    ``group_by(epoch, rank)`` runs on ``side`` while the rest decode: the report's grouping,
-    its longest step on one thread, no longer waits for every column."""
+    ``group_by(epoch, rank, records per batch)`` runs on ``side`` while the rest decode: the
+    report's grouping, its longest step on one thread, no longer waits for every column."""
     having = [c.parts[name] for c in chunks if name in c.parts]
     stored = [col for col, codec in codecs.items() if col in need and codec in ("d", "p", "f", "h")]
 
@@ -259,7 +259,7 @@ def _columns(
     if len(stored) > 1 and int(counts.sum()) >= PARALLEL_RECORDS and usable_cpus() > 1:
         if group_by is not None and side is not None and "epoch" in stored:
             done["epoch"] = decode("epoch")
-            grouped = side.submit(group_by, done["epoch"], cols["rank"])
+            grouped = side.submit(group_by, done["epoch"], cols["rank"], counts)
         # the widest first, so that the threads end together
         rest = [col for col in stored if col not in done]
         widest = sorted(rest, key=lambda col: -max((h["cols"][col][3] for h in having), default=0))
@@ -361,7 +361,7 @@ def read_tables(
     coll_columns: Sequence[str] | None = None,
     *,
     summary: bool = False,
-    group_by: Callable[[np.ndarray, np.ndarray], Any] | None = None,
+    group_by: Callable[[np.ndarray, np.ndarray, np.ndarray], Any] | None = None,
 ) -> Tables:
     """``rec.tables(coll_columns)``, every chunk the per-chunk decoder reads read in bulk;
     ``summary``: with the chunks' collective summaries where every chunk has a valid one;

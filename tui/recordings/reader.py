@@ -222,13 +222,14 @@ class Recording:
         coll_columns: Sequence[str] | None = None,
         *,
         summary: bool = False,
-        group_by: Callable[[np.ndarray, np.ndarray], Any] | None = None,
+        group_by: Callable[[np.ndarray, np.ndarray, np.ndarray], Any] | None = None,
     ) -> Tables:
         """The whole recording as numpy columns (+ "rank" and "recv_ns" per record).
         ``coll_columns`` limits the collective columns decoded (faster, less memory); "rank"
         always comes, "recv_ns" only when named. ``summary``: also the chunks' collective
         summaries (``Tables.coll_summary``). ``group_by``: called with the collectives' epoch
-        and rank columns on a side thread while the others decode (``Tables.coll_grouped``).
+        and rank columns and the records per batch on a side thread while the others decode
+        (``Tables.coll_grouped``).
         Read in bulk (:mod:`tui.recordings.bulk`): one numpy pass per column over every chunk."""
         return read_tables(self, coll_columns, summary=summary, group_by=group_by)
 

@@ -50,14 +50,29 @@ def percentiles_and_max_sorted(ordered: np.ndarray, qs: Sequence[float]) -> tupl
     return _from_ordered(ordered, ordered, qs)
 
 
-def _from_ordered(ordered: np.ndarray, values: np.ndarray, qs: Sequence[float]) -> tuple[list[float], float]:
-    n = len(ordered)
+def _plan(n: int, qs: Sequence[float]) -> list[tuple[float, int, int, int]]:
+    """Per percentile: (its fractional position, the position below it or -1 at the top, the two
+    positions numpy's "linear" interpolates between)."""
     plan = []
     for q in qs:
         v = (n - 1) * (q / 100)
         prev = -1 if v >= n - 1 else math.floor(v)
         plan.append((v, prev, n - 1 if prev < 0 else prev, n - 1 if prev < 0 else prev + 1))
-    kth = sorted({n - 1} | {i for _, _, a, b in plan for i in (a, b)})
+    return plan
+
+
+def order_positions(n: int, qs: Sequence[float]) -> list[int]:
+    """The positions of ``n`` sorted values that :func:`percentiles_and_max_sorted` reads for
+    ``qs`` (the maximum's included), ascending. An array whose values at these positions are the
+    sorted array's (``np.partition(values, order_positions(len(values), qs))``) gives the same
+    result as the sorted array, for ``qs`` or any of them."""
+    return sorted({n - 1} | {i for _, _, a, b in _plan(n, qs) for i in (a, b)}) if n else []
+
+
+def _from_ordered(ordered: np.ndarray, values: np.ndarray, qs: Sequence[float]) -> tuple[list[float], float]:
+    n = len(ordered)
+    plan = _plan(n, qs)
+    kth = order_positions(n, qs)
     vals = dict(zip(kth, ordered[kth].astype(np.float64).tolist(), strict=True))
     if vals[n - 1] != vals[n - 1] or any(vals[a] == 0 or vals[b] == 0 for _, _, a, b in plan):
         wide = np.asarray(values, dtype=np.float64)
