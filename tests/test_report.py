@@ -634,20 +634,20 @@ def test_records_grouped_by_their_batches_are_grouped_as_one_by_one(
 
 
 @contextlib.contextmanager
-def _partitioned(on: bool):
-    """The report's one-class orders partitioned at its percentile positions (``on``) or sorted,
-    whatever this machine's timing chose (kernels._partition_is_faster), for arrays of any size."""
+def _placing(on: bool):
+    """The report's one-class orders placed at its percentile positions (``on``) or sorted,
+    whatever this machine's timing chose (kernels._placing_is_faster), for arrays of any size."""
     with (
         mock.patch.object(kernels, "_CHOOSE_AT", 0),
-        mock.patch.object(kernels, "_partition_is_faster", lambda: on),
+        mock.patch.object(kernels, "_placing_is_faster", lambda: on),
     ):
         yield
 
 
-def _assert_in_order(values: np.ndarray, want_sorted: np.ndarray, partitioned: bool) -> None:
-    """``values`` are ``want_sorted``'s: the same array, or (``partitioned``) the same values with
+def _assert_in_order(values: np.ndarray, want_sorted: np.ndarray, placed: bool) -> None:
+    """``values`` are ``want_sorted``'s: the same array, or (``placed``) the same values with
     the sorted array's at every position the report reads, and the same percentiles."""
-    if not partitioned:
+    if not placed:
         assert values.tobytes() == want_sorted.tobytes()
         return
     assert np.sort(values).tobytes() == want_sorted.tobytes()
@@ -665,48 +665,48 @@ def _assert_in_order(values: np.ndarray, want_sorted: np.ndarray, partitioned: b
     cls=st.integers(0, 2),
     seed=st.integers(0, 2**32 - 1),
     zeros=st.booleans(),
-    partitioned=st.booleans(),
+    placed=st.booleans(),
 )
 def test_an_epoch_of_one_class_is_ordered_as_the_packed_keys_order_it(
-    sizes, cls: int, seed: int, zeros: bool, partitioned: bool
+    sizes, cls: int, seed: int, zeros: bool, placed: bool
 ) -> None:
     """One overlap class in the epoch: each rank's float32 durations and the epoch's, sorted or
-    partitioned at the report's percentile positions, give the epoch's, each rank's and each
+    placed at the report's percentile positions, give the epoch's, each rank's and each
     class's durations in order where the report reads them exactly as the uint64 keys do."""
     rng = np.random.default_rng(seed)
     dur = rng.choice(np.array([0.0, 1.5, 2700.25, 1e-30, 3e38], dtype=np.float32), sum(sizes))
     if not zeros:
         dur = rng.lognormal(8, 0.3, sum(sizes)).astype(np.float32)
-    with _partitioned(partitioned):
+    with _placing(placed):
         one = kernels._EpochOrder.of(dur, np.full(len(dur), cls, dtype=np.uint8), sizes)
     odd = np.full(len(dur) + 1, cls, dtype=np.uint8)
     odd[-1] = (cls + 1) % 3  # one record of another class: the packed keys
     keys = kernels._EpochOrder.of(np.append(dur, np.float32(dur[0])), odd, [*sizes[:-1], sizes[-1] + 1])
     assert one is not None and keys is not None
-    _assert_in_order(one.values, np.sort(dur), partitioned)
+    _assert_in_order(one.values, np.sort(dur), placed)
     for index in range(-1, len(sizes)):
         values, by_class = one.group(index)
         a = 0 if index < 0 else sum(sizes[:index])
         b = len(dur) if index < 0 else a + sizes[index]
-        _assert_in_order(values, np.sort(dur[a:b]), partitioned)
+        _assert_in_order(values, np.sort(dur[a:b]), placed)
         assert by_class[cls].tobytes() == values.tobytes()
         assert all(len(v) == 0 for c, v in by_class.items() if c != cls)
         if 0 <= index < len(sizes) - 1:  # ranks the extra record is not in: the same as the keys give
-            _assert_in_order(values, keys.group(index)[0], partitioned)
+            _assert_in_order(values, keys.group(index)[0], placed)
 
 
-@pytest.mark.parametrize("partitioned", [False, True])
+@pytest.mark.parametrize("placed", [False, True])
 @pytest.mark.parametrize("classes", [(0, 0), (1, 1), (0, 2), (1, 2)])
 def test_epochs_of_one_class_each_merged_split_by_class_as_their_values_say(
-    classes: tuple[int, int], partitioned: bool
+    classes: tuple[int, int], placed: bool
 ) -> None:
     """Two epochs, each of one overlap class, merged (a settings or mode row over both): each
     class's durations are those of the epochs of that class, in order where the report reads
     them, whether the classes are the same (no counting) or differ (counted on the merged
-    classes, which a sort puts in order whether the epochs were sorted or partitioned)."""
+    classes, which a sort puts in order whether the epochs were sorted or placed)."""
     rng = np.random.default_rng(7)
     durs = [rng.lognormal(8, 0.3, n).astype(np.float32) for n in (40, 25)]
-    with _partitioned(partitioned):
+    with _placing(placed):
         parts = [
             kernels._EpochOrder.of(d, np.full(len(d), c, dtype=np.uint8), [len(d) // 2, len(d) - len(d) // 2])
             for d, c in zip(durs, classes, strict=True)
@@ -714,16 +714,16 @@ def test_epochs_of_one_class_each_merged_split_by_class_as_their_values_say(
         merged = kernels._EpochOrder.union(parts)
     assert merged is not None
     values, by_class = merged.group(-1)
-    _assert_in_order(values, np.sort(np.concatenate(durs)), partitioned and classes[0] == classes[1])
+    _assert_in_order(values, np.sort(np.concatenate(durs)), placed and classes[0] == classes[1])
     for c in (0, 1, 2):
         mine = [d for d, k in zip(durs, classes, strict=True) if k == c]
         want = np.sort(np.concatenate(mine)) if mine else np.zeros(0, dtype=np.float32)
-        _assert_in_order(by_class[c], want, partitioned and classes[0] == classes[1])
+        _assert_in_order(by_class[c], want, placed and classes[0] == classes[1])
 
 
-@pytest.mark.parametrize("partitioned", [False, True])
-def test_a_report_of_partitioned_epochs_is_the_report_of_sorted_ones(tmp_path: Path, partitioned: bool) -> None:
-    """Every number of a report whose one-class epochs are partitioned at the percentile positions
+@pytest.mark.parametrize("placed", [False, True])
+def test_a_report_of_placed_epochs_is_the_report_of_sorted_ones(tmp_path: Path, placed: bool) -> None:
+    """Every number of a report whose one-class epochs are placed at the percentile positions
     is the number it has when they are sorted, and when no epoch has an order at all (per-subset
     sorts): the percentiles, medians, baselines and slowdowns read only those positions."""
     from tui.recordings.reader import open_recording
@@ -733,7 +733,7 @@ def test_a_report_of_partitioned_epochs_is_the_report_of_sorted_ones(tmp_path: P
     epochs.append(Epoch(3.0, "sync", copies=0))
     path = tmp_path / "run.commtop"
     write_recording(path, list(synth_run(duration_s=4.0, world=3, epochs=epochs, seed=11)))
-    with _partitioned(partitioned):
+    with _placing(placed):
         ordered = build.build_report(open_recording(path))
     with mock.patch.object(kernels._EpochOrder, "of", classmethod(lambda cls, *a: None)):
         per_subset = build.build_report(open_recording(path))

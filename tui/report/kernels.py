@@ -16,13 +16,13 @@ import numpy as np
 
 from tui.recordings import summary as chunk_summary
 from tui.recordings.summary import window_end_ns
+from tui.report.placed import placed
 from workers.wire.overlap import AFTER, DURING, NO_COPIES
-from workers.wire.stats import order_positions
 
 #: The percentiles the report reads (the maximum and the median are read too): an epoch's
 #: values need to be in order only where these are read (:func:`_in_order`).
 REPORT_QS = (50, 90, 99)
-#: Values at least this many: worth asking whether a sort or a partition is faster here.
+#: Values at least this many: worth asking whether a sort or placing them is faster here.
 _CHOOSE_AT = 1 << 18
 
 
@@ -217,13 +217,14 @@ def _combo_codes(op: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, list[i
 
 
 @functools.cache
-def _partition_is_faster() -> bool:
-    """Whether a partition at the report's percentile positions beats numpy's sort of float32
-    on this machine, timed once per process on 2^16 scrambled values (~5 ms). numpy's sort is a
-    SIMD sort on some CPUs (an AVX-512 Xeon: 4x the partition at 10 M values) and ~37 ns a value
-    on others (the 2-core AMD EPYC VM: 2.7x the partition); the results are the same either way."""
+def _placing_is_faster() -> bool:
+    """Whether placing the values at the report's percentile positions through a histogram
+    (:func:`tui.report.placed.placed`) beats numpy's sort of float32 on this machine, timed
+    once per process on 2^16 scrambled values (~3 ms). numpy's sort is a SIMD sort; on an
+    AVX-512 Xeon it beat a partition 4x at 10 M values, on the 2-core AMD EPYC VM it runs at
+    ~37 ns a value (placing: ~8). The results are the same either way."""
     values = ((np.arange(1 << 16, dtype=np.uint32) * np.uint32(2654435761)) >> np.uint32(8)).astype(np.float32)
-    kth = order_positions(len(values), REPORT_QS)
+    starts = [0, len(values)]
 
     def best(fn: Callable[[], object]) -> float:
         times = []
@@ -233,16 +234,24 @@ def _partition_is_faster() -> bool:
             times.append(time.perf_counter() - t)
         return min(times)
 
-    return best(lambda: np.partition(values, kth)) < best(lambda: np.sort(values))
+    return best(lambda: placed(values, starts, REPORT_QS)) < best(lambda: np.sort(values))
 
 
-def _in_order(values: np.ndarray) -> np.ndarray:
-    """``values`` in order where the report reads them: sorted, or, where that is faster
-    (:func:`_partition_is_faster`), partitioned at the positions of :data:`REPORT_QS`, the
-    median and the maximum (``order_positions``). Either gives the same percentiles."""
-    if len(values) >= _CHOOSE_AT and _partition_is_faster():
-        return np.partition(values, order_positions(len(values), REPORT_QS))
-    return np.sort(values)
+def _in_order(values: np.ndarray, starts: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(each part ``values[starts[i]:starts[i + 1]]`` in order, one array; the whole in order;
+    the same array where there is one part), in order where the report reads them: sorted, or,
+    where that is faster (:func:`_placing_is_faster`), with the values of the positions of
+    :data:`REPORT_QS`, the median and the maximum placed there. Either gives the same
+    percentiles. ``values``: non-negative finite float32."""
+    if len(values) >= _CHOOSE_AT and _placing_is_faster():
+        return placed(values, starts, REPORT_QS)
+    if len(starts) == 2:
+        whole = np.sort(values)
+        return whole, whole
+    by_part = np.empty(len(values), dtype=np.float32)
+    for a, b in zip(starts[:-1], starts[1:], strict=True):
+        by_part[a:b] = np.sort(values[a:b])
+    return by_part, np.sort(by_part)
 
 
 class _EpochOrder:
@@ -287,16 +296,13 @@ class _EpochOrder:
     def _of_one_class(cls, dur32: np.ndarray, ocls: int, sizes: list[int]) -> _EpochOrder:
         """:meth:`of` where every record has the same class: each rank's float32 durations
         (half the bytes of the packed keys) and the epoch's put in order on their own
-        (:func:`_in_order`: sorted, or partitioned where that is faster). Sorted, for
+        (:func:`_in_order`: sorted, or placed where that is faster). Sorted, for
         non-negative finite values the float order is the order of the bits, so the values
         come out exactly as from the keys; equal floats are the same bits, so any sort gives
         the same array. numpy's default float32 sort (SIMD quicksort) took 28 ms on 5 M values
         of 8 sorted runs where the stable sort's merge of those runs took 85 ms (VM, Xeon)."""
         starts = np.cumsum([0, *sizes]).tolist()
-        by_rank = np.empty(len(dur32), dtype=np.float32)
-        for a, b in zip(starts[:-1], starts[1:], strict=True):
-            by_rank[a:b] = _in_order(dur32[a:b])
-        values = _in_order(by_rank) if len(sizes) > 1 else by_rank
+        by_rank, values = _in_order(np.ascontiguousarray(dur32, dtype=np.float32), starts)
         order = cls(values, np.zeros(0, dtype=np.uint16), np.full(len(values), ocls, dtype=np.int8), ocls)
         order._by_rank = (by_rank, order.cls, starts)
         return order
@@ -313,7 +319,7 @@ class _EpochOrder:
         ones = {p.one_class for p in parts if p is not None}
         one = ones.pop() if len(ones) == 1 else None
         if one is not None:  # one class: the values alone, in order as in _of_one_class
-            values = _in_order(values)
+            values = _in_order(values, [0, len(values)])[1]
             return cls(values, np.zeros(len(values), dtype=np.uint16), np.full(len(values), one, dtype=np.int8), one)
         classes = np.concatenate([p.cls for p in parts if p is not None])
         order = np.argsort(values, kind="stable")  # merges the sorted runs
