@@ -337,3 +337,31 @@ def test_decode_ints_is_the_per_chunk_decoder_modulo_the_width(chunks, delta: bo
     got = bulk.decode_ints(checked, width)  # type: ignore[arg-type]
     assert got.dtype.itemsize == width
     assert got.tobytes() == want.astype(got.dtype).tobytes()
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_a_sparse_column_reads_at_any_record_what_decoding_it_gives(tmp_path: Path, damaged: bool) -> None:
+    """A column asked for as ``sparse`` is left encoded where every chunk reads in bulk, and its
+    values at any records (first, last, across chunks, repeated) are the decoded column's; where
+    a chunk goes to the per-chunk decoder, it is decoded with the others. The other columns are
+    the same either way."""
+    path = tmp_path / "run.commtop"
+    write_recording(path, list(synth_run(duration_s=3.0, world=3)), chunk_s=0.1)
+    if damaged:
+        _rewrite_chunk(path, 3, _delta_not_delta)
+    cols = ("epoch", "step", "start_ns", "dur_us")  # the damaged chunk's start_ns: plain, not delta
+    with open_recording(path) as one, open_recording(path) as two:
+        sparse = one.tables(cols, sparse=("iteration",))
+        full = two.tables((*cols, "iteration"))
+    n = len(full.coll["iteration"])
+    assert n > 1000
+    assert ("iteration" in sparse.coll) == damaged and ("iteration" in sparse.coll_at) != damaged
+    rng = np.random.default_rng(0)
+    at = np.concatenate([[0, n - 1, n - 1, 0], rng.integers(0, n, 300)])
+    assert sparse.coll_values("iteration", at).tobytes() == full.coll["iteration"][at].tobytes()
+    assert sparse.coll_values("iteration", at[:0]).dtype == np.int64
+    for col in cols:
+        assert sparse.coll[col].tobytes() == full.coll[col].tobytes(), col
+    if not damaged:
+        with pytest.raises(IndexError):
+            sparse.coll_values("iteration", np.array([n]))

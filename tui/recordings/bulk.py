@@ -137,6 +137,30 @@ def decode_ints(encs: Sequence[Enc], width: int = 8) -> np.ndarray:
     return np.cumsum(out, dtype=dtype, out=out)
 
 
+@dataclass(frozen=True)
+class ColumnAt:
+    """A column left encoded (one encoding per chunk, in order): its values at a few records,
+    from the chunks that hold them alone (a report reads a rank's first and last iteration,
+    not the 80 MB of 10 M records)."""
+
+    encs: list[Enc]
+    dtype: np.dtype
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64)
+        ends = np.cumsum([e[5] for e in self.encs], dtype=np.int64)
+        total = int(ends[-1]) if len(ends) else 0
+        if len(positions) and (int(positions.min()) < 0 or int(positions.max()) >= total):
+            raise IndexError(f"a record position outside 0..{total - 1}")
+        chunk = np.searchsorted(ends, positions, side="right")
+        out = np.empty(len(positions), dtype=self.dtype)
+        for c in np.unique(chunk).tolist():
+            mine = chunk == c
+            values = decode_ints([self.encs[c]], self.dtype.itemsize).view(self.dtype)
+            out[mine] = values[positions[mine] - (ends[c] - self.encs[c][5])]
+        return out
+
+
 @dataclass
 class _Chunk:
     """What one chunk contributes, checked: its message table, its parts' encodings, others."""
@@ -362,11 +386,16 @@ def read_tables(
     *,
     summary: bool = False,
     group_by: Callable[[np.ndarray, np.ndarray, np.ndarray], Any] | None = None,
+    sparse: Sequence[str] = (),
 ) -> Tables:
     """``rec.tables(coll_columns)``, every chunk the per-chunk decoder reads read in bulk;
     ``summary``: with the chunks' collective summaries where every chunk has a valid one;
-    ``group_by``: ``Tables.coll_grouped`` (see :func:`_columns`)."""
-    wanted = {"coll": _needed(COLL_CODECS, coll_columns), "copy": _needed(COPY_CODECS, None)}
+    ``group_by``: ``Tables.coll_grouped`` (see :func:`_columns`); ``sparse``: integer
+    collective columns (not in ``coll_columns``) read at a few records only: left encoded
+    (``Tables.coll_at``) where every chunk is read in bulk, else decoded as the others."""
+    sparse = [c for c in sparse if COLL_CODECS.get(c) in ("d", "p") and coll_columns is not None]
+    asked = None if coll_columns is None else [*coll_columns, *sparse]
+    wanted = {"coll": _needed(COLL_CODECS, asked), "copy": _needed(COPY_CODECS, None)}
     checked = _read_all(rec, wanted)
     while True:
         good = [c for c in checked if c is not None]
@@ -385,15 +414,23 @@ def read_tables(
             break
         drop = {id(good[i]) for i in bad}
         checked = [None if c is not None and id(c) in drop else c for c in checked]
+    encoded = {c for c in sparse if c not in _needed(COLL_CODECS, coll_columns)}
+    if not all(c is not None for c in checked):  # the per-chunk decoder decodes them: all of them, here too
+        encoded, coll_columns = set(), asked
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commtop-group") as side:
         have, grouped = {}, None
         for name, _, codecs, schema, _ in _PARTS:
             mine = group_by if name == "coll" else None
-            cols, future = _columns(good, name, codecs, schema, wanted[name], counts[name], side, mine)
+            need = wanted[name] - encoded if name == "coll" else wanted[name]
+            cols, future = _columns(good, name, codecs, schema, need, counts[name], side, mine)
             have[name] = (counts[name], cols)
             if future is not None:
                 grouped = future
         tables = _assemble(rec, checked, t, kinds, have, others, coll_columns)
+        having = [c.parts["coll"] for c in good if "coll" in c.parts]
+        tables.coll_at = {
+            col: ColumnAt([h["cols"][col] for h in having], np.dtype(p.COLL_COLUMNS[col])) for col in sorted(encoded)
+        }
         if grouped is not None and all(c is not None for c in checked):  # the columns it was given
             tables.coll_grouped = grouped.result()
     if summary and all(c is not None for c in checked):

@@ -32,7 +32,7 @@ a chunk's place in a file (:class:`ChunkInfo`) and a whole recording's columns (
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -437,3 +437,13 @@ class Tables:
     #: while the other columns decoded; None when not asked for, or when some chunk was decoded
     #: on its own (the columns are then not the arrays it was given).
     coll_grouped: Any = None
+    #: Collective columns left encoded (the reader's ``sparse``), each a function from record
+    #: positions (file order) to their values: a column a caller reads at a few records only.
+    coll_at: dict[str, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)
+
+    def coll_values(self, column: str, positions: np.ndarray) -> np.ndarray:
+        """A collective column's values at ``positions`` (indices into the records in file
+        order), whether it was decoded or left encoded."""
+        if column in self.coll:
+            return self.coll[column][positions]
+        return self.coll_at[column](positions)

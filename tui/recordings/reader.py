@@ -223,15 +223,17 @@ class Recording:
         *,
         summary: bool = False,
         group_by: Callable[[np.ndarray, np.ndarray, np.ndarray], Any] | None = None,
+        sparse: Sequence[str] = (),
     ) -> Tables:
         """The whole recording as numpy columns (+ "rank" and "recv_ns" per record).
         ``coll_columns`` limits the collective columns decoded (faster, less memory); "rank"
         always comes, "recv_ns" only when named. ``summary``: also the chunks' collective
         summaries (``Tables.coll_summary``). ``group_by``: called with the collectives' epoch
         and rank columns and the records per batch on a side thread while the others decode
-        (``Tables.coll_grouped``).
+        (``Tables.coll_grouped``). ``sparse``: collective columns read at a few records only
+        (``Tables.coll_values``), left encoded where they can be.
         Read in bulk (:mod:`tui.recordings.bulk`): one numpy pass per column over every chunk."""
-        return read_tables(self, coll_columns, summary=summary, group_by=group_by)
+        return read_tables(self, coll_columns, summary=summary, group_by=group_by, sparse=sparse)
 
     @property
     def has_summaries(self) -> bool:

@@ -135,7 +135,7 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
         job=job,
         steps=tuple(step_rows(epochs, gid_of, found, recs.ocls, (copies.span, copies.cols))),
         groups=tuple(group_rows(names, recs.combos, found.groups)),
-        ranks=tuple(_rank_rows(g, coll, tables)),
+        ranks=tuple(_rank_rows(g, tables)),
         streams=tuple(
             _stream_rows(recs, names, ctx.spans, stream_orders) if job.is_job or len(recs.combos) > 1 else ()
         ),
@@ -143,16 +143,16 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     )
 
 
-def _rank_rows(g: _Groups, coll: dict[str, np.ndarray], tables: Tables) -> list:
+def _rank_rows(g: _Groups, tables: Tables) -> list:
     """Per rank: records, the gaps in its iterations (first and last record of each (epoch, rank)
     run: a rank's records come in issue order), and what it lost."""
     records: dict[int, int] = {}
     its: dict[int, tuple[int, int]] = {}
-    iteration = coll["iteration"]
-    for key, a, b in g.runs:
+    ends = np.array([i for _, a, b in g.runs for i in (a, b - 1)], dtype=np.intp)
+    edges = tables.coll_values("iteration", g.order[ends]).tolist() if len(ends) else []
+    for (key, a, b), lo, hi in zip(g.runs, edges[::2], edges[1::2], strict=True):
         r = key & 0xFFFFF
         records[r] = records.get(r, 0) + b - a
-        lo, hi = int(iteration[g.order[a]]), int(iteration[g.order[b - 1]])
         old = its.get(r)
         its[r] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
     ranks = sorted(set(records) | {h.rank for _, h in tables.hellos})

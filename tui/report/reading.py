@@ -34,10 +34,16 @@ def report_columns(rec: Recording) -> tuple[str, ...]:
     return REPORT_COLUMNS
 
 
+#: Columns a report reads at a few records only (a rank's first and last iteration): left
+#: encoded where the reader can (``Tables.coll_values``).
+SPARSE_COLUMNS = ("iteration",)
+
+
 def summary_columns(rec: Recording) -> tuple[str, ...]:
     """The collective columns a report reads where the chunks carry summaries: those of
-    :func:`report_columns` less algbw and busbw (summed in the summaries)."""
-    return tuple(c for c in report_columns(rec) if c not in ("algbw", "busbw"))
+    :func:`report_columns` less algbw and busbw (summed in the summaries) and the
+    :data:`SPARSE_COLUMNS`."""
+    return tuple(c for c in report_columns(rec) if c not in ("algbw", "busbw", *SPARSE_COLUMNS))
 
 
 def report_tables(rec: Recording) -> Tables:
@@ -45,7 +51,7 @@ def report_tables(rec: Recording) -> Tables:
     summarised its chunks (tui.recordings.summary), else the report's columns; the records
     grouped by (epoch, rank) while the other columns decode."""
     if rec.has_summaries:
-        return rec.tables(coll_columns=summary_columns(rec), summary=True, group_by=_group)
+        return rec.tables(coll_columns=summary_columns(rec), summary=True, group_by=_group, sparse=SPARSE_COLUMNS)
     return rec.tables(coll_columns=report_columns(rec), group_by=_group)
 
 
