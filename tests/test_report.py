@@ -772,10 +772,11 @@ def test_a_runs_busy_time_a_block_at_a_time_is_the_whole_runs(in_order: bool) ->
 
 
 def test_the_steps_pass_on_several_threads_gives_the_report_of_one_thread(tmp_path: Path, monkeypatch) -> None:
-    """Where more than two CPUs are usable the steps' pass walks the (epoch, rank) runs on
-    several threads (tui.report.steps_report.run_pass): the report must be the one-thread
-    report bit for bit, for the forum loop's epochs and for a job of several process groups
-    (each run split by group), and the runs must really have gone through the pool."""
+    """The steps' pass walks the (epoch, rank) runs on side threads (one where two CPUs are
+    usable, more where more are) and on the main thread once its sorts are done
+    (tui.report.steps_report.RunWalk): the report must be the one-thread report bit for bit,
+    for the forum loop's epochs and for a job of several process groups (each run split by
+    group), and every thread must really have joined the walk."""
     import threading
 
     from job_synth import job_run
@@ -790,31 +791,43 @@ def test_the_steps_pass_on_several_threads_gives_the_report_of_one_thread(tmp_pa
     loop, job = tmp_path / "loop.commtop", tmp_path / "job.commtop"
     write_recording(loop, list(synth_run(duration_s=3.0, world=4, epochs=epochs, seed=4)))
     write_recording(job, list(job_run(world=4, steps=40)))
-    real, pooled = steps_report.run_pass, []
+    real_work = steps_report.RunWalk.work
 
-    def spy(*args):  # type: ignore[no-untyped-def]
-        pooled.append(args[-1])
-        return real(*args)
+    def joined(walk, seen: list[str]):  # type: ignore[no-untyped-def]
+        seen.append(threading.current_thread().name)
+        real_work(walk)
 
-    monkeypatch.setattr(build, "run_pass", spy)
     for path in (loop, job):
-        for module in (build, bulk):
-            monkeypatch.setattr(module, "usable_cpus", lambda: 2)
-        one = build.build_report(open_recording(path))
-        for module in (build, bulk):
-            monkeypatch.setattr(module, "usable_cpus", lambda: 16)
-        names: set[str] = set()
-        real_one = steps_report._busy_of_run
-
-        def named(*args, names=names, real_one=real_one):  # type: ignore[no-untyped-def]
-            names.add(threading.current_thread().name)
-            return real_one(*args)
-
-        monkeypatch.setattr(steps_report, "_busy_of_run", named)
-        many = build.build_report(open_recording(path))
-        monkeypatch.setattr(steps_report, "_busy_of_run", real_one)
-        assert names and all(n.startswith("commtop-step-runs") for n in names), names
+        alone = steps_report.run_pass(*_walk_args(path))  # one thread, no pool
+        reports, walkers = [], []
+        for cpus in (2, 16):
+            for module in (build, bulk):
+                monkeypatch.setattr(module, "usable_cpus", lambda cpus=cpus: cpus)
+            seen: list[str] = []
+            monkeypatch.setattr(steps_report.RunWalk, "work", lambda walk, seen=seen: joined(walk, seen))
+            reports.append(build.build_report(open_recording(path)))
+            walkers.append(seen)
+        monkeypatch.setattr(steps_report.RunWalk, "work", real_work)
+        one, many = reports
+        for seen, side in zip(walkers, (1, build.MAX_STEP_THREADS), strict=True):  # a pool thread may join twice
+            assert sorted(seen) == ["MainThread"] + sorted(seen)[1:] and len(seen) == side + 1, seen
+            assert all(name.startswith("commtop-step-runs") for name in seen if name != "MainThread"), seen
         assert one.steps and one.groups, path.name
         assert repr(one) == repr(many), path.name  # every field (repr: NaN equals NaN there)
         assert format_table(one) == format_table(many)
-    assert pooled == [1, build.MAX_STEP_THREADS, 1, build.MAX_STEP_THREADS]
+        assert repr(steps_report.run_pass(*_walk_args(path), threads=3)) == repr(alone)
+
+
+def _walk_args(path: Path) -> tuple:
+    """What build_report hands the steps' pass of a recording: (groups, columns, sorted
+    durations, each record's group, one group)."""
+    from tui.recordings.reader import open_recording
+
+    rec = open_recording(path)
+    tables, g, sums = build._grouped(rec, reading.report_tables(rec))
+    world = len(rec.meta.get("ranks") or []) or int(rec.meta.get("world_size") or 0)
+    names = build.group_names(
+        tables.coll["rank"], tables.coll["group"], tables.hellos, world, sorted({k & 0xFFFFF for k, _, _ in g.runs})
+    )
+    recs, _ = build._sorted_records(tables, g, sums, names)
+    return g, tables.coll, recs.dur32, names.index, names.single

@@ -52,7 +52,7 @@ from tui.report.overlap_report import ab_sections, class_p50s
 from tui.report.peaks import link_peaks
 from tui.report.reading import report_columns, report_tables
 from tui.report.rows import ModeRow, Report, Row, SettingsKey, SettingsRow, StreamRow
-from tui.report.steps_report import run_pass, step_rows
+from tui.report.steps_report import RunWalk, step_rows
 from tui.report.stream_order import StreamOrder
 from tui.report.streams import GroupNames, group_names, stream_codes, stream_name
 from tui.report.telemetry import HBM_UTIL, NodeTelemetry, link_tx
@@ -62,8 +62,8 @@ from workers.wire.stats import percentiles, percentiles_and_max_sorted
 
 #: Threads at most for the epochs' sorts (numpy sorts, without the GIL).
 MAX_SORT_THREADS = 4
-#: Threads at most for the steps' pass over the (epoch, rank) runs, where more than two CPUs are
-#: usable: on two the epochs' sorts already take both (the pass on two threads was no faster).
+#: Side threads at most for the steps' pass over the (epoch, rank) runs, where more than two CPUs
+#: are usable (on two: one, beside the epochs' sorts); the main thread joins them after its sorts.
 MAX_STEP_THREADS = 4
 
 _Run = tuple[int, int, int]  # (key = epoch << 20 | rank, start, end) of one (epoch, rank) group
@@ -95,14 +95,19 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     if len(tables.copy["rank"]):  # the A/B sections read the classes in file order, the rows by group
         recs = replace(recs, ocls=recs.ocls[g.order], ofrac=recs.ofrac[g.order])
     epochs = _epochs(g.runs)
-    # the steps' pass (gathers and sorts per (epoch, rank): numpy, without the GIL) beside the epochs' sorts
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="commtop-steps") as side:
-        step_threads = worker_threads(MAX_STEP_THREADS) if usable_cpus() > 2 else 1
-        stepped = side.submit(run_pass, g, coll, recs.dur32, names.index, names.single, step_threads)
+    # the steps' pass (gathers and sorts per (epoch, rank): numpy, mostly without the GIL) on
+    # side threads beside the epochs' sorts; this thread joins it once the sorts are done
+    walk = RunWalk(g, coll, recs.dur32, names.index, names.single)
+    side_threads = worker_threads(MAX_STEP_THREADS) if usable_cpus() > 2 else 1
+    with ThreadPoolExecutor(max_workers=side_threads, thread_name_prefix="commtop-step-runs") as side:
+        walking = [side.submit(walk.work) for _ in range(side_threads)]
         orders, pure_epochs = _sort_epochs(epochs, recs)
         epoch_orders = {a: o for a, o in orders.items() if o is not None}
         base = _none_baselines(g.runs, epochs, epoch_orders, pure_epochs, recs)
-        found = stepped.result()
+        walk.work()
+        for done in walking:
+            done.result()
+    found = walk.result()
     gid_of = dict(zip((key for key, _, _ in g.runs), g.ids, strict=True))
     copies = Copies.of(tables.copy)
     ctx = Context(

@@ -11,6 +11,7 @@ its temporaries are one run's, not the recording's.
 
 from __future__ import annotations
 
+import itertools
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -67,34 +68,42 @@ class RunPass:
 _RunFound = tuple[int, int, int, np.ndarray, float, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]]
 
 
-def run_pass(
-    g: _Groups,
-    coll: dict[str, np.ndarray],
-    dur32: np.ndarray,
-    gindex: np.ndarray,
-    one_group: bool,
-    threads: int = 1,
-) -> RunPass:
-    """Walk the (epoch, rank) runs: ``dur32`` is sorted by (epoch, rank), ``coll`` in file order,
-    ``gindex`` each record's global group (file order; one value when ``one_group``).
+class RunWalk:
+    """The pass over the (epoch, rank) runs as work any number of threads can join (:meth:`work`):
+    each run is taken once, by whichever thread asks next, and :meth:`result` puts the findings
+    together in run order, as one thread would. The report starts it on a side thread beside the
+    epochs' sorts and joins it on the main thread once those are done (on two CPUs the pass was
+    the report's longest step, with the main thread waiting on it)."""
 
-    ``threads`` > 1: the runs on that many threads (each run's passes are numpy over its own
-    records, mostly without the GIL), their findings put together in run order as one thread
-    would: on a many-core host the pass was the report's longest step on one thread."""
-    step_col, start_col = coll["step"], coll["start_ns"]
+    def __init__(
+        self, g: _Groups, coll: dict[str, np.ndarray], dur32: np.ndarray, gindex: np.ndarray, one_group: bool
+    ) -> None:
+        """``dur32`` is sorted by (epoch, rank), ``coll`` in file order, ``gindex`` each record's
+        global group (file order; one value when ``one_group``)."""
+        self._g, self._coll, self._dur32, self._gindex, self._one_group = g, coll, dur32, gindex, one_group
+        self._next = itertools.count()  # next() is atomic under the GIL: each index goes to one thread
+        self._found: list[_RunFound | None] = [None] * len(g.runs)
 
-    def one(run: tuple[int, int, int]) -> _RunFound:
+    def work(self) -> None:
+        """Walk runs until none is left to take."""
+        runs = self._g.runs
+        while (i := next(self._next)) < len(runs):
+            self._found[i] = self._one(runs[i])
+
+    def _one(self, run: tuple[int, int, int]) -> _RunFound:
         _, a, b = run
-        idx = g.order[a:b]
+        idx = self._g.order[a:b]
         # np.take: a third less than fancy indexing for these mostly ascending indices
-        step, start, dur = np.take(step_col, idx), np.take(start_col, idx).astype(np.int64, copy=False), dur32[a:b]
+        step = np.take(self._coll["step"], idx)
+        start, dur = np.take(self._coll["start_ns"], idx).astype(np.int64, copy=False), self._dur32[a:b]
         span = int(window_end_ns(start[-_EDGE:], dur[-_EDGE:]).max()) - int(start[:_EDGE].min())
         busy = _busy_of_run(start, dur)
         first, dt, _ = step_boundaries(np.zeros(len(step), dtype=np.int8), step, start)
         steps_run = int(step[first[-1]] - step[first[0]])
         ns = int(start[first[-1]] - start[first[0]])
         rate = steps_run / (ns / 1e9) if steps_run > 0 and ns > 0 else math.nan
-        if one_group:
+        gindex = self._gindex
+        if self._one_group:
             parts = [(int(gindex[0]) if len(gindex) else 0, *_group_steps(step, dur, first))]
         else:
             gi = gindex[idx]
@@ -106,22 +115,41 @@ def run_pass(
                 parts.append((grp, *_group_steps(s, dur[mine], new)))
         return span, busy, len(first), np.sort(dt) / 1e6, rate, parts
 
+    def result(self) -> RunPass:
+        """What the pass found (every run walked: :meth:`work` has returned on some thread)."""
+        g = self._g
+        span = np.zeros(g.span)
+        busy = np.zeros(g.span)
+        begun = np.zeros(g.span, dtype=np.int64)
+        rate = np.full(g.span, math.nan)
+        times: dict[int, np.ndarray] = {}
+        groups: dict[int, GroupSteps] = {}
+        for (key, _, _), gid, found in zip(g.runs, g.ids, self._found, strict=True):
+            assert found is not None, "a run was not walked"
+            r_span, r_busy, r_begun, r_times, r_rate, parts = found
+            span[gid], busy[gid], begun[gid], times[gid], rate[gid] = r_span, r_busy, r_begun, r_times, r_rate
+            for grp, steps, total, counts in parts:
+                groups.setdefault(grp, GroupSteps()).add(key & 0xFFFFF, steps, total, counts)
+        return RunPass(span, busy, begun, rate, times, groups)
+
+
+def run_pass(
+    g: _Groups,
+    coll: dict[str, np.ndarray],
+    dur32: np.ndarray,
+    gindex: np.ndarray,
+    one_group: bool,
+    threads: int = 1,
+) -> RunPass:
+    """:class:`RunWalk` on ``threads`` threads (1: this one)."""
+    walk = RunWalk(g, coll, dur32, gindex, one_group)
     if threads > 1 and len(g.runs) > 1:
         with ThreadPoolExecutor(max_workers=min(threads, len(g.runs)), thread_name_prefix="commtop-step-runs") as pool:
-            found = list(pool.map(one, g.runs))
+            for done in [pool.submit(walk.work) for _ in range(min(threads, len(g.runs)))]:
+                done.result()
     else:
-        found = [one(run) for run in g.runs]
-    span = np.zeros(g.span)
-    busy = np.zeros(g.span)
-    begun = np.zeros(g.span, dtype=np.int64)
-    rate = np.full(g.span, math.nan)
-    times: dict[int, np.ndarray] = {}
-    groups: dict[int, GroupSteps] = {}
-    for (key, _, _), gid, (r_span, r_busy, r_begun, r_times, r_rate, parts) in zip(g.runs, g.ids, found, strict=True):
-        span[gid], busy[gid], begun[gid], times[gid], rate[gid] = r_span, r_busy, r_begun, r_times, r_rate
-        for grp, steps, total, counts in parts:
-            groups.setdefault(grp, GroupSteps()).add(key & 0xFFFFF, steps, total, counts)
-    return RunPass(span, busy, begun, rate, times, groups)
+        walk.work()
+    return walk.result()
 
 
 def _busy_of_run(start: np.ndarray, dur: np.ndarray) -> int:
