@@ -241,10 +241,13 @@ def _in_order(values: np.ndarray, starts: list[int]) -> tuple[np.ndarray, np.nda
     """(each part ``values[starts[i]:starts[i + 1]]`` in order, one array; the whole in order;
     the same array where there is one part), in order where the report reads them: sorted, or,
     where that is faster (:func:`_placing_is_faster`), with the values of the positions of
-    :data:`REPORT_QS`, the median and the maximum placed there. Either gives the same
-    percentiles. ``values``: non-negative finite float32."""
+    :data:`REPORT_QS`, the median and the maximum placed there (unless the values crowd into
+    a few bins: then sorted too). Either gives the same percentiles. ``values``: non-negative
+    finite float32."""
     if len(values) >= _CHOOSE_AT and _placing_is_faster():
-        return placed(values, starts, REPORT_QS)
+        found = placed(values, starts, REPORT_QS)
+        if found is not None:
+            return found
     if len(starts) == 2:
         whole = np.sort(values)
         return whole, whole

@@ -23,14 +23,20 @@ from workers.wire.stats import order_positions
 
 #: Bits of the histogram's bins: 65,536 bins over the values' bit range.
 BIN_BITS = 16
+#: The wanted bins may hold 1/CROWDED of the values (counting the whole's and each part's).
+CROWDED = 16
 
 
-def placed(values: np.ndarray, starts: Sequence[int], qs: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def placed(values: np.ndarray, starts: Sequence[int], qs: Sequence[float]) -> tuple[np.ndarray, np.ndarray] | None:
     """(each part's values with its own order positions placed, one array of the parts in
     order; the whole's values with the whole's positions placed; the same array where there is
     one part): ``values`` float32, every value non-negative and finite (the caller checks: their
     bits below 0x7F800000), parts ``values[starts[i]:starts[i + 1]]``, positions those of
-    ``qs``, the median and the maximum (:func:`~workers.wire.stats.order_positions`)."""
+    ``qs``, the median and the maximum (:func:`~workers.wire.stats.order_positions`).
+
+    None where the bins holding those positions hold more than 1/:data:`CROWDED` of the values
+    (all equal, a few distinct values, or one far outlier that makes every bin wide): picking
+    among that many costs more than a sort, which the caller then does."""
     n = len(values)
     if n == 0:
         return values.copy(), values.copy()
@@ -39,36 +45,43 @@ def placed(values: np.ndarray, starts: Sequence[int], qs: Sequence[float]) -> tu
     shift = max(0, (hi - lo).bit_length() - BIN_BITS)
     bins = ((hi - lo) >> shift) + 1
     base, sh = np.uint32(lo), np.uint32(shift)
-    bounds = list(zip(starts[:-1], starts[1:], strict=True))
-    keys = [np.right_shift(bits[a:b] - base, sh, out=np.empty(b - a, dtype=np.uint32)) for a, b in bounds]
-    hists = [np.bincount(k, minlength=bins) for k in keys]
+    parts = []  # (start, end, each value's bin, the part's histogram, its positions' bins and below)
+    for a, b in zip(starts[:-1], starts[1:], strict=True):
+        if b > a:
+            key = np.right_shift(bits[a:b] - base, sh, out=np.empty(b - a, dtype=np.uint32))
+            hist = np.bincount(key, minlength=bins)
+            parts.append((a, b, key, hist, _bins_of(hist, order_positions(b - a, qs))))
+    whole_hist = np.sum([h for _, _, _, h, _ in parts], axis=0) if len(parts) > 1 else parts[0][3]
     whole_pos = order_positions(n, qs)
-    whole_bins, whole_below = _bins_of(np.sum(hists, axis=0) if len(hists) > 1 else hists[0], whole_pos)
+    whole_bins, whole_below = _bins_of(whole_hist, whole_pos)
+    crowd = int(whole_hist[np.unique(whole_bins)].sum())
+    crowd += sum(int(h[np.unique(mine)].sum()) for _, _, _, h, (mine, _) in parts) if len(parts) > 1 else 0
+    if crowd * CROWDED > 2 * n:  # candidates for the whole and for every part: 2n at most
+        return None
     whole = values.copy()
-    if len(bounds) == 1:  # one part: it is the whole
-        idx = np.flatnonzero(_wanted(bins, whole_bins)[keys[0]])
-        _place(whole, values, 0, whole_pos, _picks(values, keys[0][idx], idx, whole_bins, whole_below, whole_pos))
+    if len(parts) == 1:  # one part: it is the whole
+        key = parts[0][2]
+        idx = np.flatnonzero(_wanted(bins, whole_bins)[key])
+        _place(whole, values, 0, whole_pos, _picks(values, key[idx], idx, whole_bins, whole_below, whole_pos))
         return whole, whole
     by_part = values.copy()
+    for_the_whole = _wanted(bins, whole_bins)
     found: list[tuple[np.ndarray, np.ndarray]] = []  # per part: its candidates for the whole
-    for (a, b), key, hist in zip(bounds, keys, hists, strict=True):
-        if b == a:
-            continue
-        pos = order_positions(b - a, qs)
-        mine, below = _bins_of(hist, pos)
+    for a, b, key, _, (mine, below) in parts:
         idx = np.flatnonzero(_wanted(bins, mine, whole_bins)[key])  # for its positions or the whole's
         their = key[idx]
-        _place(by_part, values, a, pos, _picks(values, their, idx + a, mine, below, pos))
-        for_whole = np.isin(their, whole_bins)
+        _place(
+            by_part,
+            values,
+            a,
+            order_positions(b - a, qs),
+            _picks(values, their, idx + a, mine, below, order_positions(b - a, qs)),
+        )
+        for_whole = for_the_whole[their]
         found.append((idx[for_whole] + a, their[for_whole]))
     idx = np.concatenate([i for i, _ in found])
-    _place(
-        whole,
-        values,
-        0,
-        whole_pos,
-        _picks(values, np.concatenate([k for _, k in found]), idx, whole_bins, whole_below, whole_pos),
-    )
+    keys = np.concatenate([k for _, k in found])
+    _place(whole, values, 0, whole_pos, _picks(values, keys, idx, whole_bins, whole_below, whole_pos))
     return by_part, whole
 
 
@@ -90,14 +103,23 @@ def _bins_of(hist: np.ndarray, positions: list[int]) -> tuple[np.ndarray, np.nda
 def _picks(
     values: np.ndarray, keys: np.ndarray, idx: np.ndarray, bins: np.ndarray, below: np.ndarray, positions: list[int]
 ) -> np.ndarray:
-    """The index in ``values`` of the value at each sorted position: of the candidates ``idx``
-    (in bins ``keys``) in the position's bin, ordered by (value, index), the one at the
-    position's rank within its bin."""
+    """The index in ``values`` of the value at each sorted position, each a different one: of
+    the candidates ``idx`` (in bins ``keys``) in the position's bin, the one at the position's
+    rank within its bin: any of them where the bin's values are all equal (a duration the
+    clock rounds to one value, say), else by a partition of its values at the ranks wanted
+    there (distinct indices at distinct ranks). A bin of many different values costs a
+    partition of them, never a sort."""
     out = np.empty(len(positions), dtype=np.intp)
-    for i, (b, p, under) in enumerate(zip(bins.tolist(), positions, below.tolist(), strict=True)):
+    ranks = np.asarray(positions, dtype=np.intp) - below
+    for b in np.unique(bins).tolist():
+        at = np.flatnonzero(bins == b)
         mine = idx[keys == b]
-        order = np.lexsort((mine, values[mine]))  # by value, ties by index: one element per rank
-        out[i] = mine[order[p - under]]
+        kth = ranks[at]
+        vals = values[mine]
+        if vals.min() == vals.max():
+            out[at] = mine[kth]
+        else:
+            out[at] = mine[np.argpartition(vals, kth)[kth]]
     return out
 
 
