@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -216,13 +217,24 @@ def _combo_codes(op: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, list[i
     return inverse.astype(np.int32).ravel(), uniq.tolist()
 
 
-@functools.cache
+#: The epochs' sorts ask from several threads at once: one times, the others wait for it.
+_CHOOSING = threading.Lock()
+
+
 def _placing_is_faster() -> bool:
     """Whether placing the values at the report's percentile positions through a histogram
     (:func:`tui.report.placed.placed`) beats numpy's sort of float32 on this machine, timed
     once per process on 2^16 scrambled values (~3 ms). numpy's sort is a SIMD sort; on an
-    AVX-512 Xeon it beat a partition 4x at 10 M values, on the 2-core AMD EPYC VM it runs at
-    ~37 ns a value (placing: ~8). The results are the same either way."""
+    AVX-512 Xeon it beat a partition 4x at 10 M values (an H100 host, numpy 2.5.2: sort ~10-13
+    ns a value, placing ~12-19), on the 2-core AMD EPYC VM it runs at ~37 ns a value (placing:
+    ~8). The results are the same either way."""
+    with _CHOOSING:
+        return _timed_choice()
+
+
+@functools.cache
+def _timed_choice() -> bool:
+    """:func:`_placing_is_faster`'s timing, once per process."""
     values = ((np.arange(1 << 16, dtype=np.uint32) * np.uint32(2654435761)) >> np.uint32(8)).astype(np.float32)
     starts = [0, len(values)]
 
