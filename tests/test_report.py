@@ -798,7 +798,7 @@ def test_the_steps_pass_on_several_threads_gives_the_report_of_one_thread(tmp_pa
         real_work(walk)
 
     for path in (loop, job):
-        alone = steps_report.run_pass(*_walk_args(path))  # one thread, no pool
+        alone = _walked(path, threads=0)  # this thread alone
         reports, walkers = [], []
         for cpus in (2, 16):
             for module in (build, bulk):
@@ -815,7 +815,22 @@ def test_the_steps_pass_on_several_threads_gives_the_report_of_one_thread(tmp_pa
         assert one.steps and one.groups, path.name
         assert repr(one) == repr(many), path.name  # every field (repr: NaN equals NaN there)
         assert format_table(one) == format_table(many)
-        assert repr(steps_report.run_pass(*_walk_args(path), threads=3)) == repr(alone)
+        assert repr(_walked(path, threads=3)) == repr(alone)
+
+
+def _walked(path: Path, threads: int):  # type: ignore[no-untyped-def]
+    """The steps' pass of a recording walked by ``threads`` pool threads and this one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tui.report import steps_report
+
+    walk = steps_report.RunWalk(*_walk_args(path))
+    with ThreadPoolExecutor(max_workers=max(threads, 1)) as pool:
+        walking = [pool.submit(walk.work) for _ in range(threads)]
+        walk.work()
+        for done in walking:
+            done.result()
+    return walk.result()
 
 
 def _walk_args(path: Path) -> tuple:

@@ -30,14 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standing"))
 from tui import cli  # noqa: E402
 from tui.recordings import bulk, compression  # noqa: E402
 from tui.recordings.reader import open_recording  # noqa: E402
-from tui.report import build, command  # noqa: E402
+from tui.report import build, command, steps_report  # noqa: E402
 
 wall: collections.Counter[str] = collections.Counter()
 cpu: collections.Counter[str] = collections.Counter()
 
 PHASES: dict[Any, tuple[str, ...]] = {
     command: ("report_tables", "build_report", "format_json"),
-    build: ("run_pass", "_sort_epochs", "_sorted_records", "group_rows", "epoch_rows", "step_rows"),
+    build: ("_sort_epochs", "_sorted_records", "group_rows", "epoch_rows", "step_rows"),
+    steps_report.RunWalk: ("work",),  # summed over the threads that join the walk
     bulk: ("decode_ints", "_columns", "_read_all", "_bad_counts"),
 }
 

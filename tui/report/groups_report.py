@@ -6,7 +6,7 @@ arrived last waited least. Per step, the rank whose collectives of that group to
 all is the step's last arrival; over the steps in which every rank of the group recorded the
 same number of its collectives, the rank most often last is the straggler when clearly so
 (:func:`tui.model.skew.clearly_last`, the live view's test). The per-(rank, step) sums come
-from the step pass (:func:`tui.report.steps_report.run_pass`); past SAMPLE_CELLS (steps x
+from the step pass (:class:`tui.report.steps_report.RunWalk`); past SAMPLE_CELLS (steps x
 ranks) every k-th step is compared.
 """
 

@@ -4,7 +4,8 @@ that belong at the report's percentile positions put there, found through a hist
 The report reads a few positions of each sorted array (p50, p90, p99 and the maximum:
 :func:`workers.wire.stats.order_positions`). For non-negative finite float32 the order of the
 values is the order of their bits, so a histogram of the bits' high part says which bin holds
-each wanted position; only the values of those few bins are sorted. Per rank one pass builds
+each wanted position; only the values of those few bins are ordered (partitioned at the ranks
+wanted in them). Per rank one pass builds
 its histogram and one picks its candidates; the epoch's histogram is the sum of its ranks', so
 the epoch needs no pass of its own. The arrays returned are permutations of the values (a
 percentile that falls back to numpy reads them as any order); the values at the wanted
@@ -45,12 +46,13 @@ def placed(values: np.ndarray, starts: Sequence[int], qs: Sequence[float]) -> tu
     shift = max(0, (hi - lo).bit_length() - BIN_BITS)
     bins = ((hi - lo) >> shift) + 1
     base, sh = np.uint32(lo), np.uint32(shift)
-    parts = []  # (start, end, each value's bin, the part's histogram, its positions' bins and below)
+    parts = []  # (start, its positions, each value's bin, its histogram, its positions' bins and below)
     for a, b in zip(starts[:-1], starts[1:], strict=True):
         if b > a:
             key = np.right_shift(bits[a:b] - base, sh, out=np.empty(b - a, dtype=np.uint32))
             hist = np.bincount(key, minlength=bins)
-            parts.append((a, b, key, hist, _bins_of(hist, order_positions(b - a, qs))))
+            pos = order_positions(b - a, qs)
+            parts.append((a, pos, key, hist, _bins_of(hist, pos)))
     whole_hist = np.sum([h for _, _, _, h, _ in parts], axis=0) if len(parts) > 1 else parts[0][3]
     whole_pos = order_positions(n, qs)
     whole_bins, whole_below = _bins_of(whole_hist, whole_pos)
@@ -67,16 +69,10 @@ def placed(values: np.ndarray, starts: Sequence[int], qs: Sequence[float]) -> tu
     by_part = values.copy()
     for_the_whole = _wanted(bins, whole_bins)
     found: list[tuple[np.ndarray, np.ndarray]] = []  # per part: its candidates for the whole
-    for a, b, key, _, (mine, below) in parts:
+    for a, pos, key, _, (mine, below) in parts:
         idx = np.flatnonzero(_wanted(bins, mine, whole_bins)[key])  # for its positions or the whole's
         their = key[idx]
-        _place(
-            by_part,
-            values,
-            a,
-            order_positions(b - a, qs),
-            _picks(values, their, idx + a, mine, below, order_positions(b - a, qs)),
-        )
+        _place(by_part, values, a, pos, _picks(values, their, idx + a, mine, below, pos))
         for_whole = for_the_whole[their]
         found.append((idx[for_whole] + a, their[for_whole]))
     idx = np.concatenate([i for i, _ in found])

@@ -4,7 +4,7 @@ groups' stragglers.
 Per settings epoch and rank (and all ranks): steps/s, step time p50/p99, time in collectives per
 step, copies per step by direction and host memory, and the collectives that ran during copies
 per step. The rules are :mod:`tui.model.steps`' (a step starts at its first collective on a
-rank; a step time needs both steps on that rank). :func:`run_pass` walks the (epoch, rank) runs
+rank; a step time needs both steps on that rank). :class:`RunWalk` walks the (epoch, rank) runs
 of the records sorted by (epoch, rank) one at a time (a rank's records come in issue order), so
 its temporaries are one run's, not the recording's.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -131,25 +130,6 @@ class RunWalk:
             for grp, steps, total, counts in parts:
                 groups.setdefault(grp, GroupSteps()).add(key & 0xFFFFF, steps, total, counts)
         return RunPass(span, busy, begun, rate, times, groups)
-
-
-def run_pass(
-    g: _Groups,
-    coll: dict[str, np.ndarray],
-    dur32: np.ndarray,
-    gindex: np.ndarray,
-    one_group: bool,
-    threads: int = 1,
-) -> RunPass:
-    """:class:`RunWalk` on ``threads`` threads (1: this one)."""
-    walk = RunWalk(g, coll, dur32, gindex, one_group)
-    if threads > 1 and len(g.runs) > 1:
-        with ThreadPoolExecutor(max_workers=min(threads, len(g.runs)), thread_name_prefix="commtop-step-runs") as pool:
-            for done in [pool.submit(walk.work) for _ in range(min(threads, len(g.runs)))]:
-                done.result()
-    else:
-        walk.work()
-    return walk.result()
 
 
 def _busy_of_run(start: np.ndarray, dur: np.ndarray) -> int:
