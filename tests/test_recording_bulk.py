@@ -162,6 +162,30 @@ def test_chunks_read_on_several_threads_are_the_chunks_read_on_one(tmp_path: Pat
     assert len(threads) == min(cpus, bulk.MAX_READ_THREADS)
 
 
+@pytest.mark.parametrize("cpus", [2, 16])
+def test_columns_decoded_in_pieces_on_several_threads_are_the_columns_decoded_on_one(
+    tmp_path: Path, monkeypatch, cpus: int
+) -> None:
+    """With the piece threshold at 0 every stored column decodes as one run of chunks per thread,
+    each into its slice of the column: the tables are still the per-chunk decoder's."""
+    path = tmp_path / "run.commtop"
+    write_recording(path, list(synth_run(duration_s=3.0, world=4)), chunk_s=0.05)
+    _threaded_decode(monkeypatch, cpus)
+    monkeypatch.setattr(bulk, "PIECE_RECORDS", 0)
+    into: list[int] = []
+    decode_ints = bulk.decode_ints
+
+    def counting(encs, width=8, out=None):  # type: ignore[no-untyped-def]
+        if out is not None:
+            into.append(len(out))
+        return decode_ints(encs, width, out)
+
+    monkeypatch.setattr(bulk, "decode_ints", counting)
+    assert_bulk_is_by_chunk(path)
+    threads = min(cpus, bulk.MAX_COLUMN_THREADS)
+    assert len(into) > threads and len(set(into)) > 1
+
+
 def _threaded_decode(monkeypatch, cpus: int = 2) -> None:
     """Every part takes the threaded decode (and with it the early grouping), on any machine."""
     monkeypatch.setattr(bulk, "PARALLEL_RECORDS", 0)
@@ -337,6 +361,56 @@ def test_decode_ints_is_the_per_chunk_decoder_modulo_the_width(chunks, delta: bo
     got = bulk.decode_ints(checked, width)  # type: ignore[arg-type]
     assert got.dtype.itemsize == width
     assert got.tobytes() == want.astype(got.dtype).tobytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    chunks=st.lists(
+        st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-300, 300), min_size=0, max_size=40),
+        min_size=1,
+        max_size=6,
+    ),
+    delta=st.booleans(),
+    width=st.sampled_from([1, 2, 4, 8]),
+    cut=st.integers(0, 6),
+)
+def test_runs_of_chunks_decoded_into_their_slices_are_the_column(chunks, delta: bool, width: int, cut: int) -> None:
+    """A column decoded in pieces (two runs of chunks, each into its slice of one array that
+    held other bytes) is the column decoded whole: a chunk's first value is stored whole."""
+    encs = [bulk._enc(_enc_int(np.array(values, dtype=np.int64), delta), int(delta)) for values in chunks]
+    whole = bulk.decode_ints(encs, width)  # type: ignore[arg-type]
+    cut = min(cut, len(encs))
+    at = sum(e[5] for e in encs[:cut])  # type: ignore[index]
+    out = np.full(len(whole), 0xA5, dtype=whole.dtype)
+    one = bulk.decode_ints(encs[:cut], width, out[:at])  # type: ignore[arg-type]
+    two = bulk.decode_ints(encs[cut:], width, out[at:])  # type: ignore[arg-type]
+    assert np.shares_memory(one, out) or at == 0
+    assert np.shares_memory(two, out) or at == len(out)
+    assert out.tobytes() == whole.tobytes()
+
+
+def test_decode_ints_refuses_an_out_of_another_size() -> None:
+    enc = bulk._enc(_enc_int(np.arange(10, dtype=np.int64), True), 1)
+    with pytest.raises(ValueError, match="not 10 x 8"):
+        bulk.decode_ints([enc], 8, np.empty(9, dtype=np.uint64))  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="not 10 x 4"):
+        bulk.decode_ints([enc], 4, np.empty(10, dtype=np.uint64))  # type: ignore[list-item]
+
+
+@settings(max_examples=200, deadline=None)
+@given(records=st.lists(st.integers(0, 1000), min_size=0, max_size=50), count=st.integers(1, 8))
+def test_pieces_cover_every_chunk_in_order_in_about_equal_runs(records: list[int], count: int) -> None:
+    pieces = bulk._pieces(records, count)
+    assert len(pieces) <= count
+    ends = np.cumsum([0, *records]).tolist()
+    at = 0
+    for a, b, ra, rb in pieces:
+        assert a == at and b > a and (ra, rb) == (ends[a], ends[b])
+        at = b
+    assert at == len(records)
+    total = sum(records)
+    if total:  # a run ends at the first chunk reaching its share, so no run holds more than a share and a chunk
+        assert all(rb - ra <= -(-total // count) + max(records) for _, _, ra, rb in pieces)
 
 
 @pytest.mark.parametrize("damaged", [False, True])

@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Protocol
 
 import numpy as np
@@ -86,28 +87,41 @@ def _enc(value: Any, delta: int) -> Enc | None:
     return value  # type: ignore[no-any-return]
 
 
-def decode_ints(encs: Sequence[Enc], width: int = 8) -> np.ndarray:
+def decode_ints(encs: Sequence[Enc], width: int = 8, out: np.ndarray | None = None) -> np.ndarray:
     """The values of one column over many chunks (all delta, or all plain), in order: what
     ``codec._dec_int`` gives for each, concatenated, modulo 2**(8*width) as unsigned
-    ``width``-byte ints (the per-chunk decoder's int64 wraps, so its low bytes are these).
+    ``width``-byte ints (the per-chunk decoder's int64 wraps, so its low bytes are these);
+    written into ``out`` (a contiguous array of as many ``width``-byte items) when given.
 
     Every chunk's byte planes are joined into the output (a chunk's first value left 0 for
     a delta column), the bases added, each chunk's first replaced by its step from the previous
-    chunk's last value, and one cumsum over the whole column restores the values."""
+    chunk's last value, and one cumsum over the whole column restores the values. A chunk's
+    first value is stored whole, so any run of chunks decodes on its own (:func:`_pieces`)."""
     dtype = _UINT[width]
     encs = [e for e in encs if e[5]]
+    total = sum(e[5] for e in encs)
+    if out is not None:
+        if out.itemsize != width or len(out) != total or not out.flags.c_contiguous:
+            raise ValueError(f"out holds {len(out)} x {out.itemsize} bytes, not {total} x {width}")
+        out = out.view(dtype)
     if not encs:
-        return np.zeros(0, dtype=dtype)
+        return np.zeros(0, dtype=dtype) if out is None else out
     delta = encs[0][0]
     ns = [e[5] for e in encs]
-    total = sum(ns)
     stored = max(e[3] for e in encs)
     mask = (1 << 8 * width) - 1  # two's complement, modulo the width
     bases = [e[2] & mask for e in encs]
     firsts = [e[1] & mask for e in encs]
     if stored == 0 and not any(bases if delta else ()):  # constant in each chunk
-        return np.repeat(np.array(firsts if delta else bases, dtype=dtype), ns)
-    out = np.zeros(total, dtype=dtype) if stored < width else np.empty(total, dtype=dtype)
+        values = np.repeat(np.array(firsts if delta else bases, dtype=dtype), ns)
+        if out is None:
+            return values
+        out[:] = values
+        return out
+    if out is None:
+        out = np.zeros(total, dtype=dtype) if stored < width else np.empty(total, dtype=dtype)
+    elif stored < width:
+        out.fill(0)
     planes = out.view(np.uint8).reshape(total, width)
     lead = memoryview(bytes(1))[:delta]  # the first value's slot of a delta chunk
     zero = memoryview(bytes(max(ns)))
@@ -223,6 +237,8 @@ def _needed(codecs: dict[str, str], wanted: Sequence[str] | None) -> set[str]:
 BLOCK = 1 << 18
 #: Records of a part from which its stored columns decode on several threads (below, threads cost more than they save).
 PARALLEL_RECORDS = 1 << 16
+#: Records per piece at least where a column is decoded in pieces on several threads.
+PIECE_RECORDS = 1 << 18
 #: Threads at most for the columns' decode (memory-bound numpy passes, without the GIL).
 MAX_COLUMN_THREADS = 4
 
@@ -267,31 +283,45 @@ def _columns(
     having = [c.parts[name] for c in chunks if name in c.parts]
     stored = [col for col, codec in codecs.items() if col in need and codec in ("d", "p", "f", "h")]
 
-    def decode(col: str) -> np.ndarray:
-        encs = [h["cols"][col] for h in having]
-        if codecs[col] == "f":
-            return decode_ints(encs, 4).view(np.float32)
-        if codecs[col] == "h":
-            return decode_ints(encs).view(np.int64)
-        dtype = np.dtype(schema[col])
-        return decode_ints(encs, dtype.itemsize).view(dtype)
+    def width(col: str) -> int:
+        return 4 if codecs[col] == "f" else 8 if codecs[col] == "h" else np.dtype(schema[col]).itemsize
+
+    def dtype(col: str) -> np.dtype:
+        return np.dtype(np.float32 if codecs[col] == "f" else np.int64 if codecs[col] == "h" else schema[col])
 
     ranks = decode_ints([h["meta"]["rank"] for h in having]).view(np.int64)  # one per batch
     cols: dict[str, np.ndarray] = {"rank": np.repeat(ranks.astype(RANK_DTYPE), counts)}
     done: dict[str, np.ndarray] = {}
     grouped: Future[Any] | None = None
-    if len(stored) > 1 and int(counts.sum()) >= PARALLEL_RECORDS and usable_cpus() > 1:
-        if group_by is not None and side is not None and "epoch" in stored:
-            done["epoch"] = decode("epoch")
-            grouped = side.submit(group_by, done["epoch"], cols["rank"], counts)
-        # the widest first, so that the threads end together
-        rest = [col for col in stored if col not in done]
-        widest = sorted(rest, key=lambda col: -max((h["cols"][col][3] for h in having), default=0))
+    records = int(counts.sum())
+    if len(stored) > 1 and records >= PARALLEL_RECORDS and usable_cpus() > 1:
         threads = worker_threads(MAX_COLUMN_THREADS)
+        pieces = _pieces(
+            [h["cols"][stored[0]][5] for h in having], threads if records >= PIECE_RECORDS * threads else 1
+        )
+        # the epochs first (the grouping waits for them), then the widest, so that the threads end together
+        first = ["epoch"] if group_by is not None and side is not None and "epoch" in stored else []
+        widest = sorted(
+            (col for col in stored if col not in first),
+            key=lambda col: -max((h["cols"][col][3] for h in having), default=0),
+        )
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="commtop-columns") as pool:
-            done.update(zip(widest, pool.map(decode, widest), strict=True))
+            tasks: dict[str, list[Future[Any]]] = {}
+            for col in [*first, *widest]:
+                done[col] = np.empty(records, dtype=dtype(col))
+                tasks[col] = [
+                    pool.submit(decode_ints, [h["cols"][col] for h in having[a:b]], width(col), done[col][ra:rb])
+                    for a, b, ra, rb in pieces
+                ]
+            if first and group_by is not None and side is not None:
+                for task in tasks["epoch"]:
+                    task.result()
+                grouped = side.submit(group_by, done["epoch"], cols["rank"], counts)
+            for col in widest:
+                for task in tasks[col]:
+                    task.result()
     else:
-        done = {col: decode(col) for col in stored}
+        done = {col: decode_ints([h["cols"][col] for h in having], width(col)).view(dtype(col)) for col in stored}
     for col, codec in codecs.items():  # dict order puts every dependency first
         if col not in need:
             continue
@@ -312,6 +342,18 @@ def _columns(
                 bits[a : a + BLOCK] ^= _f32_bits(_recomputed(codec, part, f))
             cols[col] = bits.view(np.float32)
     return cols, grouped
+
+
+def _pieces(records: list[int], count: int) -> list[tuple[int, int, int, int]]:
+    """``count`` runs of chunks of about as many records each: (first chunk, end chunk, first
+    record, end record). One long column on several threads: the widest (start_ns) alone
+    was the columns' critical path on a host whose other threads had run out of columns."""
+    ends = np.cumsum(records, dtype=np.int64)
+    total = int(ends[-1]) if len(ends) else 0
+    cuts = sorted({0, len(records), *(int(np.searchsorted(ends, total * k // count)) + 1 for k in range(1, count))})
+    cuts = [min(c, len(records)) for c in cuts]
+    bounds = [0, *ends.tolist()]
+    return [(a, b, bounds[a], bounds[b]) for a, b in pairwise(cuts) if b > a]
 
 
 def _segment_sums(values: np.ndarray, sizes: list[int]) -> np.ndarray:
