@@ -343,16 +343,16 @@ def test_a_chunk_with_counts_its_prefix_does_not_claim(tmp_path: Path) -> None:
     assert_bulk_is_by_chunk(path)
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    chunks=st.lists(
-        st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-300, 300), min_size=0, max_size=40),
-        min_size=1,
-        max_size=6,
-    ),
-    delta=st.booleans(),
-    width=st.sampled_from([1, 2, 4, 8]),
+#: A column's values in up to 6 chunks: any int64 (wrapping deltas), and small ones (narrow widths).
+COLUMN_CHUNKS = st.lists(
+    st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-300, 300), min_size=0, max_size=40),
+    min_size=1,
+    max_size=6,
 )
+
+
+@settings(max_examples=200, deadline=None)
+@given(chunks=COLUMN_CHUNKS, delta=st.booleans(), width=st.sampled_from([1, 2, 4, 8]))
 def test_decode_ints_is_the_per_chunk_decoder_modulo_the_width(chunks, delta: bool, width: int) -> None:
     encs = [_enc_int(np.array(values, dtype=np.int64), delta) for values in chunks]
     want = np.concatenate([_dec_int(e) for e in encs]) if encs else np.zeros(0, dtype=np.int64)
@@ -364,16 +364,7 @@ def test_decode_ints_is_the_per_chunk_decoder_modulo_the_width(chunks, delta: bo
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    chunks=st.lists(
-        st.lists(st.integers(-(2**63), 2**63 - 1) | st.integers(-300, 300), min_size=0, max_size=40),
-        min_size=1,
-        max_size=6,
-    ),
-    delta=st.booleans(),
-    width=st.sampled_from([1, 2, 4, 8]),
-    cut=st.integers(0, 6),
-)
+@given(chunks=COLUMN_CHUNKS, delta=st.booleans(), width=st.sampled_from([1, 2, 4, 8]), cut=st.integers(0, 6))
 def test_runs_of_chunks_decoded_into_their_slices_are_the_column(chunks, delta: bool, width: int, cut: int) -> None:
     """A column decoded in pieces (two runs of chunks, each into its slice of one array that
     held other bytes) is the column decoded whole: a chunk's first value is stored whole."""
