@@ -380,6 +380,17 @@ def test_runs_of_chunks_decoded_into_their_slices_are_the_column(chunks, delta: 
     assert out.tobytes() == whole.tobytes()
 
 
+@pytest.mark.parametrize("delta", [False, True])
+@pytest.mark.parametrize("values", [[[5, 5], [5], [5, 5, 5]], [[5, 5], [7], [-1, -1, -1]]])
+def test_chunks_of_one_value_each_fill_their_slice(values: list[list[int]], delta: bool) -> None:
+    """Chunks stored as no bytes (one value each: the same in all, or not) written into ``out``."""
+    encs = [bulk._enc(_enc_int(np.array(v, dtype=np.int64), delta), int(delta)) for v in values]
+    assert all(e is not None and e[3] == 0 for e in encs)
+    out = np.full(6, 0xA5, dtype=np.uint64)
+    bulk.decode_ints(encs, 8, out)  # type: ignore[arg-type]
+    assert out.view(np.int64).tolist() == [x for v in values for x in v]
+
+
 def test_decode_ints_refuses_an_out_of_another_size() -> None:
     enc = bulk._enc(_enc_int(np.arange(10, dtype=np.int64), True), 1)
     with pytest.raises(ValueError, match="not 10 x 8"):

@@ -113,10 +113,14 @@ def decode_ints(encs: Sequence[Enc], width: int = 8, out: np.ndarray | None = No
     bases = [e[2] & mask for e in encs]
     firsts = [e[1] & mask for e in encs]
     if stored == 0 and not any(bases if delta else ()):  # constant in each chunk
-        values = np.repeat(np.array(firsts if delta else bases, dtype=dtype), ns)
+        values = firsts if delta else bases
         if out is None:
-            return values
-        out[:] = values
+            return np.repeat(np.array(values, dtype=dtype), ns)
+        if min(values) == max(values):  # one pass, no full-size temporary
+            out.fill(values[0])
+        else:
+            for a, n, value in zip(np.cumsum([0, *ns[:-1]]).tolist(), ns, values, strict=True):
+                out[a : a + n] = value
         return out
     if out is None:
         out = np.zeros(total, dtype=dtype) if stored < width else np.empty(total, dtype=dtype)
