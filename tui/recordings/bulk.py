@@ -280,7 +280,8 @@ def _columns(
 
     The stored columns decode on 2 to MAX_COLUMN_THREADS threads (numpy copies and sums
     without the GIL, the joins of byte planes with it, so one column's numpy runs while
-    another's joins); the columns computed from others follow, in order. With ``group_by``
+    another's joins), a long part's columns in pieces, one run of chunks per thread, each into
+    its slice of the column; the columns computed from others follow, in order. With ``group_by``
     (and ``side``, its thread), the epochs and the per-record ranks come first and
     ``group_by(epoch, rank, records per batch)`` runs on ``side`` while the rest decode: the
     report's grouping, its longest step on one thread, no longer waits for every column."""
