@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from per_chunk_tables import tables_by_chunk
 from recording_synth import T0, synth_run, telem, write_recording
 
-from tui.recordings import bulk
+from tui.recordings import bulk, int_columns
 from tui.recordings.codec import (
     CHUNK,
     CHUNK_PREFIX,
@@ -358,7 +358,7 @@ def test_decode_ints_is_the_per_chunk_decoder_modulo_the_width(chunks, delta: bo
     want = np.concatenate([_dec_int(e) for e in encs]) if encs else np.zeros(0, dtype=np.int64)
     checked = [bulk._enc(e, int(delta)) for e in encs]
     assert all(c is not None for c in checked)
-    got = bulk.decode_ints(checked, width)  # type: ignore[arg-type]
+    got = int_columns.decode_ints(checked, width)  # type: ignore[arg-type]
     assert got.dtype.itemsize == width
     assert got.tobytes() == want.astype(got.dtype).tobytes()
 
@@ -369,12 +369,12 @@ def test_runs_of_chunks_decoded_into_their_slices_are_the_column(chunks, delta: 
     """A column decoded in pieces (two runs of chunks, each into its slice of one array that
     held other bytes) is the column decoded whole: a chunk's first value is stored whole."""
     encs = [bulk._enc(_enc_int(np.array(values, dtype=np.int64), delta), int(delta)) for values in chunks]
-    whole = bulk.decode_ints(encs, width)  # type: ignore[arg-type]
+    whole = int_columns.decode_ints(encs, width)  # type: ignore[arg-type]
     cut = min(cut, len(encs))
     at = sum(e[5] for e in encs[:cut])  # type: ignore[index]
     out = np.full(len(whole), 0xA5, dtype=whole.dtype)
-    one = bulk.decode_ints(encs[:cut], width, out[:at])  # type: ignore[arg-type]
-    two = bulk.decode_ints(encs[cut:], width, out[at:])  # type: ignore[arg-type]
+    one = int_columns.decode_ints(encs[:cut], width, out[:at])  # type: ignore[arg-type]
+    two = int_columns.decode_ints(encs[cut:], width, out[at:])  # type: ignore[arg-type]
     assert np.shares_memory(one, out) or at == 0
     assert np.shares_memory(two, out) or at == len(out)
     assert out.tobytes() == whole.tobytes()
@@ -387,22 +387,22 @@ def test_chunks_of_one_value_each_fill_their_slice(values: list[list[int]], delt
     encs = [bulk._enc(_enc_int(np.array(v, dtype=np.int64), delta), int(delta)) for v in values]
     assert all(e is not None and e[3] == 0 for e in encs)
     out = np.full(6, 0xA5, dtype=np.uint64)
-    bulk.decode_ints(encs, 8, out)  # type: ignore[arg-type]
+    int_columns.decode_ints(encs, 8, out)  # type: ignore[arg-type]
     assert out.view(np.int64).tolist() == [x for v in values for x in v]
 
 
 def test_decode_ints_refuses_an_out_of_another_size() -> None:
     enc = bulk._enc(_enc_int(np.arange(10, dtype=np.int64), True), 1)
     with pytest.raises(ValueError, match="not 10 x 8"):
-        bulk.decode_ints([enc], 8, np.empty(9, dtype=np.uint64))  # type: ignore[list-item]
+        int_columns.decode_ints([enc], 8, np.empty(9, dtype=np.uint64))  # type: ignore[list-item]
     with pytest.raises(ValueError, match="not 10 x 4"):
-        bulk.decode_ints([enc], 4, np.empty(10, dtype=np.uint64))  # type: ignore[list-item]
+        int_columns.decode_ints([enc], 4, np.empty(10, dtype=np.uint64))  # type: ignore[list-item]
 
 
 @settings(max_examples=200, deadline=None)
 @given(records=st.lists(st.integers(0, 1000), min_size=0, max_size=50), count=st.integers(1, 8))
 def test_pieces_cover_every_chunk_in_order_in_about_equal_runs(records: list[int], count: int) -> None:
-    pieces = bulk._pieces(records, count)
+    pieces = int_columns.runs_of_chunks(records, count)
     assert len(pieces) <= count
     ends = np.cumsum([0, *records]).tolist()
     at = 0
