@@ -4,6 +4,9 @@ process group (named through the rank's Hello), op, dtype and size, and no rank 
 
 * tests/jobs/two_groups.py: two process groups, ten ops, three sizes, two dtypes; the expected
   counts come from the job's own logic;
+* tests/jobs/pipeline_p2p.py: a pipeline's isend / irecv / batch_isend_irecv, one irecv waited
+  only after a later all_reduce; every one in the recording as a send or recv, timed to the
+  job's own wait();
 * examples/train_fsdp2.py: FSDP2 (``fully_shard``) on gloo; the expected counts come from
   torch.profiler in the same job (every c10d op the dispatcher ran, with its shapes),
   independently of commtop's wrappers.
@@ -151,5 +154,42 @@ def test_a_device_mesh_job_is_captured(monkeypatch, capsys) -> None:
         for rank, hello in hellos.items():
             assert recorded(tables, rank, hello) == expected(prefix, rank)
             assert hello.backend == "gloo/cpu" and hello.lost == 0
+    finally:
+        shutil.rmtree(counts, ignore_errors=True)
+
+
+def test_a_pipelines_isend_irecv_and_batch_isend_irecv_are_each_recorded(monkeypatch, capsys) -> None:
+    """gloo finishes a non-blocking send or recv only in the job's own wait(): each still comes
+    once, as a send or recv with its size, and the one waited late lasts past the all_reduce
+    issued before its wait."""
+    counts = tempfile.mkdtemp(prefix="cm-counts-", dir="/tmp")
+    prefix = f"{counts}/p2p"
+    try:
+        steps = 4
+        job = [str(REPO / "tests" / "jobs" / "pipeline_p2p.py"), "--steps", str(steps), "--counts", prefix]
+        tables = run_recorded(monkeypatch, capsys, job)
+        hellos = last_hellos(tables)
+        assert sorted(hellos) == [0, 1]
+        coll = tables.coll
+        for rank, hello in hellos.items():
+            want = expected(prefix, rank)
+            assert recorded(tables, rank, hello) == want
+            ops = collections.Counter({op: 0 for op in ("send", "recv")})
+            for (_g, op, _dt, _nb), n in want.items():
+                ops[op] += n
+            assert ops["send"] == ops["recv"] == 5 * steps
+            assert hello.lost == 0 and hello.dropped == 0
+            # per step: isend, irecv, irecv (waited late), all_reduce, isend, 2 x (isend, irecv), isend,
+            # irecv (any source), all_reduce
+            mine = coll["rank"] == rank
+            order = np.argsort(coll["iteration"][mine])
+            it_op = [OPS[o] for o in coll["op"][mine][order].tolist()]
+            per_step = ["send", "recv", "recv", "all_reduce", "send", "send", "recv", "send", "recv", "send", "recv"]
+            assert it_op == (per_step + ["all_reduce"]) * steps
+            start = coll["start_ns"][mine][order]
+            end = start + (coll["dur_us"][mine][order] * 1e3).astype(np.int64)
+            late, reduce = 2, 3
+            for s in range(steps):  # the late irecv ends at its wait, after the all_reduce
+                assert end[s * 12 + late] >= end[s * 12 + reduce]
     finally:
         shutil.rmtree(counts, ignore_errors=True)

@@ -618,6 +618,18 @@ def test_cuda_branch_ends_async_collectives_on_the_private_stream_and_never_wait
     }
 
 
+def test_isend_and_irecv_of_cuda_tensors_are_left_to_the_flight_recorder(run) -> None:
+    """NCCL's non-blocking point-to-point is not timed by the Python hooks (coalesced in
+    batch_isend_irecv, its Works are not the ones waited on): no token, no iteration taken,
+    so no gap; a CPU tensor's is timed to the job's wait (tests/test_wait_hook.py)."""
+    mon = monitor.start(run.path, sampler=False, batch_ms=60_000.0)
+    assert {"ProcessGroup.send", "ProcessGroup.recv"} <= set(monitor.patch_distributed())
+    for name in ("send", "recv"):
+        spec = monitor_patch.method_spec(name)
+        assert mon.coll_begin(spec, (dist.group.WORLD, [FakeCudaTensor()], 0, 0), {}) is None
+    assert mon.timers.iteration == 0 and mon.on
+
+
 def test_gpu_records_still_in_flight_at_close_are_counted_lost_not_dropped(run) -> None:
     """A rank stopped while a kernel holds its last collectives (H100: 148 never sent, ``lost 0``):
     what never finished is counted in the last Hello."""

@@ -5,7 +5,9 @@ The public collective functions of ``torch.distributed`` are replaced (in
 that bound one at its import, :func:`rebind`; callers look them up at call time: FSDP, DDP
 comm hooks, DTensor, user code) by thin wrappers that call the original
 and hand ``(op, main tensor, bytes, group)`` to the active monitor. With no monitor, or a
-disabled one, a wrapper costs one global read and one attribute read.
+disabled one, a wrapper costs one global read and one attribute read. Non-blocking
+point-to-point (isend, irecv, batch_isend_irecv) is wrapped one level down, on the
+ProcessGroup class (METHODS).
 
 Bytes follow nccl-tests (S = total gathered/reduced size for all_gather/reduce_scatter),
 so busbw compares with nccl-tests and with the synthetic loop. User code that bound a function
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from workers.monitor import wait_hook
 from workers.monitor.records import OP_INDEX
 
 Args = tuple[Any, ...]
@@ -95,17 +98,33 @@ FUNCTIONS: dict[str, tuple[str, Callable[[Args, Kwargs], tuple[Any, int]]]] = {
     "monitored_barrier": ("barrier", _no_tensor),  # gloo's barrier that names a late rank
     "gather": ("gather", _one(0, "tensor")),
     "scatter": ("scatter", _one(0, "tensor")),
-    # Blocking point-to-point only: gloo's isend/irecv Works have no future and finish only
-    # in the job's own wait() (a second waiter would take the job's completion: it hangs).
     "send": ("send", _one(0, "tensor")),
     "recv": ("recv", _one(0, "tensor")),
 }
 
 
+def _tensor_list(args: Args, kwargs: Kwargs) -> tuple[Any, int]:
+    """``ProcessGroup.send/recv(self, tensors, peer, tag)``: the first tensor, all their bytes."""
+    tensors = args[1] if len(args) > 1 else kwargs.get("tensors", ())
+    return (tensors[0] if tensors else None), sum(t.nbytes for t in tensors)
+
+
+#: Non-blocking point-to-point, wrapped on the ProcessGroup class: ``isend``, ``irecv`` and
+#: ``batch_isend_irecv`` reach a backend through these methods whatever function object the
+#: job holds (``P2POp`` checks isend/irecv by identity: those functions stay torch's own). Their
+#: Works finish only in the job's own wait() on gloo (no future; a second waiter would take the
+#: job's completion: it hangs), so on the CPU a record ends when that wait returns
+#: (workers.monitor.wait_hook); on a GPU the Python hooks leave them (the Flight Recorder counts
+#: NCCL's). A blocking send/recv is timed by its function's wrapper: inside it (``busy``) the
+#: method is not timed again.
+METHODS: dict[str, str] = {"send": "send", "recv": "recv", "recv_anysource": "recv"}
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """One patched function: its op code and where its async_op and group arguments sit
-    (``async_pos`` -1: it has none and blocks: send, recv)."""
+    (``async_pos`` -1: it has none: it blocks (send, recv), or it is ``at_wait``, always
+    asynchronous and finished by the job's own wait() (the ProcessGroup METHODS))."""
 
     func: str
     op: str
@@ -115,6 +134,7 @@ class OpSpec:
     group_pos: int
     #: nccl-tests S is the described rank's bytes times the group's size (gather, scatter)
     times_group: bool = False
+    at_wait: bool = False
 
     def parse(self, args: Args, kwargs: Kwargs) -> tuple[Any, int, Any, bool]:
         """(main tensor or None, bytes, group, async_op) of one call: one pass, no binding."""
@@ -122,13 +142,14 @@ class OpSpec:
         n = len(args)
         group = args[self.group_pos] if n > self.group_pos else kwargs.get("group")
         if self.async_pos < 0:
-            return tensor, nbytes, group, False
+            return tensor, nbytes, group, self.at_wait
         is_async = args[self.async_pos] if n > self.async_pos else kwargs.get("async_op", False)
         return tensor, nbytes, group, bool(is_async)
 
 
 _target: Hooks | None = None
 _originals: dict[str, Callable[..., Any]] = {}
+_method_originals: dict[str, tuple[type, Any]] = {}
 
 
 def set_target(hooks: Hooks | None) -> None:
@@ -142,6 +163,12 @@ def _spec(func: str, original: Callable[..., Any]) -> OpSpec:
     names = list(inspect.signature(original).parameters)
     async_pos = names.index("async_op") if "async_op" in names else -1
     return OpSpec(func, op, OP_INDEX[op], describe, async_pos, names.index("group"), op in ("gather", "scatter"))
+
+
+def method_spec(name: str) -> OpSpec:
+    """The spec of a ProcessGroup method of METHODS: its group is ``self``."""
+    op = METHODS[name]
+    return OpSpec(f"ProcessGroup.{name}", op, OP_INDEX[op], _tensor_list, -1, 0, at_wait=True)
 
 
 def _wrap(original: Callable[..., Any], spec: OpSpec, compiling: Callable[[], bool]) -> Callable[..., Any]:
@@ -183,11 +210,28 @@ def patch() -> list[str]:
             _originals[func] = original
             rebind(func, (original, current), _wrap(original, _spec(func, original), compiling))
         done.append(func)
+    return done + _patch_methods(c10d.ProcessGroup, compiling)
+
+
+def _patch_methods(pg_class: type, compiling: Callable[[], bool]) -> list[str]:
+    done = []
+    for name in METHODS:
+        original = pg_class.__dict__.get(name)
+        if original is None:
+            continue
+        if name not in _method_originals:
+            _method_originals[name] = (pg_class, original)
+            setattr(pg_class, name, _wrap(original, method_spec(name), compiling))
+        done.append(f"ProcessGroup.{name}")
     return done
 
 
 def unpatch() -> None:
     """Put the original functions back (tests; a job that wants to stop timing)."""
+    wait_hook.unwrap()
+    for name, (pg_class, original) in list(_method_originals.items()):
+        setattr(pg_class, name, original)
+        del _method_originals[name]
     for func, original in list(_originals.items()):
         for module in list(sys.modules.values()):
             held = getattr(module, "__dict__", {}).get(func)

@@ -24,12 +24,16 @@ from typing import Any
 
 import numpy as np
 
+from workers.monitor import wait_hook
 from workers.monitor.patch import Args, Kwargs, OpSpec
 from workers.monitor.records import MonitorBatcher
 from workers.rank.groups import GroupTable
 from workers.rank.heartbeat import WorkerStatus
 from workers.rank.timing import Anchor, CpuTimer, CudaTimer
 from workers.wire.protocol import dtype_code
+
+#: The token's async flag of an isend/irecv on the CPU: its record ends at the job's wait().
+AT_WAIT = 2
 
 #: Where a collective's meta tuple (the MONITOR_COLL_ROW fields before start_ns) holds host_ns.
 HOST_NS = 9
@@ -69,6 +73,10 @@ class Ender:
             self.timer.end(self.token)
         except Exception:  # noqa: BLE001 - never raise on torch's thread
             pass
+
+    def done(self) -> None:
+        """The end seen by the job's own wait() (workers.monitor.wait_hook)."""
+        self(None)
 
 
 class Timers:
@@ -114,6 +122,8 @@ class Timers:
         tensor, nbytes, group, is_async = spec.parse(args, kwargs)
         if type(group) is int:  # torch's GroupMember.NON_GROUP_MEMBER: not this rank's group, torch issues nothing
             return None
+        if spec.at_wait and (tensor is None or tensor.is_cuda):  # NCCL's isend/irecv: see patch.AT_WAIT
+            return None
         known = self.groups.by_pg.get(group)  # (code, size): one lookup once the group was seen
         code, ranks = known if known is not None else self.groups.of_pg(group)
         if spec.times_group:  # nccl-tests' S of gather and scatter: every rank's tensor
@@ -129,7 +139,7 @@ class Timers:
         if tensor is not None and tensor.is_cuda:
             timer = self.cuda_timers().coll
             return timer, timer.begin(meta), is_async
-        return None, meta, is_async, time.perf_counter_ns()
+        return None, meta, AT_WAIT if spec.at_wait else is_async, time.perf_counter_ns()
 
     def coll_end(self, token: Any, result: Any) -> bool:
         """After the call returned: end now (blocking call), or when the Work completes.
@@ -137,7 +147,8 @@ class Timers:
 
         CPU, blocking: the row is appended right here (start_ns = host_ns, as the schema
         says for CPU). CPU, async: a CpuTimer token ended by the Work future's done-callback
-        on gloo's thread (or by a waiter thread for Works without a future). CUDA, blocking:
+        on gloo's thread (or by a waiter thread for Works without a future; for isend/irecv,
+        which only the job's own wait() finishes, when that wait returns). CUDA, blocking:
         the end event on the issuing stream, which the call made wait for the NCCL stream.
         CUDA, async: the end event on a private stream made to wait on the Work's future,
         i.e. on the NCCL stream's completion event; the job's own wait() comes later and
@@ -151,6 +162,9 @@ class Timers:
                 self.batcher.coll_rows.append((*meta, meta[HOST_NS], (time.perf_counter_ns() - pc) / 1000.0))
             else:
                 ender = Ender(self.cpu_coll, (meta, meta[HOST_NS], pc))
+                if is_async == AT_WAIT:
+                    wait_hook.expect(result, ender.done)  # untimed if it cannot be followed (a gap)
+                    return self._count()
                 try:
                     future = result.get_future()
                 except RuntimeError:  # a Work without a future (gloo's reduce_scatter_tensor)
@@ -174,6 +188,10 @@ class Timers:
                 with cuda.torch.cuda.stream(cuda.stream):
                     future.wait()  # this private stream waits for the NCCL stream's end event
                     timer.end(slot)  # ... so this end event marks the collective's completion
+        return self._count()
+
+    def _count(self) -> bool:
+        """One more collective ended or handed on; True when a harvest is due."""
         self._since_harvest += 1
         return self._since_harvest >= HARVEST_EVERY or time.perf_counter_ns() >= self._harvest_at
 

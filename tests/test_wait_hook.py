@@ -1,0 +1,117 @@
+"""workers.monitor.wait_hook: a record that ends when the job's own wait() returns (gloo's
+isend/irecv), with test fakes for the Work (a real gloo isend needs a peer:
+tests/test_job_streams_recorded.py runs the real one between two ranks), and the isend/irecv
+specs of the patch.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from workers.monitor import patch, wait_hook
+from workers.monitor.records import OP_INDEX
+
+
+class FakeP2PWork:
+    """Stands in for gloo's send/recv Work: incomplete until wait(), no future."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.waits = 0
+
+    def wait(self, timeout: object = None) -> bool:
+        self.waits += 1
+        if self.fail:
+            raise RuntimeError("peer closed the connection")
+        return True
+
+
+class OtherWork(FakeP2PWork):
+    """A second Work class (the wrapper is per class)."""
+
+
+class Slotted:
+    """A Work without weak references: cannot be followed."""
+
+    __slots__ = ()
+
+    def wait(self) -> bool:
+        return True
+
+
+@pytest.fixture(autouse=True)
+def clean() -> Iterator[None]:
+    yield
+    wait_hook.unwrap()
+
+
+def test_the_record_ends_when_the_jobs_wait_returns_once() -> None:
+    ended: list[str] = []
+    a, b = FakeP2PWork(), FakeP2PWork()
+    assert wait_hook.expect(a, lambda: ended.append("a"))
+    assert wait_hook.expect(b, lambda: ended.append("b"))
+    assert ended == [] and wait_hook.outstanding() == 2
+    assert b.wait() is True
+    assert ended == ["b"]
+    a.wait(timeout=5)
+    a.wait()  # a second wait ends nothing more
+    assert ended == ["b", "a"] and a.waits == 2 and wait_hook.outstanding() == 0
+
+
+def test_a_failed_wait_ends_nothing_and_the_job_sees_its_error() -> None:
+    ended: list[int] = []
+    w = FakeP2PWork(fail=True)
+    wait_hook.expect(w, lambda: ended.append(1))
+    with pytest.raises(RuntimeError, match="peer closed"):
+        w.wait()
+    assert ended == []
+
+
+def test_a_work_dropped_without_wait_is_forgotten_not_kept_alive() -> None:
+    ended: list[int] = []
+    w = FakeP2PWork()
+    wait_hook.expect(w, lambda: ended.append(1))
+    del w
+    gc.collect()
+    assert wait_hook.outstanding() == 0
+    reused = FakeP2PWork()  # may take the dropped one's id: its wait must not end the old record
+    reused.wait()
+    assert ended == []
+
+
+def test_works_that_cannot_be_followed_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not wait_hook.expect(Slotted(), lambda: None)
+    monkeypatch.setattr(wait_hook, "MAX_EXPECTED", 2)
+    held = [FakeP2PWork() for _ in range(3)]
+    assert [wait_hook.expect(w, lambda: None) for w in held] == [True, True, False]
+
+
+def test_unwrap_restores_every_class_and_forgets_what_was_expected() -> None:
+    original, other = FakeP2PWork.wait, OtherWork.wait
+    wait_hook.expect(FakeP2PWork(), lambda: None)
+    keep = OtherWork()
+    wait_hook.expect(keep, lambda: None)
+    assert FakeP2PWork.wait is not original
+    wait_hook.unwrap()
+    assert FakeP2PWork.__dict__["wait"] is original and OtherWork.wait is other
+    assert wait_hook.outstanding() == 0
+
+
+def test_process_group_send_and_recv_are_send_and_recv_finished_at_wait() -> None:
+    """isend, irecv and batch_isend_irecv reach gloo through ``ProcessGroup.send/recv(self,
+    tensors, peer, tag)``: the group is ``self``, the bytes those of every tensor."""
+    import torch
+    import torch.distributed as dist
+
+    for name, op in (("send", "send"), ("recv", "recv"), ("recv_anysource", "recv")):
+        spec = patch.method_spec(name)
+        assert spec.code == OP_INDEX[op] and spec.at_wait and spec.async_pos < 0
+        t, u = torch.ones(8), torch.ones(4, dtype=torch.float16)
+        group = object()
+        assert spec.parse((group, [t, u], 1, 0), {}) == (t, 40, group, True)
+        assert spec.parse((group,), {"tensors": [u]}) == (u, 8, group, True)
+    blocking = patch._spec("send", dist.send.__dict__.get("__commtop_original__", dist.send))
+    assert not blocking.at_wait and blocking.parse((torch.ones(2), 1), {})[3] is False

@@ -1,0 +1,88 @@
+"""The end of a gloo ``isend`` / ``irecv``: the job's own ``Work.wait()`` returning.
+
+gloo's point-to-point Works have no future (``get_future`` raises) and stay incomplete until
+someone calls ``wait()``; a second waiter (the monitor's waiter thread) would take the job's
+completion and hang it. So their record ends where the job learns they finished: ``wait``
+of the Work's class is wrapped once, at the first such Work, and a Work the monitor
+:func:`expect`\\ s ends its record when its own ``wait()`` returns. The wrapper costs one dict
+read when nothing is expected; Works are held weakly (a pipeline's Work keeps its activations
+alive: holding it would hold them), and a Work dropped without ``wait()`` is forgotten, so
+its record never comes (its iteration shows as missing, as it should: it was never seen to
+finish).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+#: Works awaited at most (a job that issues this many without waiting on any: the rest go untimed).
+MAX_EXPECTED = 65_536
+
+_expected: dict[int, tuple[weakref.ref[Any], Callable[[], None]]] = {}
+#: class -> its own wait (None: it inherited wait; unwrap then removes the wrapper, not sets it)
+_wrapped: dict[type, Callable[..., Any] | None] = {}
+
+
+def expect(work: Any, on_done: Callable[[], None]) -> bool:
+    """Call ``on_done`` (on the waiting thread, after ``work.wait()`` returned; it must not
+    raise) when the job waits on ``work``. False when the work cannot be followed (no
+    weak reference, too many outstanding): its record goes untimed."""
+    if len(_expected) >= MAX_EXPECTED:
+        return False
+    cls = type(work)
+    if cls not in _wrapped and not _wrap(cls):
+        return False
+    key = id(work)
+
+    def forget(ref: weakref.ref[Any], key: int = key) -> None:  # the Work died un-waited
+        entry = _expected.get(key)
+        if entry is not None and entry[0] is ref:
+            del _expected[key]
+
+    try:
+        _expected[key] = (weakref.ref(work, forget), on_done)
+    except TypeError:
+        return False
+    return True
+
+
+def outstanding() -> int:
+    """Works expected and not waited on yet."""
+    return len(_expected)
+
+
+def _wrap(cls: type) -> bool:
+    original = getattr(cls, "wait", None)
+    if original is None:
+        return False
+    own = cls.__dict__.get("wait")
+
+    @functools.wraps(original)
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        done = original(self, *args, **kwargs)  # the job's errors and timeouts propagate untouched
+        if _expected:
+            entry = _expected.pop(id(self), None)
+            if entry is not None and entry[0]() is self:
+                entry[1]()
+        return done
+
+    try:
+        cls.wait = wait  # type: ignore[attr-defined]
+    except (AttributeError, TypeError):  # a class that refuses new attributes
+        return False
+    _wrapped[cls] = own
+    return True
+
+
+def unwrap() -> None:
+    """Put every wrapped ``wait`` back and forget what was expected (tests; ``patch.unpatch``)."""
+    for cls, own in list(_wrapped.items()):
+        if own is None:
+            delattr(cls, "wait")
+        else:
+            cls.wait = own  # type: ignore[attr-defined]
+        del _wrapped[cls]
+    _expected.clear()
