@@ -7,6 +7,8 @@ process group (named through the rank's Hello), op, dtype and size, and no rank 
 * tests/jobs/pipeline_p2p.py: a pipeline's isend / irecv / batch_isend_irecv, one irecv waited
   only after a later all_reduce; every one in the recording as a send or recv, timed to the
   job's own wait();
+* tests/jobs/functional_collectives.py: torch.distributed._functional_collectives (DTensor's
+  path) and two DTensor redistributions, each timed to its first use (``wait_tensor``);
 * examples/train_fsdp2.py: FSDP2 (``fully_shard``) on gloo; the expected counts come from
   torch.profiler in the same job (every c10d op the dispatcher ran, with its shapes),
   independently of commtop's wrappers.
@@ -191,5 +193,34 @@ def test_a_pipelines_isend_irecv_and_batch_isend_irecv_are_each_recorded(monkeyp
             late, reduce = 2, 3
             for s in range(steps):  # the late irecv ends at its wait, after the all_reduce
                 assert end[s * 12 + late] >= end[s * 12 + reduce]
+    finally:
+        shutil.rmtree(counts, ignore_errors=True)
+
+
+def test_functional_collectives_and_dtensor_redistributions_are_each_recorded(monkeypatch, capsys) -> None:
+    """DTensor and tensor parallelism issue functional collectives, which no torch.distributed
+    function sees: each is recorded once, and one used only after a later blocking all_reduce
+    ends at that use (its wait), after the blocking one."""
+    counts = tempfile.mkdtemp(prefix="cm-counts-", dir="/tmp")
+    prefix = f"{counts}/funcol"
+    try:
+        steps = 3
+        job = [str(REPO / "tests" / "jobs" / "functional_collectives.py"), "--steps", str(steps), "--counts", prefix]
+        tables = run_recorded(monkeypatch, capsys, job)
+        hellos = last_hellos(tables)
+        assert sorted(hellos) == [0, 1]
+        coll = tables.coll
+        per_step = ["all_reduce", "all_reduce", "all_gather", "all_gather", "reduce_scatter", "all_to_all"]
+        per_step += ["broadcast", "all_gather", "all_reduce"]
+        for rank, hello in hellos.items():
+            assert recorded(tables, rank, hello) == expected(prefix, rank)
+            assert hello.lost == 0 and hello.dropped == 0
+            mine = coll["rank"] == rank
+            order = np.argsort(coll["iteration"][mine])
+            assert [OPS[o] for o in coll["op"][mine][order].tolist()] == per_step * steps
+            start = coll["start_ns"][mine][order]
+            end = start + (coll["dur_us"][mine][order] * 1e3).astype(np.int64)
+            for s in range(steps):  # the funcol all_reduce (first) waits after the blocking one (second)
+                assert end[s * 9] >= end[s * 9 + 1]
     finally:
         shutil.rmtree(counts, ignore_errors=True)

@@ -618,6 +618,27 @@ def test_cuda_branch_ends_async_collectives_on_the_private_stream_and_never_wait
     }
 
 
+def test_functional_collectives_are_timed_to_their_first_use(run, source) -> None:
+    """A functional collective (DTensor's path) is recorded with its op, bytes and group (here
+    given as a DeviceMesh-free ProcessGroup and as a list of ranks); unpatching restores them."""
+    import torch.distributed._functional_collectives as funcol
+
+    original = funcol.all_reduce
+    monitor.start(run.path, wait_s=2.0, sampler=False)
+    assert {"funcol.all_reduce", "funcol.all_gather_single"} <= set(monitor.patch_distributed())
+    t = torch.ones(N)
+    a = funcol.all_reduce(t, "sum", dist.group.WORLD)
+    g = funcol.all_gather_single(t, 0, [0])
+    assert float((a + 0).sum()) == N and g.shape == (N,)
+    float(g.sum())
+    monitor.stop()
+    coll = columns(drain(source), protocol.COLL)
+    assert coll["op"].tolist() == [OP_INDEX["all_reduce"], OP_INDEX["all_gather"]]
+    assert coll["nbytes"].tolist() == [N * 4, N * 4] and coll["iteration"].tolist() == [0, 1]
+    monitor.unpatch_distributed()
+    assert funcol.all_reduce is original
+
+
 def test_isend_and_irecv_of_cuda_tensors_are_left_to_the_flight_recorder(run) -> None:
     """NCCL's non-blocking point-to-point is not timed by the Python hooks (coalesced in
     batch_isend_irecv, its Works are not the ones waited on): no token, no iteration taken,

@@ -115,3 +115,44 @@ def test_process_group_send_and_recv_are_send_and_recv_finished_at_wait() -> Non
         assert spec.parse((group,), {"tensors": [u]}) == (u, 8, group, True)
     blocking = patch._spec("send", dist.send.__dict__.get("__commtop_original__", dist.send))
     assert not blocking.at_wait and blocking.parse((torch.ones(2), 1), {})[3] is False
+
+
+def test_a_tensors_record_ends_when_wait_tensor_returns_for_its_storage() -> None:
+    """A functional collective's output is waited as itself or as a view of it (a gather on
+    another dimension): the same storage ends the record, once; another tensor ends nothing."""
+    import torch
+
+    calls: list[object] = []
+    wait_tensor = wait_hook.wrap_wait_tensor(lambda t: calls.append(t) or t)
+    ended: list[str] = []
+    out, other = torch.ones(4, 6), torch.ones(3)
+    assert wait_hook.expect_tensor(out, lambda: ended.append("out"))
+    assert wait_tensor(other) is other and ended == []
+    view = out.view(2, 12)[:, :6]
+    assert wait_tensor(view) is view and ended == ["out"]
+    wait_tensor(out)
+    assert ended == ["out"] and len(calls) == 3 and wait_hook.outstanding() == 0
+
+
+def test_an_output_dropped_without_a_wait_is_forgotten() -> None:
+    import torch
+
+    ended: list[int] = []
+    out = torch.ones(1024)
+    wait_hook.expect_tensor(out, lambda: ended.append(1))
+    del out
+    gc.collect()
+    assert wait_hook.outstanding() == 0
+    wait_hook.wrap_wait_tensor(lambda t: t)(torch.ones(1024))  # may reuse the freed storage
+    assert ended == []
+
+
+def test_a_functional_collectives_group_resolves_to_its_process_group_or_to_no_record() -> None:
+    import torch
+    import torch.distributed._functional_collectives as funcol
+
+    spec = patch.funcol_spec("all_gather", "all_gather_single", funcol.all_gather_single)
+    assert spec.code == OP_INDEX["all_gather"] and spec.times_group and spec.at_wait == patch.TENSOR_WAIT
+    t = torch.ones(8)
+    # a group torch cannot resolve: no record (an int group, as for a rank outside a group)
+    assert spec.parse((t, 0, object()), {}) == (t, 32, -1, True)

@@ -7,7 +7,8 @@ comm hooks, DTensor, user code) by thin wrappers that call the original
 and hand ``(op, main tensor, bytes, group)`` to the active monitor. With no monitor, or a
 disabled one, a wrapper costs one global read and one attribute read. Non-blocking
 point-to-point (isend, irecv, batch_isend_irecv) is wrapped one level down, on the
-ProcessGroup class (METHODS).
+ProcessGroup class (METHODS); the functional collectives (DTensor's) in their own module
+(FUNCOL), their records ended by the job's own wait (workers.monitor.wait_hook).
 
 Bytes follow nccl-tests (S = total gathered/reduced size for all_gather/reduce_scatter),
 so busbw compares with nccl-tests and with the synthetic loop. User code that bound a function
@@ -22,6 +23,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -119,12 +121,30 @@ def _tensor_list(args: Args, kwargs: Kwargs) -> tuple[Any, int]:
 #: method is not timed again.
 METHODS: dict[str, str] = {"send": "send", "recv": "recv", "recv_anysource": "recv"}
 
+#: torch.distributed._functional_collectives (DTensor's redistributions, tensor and sequence
+#: parallelism): op -> the names its base function has had (the first found is wrapped; the
+#: deprecated aliases call it). Each issues one c10d op and returns its output as an
+#: AsyncCollectiveTensor that waits (``wait_tensor``) at its first use: on the CPU a record ends
+#: when that wait returns (workers.monitor.wait_hook); on a GPU the Flight Recorder sees them.
+FUNCOL: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("all_reduce",),
+    "broadcast": ("broadcast",),
+    "all_gather": ("all_gather_single", "all_gather_tensor"),
+    "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor"),
+    "all_to_all": ("all_to_all_single",),
+}
+FUNCOL_MODULE = "torch.distributed._functional_collectives"
+
+#: OpSpec.at_wait: how a record of an always-asynchronous call ends (0: not one of those)
+WORK_WAIT = 1  # the job's wait() on the returned Work (the ProcessGroup METHODS)
+TENSOR_WAIT = 2  # the job's wait on the returned tensor (FUNCOL)
+
 
 @dataclass(frozen=True)
 class OpSpec:
     """One patched function: its op code and where its async_op and group arguments sit
-    (``async_pos`` -1: it has none: it blocks (send, recv), or it is ``at_wait``, always
-    asynchronous and finished by the job's own wait() (the ProcessGroup METHODS))."""
+    (``async_pos`` -1: it has none: it blocks (send, recv), or ``at_wait`` says it is always
+    asynchronous and finished by the job's own wait (WORK_WAIT, TENSOR_WAIT))."""
 
     func: str
     op: str
@@ -134,15 +154,19 @@ class OpSpec:
     group_pos: int
     #: nccl-tests S is the described rank's bytes times the group's size (gather, scatter)
     times_group: bool = False
-    at_wait: bool = False
+    at_wait: int = 0
+    #: a functional collective's group (ranks, a DeviceMesh, a name, ...) -> its ProcessGroup
+    resolve: Callable[[Any, Args, Kwargs], Any] | None = None
 
     def parse(self, args: Args, kwargs: Kwargs) -> tuple[Any, int, Any, bool]:
         """(main tensor or None, bytes, group, async_op) of one call: one pass, no binding."""
         tensor, nbytes = self.describe(args, kwargs)
         n = len(args)
         group = args[self.group_pos] if n > self.group_pos else kwargs.get("group")
+        if self.resolve is not None:
+            group = self.resolve(group, args[self.group_pos + 1 :], kwargs)
         if self.async_pos < 0:
-            return tensor, nbytes, group, self.at_wait
+            return tensor, nbytes, group, bool(self.at_wait)
         is_async = args[self.async_pos] if n > self.async_pos else kwargs.get("async_op", False)
         return tensor, nbytes, group, bool(is_async)
 
@@ -150,6 +174,7 @@ class OpSpec:
 _target: Hooks | None = None
 _originals: dict[str, Callable[..., Any]] = {}
 _method_originals: dict[str, tuple[type, Any]] = {}
+_funcol_originals: dict[str, Callable[..., Any]] = {}
 
 
 def set_target(hooks: Hooks | None) -> None:
@@ -168,7 +193,39 @@ def _spec(func: str, original: Callable[..., Any]) -> OpSpec:
 def method_spec(name: str) -> OpSpec:
     """The spec of a ProcessGroup method of METHODS: its group is ``self``."""
     op = METHODS[name]
-    return OpSpec(f"ProcessGroup.{name}", op, OP_INDEX[op], _tensor_list, -1, 0, at_wait=True)
+    return OpSpec(f"ProcessGroup.{name}", op, OP_INDEX[op], _tensor_list, -1, 0, at_wait=WORK_WAIT)
+
+
+def funcol_spec(op: str, func: str, original: Callable[..., Any]) -> OpSpec:
+    """The spec of a functional collective: bytes of its input (times the group's size for an
+    all_gather, nccl-tests' S), its group resolved to the ProcessGroup."""
+    names = list(inspect.signature(original).parameters)
+    return OpSpec(
+        f"funcol.{func}",
+        op,
+        OP_INDEX[op],
+        _one(0, "self"),
+        -1,
+        names.index("group"),
+        op == "all_gather",
+        at_wait=TENSOR_WAIT,
+        resolve=_funcol_group,
+    )
+
+
+def _funcol_group(group: Any, rest: Args, kwargs: Kwargs) -> Any:
+    """The ProcessGroup of a functional collective's group argument, as torch resolves it; -1
+    (not a group: no record, like GroupMember.NON_GROUP_MEMBER) where torch cannot."""
+    c10d = sys.modules["torch.distributed.distributed_c10d"]
+    if isinstance(group, c10d.ProcessGroup):
+        return group
+    try:
+        with warnings.catch_warnings():  # torch warns the job about a ranks list itself, once
+            warnings.simplefilter("ignore")
+            name = sys.modules[FUNCOL_MODULE]._resolve_group_name(group, rest[0] if rest else kwargs.get("tag", ""))
+        return c10d._resolve_process_group(name)
+    except Exception:  # noqa: BLE001 - torch raises its own error when the call runs
+        return -1
 
 
 def _wrap(original: Callable[..., Any], spec: OpSpec, compiling: Callable[[], bool]) -> Callable[..., Any]:
@@ -210,7 +267,36 @@ def patch() -> list[str]:
             _originals[func] = original
             rebind(func, (original, current), _wrap(original, _spec(func, original), compiling))
         done.append(func)
-    return done + _patch_methods(c10d.ProcessGroup, compiling)
+    return done + _patch_methods(c10d.ProcessGroup, compiling) + _patch_funcol(compiling)
+
+
+def _patch_funcol(compiling: Callable[[], bool]) -> list[str]:
+    """Wrap the functional collectives' base functions and their ``wait_tensor``."""
+    try:
+        import torch.distributed._functional_collectives as funcol
+    except Exception:  # noqa: BLE001 - a torch without them: nothing to time
+        return []
+    done = []
+    for op, names in FUNCOL.items():
+        func = next((n for n in names if getattr(funcol, n, None) is not None), None)
+        if func is None:
+            continue
+        key = f"funcol.{func}"
+        current = getattr(funcol, func)
+        original = getattr(current, "__commtop_original__", current)
+        if key not in _funcol_originals:
+            _funcol_originals[key] = original
+            wrapper = _wrap(original, funcol_spec(op, func, original), compiling)
+            setattr(funcol, func, wrapper)
+            rebind(func, (original,), wrapper)
+        done.append(key)
+    if "funcol.wait_tensor" not in _funcol_originals and getattr(funcol, "wait_tensor", None) is not None:
+        original = funcol.wait_tensor
+        _funcol_originals["funcol.wait_tensor"] = original
+        wrapper = wait_hook.wrap_wait_tensor(original)
+        funcol.wait_tensor = wrapper
+        rebind("wait_tensor", (original,), wrapper)
+    return done
 
 
 def _patch_methods(pg_class: type, compiling: Callable[[], bool]) -> list[str]:
@@ -232,6 +318,13 @@ def unpatch() -> None:
     for name, (pg_class, original) in list(_method_originals.items()):
         setattr(pg_class, name, original)
         del _method_originals[name]
+    for key, original in list(_funcol_originals.items()):
+        func = key.removeprefix("funcol.")
+        for module in list(sys.modules.values()):
+            held = getattr(module, "__dict__", {}).get(func)
+            if held is not None and getattr(held, "__commtop_original__", None) is original:
+                setattr(module, func, original)
+        del _funcol_originals[key]
     for func, original in list(_originals.items()):
         for module in list(sys.modules.values()):
             held = getattr(module, "__dict__", {}).get(func)

@@ -25,14 +25,15 @@ from typing import Any
 import numpy as np
 
 from workers.monitor import wait_hook
-from workers.monitor.patch import Args, Kwargs, OpSpec
+from workers.monitor.patch import WORK_WAIT, Args, Kwargs, OpSpec
 from workers.monitor.records import MonitorBatcher
 from workers.rank.groups import GroupTable
 from workers.rank.heartbeat import WorkerStatus
 from workers.rank.timing import Anchor, CpuTimer, CudaTimer
 from workers.wire.protocol import dtype_code
 
-#: The token's async flag of an isend/irecv on the CPU: its record ends at the job's wait().
+#: The token's async flag of a call whose record ends at the job's own wait, on the CPU:
+#: AT_WAIT + OpSpec.at_wait (patch.WORK_WAIT: isend/irecv; patch.TENSOR_WAIT: funcol).
 AT_WAIT = 2
 
 #: Where a collective's meta tuple (the MONITOR_COLL_ROW fields before start_ns) holds host_ns.
@@ -122,7 +123,7 @@ class Timers:
         tensor, nbytes, group, is_async = spec.parse(args, kwargs)
         if type(group) is int:  # torch's GroupMember.NON_GROUP_MEMBER: not this rank's group, torch issues nothing
             return None
-        if spec.at_wait and (tensor is None or tensor.is_cuda):  # NCCL's isend/irecv: see patch.AT_WAIT
+        if spec.at_wait and (tensor is None or tensor.is_cuda):  # NCCL's: see patch.METHODS, patch.FUNCOL
             return None
         known = self.groups.by_pg.get(group)  # (code, size): one lookup once the group was seen
         code, ranks = known if known is not None else self.groups.of_pg(group)
@@ -139,7 +140,7 @@ class Timers:
         if tensor is not None and tensor.is_cuda:
             timer = self.cuda_timers().coll
             return timer, timer.begin(meta), is_async
-        return None, meta, AT_WAIT if spec.at_wait else is_async, time.perf_counter_ns()
+        return None, meta, spec.at_wait + AT_WAIT if spec.at_wait else is_async, time.perf_counter_ns()
 
     def coll_end(self, token: Any, result: Any) -> bool:
         """After the call returned: end now (blocking call), or when the Work completes.
@@ -162,8 +163,13 @@ class Timers:
                 self.batcher.coll_rows.append((*meta, meta[HOST_NS], (time.perf_counter_ns() - pc) / 1000.0))
             else:
                 ender = Ender(self.cpu_coll, (meta, meta[HOST_NS], pc))
-                if is_async == AT_WAIT:
-                    wait_hook.expect(result, ender.done)  # untimed if it cannot be followed (a gap)
+                if is_async >= AT_WAIT:  # untimed if it cannot be followed (a gap)
+                    if is_async == AT_WAIT + WORK_WAIT:
+                        wait_hook.expect(result, ender.done)
+                    elif (output := getattr(result, "elem", None)) is not None:  # an AsyncCollectiveTensor
+                        wait_hook.expect_tensor(output, ender.done)
+                    else:  # already waited inside the call (a gather on another dimension, tracing)
+                        ender.done()
                     return self._count()
                 try:
                     future = result.get_future()

@@ -1,4 +1,4 @@
-"""The end of a gloo ``isend`` / ``irecv``: the job's own ``Work.wait()`` returning.
+"""The end of a gloo ``isend`` / ``irecv`` or functional collective: the job's own wait returning.
 
 gloo's point-to-point Works have no future (``get_future`` raises) and stay incomplete until
 someone calls ``wait()``; a second waiter (the monitor's waiter thread) would take the job's
@@ -9,6 +9,12 @@ read when nothing is expected; Works are held weakly (a pipeline's Work keeps it
 alive: holding it would hold them), and a Work dropped without ``wait()`` is forgotten, so
 its record never comes (its iteration shows as missing, as it should: it was never seen to
 finish).
+
+A functional collective (DTensor's) returns an AsyncCollectiveTensor whose first use calls
+``wait_tensor`` on the op's output: :func:`expect_tensor` ends its record when
+``wait_tensor`` returns for a tensor of the same storage (a view of the output, as a gather
+on another dimension returns, waits on that view). The storage is held weakly too: while the
+tensor lives its storage cannot be reused by another.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 MAX_EXPECTED = 65_536
 
 _expected: dict[int, tuple[weakref.ref[Any], Callable[[], None]]] = {}
+_expected_storage: dict[int, tuple[weakref.ref[Any], Callable[[], None]]] = {}  # by storage address
 #: class -> its own wait (None: it inherited wait; unwrap then removes the wrapper, not sets it)
 _wrapped: dict[type, Callable[..., Any] | None] = {}
 
@@ -50,8 +57,50 @@ def expect(work: Any, on_done: Callable[[], None]) -> bool:
 
 
 def outstanding() -> int:
-    """Works expected and not waited on yet."""
-    return len(_expected)
+    """Works and tensors expected and not waited on yet."""
+    return len(_expected) + len(_expected_storage)
+
+
+def expect_tensor(tensor: Any, on_done: Callable[[], None]) -> bool:
+    """Call ``on_done`` when ``wait_tensor`` (wrapped by :func:`wrap_wait_tensor`) returns for
+    a tensor of ``tensor``'s storage. False when it cannot be followed."""
+    if len(_expected_storage) >= MAX_EXPECTED:
+        return False
+    try:
+        key = tensor.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - a tensor without storage (a fake, a meta tensor)
+        return False
+
+    def forget(ref: weakref.ref[Any], key: int = key) -> None:  # the output died un-waited
+        entry = _expected_storage.get(key)
+        if entry is not None and entry[0] is ref:
+            del _expected_storage[key]
+
+    try:
+        _expected_storage[key] = (weakref.ref(tensor, forget), on_done)
+    except TypeError:
+        return False
+    return True
+
+
+def wrap_wait_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``wait_tensor`` that ends the record expected for its tensor's storage once it returned."""
+
+    @functools.wraps(original)
+    def wait_tensor(tensor: Any) -> Any:
+        done = original(tensor)  # the job's errors propagate untouched
+        if _expected_storage:
+            try:
+                key = tensor.untyped_storage().data_ptr()
+            except Exception:  # noqa: BLE001
+                return done
+            entry = _expected_storage.pop(key, None)
+            if entry is not None and entry[0]() is not None:
+                entry[1]()
+        return done
+
+    wait_tensor.__commtop_original__ = original  # type: ignore[attr-defined]
+    return wait_tensor
 
 
 def _wrap(cls: type) -> bool:
@@ -86,3 +135,4 @@ def unwrap() -> None:
             cls.wait = own  # type: ignore[attr-defined]
         del _wrapped[cls]
     _expected.clear()
+    _expected_storage.clear()
