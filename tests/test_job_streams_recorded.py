@@ -160,67 +160,58 @@ def test_a_device_mesh_job_is_captured(monkeypatch, capsys) -> None:
         shutil.rmtree(counts, ignore_errors=True)
 
 
-def test_a_pipelines_isend_irecv_and_batch_isend_irecv_are_each_recorded(monkeypatch, capsys) -> None:
+def ends_in_issue_order(tables: Tables, rank: int) -> tuple[list[str], np.ndarray]:
+    """A rank's ops in issue (iteration) order and the end of each, ns."""
+    coll = tables.coll
+    mine = coll["rank"] == rank
+    order = np.argsort(coll["iteration"][mine])
+    start = coll["start_ns"][mine][order]
+    end = start + (coll["dur_us"][mine][order] * 1e3).astype(np.int64)
+    return [OPS[o] for o in coll["op"][mine][order].tolist()], end
+
+
+def test_a_pipelines_isend_irecv_and_batch_isend_irecv_are_each_recorded(monkeypatch, capsys, tmp_path) -> None:
     """gloo finishes a non-blocking send or recv only in the job's own wait(): each still comes
     once, as a send or recv with its size, and the one waited late lasts past the all_reduce
     issued before its wait."""
-    counts = tempfile.mkdtemp(prefix="cm-counts-", dir="/tmp")
-    prefix = f"{counts}/p2p"
-    try:
-        steps = 4
-        job = [str(REPO / "tests" / "jobs" / "pipeline_p2p.py"), "--steps", str(steps), "--counts", prefix]
-        tables = run_recorded(monkeypatch, capsys, job)
-        hellos = last_hellos(tables)
-        assert sorted(hellos) == [0, 1]
-        coll = tables.coll
-        for rank, hello in hellos.items():
-            want = expected(prefix, rank)
-            assert recorded(tables, rank, hello) == want
-            ops = collections.Counter({op: 0 for op in ("send", "recv")})
-            for (_g, op, _dt, _nb), n in want.items():
-                ops[op] += n
-            assert ops["send"] == ops["recv"] == 5 * steps
-            assert hello.lost == 0 and hello.dropped == 0
-            # per step: isend, irecv, irecv (waited late), all_reduce, isend, 2 x (isend, irecv), isend,
-            # irecv (any source), all_reduce
-            mine = coll["rank"] == rank
-            order = np.argsort(coll["iteration"][mine])
-            it_op = [OPS[o] for o in coll["op"][mine][order].tolist()]
-            per_step = ["send", "recv", "recv", "all_reduce", "send", "send", "recv", "send", "recv", "send", "recv"]
-            assert it_op == (per_step + ["all_reduce"]) * steps
-            start = coll["start_ns"][mine][order]
-            end = start + (coll["dur_us"][mine][order] * 1e3).astype(np.int64)
-            late, reduce = 2, 3
-            for s in range(steps):  # the late irecv ends at its wait, after the all_reduce
-                assert end[s * 12 + late] >= end[s * 12 + reduce]
-    finally:
-        shutil.rmtree(counts, ignore_errors=True)
+    steps, prefix = 4, str(tmp_path / "p2p")
+    job = [str(REPO / "tests" / "jobs" / "pipeline_p2p.py"), "--steps", str(steps), "--counts", prefix]
+    tables = run_recorded(monkeypatch, capsys, job)
+    hellos = last_hellos(tables)
+    assert sorted(hellos) == [0, 1]
+    # per step: isend, irecv, irecv (waited late), all_reduce, isend, 2 x (isend, irecv), isend,
+    # irecv (any source), all_reduce
+    per_step = ["send", "recv", "recv", "all_reduce", "send", "send", "recv", "send", "recv", "send", "recv"]
+    per_step.append("all_reduce")
+    for rank, hello in hellos.items():
+        want = expected(prefix, rank)
+        assert recorded(tables, rank, hello) == want
+        ops = collections.Counter({op: 0 for op in ("send", "recv")})
+        for (_g, op, _dt, _nb), n in want.items():
+            ops[op] += n
+        assert ops["send"] == ops["recv"] == 5 * steps
+        assert hello.lost == 0 and hello.dropped == 0
+        ops_in_order, end = ends_in_issue_order(tables, rank)
+        assert ops_in_order == per_step * steps
+        for s in range(steps):  # the late irecv (third) ends at its wait, after the all_reduce (fourth)
+            assert end[s * 12 + 2] >= end[s * 12 + 3]
 
 
-def test_functional_collectives_and_dtensor_redistributions_are_each_recorded(monkeypatch, capsys) -> None:
+def test_functional_collectives_and_dtensor_redistributions_are_each_recorded(monkeypatch, capsys, tmp_path) -> None:
     """DTensor and tensor parallelism issue functional collectives, which no torch.distributed
     function sees: each is recorded once, and one used only after a later blocking all_reduce
     ends at that use (its wait), after the blocking one."""
-    counts = tempfile.mkdtemp(prefix="cm-counts-", dir="/tmp")
-    prefix = f"{counts}/funcol"
-    try:
-        steps = 3
-        job = [str(REPO / "tests" / "jobs" / "functional_collectives.py"), "--steps", str(steps), "--counts", prefix]
-        tables = run_recorded(monkeypatch, capsys, job)
-        hellos = last_hellos(tables)
-        assert sorted(hellos) == [0, 1]
-        coll = tables.coll
-        per_step = ["all_reduce", "all_reduce", "all_gather", "all_gather", "reduce_scatter", "all_to_all"]
-        per_step += ["broadcast", "all_gather", "all_reduce"]
-        for rank, hello in hellos.items():
-            assert recorded(tables, rank, hello) == expected(prefix, rank)
-            assert hello.lost == 0 and hello.dropped == 0
-            mine = coll["rank"] == rank
-            order = np.argsort(coll["iteration"][mine])
-            assert [OPS[o] for o in coll["op"][mine][order].tolist()] == per_step * steps
-            start = coll["start_ns"][mine][order]
-            end = start + (coll["dur_us"][mine][order] * 1e3).astype(np.int64)
-            for s in range(steps):  # the funcol all_reduce (first) waits after the blocking one (second)
-                assert end[s * 9] >= end[s * 9 + 1]
-    finally:
-        shutil.rmtree(counts, ignore_errors=True)
+    steps, prefix = 3, str(tmp_path / "funcol")
+    job = [str(REPO / "tests" / "jobs" / "functional_collectives.py"), "--steps", str(steps), "--counts", prefix]
+    tables = run_recorded(monkeypatch, capsys, job)
+    hellos = last_hellos(tables)
+    assert sorted(hellos) == [0, 1]
+    per_step = ["all_reduce", "all_reduce", "all_gather", "all_gather", "reduce_scatter", "all_to_all"]
+    per_step += ["broadcast", "all_gather", "all_reduce"]
+    for rank, hello in hellos.items():
+        assert recorded(tables, rank, hello) == expected(prefix, rank)
+        assert hello.lost == 0 and hello.dropped == 0
+        ops_in_order, end = ends_in_issue_order(tables, rank)
+        assert ops_in_order == per_step * steps
+        for s in range(steps):  # the funcol all_reduce (first) waits after the blocking one (second)
+            assert end[s * 9] >= end[s * 9 + 1]

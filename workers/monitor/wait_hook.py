@@ -27,8 +27,9 @@ from typing import Any
 #: Works awaited at most (a job that issues this many without waiting on any: the rest go untimed).
 MAX_EXPECTED = 65_536
 
-_expected: dict[int, tuple[weakref.ref[Any], Callable[[], None]]] = {}
-_expected_storage: dict[int, tuple[weakref.ref[Any], Callable[[], None]]] = {}  # by storage address
+Registry = dict[int, tuple[weakref.ref[Any], Callable[[], None]]]  # key -> (the object, weakly; its end)
+_expected: Registry = {}  # by id of the Work
+_expected_storage: Registry = {}  # by storage address
 #: class -> its own wait (None: it inherited wait; unwrap then removes the wrapper, not sets it)
 _wrapped: dict[type, Callable[..., Any] | None] = {}
 
@@ -37,28 +38,10 @@ def expect(work: Any, on_done: Callable[[], None]) -> bool:
     """Call ``on_done`` (on the waiting thread, after ``work.wait()`` returned; it must not
     raise) when the job waits on ``work``. False when the work cannot be followed (no
     weak reference, too many outstanding): its record goes untimed."""
-    if len(_expected) >= MAX_EXPECTED:
-        return False
     cls = type(work)
-    if cls not in _wrapped and not _wrap(cls):
+    if len(_expected) >= MAX_EXPECTED or (cls not in _wrapped and not _wrap(cls)):
         return False
-    key = id(work)
-
-    def forget(ref: weakref.ref[Any], key: int = key) -> None:  # the Work died un-waited
-        entry = _expected.get(key)
-        if entry is not None and entry[0] is ref:
-            del _expected[key]
-
-    try:
-        _expected[key] = (weakref.ref(work, forget), on_done)
-    except TypeError:
-        return False
-    return True
-
-
-def outstanding() -> int:
-    """Works and tensors expected and not waited on yet."""
-    return len(_expected) + len(_expected_storage)
+    return _register(_expected, id(work), work, on_done)
 
 
 def expect_tensor(tensor: Any, on_done: Callable[[], None]) -> bool:
@@ -70,17 +53,27 @@ def expect_tensor(tensor: Any, on_done: Callable[[], None]) -> bool:
         key = tensor.untyped_storage().data_ptr()
     except Exception:  # noqa: BLE001 - a tensor without storage (a fake, a meta tensor)
         return False
+    return _register(_expected_storage, key, tensor, on_done)
 
-    def forget(ref: weakref.ref[Any], key: int = key) -> None:  # the output died un-waited
-        entry = _expected_storage.get(key)
+
+def _register(registry: Registry, key: int, obj: Any, on_done: Callable[[], None]) -> bool:
+    """Hold ``obj`` weakly under ``key``; it leaves the registry when it dies un-waited."""
+
+    def forget(ref: weakref.ref[Any], key: int = key) -> None:
+        entry = registry.get(key)
         if entry is not None and entry[0] is ref:
-            del _expected_storage[key]
+            del registry[key]
 
     try:
-        _expected_storage[key] = (weakref.ref(tensor, forget), on_done)
-    except TypeError:
+        registry[key] = (weakref.ref(obj, forget), on_done)
+    except TypeError:  # no weak references
         return False
     return True
+
+
+def outstanding() -> int:
+    """Works and tensors expected and not waited on yet."""
+    return len(_expected) + len(_expected_storage)
 
 
 def wrap_wait_tensor(original: Callable[..., Any]) -> Callable[..., Any]:
