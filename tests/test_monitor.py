@@ -626,15 +626,22 @@ def test_functional_collectives_are_timed_to_their_first_use(run, source) -> Non
     original = funcol.all_reduce
     monitor.start(run.path, wait_s=2.0, sampler=False)
     assert {"funcol.all_reduce", "funcol.all_gather_single"} <= set(monitor.patch_distributed())
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1,))
     t = torch.ones(N)
     a = funcol.all_reduce(t, "sum", dist.group.WORLD)
     g = funcol.all_gather_single(t, 0, [0])
     assert float((a + 0).sum()) == N and g.shape == (N,)
     float(g.sum())
+    for _ in range(2):  # a 1-D mesh: resolved once, then from the cache
+        float(funcol.broadcast(t, 0, mesh).sum())
+    assert monitor_patch._mesh_groups.get(mesh) is not None
     monitor.stop()
     coll = columns(drain(source), protocol.COLL)
-    assert coll["op"].tolist() == [OP_INDEX["all_reduce"], OP_INDEX["all_gather"]]
-    assert coll["nbytes"].tolist() == [N * 4, N * 4] and coll["iteration"].tolist() == [0, 1]
+    assert coll["op"].tolist() == [OP_INDEX[op] for op in ("all_reduce", "all_gather", "broadcast", "broadcast")]
+    assert coll["nbytes"].tolist() == [N * 4] * 4 and coll["iteration"].tolist() == [0, 1, 2, 3]
+    assert len(set(coll["group"].tolist())) == 1  # the world group, however it was named
     monitor.unpatch_distributed()
     assert funcol.all_reduce is original
 

@@ -9,6 +9,11 @@ the batches sent to a real PULL socket), on a world of one, measured without the
 itself; then the whole patched call against torch's original on a small all_reduce, in
 interleaved blocks. Target: < 2 µs of job-thread CPU per record. Same-run reference: one
 ``time.time_ns()`` call; each row says how many of those it costs.
+
+The calls whose record ends at the job's own wait (workers.monitor.wait_hook) add two tables: a
+functional collective's begin + end (its group a ProcessGroup or a DeviceMesh) and its whole
+call, and what the wrapped ``Work.wait`` and ``wait_tensor`` cost a wait when nothing is
+outstanding (every wait of a job after its first gloo isend or functional collective).
 """
 
 from __future__ import annotations
@@ -101,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     whole.add("torch's dist.all_reduce (unpatched)", m_off, m_off / ref_us)
     whole.add("patched, under the monitor", m_on, m_on / ref_us)
     whole.add("difference: the wrapper", m_on - m_off, (m_on - m_off) / ref_us)
+    _wait_paths(report, n, ref_us, calls, blocks, second, f32, begin, end, mon)
     monitor.stop()
     received = 0
     while pull.poll(200):
@@ -111,6 +117,68 @@ def main(argv: list[str] | None = None) -> int:
     dist.destroy_process_group()
     finish(report, ns)
     return 0
+
+
+def _wait_paths(report: Any, n: int, ref_us: float, calls: int, blocks: int, *held: Any) -> None:
+    """Functional collectives and the wrapped waits (see the module docstring)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from workers.monitor import patch as monitor_patch
+    from workers.monitor import wait_hook
+
+    second, f32, begin, end, mon = held
+    mesh = init_device_mesh("cpu", (1,))
+    table = report.table(
+        f"a functional collective's begin + end, µs of job-thread CPU ({n // 10:,} each, best of 3)",
+        ("call", "µs", "x reference", "target", "met"),
+    )
+    spec = monitor_patch.funcol_spec("all_reduce", "all_reduce", monitor_patch._funcol_originals["funcol.all_reduce"])
+    for label, group in (("its group a ProcessGroup", second), ("its group a DeviceMesh", mesh)):
+        us = min(per_call_us(lambda g=group: end(begin(spec, (f32, "sum", g), {}), f32), n // 10) for _ in range(3))
+        table.add(f"funcol all_reduce, {label}", us, us / ref_us, f"< {TARGET_US:g} µs", us < TARGET_US)
+    mon.harvest()
+    original = monitor_patch._funcol_originals["funcol.all_reduce"]
+    on: list[float] = []
+    off: list[float] = []
+    for _ in range(blocks):
+        for fn, out in ((funcol.all_reduce, on), (original, off)):
+            c = time.thread_time()
+            for _ in range(calls // 4):
+                funcol.wait_tensor(fn(f32, "sum", second))
+            out.append((time.thread_time() - c) / (calls // 4) * 1e6)
+        mon.harvest()
+    whole = report.table(
+        f"a funcol all_reduce of 1 KiB and its wait_tensor, job-thread CPU per call (median of {blocks} "
+        f"interleaved blocks of {calls // 4:,})",
+        ("call", "µs", "x reference"),
+    )
+    m_on, m_off = statistics.median(on), statistics.median(off)
+    whole.add("torch's funcol.all_reduce + wait_tensor (unpatched)", m_off, m_off / ref_us)
+    whole.add("patched, under the monitor", m_on, m_on / ref_us)
+    whole.add("difference: the wrappers", m_on - m_off, (m_on - m_off) / ref_us)
+
+    work = dist.all_reduce(f32, group=second, async_op=True)
+    assert work is not None
+    wait_hook.expect(work, lambda: None)  # wraps Work.wait, as a gloo isend's first Work does
+    work.wait()
+    waits = report.table(
+        f"a wait with nothing outstanding, µs of job-thread CPU ({n:,} each, best of 3)",
+        ("call", "µs", "x reference"),
+    )
+    plain_wait = wait_hook._wrapped[type(work)] or type(work).__mro__[1].__dict__["wait"]
+    plain_tensor = monitor_patch._funcol_originals["funcol.wait_tensor"]
+    for label, fn in (
+        ("Work.wait() of a finished Work, torch's", lambda: plain_wait(work)),
+        ("Work.wait() of a finished Work, wrapped", work.wait),
+        ("wait_tensor of a plain tensor, torch's", lambda: plain_tensor(f32)),
+        ("wait_tensor of a plain tensor, wrapped", lambda: funcol.wait_tensor(f32)),
+    ):
+        us = min(per_call_us(fn, n) for _ in range(3))
+        waits.add(label, us, us / ref_us)
+    del torch
 
 
 if __name__ == "__main__":

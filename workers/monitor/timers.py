@@ -166,8 +166,8 @@ class Timers:
                 if is_async >= AT_WAIT:  # untimed if it cannot be followed (a gap)
                     if is_async == AT_WAIT + WORK_WAIT:
                         wait_hook.expect(result, ender.done)
-                    elif (output := getattr(result, "elem", None)) is not None:  # an AsyncCollectiveTensor
-                        wait_hook.expect_tensor(output, ender.done)
+                    elif type(result).__name__ == "AsyncCollectiveTensor":  # (a tensor's getattr miss: ~2 us)
+                        wait_hook.expect_tensor(result.elem, ender.done)
                     else:  # already waited inside the call (a gather on another dimension, tracing)
                         ender.done()
                     return self._count()
