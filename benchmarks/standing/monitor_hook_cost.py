@@ -88,24 +88,15 @@ def main(argv: list[str] | None = None) -> int:
 
     calls, blocks = (200, 4) if ns.tiny else (2_000, 15)
     original = monitor_patch._originals["all_reduce"]
-    on: list[float] = []
-    off: list[float] = []
-    for _ in range(blocks):
-        for fn, out in ((dist.all_reduce, on), (original, off)):
-            c = time.thread_time()
-            for _ in range(calls):
-                fn(f32, group=second)
-            out.append((time.thread_time() - c) / calls * 1e6)
-        mon.harvest()
-    whole = report.table(
+    interleaved(
+        report,
         f"a gloo all_reduce of 1 KiB on a second group, job-thread CPU per call (median of {blocks} "
         f"interleaved blocks of {calls:,})",
-        ("call", "µs", "x reference"),
+        ("torch's dist.all_reduce (unpatched)", "difference: the wrapper"),
+        (lambda: dist.all_reduce(f32, group=second), lambda: original(f32, group=second)),
+        (calls, blocks, ref_us),
+        mon.harvest,
     )
-    m_on, m_off = statistics.median(on), statistics.median(off)
-    whole.add("torch's dist.all_reduce (unpatched)", m_off, m_off / ref_us)
-    whole.add("patched, under the monitor", m_on, m_on / ref_us)
-    whole.add("difference: the wrapper", m_on - m_off, (m_on - m_off) / ref_us)
     _wait_paths(report, n, ref_us, calls, blocks, second, f32, begin, end, mon)
     monitor.stop()
     received = 0
@@ -117,6 +108,27 @@ def main(argv: list[str] | None = None) -> int:
     dist.destroy_process_group()
     finish(report, ns)
     return 0
+
+
+def interleaved(
+    report: Any, title: str, labels: tuple[str, str], fns: tuple[Any, Any], sizes: tuple[int, int, float], between: Any
+) -> None:
+    """A table of ``fns`` (patched, torch's) timed in interleaved blocks: medians and difference."""
+    calls, blocks, ref_us = sizes
+    on: list[float] = []
+    off: list[float] = []
+    for _ in range(blocks):
+        for fn, out in zip(fns, (on, off), strict=True):
+            c = time.thread_time()
+            for _ in range(calls):
+                fn()
+            out.append((time.thread_time() - c) / calls * 1e6)
+        between()
+    table = report.table(title, ("call", "µs", "x reference"))
+    m_on, m_off = statistics.median(on), statistics.median(off)
+    table.add(labels[0], m_off, m_off / ref_us)
+    table.add("patched, under the monitor", m_on, m_on / ref_us)
+    table.add(labels[1], m_on - m_off, (m_on - m_off) / ref_us)
 
 
 def _wait_paths(report: Any, n: int, ref_us: float, calls: int, blocks: int, *held: Any) -> None:
@@ -141,24 +153,18 @@ def _wait_paths(report: Any, n: int, ref_us: float, calls: int, blocks: int, *he
         table.add(f"funcol all_reduce, {label}", us, us / ref_us, f"< {TARGET_US:g} µs", us < TARGET_US)
     mon.harvest()
     original = monitor_patch._funcol_originals["funcol.all_reduce"]
-    on: list[float] = []
-    off: list[float] = []
-    for _ in range(blocks):
-        for fn, out in ((funcol.all_reduce, on), (original, off)):
-            c = time.thread_time()
-            for _ in range(calls // 4):
-                funcol.wait_tensor(fn(f32, "sum", second))
-            out.append((time.thread_time() - c) / (calls // 4) * 1e6)
-        mon.harvest()
-    whole = report.table(
+    interleaved(
+        report,
         f"a funcol all_reduce of 1 KiB and its wait_tensor, job-thread CPU per call (median of {blocks} "
         f"interleaved blocks of {calls // 4:,})",
-        ("call", "µs", "x reference"),
+        ("torch's funcol.all_reduce + wait_tensor (unpatched)", "difference: the wrappers"),
+        (
+            lambda: funcol.wait_tensor(funcol.all_reduce(f32, "sum", second)),
+            lambda: funcol.wait_tensor(original(f32, "sum", second)),
+        ),
+        (calls // 4, blocks, ref_us),
+        mon.harvest,
     )
-    m_on, m_off = statistics.median(on), statistics.median(off)
-    whole.add("torch's funcol.all_reduce + wait_tensor (unpatched)", m_off, m_off / ref_us)
-    whole.add("patched, under the monitor", m_on, m_on / ref_us)
-    whole.add("difference: the wrappers", m_on - m_off, (m_on - m_off) / ref_us)
 
     work = dist.all_reduce(f32, group=second, async_op=True)
     assert work is not None
