@@ -50,3 +50,25 @@ def test_after_the_cleanup_the_handler_from_before_is_back() -> None:
     done = _child("again")
     assert done.returncode == -1, (done.returncode, done.stderr)  # SIGHUP's default action
     assert done.stdout.splitlines() == ["cleanup finished"]
+
+
+SLOW = textwrap.dedent(
+    """
+    import os, signal, time
+    from tui.run.hangup import on_hangup
+
+    def slow_stop():  # a job's stop that outlasts the deadline on a loaded machine
+        time.sleep(30)
+
+    on_hangup(slow_stop, lambda: print("never", flush=True), deadline_s=0.5, last=lambda: print("last", flush=True))
+    os.kill(os.getpid(), signal.SIGHUP)
+    time.sleep(30)
+    """
+)
+
+
+def test_when_the_cleanup_outlasts_its_deadline_the_last_step_still_runs() -> None:
+    """The run's folder goes even when stopping the job takes longer than the deadline."""
+    done = subprocess.run([sys.executable, "-c", SLOW], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 129, (done.returncode, done.stderr)
+    assert done.stdout.splitlines() == ["last"]

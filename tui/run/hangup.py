@@ -26,14 +26,27 @@ from typing import Any
 HANGUP_DEADLINE_S = 10.0
 
 
-def on_hangup(*cleanups: Callable[[], Any], deadline_s: float = HANGUP_DEADLINE_S) -> Callable[[], None]:
-    """Install the SIGHUP handler (main thread only); returns a function restoring the old one."""
+def on_hangup(
+    *cleanups: Callable[[], Any],
+    deadline_s: float = HANGUP_DEADLINE_S,
+    last: Callable[[], Any] | None = None,
+) -> Callable[[], None]:
+    """Install the SIGHUP handler (main thread only); returns a function restoring the old one.
+    ``last`` (quick: remove the run's folder) also runs when the deadline cuts the cleanups short:
+    on a loaded machine a job's stop can outlast it, and the folder must not stay behind."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
+    def give_up(code: int) -> None:
+        try:
+            if last is not None:
+                last()
+        finally:
+            os._exit(code)
+
     def handler(signum: int, _frame: Any) -> None:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a second hang-up must not cut this short
-        guard = threading.Timer(deadline_s, os._exit, args=(128 + signum,))
+        guard = threading.Timer(deadline_s, give_up, args=(128 + signum,))
         guard.daemon = True
         guard.start()
         for cleanup in cleanups:

@@ -208,7 +208,7 @@ class LiveSession:
             self.close()
             before()
             raise
-        restore = on_hangup(job.stop, self.close_on_hangup)
+        restore = on_hangup(job.stop, self.close_on_hangup, last=self.remove_own_run)
         try:
             yield job
         finally:
@@ -329,7 +329,7 @@ class LiveSession:
         event is set), say how to reach the run, close the session when the block ends."""
         from tui.run.hangup import on_hangup
 
-        on_hangup(self.close_on_hangup)
+        on_hangup(self.close_on_hangup, last=self.remove_own_run)
         stop = threading.Event()
         if headless:  # before the lines below: a SIGTERM right after them must end it cleanly
             signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -368,7 +368,13 @@ class LiveSession:
     def close_on_hangup(self) -> None:
         """What can be done safely from a signal handler on the main thread while the ingest
         thread may be inside a socket call: finish the recording, remove the run's folder."""
-        self.recorder.close()
+        try:
+            self.recorder.close()
+        finally:
+            self.remove_own_run()
+
+    def remove_own_run(self) -> None:
+        """Remove the run's folder if this session made it (any thread; twice is harmless)."""
         if self.owns_run:
             from tui.run.run_dirs import remove_run
 
