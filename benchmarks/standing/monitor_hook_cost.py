@@ -133,7 +133,6 @@ def interleaved(
 
 def _wait_paths(report: Any, n: int, ref_us: float, calls: int, blocks: int, *held: Any) -> None:
     """Functional collectives and the wrapped waits (see the module docstring)."""
-    import torch
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
@@ -153,6 +152,7 @@ def _wait_paths(report: Any, n: int, ref_us: float, calls: int, blocks: int, *he
         table.add(f"funcol all_reduce, {label}", us, us / ref_us, f"< {TARGET_US:g} µs", us < TARGET_US)
     mon.harvest()
     original = monitor_patch._funcol_originals["funcol.all_reduce"]
+    plain_tensor = monitor_patch._funcol_originals["funcol.wait_tensor"]
     interleaved(
         report,
         f"a funcol all_reduce of 1 KiB and its wait_tensor, job-thread CPU per call (median of {blocks} "
@@ -160,7 +160,7 @@ def _wait_paths(report: Any, n: int, ref_us: float, calls: int, blocks: int, *he
         ("torch's funcol.all_reduce + wait_tensor (unpatched)", "difference: the wrappers"),
         (
             lambda: funcol.wait_tensor(funcol.all_reduce(f32, "sum", second)),
-            lambda: funcol.wait_tensor(original(f32, "sum", second)),
+            lambda: plain_tensor(original(f32, "sum", second)),
         ),
         (calls // 4, blocks, ref_us),
         mon.harvest,
@@ -174,8 +174,7 @@ def _wait_paths(report: Any, n: int, ref_us: float, calls: int, blocks: int, *he
         f"a wait with nothing outstanding, µs of job-thread CPU ({n:,} each, best of 3)",
         ("call", "µs", "x reference"),
     )
-    plain_wait = wait_hook._wrapped[type(work)] or type(work).__mro__[1].__dict__["wait"]
-    plain_tensor = monitor_patch._funcol_originals["funcol.wait_tensor"]
+    plain_wait = type(work).wait.__wrapped__  # torch's, under functools.wraps
     for label, fn in (
         ("Work.wait() of a finished Work, torch's", lambda: plain_wait(work)),
         ("Work.wait() of a finished Work, wrapped", work.wait),
@@ -184,7 +183,6 @@ def _wait_paths(report: Any, n: int, ref_us: float, calls: int, blocks: int, *he
     ):
         us = min(per_call_us(fn, n) for _ in range(3))
         waits.add(label, us, us / ref_us)
-    del torch
 
 
 if __name__ == "__main__":

@@ -300,18 +300,14 @@ def _patch_funcol(compiling: Callable[[], bool]) -> list[str]:
         key = f"funcol.{func}"
         current = getattr(funcol, func)
         original = getattr(current, "__commtop_original__", current)
-        if key not in _funcol_originals:
+        if key not in _funcol_originals:  # rebind sets it in the funcol module too (a torch module)
             _funcol_originals[key] = original
-            wrapper = _wrap(original, funcol_spec(op, func, original), compiling)
-            setattr(funcol, func, wrapper)
-            rebind(func, (original,), wrapper)
+            rebind(func, (original,), _wrap(original, funcol_spec(op, func, original), compiling))
         done.append(key)
     if "funcol.wait_tensor" not in _funcol_originals and getattr(funcol, "wait_tensor", None) is not None:
         original = funcol.wait_tensor
         _funcol_originals["funcol.wait_tensor"] = original
-        wrapper = wait_hook.wrap_wait_tensor(original)
-        funcol.wait_tensor = wrapper
-        rebind("wait_tensor", (original,), wrapper)
+        rebind("wait_tensor", (original,), wait_hook.wrap_wait_tensor(original))
     return done
 
 
@@ -334,19 +330,14 @@ def unpatch() -> None:
     for name, (pg_class, original) in list(_method_originals.items()):
         setattr(pg_class, name, original)
         del _method_originals[name]
-    for key, original in list(_funcol_originals.items()):
-        func = key.removeprefix("funcol.")
-        for module in list(sys.modules.values()):
-            held = getattr(module, "__dict__", {}).get(func)
-            if held is not None and getattr(held, "__commtop_original__", None) is original:
-                setattr(module, func, original)
-        del _funcol_originals[key]
-    for func, original in list(_originals.items()):
-        for module in list(sys.modules.values()):
-            held = getattr(module, "__dict__", {}).get(func)
-            if getattr(held, "__commtop_original__", None) is original:
-                setattr(module, func, original)
-        del _originals[func]
+    for originals in (_funcol_originals, _originals):  # funcol's keys: "funcol.NAME"
+        for key, original in list(originals.items()):
+            func = key.removeprefix("funcol.")
+            for module in list(sys.modules.values()):
+                held = getattr(module, "__dict__", {}).get(func)
+                if getattr(held, "__commtop_original__", None) is original:
+                    setattr(module, func, original)
+            del originals[key]
 
 
 def rebind(name: str, old: tuple[Any, ...], new: Any) -> None:

@@ -32,10 +32,6 @@ from workers.rank.heartbeat import WorkerStatus
 from workers.rank.timing import Anchor, CpuTimer, CudaTimer
 from workers.wire.protocol import dtype_code
 
-#: The token's async flag of a call whose record ends at the job's own wait, on the CPU:
-#: AT_WAIT + OpSpec.at_wait (patch.WORK_WAIT: isend/irecv; patch.TENSOR_WAIT: funcol).
-AT_WAIT = 2
-
 #: Where a collective's meta tuple (the MONITOR_COLL_ROW fields before start_ns) holds host_ns.
 HOST_NS = 9
 
@@ -140,7 +136,7 @@ class Timers:
         if tensor is not None and tensor.is_cuda:
             timer = self.cuda_timers().coll
             return timer, timer.begin(meta), is_async
-        return None, meta, spec.at_wait + AT_WAIT if spec.at_wait else is_async, time.perf_counter_ns()
+        return None, meta, is_async, time.perf_counter_ns(), spec.at_wait
 
     def coll_end(self, token: Any, result: Any) -> bool:
         """After the call returned: end now (blocking call), or when the Work completes.
@@ -158,13 +154,13 @@ class Timers:
         """
         timer = token[0]
         if timer is None:
-            _, meta, is_async, pc = token
+            _, meta, is_async, pc, at_wait = token
             if not is_async or result is None:
                 self.batcher.coll_rows.append((*meta, meta[HOST_NS], (time.perf_counter_ns() - pc) / 1000.0))
             else:
                 ender = Ender(self.cpu_coll, (meta, meta[HOST_NS], pc))
-                if is_async >= AT_WAIT:  # untimed if it cannot be followed (a gap)
-                    if is_async == AT_WAIT + WORK_WAIT:
+                if at_wait:  # untimed if it cannot be followed (a gap)
+                    if at_wait == WORK_WAIT:
                         wait_hook.expect(result, ender.done)
                     elif type(result).__name__ == "AsyncCollectiveTensor":  # (a tensor's getattr miss: ~2 us)
                         wait_hook.expect_tensor(result.elem, ender.done)
