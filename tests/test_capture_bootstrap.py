@@ -94,6 +94,9 @@ class FakeMonitor:
     def add_coll_array(self, records: Any) -> None:
         self.coll.extend(records.tolist())
 
+    def capture_lost(self, n: int) -> None:
+        self.status.lost = n
+
 
 def test_capture_thread_reads_each_collective_once_and_waits_at_stop_for_unretired_ones() -> None:
     real = pickle.loads(FR_DUMP.read_bytes())  # a real H200 dump; the dump function is a fake

@@ -9,6 +9,8 @@ process group (named through the rank's Hello), op, dtype and size, and no rank 
   job's own wait();
 * tests/jobs/functional_collectives.py: torch.distributed._functional_collectives (DTensor's
   path) and two DTensor redistributions, each timed to its first use (``wait_tensor``);
+* tests/jobs/out_of_sight.py: DDP, ``all_reduce_coalesced``, a funcol backward: what torch
+  issues underneath counts as lost, and recorded + lost = what torch.profiler saw;
 * examples/train_fsdp2.py: FSDP2 (``fully_shard``) on gloo; the expected counts come from
   torch.profiler in the same job (every c10d op the dispatcher ran, with its shapes),
   independently of commtop's wrappers.
@@ -215,3 +217,25 @@ def test_functional_collectives_and_dtensor_redistributions_are_each_recorded(mo
         assert ops_in_order == per_step * steps
         for s in range(steps):  # the funcol all_reduce (first) waits after the blocking one (second)
             assert end[s * 9] >= end[s * 9 + 1]
+
+
+def test_what_torch_issues_out_of_the_hooks_sight_is_counted_as_lost(monkeypatch, capsys, tmp_path) -> None:
+    """DDP's set-up from C++, ``all_reduce_coalesced`` and a functional collective's backward
+    pass no Python wrapper: each rank's recorded collectives and its Hello's ``lost`` add up to
+    what torch.profiler saw the job issue, on both groups; what gloo issues several ops for
+    (a list reduce_scatter, monitored_barrier) counts once, as the profiler counts it."""
+    steps, prefix = 3, str(tmp_path / "oos")
+    job = [str(REPO / "tests" / "jobs" / "out_of_sight.py"), "--steps", str(steps), "--counts", prefix]
+    tables = run_recorded(monkeypatch, capsys, job)
+    hellos = last_hellos(tables)
+    assert sorted(hellos) == [0, 1]
+    for rank, hello in hellos.items():
+        want = json.loads(Path(f"{prefix}.rank{rank}.json").read_text())
+        got = recorded(tables, rank, hello)
+        ops = collections.Counter({op: 0 for op in ("all_reduce", "reduce_scatter", "barrier")})
+        for (_g, op, _dt, _nb), n in got.items():
+            ops[op] += n
+        assert ops == {"all_reduce": 3 * steps, "reduce_scatter": steps, "barrier": steps}  # 2 DDP buckets, funcol
+        assert sum(got.values()) + hello.lost == want["issued"]
+        assert hello.lost > want["out_of_sight_per_step"] * steps  # and DDP's set-up
+        assert hello.dropped == 0

@@ -666,8 +666,9 @@ def test_gpu_records_still_in_flight_at_close_are_counted_lost_not_dropped(run) 
     coll, copy = FakeCudaTimer(fake_torch), FakeCudaTimer(fake_torch)
     coll.untimed, coll.count, copy.untimed, copy.count = 2, 5, 1, 3  # harvest never finishes them
     mon.timers.cuda = SimpleNamespace(torch=fake_torch, coll=coll, copy=copy, stream="private")
+    mon.capture_lost(4)  # the Flight Recorder's, beside them (CUDA-event copies): added, not replaced
     mon.close()
-    assert mon.status.lost == 2 + 5
+    assert mon.status.lost == 4 + 2 + 5
     assert mon.status.untimed == 2 + 5 + 1 + 3
 
 

@@ -113,6 +113,7 @@ class Capture:
 
         @functools.wraps(original)
         def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            self.mon.count_unseen()  # the groups' own numbers go with them
             if not args and kwargs.get("group") is None:  # the whole job's groups: read them first
                 self.finish()
             return original(*args, **kwargs)

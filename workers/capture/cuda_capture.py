@@ -149,7 +149,7 @@ class CaptureThread:
                     coll = self.rows.coll_array(fr.read(now), epoch, mode)
                     mon.status.iteration = self.rows.iteration
                     mon.status.untimed = fr.cursor.untimed
-                    mon.status.lost = fr.lost
+                    mon.capture_lost(fr.lost)
             cp = self.copies
             if cp is not None and copies:
                 cp.flush()
@@ -187,6 +187,6 @@ class CaptureThread:
             except Exception as exc:  # noqa: BLE001
                 log.warning("commtop capture: final count failed: %r", exc)
             self.fr.close()  # the decoder child, where there is one
-            self.mon.status.lost = self.fr.lost  # the last Hello (before the Bye) carries it
+            self.mon.capture_lost(self.fr.lost)  # the last Hello (before the Bye) carries it
         if self.copies is not None:
             self.copies.stop()

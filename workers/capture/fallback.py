@@ -6,8 +6,8 @@ DDP all-reduces its gradient buckets in C++, out of the wrappers' sight, unless 
 is registered; ``default_hooks.allreduce_hook`` does what the built-in does (divide by the
 world size, all_reduce) through ``dist.all_reduce``. It is registered at the model's first
 forward, and only if the script registered no hook of its own by then (DDP takes one hook).
-DDP's own set-up collectives (parameter broadcast, shape check, bucket rebuild) run in C++
-and stay unseen on this path.
+DDP's own set-up collectives (parameter broadcast, shape check, bucket rebuild) run in C++:
+untimed on this path, and counted as lost (workers.monitor.unseen).
 """
 
 from __future__ import annotations

@@ -93,7 +93,11 @@ def patch_distributed() -> list[str]:
     scatter; async_op=True included) and blocking send/recv into the active monitor. Returns
     the names patched."""
     try:
-        return monitor_patch.patch()
+        was = monitor_patch.patched()
+        names = monitor_patch.patch()
+        if _active is not None and not was:
+            _active.hooks_in()
+        return names
     except Exception as exc:  # noqa: BLE001
         log.warning("commtop monitor: collectives not patched (%r)", exc)
         return []

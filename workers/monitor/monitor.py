@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from workers.monitor import patch as monitor_patch
 from workers.monitor.knobs import MAX_NAME, Knobs, live_control
 from workers.monitor.patch import Args, Kwargs, OpSpec
 from workers.monitor.rank_info import env_int, node_gpus, run_info, world_group
@@ -96,6 +97,8 @@ class Monitor:
             self.publisher, self._control_status, batch_ms=batch_ms_for_world(batch_ms, self.world_size)
         )
         self.timers = Timers(self.batcher, self.status, on_cuda=self._refresh, groups=self.groups)
+        if monitor_patch.patched():
+            self.hooks_in()
         if conn is not None:
             arm_from_env()  # under `commtop run -- ...`: end with the torchrun agent, however it ends
             _hook_excepthook(self)
@@ -176,11 +179,26 @@ class Monitor:
                     time.sleep(0.01)
                 self.timers.flush()
                 self.timers.count_unfinished()
+                self._say_unseen()
             if self.control is not None:
                 self.control.close()
             self.session.close(*self._exit)
         except Exception as exc:  # noqa: BLE001
             log.warning("commtop monitor: while closing: %r", exc)
+
+    def _say_unseen(self) -> None:
+        """One line at the end where torch issued collectives no hook saw (they count as missing)."""
+        missed = {name: n for name, n in self.timers.unseen.missed.items() if n}
+        if missed:
+            names = {name: f"{code}:{desc or name}" for code, (name, desc, _s) in enumerate(self.groups.table)}
+            where = ", ".join(f"{n} on {names.get(name, name)}" for name, n in missed.items())
+            log.warning(
+                "commtop monitor: rank %d: %d collectives torch issued were not seen by the Python hooks (%s; "
+                "DDP's own set-up, *_coalesced, a funcol backward, compiled code): counted as missing",
+                self.rank,
+                sum(missed.values()),
+                where,
+            )
 
     # ------------------------------------------------------------------ hooks (never raise)
 
@@ -239,6 +257,28 @@ class Monitor:
                 self.fail(exc)
         if self._holding:
             self._hold()
+
+    def capture_lost(self, n: int) -> None:
+        """What the Flight Recorder capture lost so far (workers.capture), beside the timers' own."""
+        self.timers.capture_lost = n
+        self.timers.publish_lost()
+
+    def hooks_in(self) -> None:
+        """The wrappers went in (now, or before this monitor): from here on, what torch issues on
+        a gloo group that no hook saw is counted (workers.monitor.unseen)."""
+        try:
+            self.timers.unseen.baseline()
+        except Exception as exc:  # noqa: BLE001 - a count, never worth the job
+            self._warn_once("unseen", f"collectives the hooks did not see are not counted ({exc!r})")
+
+    def count_unseen(self) -> None:
+        """Before the job's groups go (``destroy_process_group``): count what torch issued on
+        them that no hook saw (workers.monitor.unseen) while torch can still say."""
+        if self.on and not self._closed:
+            try:
+                self.timers.count_unseen()
+            except Exception as exc:  # noqa: BLE001 - a count, never worth the job
+                self._warn_once("unseen", f"collectives the hooks did not see are not counted ({exc!r})")
 
     def harvest(self) -> None:
         """Move finished records into the batcher; send a batch if one is due. Never waits."""

@@ -15,7 +15,8 @@ so busbw compares with nccl-tests and with the synthetic loop. User code that bo
 before patching (``from torch.distributed import all_reduce``) keeps the original, and
 collectives issued from C++ (DDP's built-in allreduce) are not seen: register DDP's
 ``allreduce_hook`` (it calls ``dist.all_reduce``), as examples/train_ddp.py does. While
-torch.compile traces, a wrapper calls the original (compiled collectives are not timed).
+torch.compile traces, a wrapper calls the original (compiled collectives are not timed). On gloo
+groups what the wrappers did not see is counted as lost (workers.monitor.unseen).
 """
 
 from __future__ import annotations
@@ -182,6 +183,11 @@ def set_target(hooks: Hooks | None) -> None:
     """The monitor the wrappers report to (None: wrappers only call the original)."""
     global _target
     _target = hooks
+
+
+def patched() -> bool:
+    """The wrappers are in (between :func:`patch` and :func:`unpatch`)."""
+    return bool(_originals)
 
 
 def _spec(func: str, original: Callable[..., Any]) -> OpSpec:

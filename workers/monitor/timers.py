@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from workers.monitor import wait_hook
+from workers.monitor import patch, wait_hook
 from workers.monitor.patch import WORK_WAIT, Args, Kwargs, OpSpec
 from workers.monitor.records import MonitorBatcher
+from workers.monitor.unseen import Unseen
 from workers.rank.groups import GroupTable
 from workers.rank.heartbeat import WorkerStatus
 from workers.rank.timing import Anchor, CpuTimer, CudaTimer
@@ -97,6 +98,15 @@ class Timers:
         #: issues few collectives still sends its records within about a batch interval
         self._harvest_at = time.perf_counter_ns() + batcher.batch_ns
         self._dtypes: dict[Any, int] = {}  # torch dtype -> protocol code (a handful per job)
+        #: what torch issued on gloo groups that no hook saw (counted into the Hello's ``lost``)
+        self.unseen = Unseen(groups)
+        self._seen = self.unseen.seen
+        self._issued = self.unseen.issued
+        self._calibrating: Any = None  # workers.monitor.unseen.Unseen.calibrate's pending read
+        self._last_seen = (0, 0)  # (group code, count) of the last call begun: given back if it fails
+        self._cuda_lost = 0
+        #: collectives lost elsewhere (the Flight Recorder capture's overwritten entries)
+        self.capture_lost = 0
         self._waiter: queue.SimpleQueue[tuple[Any, Ender] | None] | None = None
         self._waiter_thread: threading.Thread | None = None
 
@@ -125,6 +135,13 @@ class Timers:
         code, ranks = known if known is not None else self.groups.of_pg(group)
         if spec.times_group:  # nccl-tests' S of gather and scatter: every rank's tensor
             nbytes *= ranks
+        calls = self._issued.get(spec.func)  # what one call of it issues on this group, once known
+        issued = calls[code] if calls is not None else 0
+        if not issued:  # its first call on this group: 1 now, the rest when it returned
+            issued = 1
+            self._calibrating = self.unseen.calibrate(spec.func, code, group)
+        self._seen[code] += issued
+        self._last_seen = (code, issued)
         dtype = 0
         if tensor is not None:
             dtype = self._dtypes.get(tensor.dtype, -1)
@@ -152,6 +169,9 @@ class Timers:
         does not move it. (Calling Work.wait() there instead would unstash the tensors the
         Work keeps alive for the caching allocator: unsafe.)
         """
+        if self._calibrating is not None:
+            self.unseen.calibrated(self._calibrating)
+            self._calibrating = None
         timer = token[0]
         if timer is None:
             _, meta, is_async, pc, at_wait = token
@@ -202,6 +222,9 @@ class Timers:
         iteration goes back, so the next collective takes it and no gap counts as missing. A
         CUDA start event stays unharvested; the next begin reuses its slot."""
         self.iteration -= 1  # the job's thread: no other collective began since (hooks.busy)
+        code, issued = self._last_seen
+        self._seen[code] -= issued
+        self._calibrating = None
         if token[0] is not None and token[1] < 0:
             token[0].untimed -= 1  # the ring was full: it counted one untimed
 
@@ -224,6 +247,8 @@ class Timers:
                 b.flush()
                 if cuda is not None:
                     self._count_untimed(cuda, in_flight=False)
+                if self.unseen.due():
+                    self.count_unseen()
 
     def add(self, coll_rows: list[tuple[Any, ...]], copy_rows: list[tuple[Any, ...]]) -> None:
         """Rows captured off the job's thread (workers.capture), batched and sent from the
@@ -257,12 +282,12 @@ class Timers:
         """At close, after the last harvest: GPU records whose end never came (a kernel ahead of
         them, a stopped peer) will never be timed or sent: count them (the last Hello's ``lost``
         and ``untimed``), not drop them silently. Before, a rank stuck behind a 60 s kernel when
-        stopped lost 148 collectives on an H100 with ``lost 0``."""
+        stopped lost 148 collectives on an H100 with ``lost 0``. Then what no hook saw."""
         cuda = self.cuda
-        if cuda is None:
-            return
         with self.lock:
-            self._count_untimed(cuda, in_flight=True)
+            if cuda is not None:
+                self._count_untimed(cuda, in_flight=True)
+            self.count_unseen()
 
     def _count_untimed(self, cuda: CudaTimers, in_flight: bool) -> None:
         """The status's ``untimed`` (collectives and copies) and ``lost`` (collectives begun, never
@@ -270,7 +295,20 @@ class Timers:
         coll = cuda.coll.untimed + (cuda.coll.count if in_flight else 0)
         copy = cuda.copy.untimed + (cuda.copy.count if in_flight else 0)
         self.status.untimed = coll + copy
-        self.status.lost = coll
+        self._cuda_lost = coll
+        self.publish_lost()
+
+    def count_unseen(self) -> None:
+        """Compare gloo's numbers with what the hooks saw (workers.monitor.unseen) while the
+        groups exist: about once a second, before ``destroy_process_group``, at close. Only
+        while the hooks are in (without them every number would read as missed)."""
+        if patch.patched():
+            self.unseen.read()
+            self.publish_lost()
+
+    def publish_lost(self) -> None:
+        """The Hello's ``lost``: every way this rank knows collectives went unrecorded."""
+        self.status.lost = self.capture_lost + self._cuda_lost + self.unseen.total
 
     def stop_waiter(self, timeout_s: float) -> None:
         """At close: the waiter thread ends once the Works it waits on have."""

@@ -62,6 +62,11 @@ class GroupTable:
         self.by_pg: dict[Any, tuple[int, int]] = {}
         self._lock = threading.Lock()  # new groups: the job's thread and the capture thread
 
+    @property
+    def codes(self) -> dict[str, int]:
+        """Group name -> code, for the groups that have one (past MAX_GROUPS: none)."""
+        return self._codes
+
     def world(self, group: Group) -> None:
         """The default group: code 0 (set when the process group exists; again after a new init)."""
         with self._lock:

@@ -1,0 +1,181 @@
+"""What torch issues on a gloo group out of the Python hooks' sight counts as lost (workers.monitor.unseen).
+
+In one process on real gloo (world size 1): DDP's constructor, ``all_reduce_coalesced`` and a
+functional collective's backward issue collectives no wrapper sees; the reference is
+torch.profiler's count of the ``c10d::`` ops the dispatcher ran, never commtop's. The rules that
+keep the count from ever exceeding what was missed are checked on named fakes.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.distributed import distributed_c10d as c10d
+
+from workers import monitor
+from workers.monitor.unseen import Unseen, only_gloo
+from workers.rank.groups import GroupTable
+from workers.wire import connection as connections
+from workers.wire.protocol import MAX_GROUPS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one() -> Iterator[None]:
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture()
+def mon(conn: connections.Connection, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    m = monitor.start(conn.path, sampler=False)
+    monitor.patch_distributed()
+    yield m
+    monitor.stop()
+    monitor.unpatch_distributed()
+
+
+def c10d_ops(prof: Any) -> int:
+    """The collectives the dispatcher ran (waits are not collectives)."""
+    names = collections.Counter(e.name for e in prof.events() if e.name.startswith("c10d::"))
+    return sum(n for name, n in names.items() if "wait" not in name)
+
+
+def out_of_sight(steps: int) -> None:
+    """A job's steps with collectives the wrappers see and ones torch issues underneath."""
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))  # its set-up: C++
+    for _ in range(steps):
+        model(torch.randn(2, 4)).sum().backward()  # the bucket's all_reduce: a comm hook (seen)
+        dist.all_reduce(torch.ones(8))  # seen
+        dist.reduce_scatter(torch.empty(4), [torch.ones(4)])  # seen
+        dist.all_reduce_coalesced([torch.ones(3), torch.ones(2)])  # not wrapped
+        x = torch.ones(4, requires_grad=True)
+        funcol.all_reduce(x, "sum", dist.group.WORLD).sum().backward()  # forward seen, backward not
+
+
+def test_what_torch_issued_out_of_sight_is_counted_lost_beside_what_was_recorded(mon) -> None:
+    from workers.capture import fallback
+
+    fallback.patch_ddp()  # as `commtop run` does on gloo: DDP's buckets through a comm hook
+    steps = 3
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    with prof:
+        out_of_sight(steps)
+    mon.count_unseen()
+    issued = c10d_ops(prof)
+    recorded = mon.timers.iteration
+    assert mon.status.lost == issued - recorded
+    assert mon.status.lost >= 2 * steps + 1  # a coalesced all_reduce and a backward per step, DDP's set-up
+    name = c10d._get_process_group_name(dist.group.WORLD)
+    assert mon.timers.unseen.missed == {name: mon.status.lost}
+
+
+def test_a_refused_call_and_a_coalescing_block_never_count_as_lost(mon) -> None:
+    """torch refuses a call before numbering it: its count is given back. In a coalescing block
+    the hooks see two all_reduces where gloo issues one: a lower read keeps the higher count."""
+    dist.all_reduce_coalesced([torch.ones(3)])  # one out of sight
+    mon.count_unseen()
+    assert mon.status.lost == 1
+    with pytest.raises((RuntimeError, ValueError)):
+        dist.broadcast(torch.ones(4), src=7)
+    for _ in range(3):
+        with c10d._coalescing_manager(async_ops=True) as block:
+            dist.all_reduce(torch.ones(4))
+            dist.all_reduce(torch.ones(4))
+        block.wait()
+    mon.close()  # the last read, at close
+    assert mon.status.lost == 1
+
+
+def test_only_what_comes_while_the_hooks_are_in_is_compared(mon) -> None:
+    """Unpatched, every number torch gives would read as missed: no read happens; patched again,
+    what came before is nobody's miss (a script that starts the monitor after collectives)."""
+    monitor.unpatch_distributed()
+    for _ in range(4):
+        dist.all_reduce(torch.ones(4))
+        dist.all_reduce_coalesced([torch.ones(2)])
+    mon.count_unseen()
+    assert mon.status.lost == 0
+    monitor.patch_distributed()
+    mon.count_unseen()
+    assert mon.status.lost == 0
+    dist.all_reduce_coalesced([torch.ones(2)])
+    mon.count_unseen()
+    assert mon.status.lost == 1
+
+
+class ProcessGroupGloo:
+    """Fake gloo backend (only its class name is read)."""
+
+
+class FakeNcclBackend:
+    pass
+
+
+class FakeGroup:
+    """Fake process group: torch's number of what it issued, set by the test."""
+
+    def __init__(self, backend: object, issued: int = 0) -> None:
+        self.backend = backend
+        self.issued = issued
+        self._device_types = ["cpu"]
+
+    def _get_backend(self, _device: object) -> object:
+        return self.backend
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self.issued
+
+
+@pytest.fixture()
+def fake_c10d(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """A fake torch.distributed.distributed_c10d holding the fake groups by name."""
+    world = SimpleNamespace(pg_names={})
+    fake = SimpleNamespace(_world=world, _get_process_group_name=lambda pg: world.pg_names[pg])
+    monkeypatch.setitem(__import__("sys").modules, "torch.distributed.distributed_c10d", fake)
+    return fake
+
+
+def test_a_read_while_a_call_is_in_flight_counts_nothing_and_a_group_only_grows(fake_c10d) -> None:
+    gloo, nccl = FakeGroup(ProcessGroupGloo()), FakeGroup(FakeNcclBackend(), issued=50)
+    fake_c10d._world.pg_names.update({gloo: "g", nccl: "n"})
+    groups = GroupTable()
+    code = groups.code("g", "", 2)
+    unseen = Unseen(groups)
+    assert only_gloo(gloo) and not only_gloo(nccl)
+    unseen.seen[code] += 1  # a hook counted its call; torch has not numbered it yet
+    assert unseen.read() == 0
+    gloo.issued = 1 + 3  # that call, and three out of sight
+    assert unseen.read() == 3
+    unseen.seen[code] += 2  # two the hooks saw that gloo issued as one
+    gloo.issued += 1
+    assert unseen.read() == 3 and unseen.missed == {"g": 3}  # the NCCL group is never read
+
+
+def test_the_first_call_on_a_group_measures_what_one_call_issues(fake_c10d) -> None:
+    gloo = FakeGroup(ProcessGroupGloo())
+    fake_c10d._world.pg_names[gloo] = "g"
+    groups = GroupTable()
+    code = groups.code("g", "", 3)
+    unseen = Unseen(groups)
+    pending = unseen.calibrate("monitored_barrier", code, gloo)
+    unseen.seen[code] += 1  # what Timers.coll_begin counts before the call
+    assert pending is not None
+    gloo.issued += 4  # rank 0 of three: two receives, two sends
+    unseen.calibrated(pending)
+    assert unseen.issued["monitored_barrier"][code] == 4 and unseen.seen[code] == 4
+    assert unseen.read() == 0
+    nccl = FakeGroup(FakeNcclBackend())
+    fake_c10d._world.pg_names[nccl] = "n"
+    assert unseen.calibrate("all_reduce", groups.code("n", "", 2), nccl) is None  # 1 a call, unread
+    assert len(unseen.issued["all_reduce"]) == MAX_GROUPS + 1
