@@ -18,6 +18,10 @@ EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp.p
 STEPS = 30
 #: Per step the example issues DDP's bucket all_reduce, an all_gather and a loss all_reduce.
 COLLECTIVES_PER_STEP = 3
+#: DDP's own set-up from C++, out of the Python hooks' sight and so counted as missing
+#: (workers.monitor.unseen; torch 2.13 on gloo: the constructor's all_gather and two broadcasts,
+#: the first bucket rebuild's two broadcasts).
+DDP_SET_UP = 5
 
 
 def test_the_example_streams_its_collectives_and_copies_to_commtop_run(monkeypatch, capsys) -> None:
@@ -38,7 +42,7 @@ def test_the_example_streams_its_collectives_and_copies_to_commtop_run(monkeypat
     for r in rows:
         rank, _where, mode, count, missing = r[:5]
         assert mode == "overlap"  # the example's offload knob colours its records
-        assert int(count) == STEPS * COLLECTIVES_PER_STEP and int(missing) == 0
+        assert int(count) == STEPS * COLLECTIVES_PER_STEP and int(missing) == DDP_SET_UP
         copy_gbps = r[9]
         assert float(copy_gbps) > 0  # one offload copy per step arrived
         assert r[-2:] == ["exited", "(0)"]

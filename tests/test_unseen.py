@@ -179,3 +179,15 @@ def test_the_first_call_on_a_group_measures_what_one_call_issues(fake_c10d) -> N
     fake_c10d._world.pg_names[nccl] = "n"
     assert unseen.calibrate("all_reduce", groups.code("n", "", 2), nccl) is None  # 1 a call, unread
     assert len(unseen.issued["all_reduce"]) == MAX_GROUPS + 1
+
+
+def test_under_the_flight_recorder_capture_every_gloo_collective_counts(mon) -> None:
+    """The Flight Recorder capture times NCCL's collectives with no hook in: a gloo side group's
+    (CPU object collectives, a checkpointer's group) are all counted, beside what it lost itself."""
+    monitor.unpatch_distributed()  # as workers.capture.bootstrap leaves it on that path
+    mon.gloo_untimed()
+    for _ in range(3):
+        dist.all_reduce(torch.ones(4))
+    mon.capture_lost(2)
+    mon.count_unseen()
+    assert mon.status.lost == 3 + 2

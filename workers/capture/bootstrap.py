@@ -189,6 +189,7 @@ class Capture:
             except OSError as exc:
                 why = f" (no decoder child: {exc}; decoded in the rank)"
         fr = FlightRecorderSource(first, nccl_status(), ring, fallbacks=readers, rank=self.mon.rank)
+        self.mon.gloo_untimed()  # a gloo side group's collectives: counted, not timed (workers.monitor.unseen)
         self.thread = CaptureThread(self.mon, self.timeline, fr, copies)
         self.thread.start()
         self._monitor_api_uses_this_capture(copies is not None)

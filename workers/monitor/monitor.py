@@ -188,17 +188,26 @@ class Monitor:
 
     def _say_unseen(self) -> None:
         """One line at the end where torch issued collectives no hook saw (they count as missing)."""
-        missed = {name: n for name, n in self.timers.unseen.missed.items() if n}
-        if missed:
-            names = {name: f"{code}:{desc or name}" for code, (name, desc, _s) in enumerate(self.groups.table)}
-            where = ", ".join(f"{n} on {names.get(name, name)}" for name, n in missed.items())
-            log.warning(
-                "commtop monitor: rank %d: %d collectives torch issued were not seen by the Python hooks (%s; "
-                "DDP's own set-up, *_coalesced, a funcol backward, compiled code): counted as missing",
-                self.rank,
-                sum(missed.values()),
-                where,
+        unseen = self.timers.unseen
+        missed = {name: n for name, n in unseen.missed.items() if n}
+        if not missed:
+            return
+        names = {name: f"{code}:{desc or name}" for code, (name, desc, _s) in enumerate(self.groups.table)}
+        where = ", ".join(f"{n} on {names.get(name, 'gloo group ' + name)}" for name, n in missed.items())
+        if unseen.untimed_gloo:
+            why = (
+                "were not timed: the Flight Recorder capture times NCCL's; COMMTOP_CAPTURE=hooks times gloo's "
+                "(and not NCCL's from C++)"
             )
+        else:
+            why = "were not seen by the Python hooks (DDP's own set-up, *_coalesced, a funcol backward, compiled code)"
+        log.warning(
+            "commtop monitor: rank %d: %d collectives torch issued on gloo groups %s (%s): counted as missing",
+            self.rank,
+            sum(missed.values()),
+            why,
+            where,
+        )
 
     # ------------------------------------------------------------------ hooks (never raise)
 
@@ -257,6 +266,15 @@ class Monitor:
                 self.fail(exc)
         if self._holding:
             self._hold()
+
+    def gloo_untimed(self) -> None:
+        """The Flight Recorder capture times NCCL's collectives and no hook is in: from here on
+        every collective torch issues on a gloo group counts as lost (workers.monitor.unseen)."""
+        try:
+            self.timers.unseen.untimed_gloo = True
+            self.timers.unseen.baseline()
+        except Exception as exc:  # noqa: BLE001 - a count, never worth the job
+            self._warn_once("unseen", f"collectives on gloo groups are not counted ({exc!r})")
 
     def capture_lost(self, n: int) -> None:
         """What the Flight Recorder capture lost so far (workers.capture), beside the timers' own."""

@@ -259,6 +259,8 @@ class Timers:
             b.copy_rows.extend(copy_rows)
             if b.due():
                 b.flush()
+            if self.unseen.untimed_gloo and self.unseen.due():  # the Flight Recorder capture's thread
+                self.count_unseen()
 
     def add_array(self, records: np.ndarray) -> None:
         """MONITOR_COLL_ROW records captured off the job's thread, batched and sent from the
@@ -301,8 +303,9 @@ class Timers:
     def count_unseen(self) -> None:
         """Compare gloo's numbers with what the hooks saw (workers.monitor.unseen) while the
         groups exist: about once a second, before ``destroy_process_group``, at close. Only
-        while the hooks are in (without them every number would read as missed)."""
-        if patch.patched():
+        while the hooks are in (without them every number would read as missed), or while the
+        Flight Recorder capture leaves gloo's collectives untimed (every one is missed)."""
+        if patch.patched() or self.unseen.untimed_gloo:
             self.unseen.read()
             self.publish_lost()
 

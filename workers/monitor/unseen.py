@@ -18,6 +18,8 @@ torch's numbers first, then the hooks'; a group's count only grows (a later read
 lower keeps the earlier: in a ``_coalescing_manager`` block the hooks count two all_reduces where
 gloo issues one); a call counts at least one. NCCL and mixed groups are left out (the Flight
 Recorder counts NCCL's; their numbers count otherwise); past MAX_GROUPS groups the count stops.
+Under the Flight Recorder capture (NCCL) no hook is in and a gloo side group's collectives (CPU
+object collectives, a checkpointer's group) are untimed: all of them count (:attr:`untimed_gloo`).
 Read about once a second on the job's thread (a few groups: microseconds), before
 ``destroy_process_group`` and at close.
 """
@@ -63,6 +65,8 @@ class Unseen:
         self.total = 0
         self._gloo: dict[str, bool] = {}  # group name -> only_gloo, asked once
         self._before: dict[str, int] = {}  # group name -> what it issued before the hooks went in
+        #: no hooks on gloo's collectives (the Flight Recorder capture times NCCL's): all are missed
+        self.untimed_gloo = False
         self._next_read = 0.0
 
     # ---------------------------------------------------------------- the job's thread, per call
