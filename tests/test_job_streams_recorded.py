@@ -11,6 +11,8 @@ process group (named through the rank's Hello), op, dtype and size, and no rank 
   path) and two DTensor redistributions, each timed to its first use (``wait_tensor``);
 * tests/jobs/out_of_sight.py: DDP, ``all_reduce_coalesced``, a funcol backward: what torch
   issues underneath counts as lost, and recorded + lost = what torch.profiler saw;
+* tests/jobs/spawned_ranks.py: ranks started by the script (``torch.multiprocessing.spawn``), under
+  ``--nproc 1``: the spawned processes are the ranks, the launcher is none;
 * examples/train_fsdp2.py: FSDP2 (``fully_shard``) on gloo; the expected counts come from
   torch.profiler in the same job (every c10d op the dispatcher ran, with its shapes),
   independently of commtop's wrappers.
@@ -44,8 +46,9 @@ def run_recorded(
     capsys: pytest.CaptureFixture[str],
     argv: list[str],
     launcher: tuple[str, ...] = ("python",),
+    nproc: int = 2,
 ) -> Tables:
-    """`commtop run --headless --nproc 2 --record -- LAUNCHER ARGV`: the recording's tables."""
+    """`commtop run --headless --nproc NPROC --record -- LAUNCHER ARGV`: the recording's tables."""
     root = tempfile.mkdtemp(prefix="cm-", dir="/tmp")
     rec_path = str(Path(root) / "job.commtop")
     monkeypatch.setenv("COMMTOP_RUNTIME_DIR", root)
@@ -53,7 +56,7 @@ def run_recorded(
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.delenv("COMMTOP_CONNECTION_FILE", raising=False)
     try:
-        code = cli.main(["run", "--headless", "--nproc", "2", "--record", rec_path, "--", *launcher, *argv])
+        code = cli.main(["run", "--headless", "--nproc", str(nproc), "--record", rec_path, "--", *launcher, *argv])
         out = capsys.readouterr()
         assert code == 0, out.err[-3000:] + out.out[-3000:]
         with open_recording(rec_path) as rec:
@@ -239,3 +242,40 @@ def test_what_torch_issues_out_of_the_hooks_sight_is_counted_as_lost(monkeypatch
         assert sum(got.values()) + hello.lost == want["issued"]
         assert hello.lost > want["out_of_sight_per_step"] * steps  # and DDP's set-up
         assert hello.dropped == 0
+
+
+def test_ranks_a_script_spawns_itself_are_the_runs_ranks(monkeypatch, capsys, tmp_path) -> None:
+    """The PyTorch DDP tutorial's shape (``mp.spawn`` of 3 ranks) under ``commtop run --nproc 1``:
+    every collective of each spawned rank is recorded with its group, and the torchrun process that
+    spawned them is no rank of the run (no Hello of its own)."""
+    prefix = str(tmp_path / "spawned")
+    job = [str(REPO / "tests" / "jobs" / "spawned_ranks.py"), "--ranks", "3", "--steps", "4", "--counts", prefix]
+    tables = run_recorded(monkeypatch, capsys, job, nproc=1)
+    hellos = last_hellos(tables)
+    assert sorted(hellos) == [0, 1, 2]
+    assert len({h.pid for _, h in tables.hellos}) == 3  # three spawned processes, nobody else
+    for rank, hello in hellos.items():
+        assert hello.world_size == 3 and hello.backend == "gloo/cpu"
+        assert recorded(tables, rank, hello) == expected(prefix, rank)
+        assert hello.lost == 0 and hello.dropped == 0
+
+
+def test_a_script_that_spawns_its_ranks_under_several_torchrun_ranks_is_refused_in_one_line(
+    monkeypatch, capsys, tmp_path
+) -> None:
+    """Two torchrun ranks would each start the job's ranks (they collide on one store): each
+    stops before spawning, saying how to run it; nothing is left running."""
+    root = tempfile.mkdtemp(prefix="cm-", dir="/tmp")
+    monkeypatch.setenv("COMMTOP_RUNTIME_DIR", root)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("COMMTOP_CONNECTION_FILE", raising=False)
+    job = [str(REPO / "tests" / "jobs" / "spawned_ranks.py"), "--counts", str(tmp_path / "never")]
+    try:
+        code = cli.main(["run", "--headless", "--nproc", "2", "--", "python", *job])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out = capsys.readouterr()
+    assert code != 0
+    said = [line for line in (out.out + out.err).splitlines() if "starts its own ranks" in line]
+    assert said and all("`commtop run --nproc 1 -- ...`" in line for line in said), out.out[-2000:]
+    assert not list(tmp_path.glob("never.rank*.json"))  # no rank of the job ran

@@ -87,7 +87,9 @@ class Capture:
             # every torch module that bound it (init_device_mesh calls device_mesh's own)
             rebind(name, (current, getattr(current, "__commtop_original__", current)), wrap(current))
         atexit.register(self.finish)
-        from workers.capture import on_sigterm
+        from workers.capture import on_sigterm, spawned
+
+        spawned.install(self.mon.stand_aside)  # a script that starts its own ranks (mp.spawn)
 
         on_sigterm.install(
             self._flush_on_sigterm, lambda: self.mon.hold_for_exit(-int(signal.SIGTERM), "stopped by SIGTERM")
@@ -136,7 +138,7 @@ class Capture:
             from workers.capture import fallback
 
             fallback.install()
-            if self.mon.rank == 0:
+            if dist_rank() == 0:
                 why = "forced by $COMMTOP_CAPTURE" if self.mode == "hooks" else f"{backend}: no Flight Recorder timing"
                 print(
                     f"commtop: {why}; timing collectives with Python hooks (DDP through a comm hook)", file=sys.stderr
@@ -193,7 +195,7 @@ class Capture:
         self.thread = CaptureThread(self.mon, self.timeline, fr, copies)
         self.thread.start()
         self._monitor_api_uses_this_capture(copies is not None)
-        if self.mon.rank == 0:
+        if dist_rank() == 0:
             ring_note = self.ring_note or f"ring {ring}"
             print(
                 f"commtop: collectives from torch's Flight Recorder (NCCL timing on; {ring_note}; read through "
@@ -295,6 +297,17 @@ class Capture:
         block, self.block = self.block, None
         if block is not None:
             block.__exit__(None, None, None)
+
+
+def dist_rank() -> int:
+    """This process's rank in its default group (what torch says once it exists; a spawned rank's
+    environment names none)."""
+    import torch.distributed as dist
+
+    try:
+        return int(dist.get_rank()) if dist.is_initialized() else int(os.environ.get("RANK", "0") or 0)
+    except Exception:  # noqa: BLE001
+        return 0
 
 
 def cupti_holder() -> str:

@@ -267,6 +267,18 @@ class Monitor:
         if self._holding:
             self._hold()
 
+    def stand_aside(self) -> None:
+        """This process only starts the job's ranks (workers.capture.spawned): it was never a rank,
+        so it says nothing (no Hello, no Bye) and its node sampler stops (a spawned rank runs it)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.on = False
+        try:
+            self.session.close(0, "launcher", linger_ms=0, quiet=True)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("commtop monitor: while standing aside: %r", exc)
+
     def gloo_untimed(self) -> None:
         """The Flight Recorder capture times NCCL's collectives and no hook is in: from here on
         every collective torch issues on a gloo group counts as lost (workers.monitor.unseen)."""

@@ -93,15 +93,15 @@ class RankSession:
         if not self.heartbeat.is_alive():
             self.heartbeat.start()
 
-    def close(self, exit_code: int, reason: str, linger_ms: int = EXIT_LINGER_MS) -> None:
+    def close(self, exit_code: int, reason: str, linger_ms: int = EXIT_LINGER_MS, quiet: bool = False) -> None:
         """Stop the heartbeat, say a last Hello and Bye, let the tail go out (bounded), stop the
-        sampler. Idempotent."""
+        sampler. Idempotent. ``quiet``: no Hello nor Bye (a process that was never a rank)."""
         if self._closed:
             return
         self._closed = True
         self.status.finished = True
         self.heartbeat.stop()
-        if self.conn is not None:
+        if self.conn is not None and not quiet:
             self.publisher.send_body(hello_body(self.conn.session, self.heartbeat.info, self.status, self.counters))
             self.publisher.send_bye(Bye(self.heartbeat.info.rank, exit_code, reason, time.time_ns()))
         self.publisher.close(linger_ms=linger_ms if self.conn is not None else 0)

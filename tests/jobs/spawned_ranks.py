@@ -1,0 +1,62 @@
+"""A job that starts its own ranks with torch.multiprocessing.spawn (the PyTorch DDP tutorial's shape), nothing of commtop in it.
+
+    python tests/jobs/spawned_ranks.py --ranks 2 --counts /tmp/c
+    commtop run --headless --nproc 1 --record x.commtop -- python tests/jobs/spawned_ranks.py --counts /tmp/c
+
+Each spawned rank joins a gloo group with its index as its rank and, per step, all_reduces a
+float32 tensor of 64 elements, broadcasts a float64 one of 16 from rank 0 and all_gathers an int32
+one of 8. It counts what it issues from its own logic, per (group name, op, dtype, nbytes as
+nccl-tests count them), and writes the counts to ``PREFIX.rankN.json``
+(tests/test_job_streams_recorded.py compares a recording with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def rank_main(rank: int, world: int, port: int, steps: int, counts: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    group = dist.distributed_c10d._get_process_group_name(dist.group.WORLD)
+    issued: collections.Counter[tuple[str, str, str, int]] = collections.Counter()
+    for _step in range(steps):
+        t = torch.ones(64)
+        dist.all_reduce(t)
+        issued[(group, "all_reduce", "float32", t.nbytes)] += 1
+        b = torch.ones(16, dtype=torch.float64)
+        dist.broadcast(b, src=0)
+        issued[(group, "broadcast", "float64", b.nbytes)] += 1
+        g = torch.ones(8, dtype=torch.int32)
+        dist.all_gather_into_tensor(torch.empty(8 * world, dtype=torch.int32), g)
+        issued[(group, "all_gather", "int32", g.nbytes * world)] += 1
+    if counts:
+        with open(f"{counts}.rank{rank}.json", "w") as f:
+            json.dump([[*key, n] for key, n in sorted(issued.items())], f)
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--counts", default="", help="write each rank's counts to PREFIX.rankN.json")
+    args = ap.parse_args(argv)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    mp.spawn(rank_main, args=(args.ranks, port, args.steps, args.counts), nprocs=args.ranks)
+    print(f"spawned_ranks: {args.ranks} ranks, {args.steps} steps (pid {os.getpid()})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
