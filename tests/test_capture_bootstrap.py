@@ -97,6 +97,10 @@ class FakeMonitor:
     def capture_lost(self, n: int) -> None:
         self.status.lost = n
 
+    def take_iterations(self, n: int) -> int:
+        first, self.taken = getattr(self, "taken", 0), getattr(self, "taken", 0) + n
+        return first
+
 
 def test_capture_thread_reads_each_collective_once_and_waits_at_stop_for_unretired_ones() -> None:
     real = pickle.loads(FR_DUMP.read_bytes())  # a real H200 dump; the dump function is a fake

@@ -161,6 +161,7 @@ class Capture:
 
     def _start_cuda(self) -> str:
         """Flight Recorder collectives (+ CUPTI copies); '' when the Flight Recorder cannot serve."""
+        from workers.capture import gloo_side
         from workers.capture.cuda_capture import CaptureThread, CuptiCopies, fr_dump_function
         from workers.capture.fr_child import ChildDecoder
         from workers.capture.fr_source import FlightRecorderSource, InProcessDump, nccl_status, ring_size
@@ -191,7 +192,8 @@ class Capture:
             except OSError as exc:
                 why = f" (no decoder child: {exc}; decoded in the rank)"
         fr = FlightRecorderSource(first, nccl_status(), ring, fallbacks=readers, rank=self.mon.rank)
-        self.mon.gloo_untimed()  # a gloo side group's collectives: counted, not timed (workers.monitor.unseen)
+        self.mon.gloo_untimed()  # a gloo side group's collectives count as missing until timed:
+        gloo_side.install(self.mon.time_gloo_groups)  # ... from its creation on (workers.capture.gloo_side)
         self.thread = CaptureThread(self.mon, self.timeline, fr, copies)
         self.thread.start()
         self._monitor_api_uses_this_capture(copies is not None)

@@ -112,7 +112,7 @@ class CaptureThread:
         self.mon = mon
         self.fr = fr
         self.copies = copies
-        self.rows = RowMaker(timeline, mon.groups)
+        self.rows = RowMaker(timeline, mon.groups, mon.take_iterations)
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one drain at a time (thread vs final drain)
         self.thread = threading.Thread(target=self._run, name="commtop-capture", daemon=True)

@@ -67,10 +67,12 @@ class RowMaker:
     collective's group gets its code from the rank's group table (by torch's group name, as the
     monitor's wrappers key it)."""
 
-    def __init__(self, timeline: StepTimeline, groups: GroupTable) -> None:
+    def __init__(self, timeline: StepTimeline, groups: GroupTable, take: Callable[[int], int] | None = None) -> None:
         self.timeline = timeline
         self.groups = groups
-        self.iteration = 0
+        self.iteration = 0  # the end of the iterations taken so far
+        #: the first of n iterations (the monitor's, shared with its hooks: workers.capture.gloo_side)
+        self.take = take if take is not None else self._own
 
     def coll_array(self, batch: FrBatch, epoch: int, mode: int) -> np.ndarray:
         """A read's collectives as MONITOR_COLL_ROW records, with no Python object per collective."""
@@ -79,8 +81,9 @@ class RowMaker:
         out = np.empty(n, MONITOR_COLL_ROW)
         if not n:
             return out
-        out["iteration"] = np.arange(self.iteration, self.iteration + n)
-        self.iteration += n
+        first = self.take(n)
+        out["iteration"] = np.arange(first, first + n)
+        self.iteration = max(self.iteration, first + n)
         out["step"] = self.timeline.steps_at(rows["host_ns"])
         out["epoch"] = epoch
         out["mode"] = mode
@@ -90,6 +93,9 @@ class RowMaker:
             out[name] = rows[name]
         out["start_ns"] = rows["host_ns"]
         return out
+
+    def _own(self, n: int) -> int:
+        return self.iteration
 
     def copy_rows(self, cs: Iterable[CopyRecord], epoch: int) -> list[tuple[Any, ...]]:
         at = self.timeline.snapshot()

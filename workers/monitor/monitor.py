@@ -194,11 +194,10 @@ class Monitor:
             return
         names = {name: f"{code}:{desc or name}" for code, (name, desc, _s) in enumerate(self.groups.table)}
         where = ", ".join(f"{n} on {names.get(name, 'gloo group ' + name)}" for name, n in missed.items())
-        if unseen.untimed_gloo:
-            why = (
-                "were not timed: the Flight Recorder capture times NCCL's; COMMTOP_CAPTURE=hooks times gloo's "
-                "(and not NCCL's from C++)"
-            )
+        if unseen.untimed_gloo and not self.timers.gloo_only:
+            why = "were not timed (the Flight Recorder capture times NCCL's; COMMTOP_CAPTURE=hooks times gloo's)"
+        elif unseen.untimed_gloo:
+            why = "were not seen by the Python hooks (before the group's first wrapper, C++, *_coalesced, compiled)"
         else:
             why = "were not seen by the Python hooks (DDP's own set-up, *_coalesced, a funcol backward, compiled code)"
         log.warning(
@@ -287,6 +286,22 @@ class Monitor:
             self.timers.unseen.baseline()
         except Exception as exc:  # noqa: BLE001 - a count, never worth the job
             self._warn_once("unseen", f"collectives on gloo groups are not counted ({exc!r})")
+
+    def take_iterations(self, n: int) -> int:
+        """The first of ``n`` record iterations for the Flight Recorder capture's records (one
+        numbering with the hooks' records: workers.capture.gloo_side)."""
+        return self.timers.take(n)
+
+    def time_gloo_groups(self) -> None:
+        """Under the Flight Recorder capture: the job has a gloo group. The wrappers go in, timing
+        only collectives on gloo groups (NCCL's stay the Flight Recorder's). Once."""
+        if self.timers.gloo_only or not self.on:
+            return
+        try:
+            self.timers.gloo_only = True
+            monitor_patch.patch()
+        except Exception as exc:  # noqa: BLE001 - they stay counted as missing
+            self._warn_once("gloo", f"collectives on gloo groups not timed ({exc!r})")
 
     def capture_lost(self, n: int) -> None:
         """What the Flight Recorder capture lost so far (workers.capture), beside the timers' own."""

@@ -107,6 +107,14 @@ class Timers:
         self._cuda_lost = 0
         #: collectives lost elsewhere (the Flight Recorder capture's overwritten entries)
         self.capture_lost = 0
+        #: Under the Flight Recorder capture: the hooks time only gloo groups' collectives
+        #: (workers.capture.gloo_side), and the iterations are shared with the capture thread
+        #: (:meth:`take`), so each is taken under a lock.
+        self.gloo_only = False
+        self._numbers = threading.Lock()
+        self._gloo_codes: dict[int, bool] = {}
+        self._last_it = -1
+        self._spare = -1  # an iteration given back after the capture thread took later ones
         self._waiter: queue.SimpleQueue[tuple[Any, Ender] | None] | None = None
         self._waiter_thread: threading.Thread | None = None
 
@@ -133,6 +141,8 @@ class Timers:
             return None
         known = self.groups.by_pg.get(group)  # (code, size): one lookup once the group was seen
         code, ranks = known if known is not None else self.groups.of_pg(group)
+        if self.gloo_only and not self._gloo_group(code, group):  # NCCL's: the Flight Recorder's
+            return None
         if spec.times_group:  # nccl-tests' S of gather and scatter: every rank's tensor
             nbytes *= ranks
         calls = self._issued.get(spec.func)  # what one call of it issues on this group, once known
@@ -147,8 +157,11 @@ class Timers:
             dtype = self._dtypes.get(tensor.dtype, -1)
             if dtype < 0:
                 dtype = self._dtypes[tensor.dtype] = dtype_code(str(tensor.dtype))
-        it = self.iteration
-        self.iteration = it + 1
+        if self.gloo_only:  # the capture thread numbers the Flight Recorder's records meanwhile
+            it = self._take_one()
+        else:
+            it = self.iteration
+            self.iteration = it + 1
         meta = (it, step, epoch, mode, spec.code, code, dtype, nbytes, ranks, time.time_ns())
         if tensor is not None and tensor.is_cuda:
             timer = self.cuda_timers().coll
@@ -212,6 +225,39 @@ class Timers:
                     timer.end(slot)  # ... so this end event marks the collective's completion
         return self._count()
 
+    def take(self, n: int) -> int:
+        """The first of ``n`` iterations for records captured off the job's thread."""
+        with self._numbers:
+            it = self.iteration
+            self.iteration = it + n
+            return it
+
+    def _take_one(self) -> int:
+        with self._numbers:
+            it = self._spare
+            if it >= 0:
+                self._spare = -1
+            else:
+                it = self.iteration
+                self.iteration = it + 1
+        self._last_it = it
+        return it
+
+    def _give_back(self, it: int) -> None:
+        """A refused call's iteration: the next call takes it (no gap, no record twice)."""
+        with self._numbers:
+            if self.iteration == it + 1:
+                self.iteration = it
+            else:
+                self._spare = it
+
+    def _gloo_group(self, code: int, group: Any) -> bool:
+        """Whether a group is served only by gloo (asked once per group code)."""
+        gloo = self._gloo_codes.get(code)
+        if gloo is None:
+            gloo = self._gloo_codes[code] = self.unseen.is_gloo(group)
+        return gloo
+
     def _count(self) -> bool:
         """One more collective ended or handed on; True when a harvest is due."""
         self._since_harvest += 1
@@ -221,7 +267,10 @@ class Timers:
         """The call of ``token`` raised before it was issued (torch refused its arguments): its
         iteration goes back, so the next collective takes it and no gap counts as missing. A
         CUDA start event stays unharvested; the next begin reuses its slot."""
-        self.iteration -= 1  # the job's thread: no other collective began since (hooks.busy)
+        if self.gloo_only:
+            self._give_back(self._last_it)
+        else:
+            self.iteration -= 1  # the job's thread: no other collective began since (hooks.busy)
         code, issued = self._last_seen
         self._seen[code] -= issued
         self._calibrating = None

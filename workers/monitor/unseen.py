@@ -144,6 +144,14 @@ class Unseen:
             out.append((name, n - (seen[code] if code is not None else 0)))
         return out
 
+    def is_gloo(self, group: Any) -> bool:
+        """Whether a collective's group (None: the default one) is served only by gloo."""
+        try:
+            pg = group if group is not None else sys.modules[C10D]._get_default_group()
+            return self._is_gloo(pg)
+        except Exception:  # noqa: BLE001 - a group torch cannot describe
+            return False
+
     def _is_gloo(self, pg: Any, name: str | None = None) -> bool:
         if name is None:
             name = str(sys.modules[C10D]._get_process_group_name(pg))
