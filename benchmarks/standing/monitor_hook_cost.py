@@ -13,7 +13,9 @@ interleaved blocks. Target: < 2 µs of job-thread CPU per record. Same-run refer
 The calls whose record ends at the job's own wait (workers.monitor.wait_hook) add two tables: a
 functional collective's begin + end (its group a ProcessGroup or a DeviceMesh) and its whole
 call, and what the wrapped ``Work.wait`` and ``wait_tensor`` cost a wait when nothing is
-outstanding (every wait of a job after its first gloo isend or functional collective).
+outstanding (every wait of a job after its first gloo isend or functional collective). Under the
+Flight Recorder capture with a gloo side group (workers.capture.gloo_side) a collective on an NCCL
+group goes through the wrapper and is left alone: a table of what that costs.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         (calls, blocks, ref_us),
         mon.harvest,
     )
+    _left_to_the_flight_recorder(report, n, ref_us, (calls, blocks), mon, spec, second, f32)
     _wait_paths(report, n, ref_us, calls, blocks, second, f32, begin, end, mon)
     monitor.stop()
     received = 0
@@ -129,6 +132,37 @@ def interleaved(
     table.add(labels[0], m_off, m_off / ref_us)
     table.add("patched, under the monitor", m_on, m_on / ref_us)
     table.add(labels[1], m_on - m_off, (m_on - m_off) / ref_us)
+
+
+def _left_to_the_flight_recorder(report: Any, n: int, ref_us: float, sizes: tuple[int, int], *held: Any) -> None:
+    """Under the Flight Recorder capture with the wrappers in for a gloo side group
+    (workers.capture.gloo_side): what a collective on a group that is not gloo's (an NCCL group,
+    played here by a second gloo group marked so) costs the job's thread to be left alone."""
+    import torch.distributed as dist
+
+    from workers.monitor import patch as monitor_patch
+
+    mon, spec, second, f32 = held
+    calls, blocks = sizes
+    code = mon.groups.by_pg[second][0]
+    mon.timers.gloo_only, mon.timers._gloo_codes[code] = True, False
+    begin, end = mon.coll_begin, mon.coll_end
+    table = report.table(
+        f"a collective left to the Flight Recorder (gloo-only hooks), µs of job-thread CPU ({n:,} each, best of 3)",
+        ("call", "µs", "x reference"),
+    )
+    us = min(per_call_us(lambda: end(begin(spec, (f32,), {"group": second}), None), n) for _ in range(3))
+    table.add("coll_begin + coll_end: a group not gloo's (no record)", us, us / ref_us)
+    original = monitor_patch._originals["all_reduce"]
+    interleaved(
+        report,
+        f"that collective's whole call (a 1 KiB all_reduce; median of {blocks} interleaved blocks of {calls:,})",
+        ("torch's dist.all_reduce (unpatched)", "difference: the wrapper's check"),
+        (lambda: dist.all_reduce(f32, group=second), lambda: original(f32, group=second)),
+        (calls, blocks, ref_us),
+        mon.harvest,
+    )
+    mon.timers.gloo_only = False
 
 
 def _wait_paths(report: Any, n: int, ref_us: float, calls: int, blocks: int, *held: Any) -> None:
