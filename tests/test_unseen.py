@@ -191,3 +191,26 @@ def test_under_the_flight_recorder_capture_every_gloo_collective_counts(mon) -> 
     mon.capture_lost(2)
     mon.count_unseen()
     assert mon.status.lost == 3 + 2
+
+
+def test_a_read_while_a_first_call_is_measured_leaves_its_group_as_it_was(fake_c10d) -> None:
+    """Under the Flight Recorder capture reads come from the capture thread: one in the middle of a
+    call being measured (gloo has numbered part of a monitored_barrier's ops, the hooks counted
+    1) must not count the rest as missed."""
+    gloo = FakeGroup(ProcessGroupGloo())
+    fake_c10d._world.pg_names[gloo] = "g"
+    groups = GroupTable()
+    code = groups.code("g", "", 3)
+    unseen = Unseen(groups)
+    pending = unseen.calibrate("monitored_barrier", code, gloo)
+    unseen.seen[code] += 1
+    gloo.issued += 3  # three of its four ops so far
+    assert pending is not None and unseen.read() == 0
+    gloo.issued += 1
+    unseen.calibrated(pending)
+    gloo.issued += 2  # two out of sight
+    assert unseen.read() == 2
+    again = unseen.calibrate("barrier", code, gloo)
+    assert again is not None
+    unseen.abandon(again)  # the call raised: measured again at its next call
+    assert unseen.issued["barrier"][code] == 0 and unseen.read() == 2

@@ -273,7 +273,9 @@ class Timers:
             self.iteration -= 1  # the job's thread: no other collective began since (hooks.busy)
         code, issued = self._last_seen
         self._seen[code] -= issued
-        self._calibrating = None
+        if self._calibrating is not None:
+            self.unseen.abandon(self._calibrating)
+            self._calibrating = None
         if token[0] is not None and token[1] < 0:
             token[0].untimed -= 1  # the ring was full: it counted one untimed
 

@@ -68,6 +68,7 @@ class Unseen:
         #: no hooks on gloo's collectives (the Flight Recorder capture times NCCL's): all are missed
         self.untimed_gloo = False
         self._next_read = 0.0
+        self._measuring = -1  # the group code of a call being measured (calibrate .. calibrated)
 
     # ---------------------------------------------------------------- the job's thread, per call
 
@@ -82,9 +83,11 @@ class Unseen:
             pg = group if group is not None else sys.modules[C10D]._get_default_group()
             if not self._is_gloo(pg):
                 return None
-            return func, code, pg, issued_on(pg)
+            pending = func, code, pg, issued_on(pg)
         except Exception:  # noqa: BLE001 - a group torch cannot describe: 1 per call
             return None
+        self._measuring = code  # a read meanwhile (another thread) leaves this group as it was
+        return pending
 
     def calibrated(self, pending: tuple[str, int, Any, int]) -> None:
         """After that call returned: what it issued (at least 1; 1 was counted before it)."""
@@ -92,9 +95,16 @@ class Unseen:
         try:
             n = max(1, issued_on(pg) - before)
         except Exception:  # noqa: BLE001
-            return
+            n = 1
         self.issued[func][code] = n
         self.seen[code] += n - 1
+        self._measuring = -1
+
+    def abandon(self, pending: tuple[str, int, Any, int]) -> None:
+        """That call raised: its next call measures again."""
+        func, code, _pg, _before = pending
+        self.issued[func][code] = 0
+        self._measuring = -1
 
     # ---------------------------------------------------------------- reads
 
@@ -139,8 +149,11 @@ class Unseen:
         codes = dict(self.groups.codes)
         seen = self.seen[:]
         out = []
+        measuring = self._measuring
         for name, n in issued:
             code = codes.get(name)
+            if code is not None and code == measuring:  # its count lands when the call returns
+                continue
             out.append((name, n - (seen[code] if code is not None else 0)))
         return out
 
