@@ -89,7 +89,7 @@ class Capture:
         atexit.register(self.finish)
         from workers.capture import on_sigterm, spawned
 
-        spawned.install(self.mon.stand_aside)  # a script that starts its own ranks (mp.spawn)
+        spawned.install(self.mon.stand_aside, spawned_rank)  # a script that starts its own ranks (mp.spawn)
 
         on_sigterm.install(
             self._flush_on_sigterm, lambda: self.mon.hold_for_exit(-int(signal.SIGTERM), "stopped by SIGTERM")
@@ -299,6 +299,19 @@ class Capture:
         block, self.block = self.block, None
         if block is not None:
             block.__exit__(None, None, None)
+
+
+def spawned_rank(fn: Any, nprocs: int, index: int, *args: Any) -> Any:
+    """A rank the script spawned (workers.capture.spawned): the capture, then the job's function
+    as torch.multiprocessing would call it."""
+    from workers.capture.spawned import as_spawned_rank
+
+    as_spawned_rank(index, nprocs)
+    try:
+        Capture().install()
+    except Exception as exc:  # noqa: BLE001 - the rank runs even if commtop cannot watch it
+        print(f"commtop: not watching spawned rank {index} ({type(exc).__name__}: {exc})", file=sys.stderr)
+    return fn(index, *args)
 
 
 def dist_rank() -> int:
