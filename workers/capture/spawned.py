@@ -5,8 +5,7 @@ the torchrun rank is only the launcher, and the N processes it starts are the jo
 bootstrap wraps torch.multiprocessing's ``start_processes`` (``spawn`` calls it): the launcher's
 monitor stands aside (it never issued a collective: it sends nothing, and its node sampler
 stops so the first spawned process runs the node's), and each spawned process runs the capture
-before the job's function (workers.capture.bootstrap.spawned_rank, pickled by reference) with
-LOCAL_RANK its index and
+before the job's function (:func:`rank_main`, pickled by reference) with LOCAL_RANK its index and
 none of torchrun's other variables; its rank and world size come from its process group, as the
 job's ``init_process_group`` is told.
 
@@ -43,10 +42,9 @@ class OwnRanksError(SystemExit):
     """The script starts its own ranks under several torchrun ranks (exit code 2)."""
 
 
-def install(stand_aside: Any, rank_main: Any) -> None:
+def install(stand_aside: Any) -> None:
     """Wrap ``start_processes`` in torch.multiprocessing (``spawn`` looks it up at call time);
-    ``stand_aside()`` retires this process's monitor before the ranks start; each rank runs
-    ``rank_main(fn, nprocs, index, *args)`` (a module-level function: it is pickled by reference)."""
+    ``stand_aside()`` retires this process's monitor before the ranks start."""
     import torch.multiprocessing as tmp
 
     spawn_module = sys.modules["torch.multiprocessing.spawn"]  # (``tmp.spawn`` is the function)
@@ -85,10 +83,16 @@ def install(stand_aside: Any, rank_main: Any) -> None:
         setattr(tmp, "start_processes", start_processes)  # noqa: B010
 
 
-def as_spawned_rank(index: int, nprocs: int) -> None:
-    """In a spawned process, before its capture: the environment of a rank the script started
-    (LOCAL_RANK its index, none of torchrun's variables)."""
+def rank_main(fn: Any, nprocs: int, index: int, *args: Any) -> Any:
+    """In a spawned process: the capture, then the job's function as torch would call it."""
     for name in [*LAUNCHER_ENV, *(k for k in os.environ if k.startswith("TORCHELASTIC_"))]:
         os.environ.pop(name, None)
     os.environ["LOCAL_RANK"] = str(index)
     os.environ["LOCAL_WORLD_SIZE"] = str(nprocs)
+    from workers.capture.capture import Capture
+
+    try:
+        Capture().install()
+    except Exception as exc:  # noqa: BLE001 - the rank runs even if commtop cannot watch it
+        print(f"commtop: not watching spawned rank {index} ({type(exc).__name__}: {exc})", file=sys.stderr)
+    return fn(index, *args)
