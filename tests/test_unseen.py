@@ -162,12 +162,16 @@ def test_a_read_while_a_call_is_in_flight_counts_nothing_and_a_group_only_grows(
     assert unseen.read() == 3 and unseen.missed == {"g": 3}  # the NCCL group is never read
 
 
-def test_the_first_call_on_a_group_measures_what_one_call_issues(fake_c10d) -> None:
+def a_gloo_group_of_three(fake_c10d: SimpleNamespace) -> tuple[FakeGroup, GroupTable, int, Unseen]:
+    """A fake gloo group named "g" (3 ranks), its code in a new table, and an Unseen over it."""
     gloo = FakeGroup(ProcessGroupGloo())
     fake_c10d._world.pg_names[gloo] = "g"
     groups = GroupTable()
-    code = groups.code("g", "", 3)
-    unseen = Unseen(groups)
+    return gloo, groups, groups.code("g", "", 3), Unseen(groups)
+
+
+def test_the_first_call_on_a_group_measures_what_one_call_issues(fake_c10d) -> None:
+    gloo, groups, code, unseen = a_gloo_group_of_three(fake_c10d)
     pending = unseen.calibrate("monitored_barrier", code, gloo)
     unseen.seen[code] += 1  # what Timers.coll_begin counts before the call
     assert pending is not None
@@ -197,11 +201,7 @@ def test_a_read_while_a_first_call_is_measured_leaves_its_group_as_it_was(fake_c
     """Under the Flight Recorder capture reads come from the capture thread: one in the middle of a
     call being measured (gloo has numbered part of a monitored_barrier's ops, the hooks counted
     1) must not count the rest as missed."""
-    gloo = FakeGroup(ProcessGroupGloo())
-    fake_c10d._world.pg_names[gloo] = "g"
-    groups = GroupTable()
-    code = groups.code("g", "", 3)
-    unseen = Unseen(groups)
+    gloo, groups, code, unseen = a_gloo_group_of_three(fake_c10d)
     pending = unseen.calibrate("monitored_barrier", code, gloo)
     unseen.seen[code] += 1
     gloo.issued += 3  # three of its four ops so far
