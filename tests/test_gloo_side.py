@@ -77,7 +77,7 @@ def test_the_wrappers_go_in_when_the_job_makes_its_first_gloo_group(monkeypatch)
 def test_gloo_only_hooks_leave_other_groups_alone_and_share_the_numbering(mon, source, monkeypatch) -> None:
     nccl_like = dist.new_group([0], backend="gloo")  # named NCCL's by the fake below
     real_is_gloo = Unseen.is_gloo
-    monkeypatch.setattr(Unseen, "is_gloo", lambda self, g: g is not nccl_like and real_is_gloo(self, g))
+    monkeypatch.setattr(Unseen, "is_gloo", lambda self, code, g: g is not nccl_like and real_is_gloo(self, code, g))
     mon.time_gloo_groups()
     assert mon.timers.gloo_only and monitor.patch.patched()
     t = torch.ones(16)

@@ -145,7 +145,7 @@ def _left_to_the_flight_recorder(report: Any, n: int, ref_us: float, sizes: tupl
     mon, spec, second, f32 = held
     calls, blocks = sizes
     code = mon.groups.by_pg[second][0]
-    mon.timers.gloo_only, mon.timers._gloo_codes[code] = True, False
+    mon.timers.gloo_only, mon.timers.unseen._gloo_codes[code] = True, False
     begin, end = mon.coll_begin, mon.coll_end
     table = report.table(
         f"a collective left to the Flight Recorder (gloo-only hooks), µs of job-thread CPU ({n:,} each, best of 3)",

@@ -112,6 +112,7 @@ class Capture:
         from workers.monitor.rank_info import backend_name
 
         backend = backend_name(dist)
+        self.mon._refresh()  # its rank from the process group (a spawned rank's environment names none)
         self.how = "hooks"
         if self.mode != "hooks" and backend == "nccl":
             self.how = self._start_cuda() or "hooks"
@@ -119,7 +120,7 @@ class Capture:
             from workers.capture import fallback
 
             fallback.install()
-            if dist_rank() == 0:
+            if self.mon.rank == 0:
                 why = "forced by $COMMTOP_CAPTURE" if self.mode == "hooks" else f"{backend}: no Flight Recorder timing"
                 print(
                     f"commtop: {why}; timing collectives with Python hooks (DDP through a comm hook)", file=sys.stderr
@@ -178,7 +179,7 @@ class Capture:
         self.thread = CaptureThread(self.mon, self.timeline, fr, copies)
         self.thread.start()
         self._monitor_api_uses_this_capture(copies is not None)
-        if dist_rank() == 0:
+        if self.mon.rank == 0:
             ring_note = self.ring_note or f"ring {ring}"
             print(
                 f"commtop: collectives from torch's Flight Recorder (NCCL timing on; {ring_note}; read through "
@@ -280,17 +281,6 @@ class Capture:
         block, self.block = self.block, None
         if block is not None:
             block.__exit__(None, None, None)
-
-
-def dist_rank() -> int:
-    """This process's rank in its default group (what torch says once it exists; a spawned rank's
-    environment names none)."""
-    import torch.distributed as dist
-
-    try:
-        return int(dist.get_rank()) if dist.is_initialized() else int(os.environ.get("RANK", "0") or 0)
-    except Exception:  # noqa: BLE001
-        return 0
 
 
 def cupti_holder() -> str:

@@ -19,7 +19,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from workers.monitor.patch import rebind
 from workers.monitor.unseen import C10D, only_gloo
+
+#: What ``new_group``, ``new_subgroups`` and a CPU device mesh make their groups through.
+NEW_GROUP = "_new_group_with_tag"
 
 
 def install(on_gloo_group: Callable[[], None]) -> None:
@@ -28,21 +32,21 @@ def install(on_gloo_group: Callable[[], None]) -> None:
     if any(_gloo(pg) for pg in list(c10d._world.pg_names)):
         on_gloo_group()
         return
-    original = getattr(c10d, "_new_group_with_tag", None)
-    if original is None:  # a torch without it: its gloo groups stay counted as missing
+    current = getattr(c10d, NEW_GROUP, None)
+    if current is None:  # a torch without it: its gloo groups stay counted as missing
         return
-    original = getattr(original, "__commtop_original__", original)
+    original = getattr(current, "__commtop_original__", current)
 
     @functools.wraps(original)
     def _new_group_with_tag(*args: Any, **kwargs: Any) -> Any:
         group = original(*args, **kwargs)
         if _gloo(group):
-            setattr(c10d, "_new_group_with_tag", original)  # noqa: B010 - once is enough
+            rebind(NEW_GROUP, (_new_group_with_tag,), original)  # once is enough
             on_gloo_group()
         return group
 
     _new_group_with_tag.__commtop_original__ = original  # type: ignore[attr-defined]
-    setattr(c10d, "_new_group_with_tag", _new_group_with_tag)  # noqa: B010 - looked up at call time
+    rebind(NEW_GROUP, (current, original), _new_group_with_tag)  # new_group looks it up at call time
 
 
 def _gloo(group: Any) -> bool:

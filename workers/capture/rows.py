@@ -83,7 +83,7 @@ class RowMaker:
             return out
         first = self.take(n)
         out["iteration"] = np.arange(first, first + n)
-        self.iteration = max(self.iteration, first + n)
+        self.iteration = first + n  # (the numbering only grows)
         out["step"] = self.timeline.steps_at(rows["host_ns"])
         out["epoch"] = epoch
         out["mode"] = mode

@@ -45,11 +45,13 @@ class OwnRanksError(SystemExit):
 def install(stand_aside: Any) -> None:
     """Wrap ``start_processes`` in torch.multiprocessing (``spawn`` looks it up at call time);
     ``stand_aside()`` retires this process's monitor before the ranks start."""
-    import torch.multiprocessing as tmp
+    import torch.multiprocessing  # noqa: F401 - loads torch.multiprocessing.spawn
 
-    spawn_module = sys.modules["torch.multiprocessing.spawn"]  # (``tmp.spawn`` is the function)
+    from workers.monitor.patch import rebind
 
-    original = getattr(spawn_module.start_processes, "__commtop_original__", spawn_module.start_processes)
+    spawn_module = sys.modules["torch.multiprocessing.spawn"]  # (``torch.multiprocessing.spawn`` is the function)
+    current = spawn_module.start_processes
+    original = getattr(current, "__commtop_original__", current)
 
     @functools.wraps(original)
     def start_processes(
@@ -78,9 +80,7 @@ def install(stand_aside: Any) -> None:
         return original(ranked, args, nprocs, join, daemon, **kw)
 
     start_processes.__commtop_original__ = original  # type: ignore[attr-defined]
-    setattr(spawn_module, "start_processes", start_processes)  # noqa: B010 - a module found in sys.modules
-    if getattr(tmp, "start_processes", None) is original:
-        setattr(tmp, "start_processes", start_processes)  # noqa: B010
+    rebind("start_processes", (current, original), start_processes)  # the spawn module and its re-export
 
 
 def rank_main(fn: Any, nprocs: int, index: int, *args: Any) -> Any:

@@ -8,7 +8,6 @@ torchrun's store (``workers.rank.live_control``), so every rank switches at the 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -80,16 +79,6 @@ class Knobs:
         self.values = values
 
 
-def group_store() -> Any:
-    """The default process group's store (every rank of the job holds it); raises without one."""
-    from torch.distributed import distributed_c10d as c10d
-
-    try:
-        return c10d._get_default_store()
-    except Exception as exc:  # noqa: BLE001 - said in the caller's one line
-        raise RuntimeError(f"live control needs MASTER_ADDR and MASTER_PORT or a process group ({exc})") from exc
-
-
 def live_control(
     conn: Connection,
     *,
@@ -107,10 +96,8 @@ def live_control(
         from torch.distributed import HashStore
 
         store: Any = HashStore()
-    elif os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+    else:
         store = connect_store()
-    else:  # ranks a script started itself (tcp:// or file:// init): the store their group shares
-        store = group_store()
     desired = None
     if rank == 0:
         desired = DesiredListener(conn.control, conn.key, conn.session, knob_choices=knob_choices, context=context)

@@ -112,7 +112,6 @@ class Timers:
         #: (:meth:`take`), so each is taken under a lock.
         self.gloo_only = False
         self._numbers = threading.Lock()
-        self._gloo_codes: dict[int, bool] = {}
         self._last_it = -1
         self._spare = -1  # an iteration given back after the capture thread took later ones
         self._waiter: queue.SimpleQueue[tuple[Any, Ender] | None] | None = None
@@ -141,7 +140,7 @@ class Timers:
             return None
         known = self.groups.by_pg.get(group)  # (code, size): one lookup once the group was seen
         code, ranks = known if known is not None else self.groups.of_pg(group)
-        if self.gloo_only and not self._gloo_group(code, group):  # NCCL's: the Flight Recorder's
+        if self.gloo_only and not self.unseen.is_gloo(code, group):  # NCCL's: the Flight Recorder's
             return None
         if spec.times_group:  # nccl-tests' S of gather and scatter: every rank's tensor
             nbytes *= ranks
@@ -250,13 +249,6 @@ class Timers:
                 self.iteration = it
             else:
                 self._spare = it
-
-    def _gloo_group(self, code: int, group: Any) -> bool:
-        """Whether a group is served only by gloo (asked once per group code)."""
-        gloo = self._gloo_codes.get(code)
-        if gloo is None:
-            gloo = self._gloo_codes[code] = self.unseen.is_gloo(group)
-        return gloo
 
     def _count(self) -> bool:
         """One more collective ended or handed on; True when a harvest is due."""

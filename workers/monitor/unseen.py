@@ -46,6 +46,11 @@ def only_gloo(pg: Any) -> bool:
     return len(backends) == 1 and type(next(iter(backends.values()))).__name__ == "ProcessGroupGloo"
 
 
+def _process_group(group: Any) -> Any:
+    """A collective's ``group`` argument as a process group (None: the default one)."""
+    return group if group is not None else sys.modules[C10D]._get_default_group()
+
+
 def issued_on(pg: Any) -> int:
     """gloo's number of what it issued on ``pg`` so far."""
     return int(pg._get_sequence_number_for_group())
@@ -64,6 +69,7 @@ class Unseen:
         self.missed: dict[str, int] = {}
         self.total = 0
         self._gloo: dict[str, bool] = {}  # group name -> only_gloo, asked once
+        self._gloo_codes: dict[int, bool] = {}  # the same by group code, for the calls
         self._before: dict[str, int] = {}  # group name -> what it issued before the hooks went in
         #: no hooks on gloo's collectives (the Flight Recorder capture times NCCL's): all are missed
         self.untimed_gloo = False
@@ -79,10 +85,10 @@ class Unseen:
         if calls is None:
             calls = self.issued[func] = [0] * (MAX_GROUPS + 1)
         calls[code] = 1
+        if not self.is_gloo(code, group):
+            return None
         try:
-            pg = group if group is not None else sys.modules[C10D]._get_default_group()
-            if not self._is_gloo(pg):
-                return None
+            pg = _process_group(group)
             pending = func, code, pg, issued_on(pg)
         except Exception:  # noqa: BLE001 - a group torch cannot describe: 1 per call
             return None
@@ -157,13 +163,17 @@ class Unseen:
             out.append((name, n - (seen[code] if code is not None else 0)))
         return out
 
-    def is_gloo(self, group: Any) -> bool:
-        """Whether a collective's group (None: the default one) is served only by gloo."""
-        try:
-            pg = group if group is not None else sys.modules[C10D]._get_default_group()
-            return self._is_gloo(pg)
-        except Exception:  # noqa: BLE001 - a group torch cannot describe
-            return False
+    def is_gloo(self, code: int, group: Any) -> bool:
+        """Whether a collective's group (None: the default one; ``code`` its code) is served only
+        by gloo: asked of torch once per code (the job's thread asks it per call in gloo-only mode)."""
+        gloo = self._gloo_codes.get(code)
+        if gloo is None:
+            try:
+                gloo = self._is_gloo(_process_group(group))
+            except Exception:  # noqa: BLE001 - a group torch cannot describe
+                gloo = False
+            self._gloo_codes[code] = gloo
+        return gloo
 
     def _is_gloo(self, pg: Any, name: str | None = None) -> bool:
         if name is None:

@@ -516,13 +516,22 @@ def store_prefix(session: str) -> str:
 
 
 def connect_store(timeout_s: float = 60.0) -> Any:
-    """A new TCPStore client to the store torchrun provides (MASTER_ADDR/MASTER_PORT)."""
+    """A new TCPStore client to the store torchrun provides (MASTER_ADDR/MASTER_PORT); without
+    those (ranks a script started itself with a tcp:// or file:// init), the store the job's
+    default process group shares."""
     from torch.distributed import TCPStore
 
     host = os.environ.get("MASTER_ADDR")
     port = os.environ.get("MASTER_PORT")
     if not host or not port:
-        raise RuntimeError("live control needs MASTER_ADDR and MASTER_PORT (run the workers under torchrun)")
+        from torch.distributed import distributed_c10d as c10d
+
+        try:
+            return c10d._get_default_store()
+        except Exception as exc:  # noqa: BLE001 - said in the caller's one line
+            raise RuntimeError(
+                "live control needs MASTER_ADDR and MASTER_PORT (run the workers under torchrun) or a process group"
+            ) from exc
     return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
