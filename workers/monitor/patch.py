@@ -1,9 +1,9 @@
 """``patch_distributed``: time every torch.distributed collective of a user's job.
 
 The public collective functions of ``torch.distributed`` are replaced (in
-``torch.distributed``, ``torch.distributed.distributed_c10d`` and every loaded torch module
-that bound one at its import, :func:`rebind`; callers look them up at call time: FSDP, DDP
-comm hooks, DTensor, user code) by thin wrappers that call the original
+``torch.distributed``, ``torch.distributed.distributed_c10d`` and every loaded module that
+bound one at its import, torch's and the user's, :func:`rebind`; callers look them up at call
+time: FSDP, DDP comm hooks, DTensor, user code) by thin wrappers that call the original
 and hand ``(op, main tensor, bytes, group)`` to the active monitor. With no monitor, or a
 disabled one, a wrapper costs one global read and one attribute read. Non-blocking
 point-to-point (isend, irecv, batch_isend_irecv) is wrapped one level down, on the
@@ -11,8 +11,8 @@ ProcessGroup class (METHODS); the functional collectives (DTensor's) in their ow
 (FUNCOL), their records ended by the job's own wait (workers.monitor.wait_hook).
 
 Bytes follow nccl-tests (S = total gathered/reduced size for all_gather/reduce_scatter),
-so busbw compares with nccl-tests and with the synthetic loop. User code that bound a function
-before patching (``from torch.distributed import all_reduce``) keeps the original, and
+so busbw compares with nccl-tests and with the synthetic loop. A function user code keeps
+elsewhere than in a module's globals (a table of ops made before patching) stays the original, and
 collectives issued from C++ (DDP's built-in allreduce) are not seen: register DDP's
 ``allreduce_hook`` (it calls ``dist.all_reduce``), as examples/train_ddp.py does. While
 torch.compile traces, a wrapper calls the original (compiled collectives are not timed). On gloo
@@ -177,6 +177,10 @@ _target: Hooks | None = None
 _originals: dict[str, Callable[..., Any]] = {}
 _method_originals: dict[str, tuple[type, Any]] = {}
 _funcol_originals: dict[str, Callable[..., Any]] = {}
+#: Globals outside sys.modules that call torch's functions by their own names (:func:`add_globals`).
+_extra_globals: list[dict[str, Any]] = []
+#: commtop's own top-level packages: their bindings of torch's functions are never replaced.
+OWN_PACKAGES = ("workers", "tui")
 
 
 def set_target(hooks: Hooks | None) -> None:
@@ -339,22 +343,48 @@ def unpatch() -> None:
     for originals in (_funcol_originals, _originals):  # funcol's keys: "funcol.NAME"
         for key, original in list(originals.items()):
             func = key.removeprefix("funcol.")
-            for module in list(sys.modules.values()):
-                held = getattr(module, "__dict__", {}).get(func)
-                if getattr(held, "__commtop_original__", None) is original:
-                    setattr(module, func, original)
+            for namespace in _namespaces():
+                if getattr(namespace.get(func), "__commtop_original__", None) is original:
+                    namespace[func] = original
             del originals[key]
 
 
 def rebind(name: str, old: tuple[Any, ...], new: Any) -> None:
-    """Set ``name`` to ``new`` in every loaded torch module where it is one of ``old``: torch's
-    own modules bind functions at their import (``torch.distributed.device_mesh`` holds its
-    ``init_process_group``, DTensor's collective utils their ``broadcast``), so patching
-    torch.distributed alone leaves them calling the original. Read through ``__dict__``: no
-    module ``__getattr__`` (lazy imports, deprecation warnings) runs."""
-    for mod_name, module in list(sys.modules.items()):
-        if module is None or not (mod_name == "torch" or mod_name.startswith("torch.")):
-            continue
-        held = getattr(module, "__dict__", {}).get(name)
+    """Set ``name`` to ``new`` in every loaded module where it is one of ``old``: torch's own
+    modules bind functions at their import (``torch.distributed.device_mesh`` holds its
+    ``init_process_group``, DTensor's collective utils their ``broadcast``), and so do a user's
+    script and libraries (``from torch.distributed import all_reduce``), so patching
+    torch.distributed alone leaves them calling the original. commtop's own packages keep theirs."""
+    for namespace in _namespaces():
+        held = namespace.get(name)
         if held is not None and any(held is o for o in old):
-            setattr(module, name, new)
+            namespace[name] = new
+
+
+def add_globals(fn: Any) -> None:
+    """Rebind in ``fn``'s globals too (a partial's function's; once), from the next rebind on.
+    A rank that multiprocessing spawned runs its script as ``__mp_main__`` from a copy of the
+    script's globals: the functions it calls (the job's) see the original globals, which no
+    module in sys.modules holds."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    namespace = getattr(inspect.unwrap(fn), "__globals__", None)
+    if isinstance(namespace, dict) and not any(namespace is g for g in _extra_globals):
+        _extra_globals.append(namespace)
+
+
+def _namespaces() -> list[dict[str, Any]]:
+    """The loaded modules' globals (commtop's left out) and those :func:`add_globals` added.
+    Read through ``__dict__``: no module ``__getattr__`` (lazy imports, deprecation warnings) runs;
+    an object in sys.modules without a plain ``__dict__`` is not a caller of torch's functions."""
+    found = []
+    for mod_name, module in list(sys.modules.items()):
+        if module is None or mod_name.partition(".")[0] in OWN_PACKAGES:
+            continue
+        try:
+            namespace = module.__dict__
+        except Exception:  # noqa: BLE001, S112 - an odd object in sys.modules
+            continue
+        if isinstance(namespace, dict):
+            found.append(namespace)
+    return found + _extra_globals
