@@ -335,7 +335,7 @@ def test_a_knob_flipped_over_the_control_channel_applies_at_a_step_boundary(run,
 
 def test_run_script_argv_puts_the_script_under_torchrun() -> None:
     head = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--monitor-interval=0.2"]
-    head += ["-m", "workers.capture.bootstrap"]  # the script runs unmodified under the capture bootstrap
+    head += ["-m", "--", "workers.capture.bootstrap"]  # the script runs unmodified under the capture bootstrap
     assert script_argv(["python", "-u", "train.py", "--lr", "1"], 2)[1:] == [*head, "train.py", "--lr", "1"]
     assert script_argv(["python3", "-m", "pkg.train"], 2)[1:] == [*head, "-m", "pkg.train"]
     assert script_argv(["train.py"], 2)[1:] == [*head, "train.py"]
@@ -347,6 +347,7 @@ def test_run_script_argv_puts_the_script_under_torchrun() -> None:
         "8",
         "--monitor-interval=0.2",
         "-m",
+        "--",
         "workers.capture.bootstrap",
         "t.py",
     ]

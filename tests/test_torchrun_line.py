@@ -14,7 +14,7 @@ from tui.run.log_store import JobLogPaths
 from tui.run.torchrun_line import is_torchrun, parse
 from workers.wire.config import ConfigError
 
-BOOT = ["-m", "workers.capture.bootstrap"]
+BOOT = ["-m", "--", "workers.capture.bootstrap"]  # `--`: the script's options are never torchrun's
 
 
 @pytest.mark.parametrize(
@@ -56,11 +56,11 @@ def test_the_bootstrap_runs_the_script_under_the_users_own_torchrun(tmp_path: Pa
     logs = JobLogPaths(tmp_path / "job.log", tmp_path / "job")
     argv = script_argv(["torchrun", "--standalone", "--nproc-per-node", "2", "t.py", "--lr", "1"], 2, logs)
     assert argv[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert argv[-5:] == [*BOOT, "t.py", "--lr", "1"]
+    assert argv[-6:] == [*BOOT, "t.py", "--lr", "1"]
     assert argv.count("torch.distributed.run") == 1 and "--log-dir" in argv and "--monitor-interval=0.2" in argv
     # the user's own output options are theirs: commtop adds none of its own
     own = script_argv(["torchrun", "--nproc-per-node=2", "--tee", "3", "-m", "pkg.t"], 2, logs)
-    assert "--log-dir" not in own and own[-4:] == [*BOOT, "-m", "pkg.t"]
+    assert "--log-dir" not in own and own[-5:] == [*BOOT, "-m", "pkg.t"]
     # torchrun's default is one rank; commtop's --nproc, when given, is added to the line
     assert "--nproc-per-node=3" in script_argv(["torchrun", "t.py"], 3, logs)
 
@@ -88,3 +88,22 @@ def test_a_launcher_that_cannot_start_is_one_line_and_leaves_no_run(runtime_dir:
     with pytest.raises(SessionError, match=r"cannot start .*no-such-launcher: No such file"), session.supervised():
         pass
     assert not any(runtime_dir.glob("*/connection.json"))  # the run's folder went with the session
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["python", "t.py", "--start", "fork", "--log", "x", "--max", "3", "-m", "y"],
+        ["torchrun", "--nproc-per-node", "2", "t.py", "--start", "fork", "--node", "1"],
+    ],
+)
+def test_the_scripts_options_reach_the_script_even_where_torchrun_has_a_longer_one(command: list[str]) -> None:
+    """torchrun's own parser, on the line commtop runs: ``--start`` is a prefix of torchrun's
+    ``--start-method`` (plain torchrun refuses it as ambiguous before the script runs); ``-m`` is
+    torchrun's too. After the bootstrap, everything is the script's."""
+    from torch.distributed.run import get_args_parser
+
+    argv = script_argv(command, 2)
+    args = get_args_parser().parse_args(argv[3:])  # after `python -m torch.distributed.run`
+    assert args.module and args.training_script == "workers.capture.bootstrap"
+    assert args.training_script_args == command[command.index("t.py") :]

@@ -22,6 +22,10 @@ from workers.wire.connection import Connection
 CPU_RANKS = 2
 #: What runs a user's script under the capture (python's arguments before the script).
 BOOTSTRAP = ("-m", "workers.capture.bootstrap")
+#: How torchrun is told to run it: ``--`` ends torchrun's options, else a script option that is a
+#: prefix of one of torchrun's (``--start``, ``--log``, ``--max``) is refused as ambiguous before
+#: the script runs (plain torchrun does that), or taken as torchrun's own.
+RUN_BOOTSTRAP = ("-m", "--", "workers.capture.bootstrap")
 
 
 @dataclass(frozen=True)
@@ -127,9 +131,10 @@ def script_argv(script: list[str], nproc: int, logs: JobLogPaths | None = None) 
         if logs is not None and not line.given & torchrun_line.OUTPUT_OPTIONS:
             ours += ["--log-dir", str(logs.ranks_dir), "--redirects", "3"]
         launcher = [sys.executable, "-m", "torch.distributed.run"]
-        watched = line.target[:2] in (("-m", "workers.capture.bootstrap"), ("-m", "workers"))  # already
-        return [*launcher, *line.options, *ours, *([] if watched else BOOTSTRAP), *line.target]
-    return [*torchrun_prefix(nproc, logs), *BOOTSTRAP, *_command(script)]
+        watched = line.target[:2] in (BOOTSTRAP, ("-m", "workers"))  # already
+        target = ["-m", "--", *line.target[1:]] if watched else [*RUN_BOOTSTRAP, *line.target]
+        return [*launcher, *line.options, *ours, *target]
+    return [*torchrun_prefix(nproc, logs), *RUN_BOOTSTRAP, *_command(script)]
 
 
 def _command(script: list[str]) -> list[str]:
