@@ -11,8 +11,8 @@ process group (named through the rank's Hello), op, dtype and size, and no rank 
   path) and two DTensor redistributions, each timed to its first use (``wait_tensor``);
 * tests/jobs/out_of_sight.py: DDP, ``all_reduce_coalesced``, a funcol backward: what torch
   issues underneath counts as lost, and recorded + lost = what torch.profiler saw;
-* tests/jobs/spawned_ranks.py: ranks started by the script (``torch.multiprocessing.spawn``), under
-  ``--nproc 1``: the spawned processes are the ranks, the launcher is none;
+* tests/jobs/spawned_ranks.py: ranks started by the script (``torch.multiprocessing.spawn``,
+  ``multiprocessing.Process``), under ``--nproc 1``: the started processes are the ranks;
 * examples/train_fsdp2.py: FSDP2 (``fully_shard``) on gloo; the expected counts come from
   torch.profiler in the same job (every c10d op the dispatcher ran, with its shapes),
   independently of commtop's wrappers.
@@ -244,13 +244,21 @@ def test_what_torch_issues_out_of_the_hooks_sight_is_counted_as_lost(monkeypatch
         assert hello.dropped == 0
 
 
-def test_ranks_a_script_spawns_itself_are_the_runs_ranks(monkeypatch, capsys, tmp_path) -> None:
-    """The PyTorch DDP tutorial's shape (``mp.spawn`` of 3 ranks) under ``commtop run --nproc 1``:
-    every collective of each spawned rank is recorded with its group, and the torchrun process that
-    spawned them is no rank of the run (no Hello of its own)."""
+@pytest.mark.parametrize(
+    "start",
+    [["--start", "mp.spawn"], ["--start", "spawn"], ["--start", "fork", "--launcher-is-rank0"]],
+    ids=["mp.spawn", "Process-spawn", "Process-fork-launcher-is-rank0"],
+)
+def test_ranks_a_script_starts_itself_are_the_runs_ranks(monkeypatch, capsys, tmp_path, start) -> None:
+    """The PyTorch tutorials' shapes (``mp.spawn``, or ``multiprocessing.Process`` with env://
+    and MASTER_ADDR/PORT set in the child; 3 ranks) under ``commtop run --nproc 1``: every
+    collective of each rank is recorded with its group; the torchrun process that started them
+    is no rank of its own (no Hello), unless it joins the job's group itself (then it is rank 0).
+    Under plain ``torchrun --nproc-per-node 1`` the Process shapes wait for ever in
+    init_process_group (torchrun's agent store); the script binds its functions by name."""
     prefix = str(tmp_path / "spawned")
     job = [str(REPO / "tests" / "jobs" / "spawned_ranks.py"), "--ranks", "3", "--steps", "4", "--counts", prefix]
-    tables = run_recorded(monkeypatch, capsys, job, nproc=1)
+    tables = run_recorded(monkeypatch, capsys, [*job, *start], nproc=1)
     hellos = last_hellos(tables)
     assert sorted(hellos) == [0, 1, 2]
     assert len({h.pid for _, h in tables.hellos}) == 3  # three spawned processes, nobody else
@@ -260,16 +268,18 @@ def test_ranks_a_script_spawns_itself_are_the_runs_ranks(monkeypatch, capsys, tm
         assert hello.lost == 0 and hello.dropped == 0
 
 
+@pytest.mark.parametrize("start", ["mp.spawn", "spawn"], ids=["mp.spawn", "Process-spawn"])
 def test_a_script_that_spawns_its_ranks_under_several_torchrun_ranks_is_refused_in_one_line(
-    monkeypatch, capsys, tmp_path
+    monkeypatch, capsys, tmp_path, start
 ) -> None:
     """Two torchrun ranks would each start the job's ranks (they collide on one store): each
-    stops before spawning, saying how to run it; nothing is left running."""
+    stops before spawning (``mp.spawn``) or each child as it makes its group (``Process``: it may
+    be a helper until then), saying how to run it; no rank of the job runs."""
     root = tempfile.mkdtemp(prefix="cm-", dir="/tmp")
     monkeypatch.setenv("COMMTOP_RUNTIME_DIR", root)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.delenv("COMMTOP_CONNECTION_FILE", raising=False)
-    job = [str(REPO / "tests" / "jobs" / "spawned_ranks.py"), "--counts", str(tmp_path / "never")]
+    job = [str(REPO / "tests" / "jobs" / "spawned_ranks.py"), "--counts", str(tmp_path / "never"), "--start", start]
     try:
         code = cli.main(["run", "--headless", "--nproc", "2", "--", "python", *job])
     finally:

@@ -1,9 +1,12 @@
-"""A job that starts its own ranks with torch.multiprocessing.spawn (the PyTorch DDP tutorial's shape), nothing of commtop in it.
+"""A job that starts its own ranks (the PyTorch tutorials' shapes), nothing of commtop in it.
 
     python tests/jobs/spawned_ranks.py --ranks 2 --counts /tmp/c
     commtop run --headless --nproc 1 --record x.commtop -- python tests/jobs/spawned_ranks.py --counts /tmp/c
 
-Each spawned rank joins a gloo group with its index as its rank and, per step, all_reduces a
+``--start mp.spawn`` (the DDP tutorial's torch.multiprocessing.spawn, a tcp:// rendezvous), or
+``spawn`` / ``fork`` ("Writing Distributed Applications": multiprocessing.Process with that start
+method, MASTER_ADDR/MASTER_PORT set in the child, env://); ``--launcher-is-rank0``: the script's
+own process is rank 0 and starts the others. Each rank joins a gloo group with its index as its rank and, per step, all_reduces a
 float32 tensor of 64 elements, broadcasts a float64 one of 16 from rank 0 and all_gathers an int32
 one of 8. It counts what it issues from its own logic, per (group name, op, dtype, nbytes as
 nccl-tests count them), and writes the counts to ``PREFIX.rankN.json``
@@ -23,14 +26,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+# bound by name, as many scripts do: a spawned rank imports this script before commtop runs in it
+from torch.distributed import all_reduce, init_process_group
+
 
 def rank_main(rank: int, world: int, port: int, steps: int, counts: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    init = f"tcp://127.0.0.1:{port}" if port else "env://"
+    init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     group = dist.distributed_c10d._get_process_group_name(dist.group.WORLD)
     issued: collections.Counter[tuple[str, str, str, int]] = collections.Counter()
     for _step in range(steps):
         t = torch.ones(64)
-        dist.all_reduce(t)
+        all_reduce(t)
         issued[(group, "all_reduce", "float32", t.nbytes)] += 1
         b = torch.ones(16, dtype=torch.float64)
         dist.broadcast(b, src=0)
@@ -44,17 +51,46 @@ def rank_main(rank: int, world: int, port: int, steps: int, counts: str) -> None
     dist.destroy_process_group()
 
 
+def as_tutorial(rank: int, world: int, port: int, steps: int, counts: str) -> None:
+    """The "Writing Distributed Applications" tutorial's ``init_process``: env:// rendezvous."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    rank_main(rank, world, 0, steps, counts)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--counts", default="", help="write each rank's counts to PREFIX.rankN.json")
+    ap.add_argument(
+        "--start",
+        choices=("mp.spawn", "spawn", "fork"),
+        default="mp.spawn",
+        help="torch.multiprocessing.spawn, or multiprocessing.Process with the spawn or fork method",
+    )
+    ap.add_argument("--launcher-is-rank0", action="store_true", help="with --start spawn|fork: this process is rank 0")
     args = ap.parse_args(argv)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    mp.spawn(rank_main, args=(args.ranks, port, args.steps, args.counts), nprocs=args.ranks)
-    print(f"spawned_ranks: {args.ranks} ranks, {args.steps} steps (pid {os.getpid()})", flush=True)
+    job = (args.ranks, port, args.steps, args.counts)
+    if args.start == "mp.spawn":
+        mp.spawn(rank_main, args=job, nprocs=args.ranks)
+    else:
+        context = mp.get_context(args.start)
+        first = 1 if args.launcher_is_rank0 else 0
+        processes = [context.Process(target=as_tutorial, args=(r, *job)) for r in range(first, args.ranks)]
+        for p in processes:
+            p.start()
+        if args.launcher_is_rank0:
+            as_tutorial(0, *job)
+        for p in processes:
+            p.join()
+        if any(p.exitcode for p in processes):
+            print(f"spawned_ranks: exit codes {[p.exitcode for p in processes]}", flush=True)
+            return 1
+    print(f"spawned_ranks: {args.ranks} ranks, {args.steps} steps, {args.start} (pid {os.getpid()})", flush=True)
     return 0
 
 

@@ -42,6 +42,7 @@ class Capture:
         self._mon_step: Any = None
         self.ring_note = ""  # the Flight Recorder ring's size and who chose it, for the start line
         self.server: Any = None  # torch's worker server, read off the GIL (workers.capture.fr_source)
+        self.stood_aside = False  # this process started the job's ranks (:meth:`stand_aside`)
 
     # ---------------------------------------------------------------- install
 
@@ -61,10 +62,7 @@ class Capture:
             os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")  # read when each NCCL group is made
             self._size_ring()
         register_optimizer_step_post_hook(self._on_optimizer_step)
-        self._mon_step = self.mon.step
-        self.mon.step = self._user_step  # a script that names its steps takes over from the optimizer hook
-        self._mon_close = self.mon.close
-        self.mon.close = self._close_monitor  # a script's monitor.stop() comes after our last read
+        self._adopt_monitor()
         for name, wrap in (("init_process_group", self._wrap_init), ("destroy_process_group", self._wrap_destroy)):
             current = getattr(c10d, name)
             # every torch module that bound it (init_device_mesh calls device_mesh's own)
@@ -76,13 +74,46 @@ class Capture:
             self._flush_on_sigterm, lambda: self.mon.hold_for_exit(-int(signal.SIGTERM), "stopped by SIGTERM")
         )
 
+    def _adopt_monitor(self) -> None:
+        self._mon_step = self.mon.step
+        self.mon.step = self._user_step  # a script that names its steps takes over from the optimizer hook
+        self._mon_close = self.mon.close
+        self.mon.close = self._close_monitor  # a script's monitor.stop() comes after our last read
+
+    def stand_aside(self) -> None:
+        """This process starts the job's ranks (workers.capture.spawned): it is none of them, so
+        it says nothing. Should it make a process group after all, it is a rank again (:meth:`_rejoin`)."""
+        if self.mon is not None and not self.how:
+            self.mon.stand_aside()
+            self.stood_aside = True
+
+    def _rejoin(self) -> None:
+        """The process that stood aside makes a process group: a fresh monitor for it."""
+        from workers import monitor
+
+        self.stood_aside = False
+        monitor.stop()  # the one that stood aside (closed: nothing is sent)
+        self.mon = monitor.start()
+        self._adopt_monitor()
+
+    @staticmethod
+    def _own_rendezvous(world_size: Any) -> None:
+        """The launcher joins the ranks it started (a world larger than torchrun's): torchrun's
+        agent store is not that group's (env:// would wait on it for ever), as run alone."""
+        if isinstance(world_size, int) and world_size > 0 and str(world_size) != os.environ.get("WORLD_SIZE", "1"):
+            os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+
     def _wrap_init(self, original: Any) -> Any:
         original = getattr(original, "__commtop_original__", original)
 
         @functools.wraps(original)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            if self.stood_aside:
+                self._own_rendezvous(kwargs.get("world_size", args[3] if len(args) > 3 else -1))
             result = original(*args, **kwargs)
             try:
+                if self.stood_aside:
+                    self._rejoin()
                 self._start_capture()
             except Exception as exc:  # noqa: BLE001 - never into the job
                 log.warning("commtop capture: off (%r)", exc)

@@ -1,30 +1,49 @@
-"""Ranks a script starts itself (``torch.multiprocessing.spawn``, the PyTorch DDP tutorial's way), watched too.
+"""Ranks a script starts itself, watched too: ``torch.multiprocessing.spawn`` (the PyTorch DDP
+tutorial's way) and ``multiprocessing.Process`` (the "Writing Distributed Applications" tutorial's).
 
-``commtop run --nproc 1 -- python train.py`` where train.py calls ``mp.spawn(worker, nprocs=N)``:
-the torchrun rank is only the launcher, and the N processes it starts are the job's ranks. The
-bootstrap wraps torch.multiprocessing's ``start_processes`` (``spawn`` calls it): the launcher's
-monitor stands aside (it never issued a collective: it sends nothing, and its node sampler
-stops so the first spawned process runs the node's), and each spawned process runs the capture
-before the job's function (:func:`rank_main`, pickled by reference) with LOCAL_RANK its index and
-none of torchrun's other variables; its rank and world size come from its process group, as the
-job's ``init_process_group`` is told.
+``commtop run --nproc 1 -- python train.py`` where train.py starts the job's N ranks: the torchrun
+rank is only the launcher, and the processes it starts are the job's ranks.
+
+``mp.spawn(worker, nprocs=N)``: the bootstrap wraps torch.multiprocessing's ``start_processes``
+(``spawn`` calls it): the launcher stands aside (it never issued a collective: it sends nothing,
+and its node sampler stops so the first spawned process runs the node's), and each spawned
+process runs the capture before the job's function (:func:`rank_main`, pickled by reference) with
+LOCAL_RANK its index; its rank and world size come from its process group, as the job's
+``init_process_group`` is told.
+
+``Process(target=...).start()`` from a launcher with no process group: the process may be a rank
+or a helper (a DataLoader worker), so the capture waits in it for its ``init_process_group``
+(:func:`process_main`); a process that never makes a group sends nothing. LOCAL_RANK is the rank
+that call names, else the order in which the launcher started it. The launcher stands aside at
+the first such start, and is a rank again should it make a group itself (a script whose launcher
+is rank 0: :meth:`workers.capture.capture.Capture.stand_aside`).
+
+In both, a child sees what it would see run as ``python train.py``: torchrun's variables that the
+script did not set itself are popped (with torchrun's agent store in them, its
+``init_process_group`` waits on torchrun's store for ever: plain ``torchrun --nproc-per-node 1
+train.py`` hangs there). With ``fork`` the child drops the monitor it inherited (the launcher's,
+closed by then) for its own, and sends what is left when the job's function returns (a forked
+process leaves by ``os._exit``: no atexit).
 
 Under several torchrun ranks each would start its own copy of the job's ranks (they collide on
-one store, or run the job N times): refused in one line, before any is started. ``fork`` (a
-spawned process would inherit the launcher's threads) is left unwatched, said in one line. A
-process that already has its process group starts helpers, not ranks: left as they are.
+one store, or run the job N times): ``mp.spawn`` is refused in one line before any is started; a
+``Process`` is refused, in one line, when it makes its group. A process that already has its
+process group starts helpers, not ranks: left as they are.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import os
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-#: torchrun's variables, about the launcher (a torchrun worker), not a spawned rank: popped in a
-#: spawned rank, which then sees what it would see run as ``python train.py`` (its process group
-#: names its rank; its store is its own: with torchrun's agent store it would wait on torchrun's).
+#: torchrun's variables, about the launcher (a torchrun worker), not a rank it starts: popped in
+#: the child unless the script set them (its MASTER_ADDR/MASTER_PORT, before starting its ranks).
 LAUNCHER_ENV = (
     "RANK",
     "WORLD_SIZE",
@@ -36,17 +55,65 @@ LAUNCHER_ENV = (
     "MASTER_ADDR",
     "MASTER_PORT",
 )
+#: torchrun's values of LAUNCHER_ENV in this process before the script ran (:func:`install`).
+_torchrun_env: dict[str, str] = {}
 
 
 class OwnRanksError(SystemExit):
     """The script starts its own ranks under several torchrun ranks (exit code 2)."""
 
 
+@dataclass(frozen=True)
+class Launch:
+    """What a child is told about how the launcher started it (pickled with its function)."""
+
+    index: int  # the order in which the launcher started it (mp.spawn: its index)
+    forked: bool  # it inherited the launcher's memory
+    torchruns: tuple[str, ...]  # torchrun's variables the script did not set: popped in the child
+    launchers: int  # torchrun ranks that each run the script (> 1: its ranks are refused)
+
+
 def install(stand_aside: Any) -> None:
-    """Wrap ``start_processes`` in torch.multiprocessing (``spawn`` looks it up at call time);
-    ``stand_aside()`` retires this process's monitor before the ranks start."""
+    """Before the script: wrap torch.multiprocessing's ``start_processes`` (``spawn`` looks it
+    up at call time) and multiprocessing's ``Process.start``; ``stand_aside()`` retires this
+    process's monitor before the ranks start."""
     import torch.multiprocessing  # noqa: F401 - loads torch.multiprocessing.spawn
 
+    _torchrun_env.update({k: os.environ[k] for k in LAUNCHER_ENV if k in os.environ})
+    _wrap_start_processes(stand_aside)
+    _wrap_process_start(stand_aside)
+
+
+def _launchers() -> int:
+    return int(_torchrun_env.get("WORLD_SIZE", "1") or 1)
+
+
+def _launch(index: int, method: str) -> Launch:
+    """How the launcher starts its ``index``-th child, for the child."""
+    unchanged = tuple(k for k, v in _torchrun_env.items() if os.environ.get(k) == v)
+    return Launch(index, method == "fork", unchanged, _launchers())
+
+
+def _refuse(how: str, launchers: int) -> OwnRanksError:
+    script = os.path.basename(sys.argv[0]) if sys.argv else "the script"
+    print(
+        f"commtop: {script} starts its own ranks ({how}) and commtop run started {launchers} copies of it: "
+        "run it with `commtop run --nproc 1 -- ...`",
+        file=sys.stderr,
+        flush=True,
+    )
+    return OwnRanksError(2)
+
+
+def _has_group() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+# ------------------------------------------------------------ torch.multiprocessing.spawn
+
+
+def _wrap_start_processes(stand_aside: Any) -> None:
     from workers.monitor.patch import rebind
 
     spawn_module = sys.modules["torch.multiprocessing.spawn"]  # (``torch.multiprocessing.spawn`` is the function)
@@ -57,42 +124,156 @@ def install(stand_aside: Any) -> None:
     def start_processes(
         fn: Any, args: tuple[Any, ...] = (), nprocs: int = 1, join: bool = True, daemon: bool = False, **kw: Any
     ) -> Any:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():  # a rank starting helpers, not ranks
+        if _has_group():  # a rank starting helpers, not ranks
             return original(fn, args, nprocs, join, daemon, **kw)
-        method = kw.get("start_method", "spawn")
-        launchers = int(os.environ.get("WORLD_SIZE", "1") or 1)
-        if launchers > 1:
-            script = os.path.basename(sys.argv[0]) if sys.argv else "the script"
-            print(
-                f"commtop: {script} starts its own ranks (torch.multiprocessing, {nprocs} processes) and commtop run "
-                f"started {launchers} copies of it: run it with `commtop run --nproc 1 -- ...`",
-                file=sys.stderr,
-                flush=True,
-            )
-            raise OwnRanksError(2)
-        if method == "fork":
-            print("commtop: ranks started with fork are not watched (use spawn)", file=sys.stderr, flush=True)
-            return original(fn, args, nprocs, join, daemon, **kw)
+        if _launchers() > 1:
+            raise _refuse(f"torch.multiprocessing, {nprocs} processes", _launchers())
         stand_aside()
-        ranked = functools.partial(rank_main, fn, nprocs)
+        ranked = functools.partial(rank_main, fn, nprocs, _launch(-1, kw.get("start_method", "spawn")))
         return original(ranked, args, nprocs, join, daemon, **kw)
 
     start_processes.__commtop_original__ = original  # type: ignore[attr-defined]
     rebind("start_processes", (current, original), start_processes)  # the spawn module and its re-export
 
 
-def rank_main(fn: Any, nprocs: int, index: int, *args: Any) -> Any:
+def rank_main(fn: Any, nprocs: int, launch: Launch, index: int, *args: Any) -> Any:
     """In a spawned process: the capture, then the job's function as torch would call it."""
-    for name in [*LAUNCHER_ENV, *(k for k in os.environ if k.startswith("TORCHELASTIC_"))]:
-        os.environ.pop(name, None)
-    os.environ["LOCAL_RANK"] = str(index)
     os.environ["LOCAL_WORLD_SIZE"] = str(nprocs)
-    from workers.capture.capture import Capture
+    with _on_its_own(fn, Launch(index, launch.forked, launch.torchruns, launch.launchers), at_init=False):
+        return fn(index, *args)
 
+
+# ------------------------------------------------------------ multiprocessing.Process
+
+
+def _wrap_process_start(stand_aside: Any) -> None:
+    """Every context's processes (torch.multiprocessing's re-export included): a process started
+    by a launcher with no process group runs :func:`process_main` around its target."""
+    from multiprocessing.process import BaseProcess
+
+    original = getattr(BaseProcess.start, "__commtop_original__", BaseProcess.start)
+    order = itertools.count()
+
+    @functools.wraps(original)
+    def start(self: Any) -> None:
+        if _may_be_a_rank(self):
+            self._target = functools.partial(process_main, self._target, _launch(next(order), _start_method(self)))
+            if _launchers() == 1:  # several: they stay ranks, and a child that makes a group is refused
+                stand_aside()
+        original(self)
+
+    start.__commtop_original__ = original  # type: ignore[attr-defined]
+    BaseProcess.start = start  # type: ignore[method-assign]
+
+
+def _may_be_a_rank(process: Any) -> bool:
+    """A process with a target, not one of ``mp.spawn``'s (:func:`rank_main` has those), started
+    by a process with no process group."""
+    target = getattr(process, "_target", None)
+    if target is None or getattr(target, "func", None) is process_main:
+        return False
+    spawn_module = sys.modules.get("torch.multiprocessing.spawn")
+    if spawn_module is not None and target is getattr(spawn_module, "_wrap", None):
+        return False
+    return not _has_group()
+
+
+def _start_method(process: Any) -> str:
+    """How ``process`` will start: its context's method, else the default context's."""
+    method = getattr(process, "_start_method", None)
+    if method:
+        return str(method)
+    import multiprocessing
+
+    chosen = multiprocessing.get_start_method(allow_none=True)  # allow_none: choosing nothing
+    return chosen or str(multiprocessing.get_context()._name)  # type: ignore[attr-defined]
+
+
+def process_main(target: Any, launch: Launch, *args: Any, **kwargs: Any) -> Any:
+    """In a process the launcher started: the capture waits for its ``init_process_group``."""
+    with _on_its_own(target, launch, at_init=True):
+        return target(*args, **kwargs)
+
+
+# ------------------------------------------------------------ in the child
+
+
+@contextlib.contextmanager
+def _on_its_own(fn: Any, launch: Launch, *, at_init: bool) -> Iterator[None]:
+    """As if run alone, watched (now, or at its ``init_process_group``); at the end, the Bye."""
+    for name in [*launch.torchruns, *(k for k in os.environ if k.startswith("TORCHELASTIC_"))]:
+        os.environ.pop(name, None)
+    os.environ["LOCAL_RANK"] = str(launch.index)
     try:
-        Capture().install()
+        from workers.capture.capture import Capture
+        from workers.monitor.patch import add_globals
+
+        if launch.forked:  # the launcher's monitor (closed before the fork) is not this process's
+            from workers import monitor
+
+            monitor.stop()
+        add_globals(fn)  # the script's own names (``from torch.distributed import init_process_group``)
+        if at_init:
+            _capture_at_init(launch.launchers)
+        else:
+            Capture().install()
     except Exception as exc:  # noqa: BLE001 - the rank runs even if commtop cannot watch it
-        print(f"commtop: not watching spawned rank {index} ({type(exc).__name__}: {exc})", file=sys.stderr)
-    return fn(index, *args)
+        print(f"commtop: not watching process {launch.index} ({type(exc).__name__}: {exc})", file=sys.stderr)
+    try:
+        yield
+    except BaseException as exc:
+        _monitor_says_failed(exc)
+        raise
+    finally:
+        _close_monitor()
+
+
+def _capture_at_init(launchers: int) -> None:
+    """Wrap ``init_process_group``: at the first call the capture goes in (it wraps it again,
+    around torch's), then that call goes on through it."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from workers.monitor.patch import rebind
+
+    current = c10d.init_process_group
+    original = getattr(current, "__commtop_original__", current)
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        if launchers > 1:
+            raise _refuse("multiprocessing", launchers)
+        rank = kwargs.get("rank", args[4] if len(args) > 4 else -1)
+        world = kwargs.get("world_size", args[3] if len(args) > 3 else -1)
+        if isinstance(rank, int) and rank >= 0:
+            os.environ["LOCAL_RANK"] = str(rank)  # one node: the script's ranks are its local ranks
+        if isinstance(world, int) and world > 0:
+            os.environ.setdefault("LOCAL_WORLD_SIZE", str(world))
+        from workers.capture.capture import Capture
+
+        rebind("init_process_group", (init_process_group,), original)
+        try:
+            Capture().install()
+        except Exception as exc:  # noqa: BLE001 - the rank runs even if commtop cannot watch it
+            print(f"commtop: not watching this process ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return c10d.init_process_group(*args, **kwargs)
+
+    init_process_group.__commtop_original__ = original  # type: ignore[attr-defined]
+    rebind("init_process_group", (current, original), init_process_group)
+
+
+def _monitor_says_failed(exc: BaseException) -> None:
+    """multiprocessing prints a target's exception itself (no excepthook): the Bye says it."""
+    from workers import monitor
+
+    mon = monitor.active()
+    if mon is not None and not (isinstance(exc, SystemExit) and exc.code in (0, None)):
+        mon.failed_with(exc)
+
+
+def _close_monitor() -> None:
+    """This process's capture, if it made one, sends what is left and its Bye."""
+    from workers import monitor
+
+    mon = monitor.active()
+    if mon is not None:
+        mon.close()

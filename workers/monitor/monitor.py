@@ -233,6 +233,10 @@ class Monitor:
         if self._holding:
             self._hold()
 
+    def failed_with(self, exc: BaseException) -> None:
+        """The job ends by this exception: the Bye says so (and why)."""
+        self._exit = (1, bye_reason(exc))
+
     def hold_for_exit(self, exit_code: int, reason: str) -> threading.Event:
         """A SIGTERM ends this process (workers.capture.on_sigterm): the job's thread stops at
         its next collective hook (after the record of a collective that returned, before a new
@@ -539,7 +543,7 @@ def _hook_excepthook(mon: Monitor) -> None:
     previous = sys.excepthook
 
     def hook(et: type[BaseException], ev: BaseException, tb: TracebackType | None) -> None:
-        mon._exit = (1, bye_reason(ev))
+        mon.failed_with(ev)
         previous(et, ev, tb)
 
     sys.excepthook = hook
