@@ -268,6 +268,21 @@ def test_ranks_a_script_starts_itself_are_the_runs_ranks(monkeypatch, capsys, tm
         assert hello.lost == 0 and hello.dropped == 0
 
 
+def test_a_ranks_own_multiprocessing_helpers_are_no_ranks(monkeypatch, capsys, tmp_path) -> None:
+    """Ranks that use a fork pool and a spawn Process before their group exists (and a pool
+    after): each rank's collectives are recorded once, its Hellos are its own (no helper speaks
+    for it, none is a rank), and it ends as it did."""
+    prefix = str(tmp_path / "helpers")
+    tables = run_recorded(monkeypatch, capsys, [str(REPO / "tests" / "jobs" / "pool_helpers.py"), "--counts", prefix])
+    hellos = last_hellos(tables)
+    assert sorted(hellos) == [0, 1]
+    assert len({h.pid for _, h in tables.hellos}) == 2
+    for rank, hello in hellos.items():
+        assert recorded(tables, rank, hello) == expected(prefix, rank)
+        assert hello.lost == 0 and hello.dropped == 0
+    assert sorted((b.rank, b.exit_code) for _, b in tables.byes) == [(0, 0), (1, 0)]
+
+
 @pytest.mark.parametrize("start", ["mp.spawn", "spawn"], ids=["mp.spawn", "Process-spawn"])
 def test_a_script_that_spawns_its_ranks_under_several_torchrun_ranks_is_refused_in_one_line(
     monkeypatch, capsys, tmp_path, start

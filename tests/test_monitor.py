@@ -189,6 +189,24 @@ def test_unpatched_and_stopped_monitor_record_nothing(run, source) -> None:
     assert not columns(drain(source), protocol.COLL)
 
 
+def test_a_forked_child_forgets_the_monitor_it_inherited_without_a_word(run, source) -> None:
+    """workers.capture.spawned in a forked child: the parent's monitor is dropped, never closed
+    (closing it would send the parent's Bye through the parent's sockets); the child's own
+    start() makes a new one. (Here in one process: what the child does to its copy.)"""
+    mon = monitor.start(run.path, wait_s=2.0, sampler=False)
+    monitor.patch_distributed()
+    from workers.monitor import api
+
+    api.forget_inherited()
+    assert monitor.active() is None and monitor_patch._target is None
+    assert not mon._closed  # nothing said for the parent
+    assert not any(isinstance(m, protocol.Bye) for m in drain(source, timeout_s=0.5))
+    fresh = monitor.start(run.path, sampler=False)
+    assert fresh is not mon and monitor.active() is fresh
+    fresh.close()
+    mon.close()
+
+
 def test_bus_factors_follow_nccl_tests_per_row() -> None:
     op = np.array([OP_INDEX["all_reduce"], OP_INDEX["all_gather"], OP_INDEX["broadcast"], OP_INDEX["barrier"]])
     ranks = np.array([8, 8, 4, 8])

@@ -21,9 +21,9 @@ is rank 0: :meth:`workers.capture.capture.Capture.stand_aside`).
 In both, a child sees what it would see run as ``python train.py``: torchrun's variables that the
 script did not set itself are popped (with torchrun's agent store in them, its
 ``init_process_group`` waits on torchrun's store for ever: plain ``torchrun --nproc-per-node 1
-train.py`` hangs there). With ``fork`` the child drops the monitor it inherited (the launcher's,
-closed by then) for its own, and sends what is left when the job's function returns (a forked
-process leaves by ``os._exit``: no atexit).
+train.py`` hangs there). With ``fork`` the child drops the monitor it inherited (the launcher's: closed
+there, it would send the launcher's Bye through the launcher's sockets) for its own, and sends
+what is left when the job's function returns (a forked process leaves by ``os._exit``: no atexit).
 
 Under several torchrun ranks each would start its own copy of the job's ranks (they collide on
 one store, or run the job N times): ``mp.spawn`` is refused in one line before any is started; a
@@ -208,10 +208,10 @@ def _on_its_own(fn: Any, launch: Launch, *, at_init: bool) -> Iterator[None]:
         from workers.capture.capture import Capture
         from workers.monitor.patch import add_globals
 
-        if launch.forked:  # the launcher's monitor (closed before the fork) is not this process's
-            from workers import monitor
+        if launch.forked:  # the launcher's monitor is not this process's
+            from workers.monitor import api
 
-            monitor.stop()
+            api.forget_inherited()
         add_globals(fn)  # the script's own names (``from torch.distributed import init_process_group``)
         if at_init:
             _capture_at_init(launch.launchers)

@@ -121,6 +121,15 @@ def stop() -> None:
         mon.close()
 
 
+def forget_inherited() -> None:
+    """In a forked child: the monitor it inherited is its parent's. Dropped without a word (closing
+    it would send the parent's Bye through the parent's sockets); a later start() makes its own."""
+    global _active
+    with _lock:
+        _active = None
+    monitor_patch.set_target(None)
+
+
 def resolve_connection(connection_file: str | None, connect: str | None) -> Connection | None:
     """The run to report to, as the workers resolve it (no "newest run" guess: a user's
     script must not attach to some older run by accident)."""
