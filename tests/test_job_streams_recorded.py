@@ -246,12 +246,17 @@ def test_what_torch_issues_out_of_the_hooks_sight_is_counted_as_lost(monkeypatch
 
 @pytest.mark.parametrize(
     "start",
-    [["--start", "mp.spawn"], ["--start", "spawn"], ["--start", "fork", "--launcher-is-rank0"]],
-    ids=["mp.spawn", "Process-spawn", "Process-fork-launcher-is-rank0"],
+    [
+        ["--start", "mp.spawn"],
+        ["--start", "spawn"],
+        ["--start", "fork", "--launcher-is-rank0"],
+        ["--start", "spawn", "--subclass"],
+    ],
+    ids=["mp.spawn", "Process-spawn", "Process-fork-launcher-is-rank0", "Process-subclass-spawn"],
 )
 def test_ranks_a_script_starts_itself_are_the_runs_ranks(monkeypatch, capsys, tmp_path, start) -> None:
     """The PyTorch tutorials' shapes (``mp.spawn``, or ``multiprocessing.Process`` with env://
-    and MASTER_ADDR/PORT set in the child; 3 ranks) under ``commtop run --nproc 1``: every
+    and MASTER_ADDR/PORT set in the child, or a Process subclass's own ``run``; 3 ranks) under ``commtop run --nproc 1``: every
     collective of each rank is recorded with its group; the torchrun process that started them
     is no rank of its own (no Hello), unless it joins the job's group itself (then it is rank 0).
     Under plain ``torchrun --nproc-per-node 1`` the Process shapes wait for ever in

@@ -5,8 +5,8 @@
 
 ``--start mp.spawn`` (the DDP tutorial's torch.multiprocessing.spawn, a tcp:// rendezvous), or
 ``spawn`` / ``fork`` ("Writing Distributed Applications": multiprocessing.Process with that start
-method, MASTER_ADDR/MASTER_PORT set in the child, env://); ``--launcher-is-rank0``: the script's
-own process is rank 0 and starts the others. Each rank joins a gloo group with its index as its rank and, per step, all_reduces a
+method, MASTER_ADDR/MASTER_PORT set in the child, env://); ``--subclass``: a Process subclass with
+its own ``run``; ``--launcher-is-rank0``: the script's own process is rank 0 and starts the others. Each rank joins a gloo group with its index as its rank and, per step, all_reduces a
 float32 tensor of 64 elements, broadcasts a float64 one of 16 from rank 0 and all_gathers an int32
 one of 8. It counts what it issues from its own logic, per (group name, op, dtype, nbytes as
 nccl-tests count them), and writes the counts to ``PREFIX.rankN.json``
@@ -58,6 +58,17 @@ def as_tutorial(rank: int, world: int, port: int, steps: int, counts: str) -> No
     rank_main(rank, world, 0, steps, counts)
 
 
+class RankProcess(mp.Process):
+    """A rank as a Process subclass with its own ``run`` (no target)."""
+
+    def __init__(self, rank: int, job: tuple[int, int, int, str]) -> None:
+        super().__init__()
+        self.rank, self.job = rank, job
+
+    def run(self) -> None:
+        as_tutorial(self.rank, *self.job)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=2)
@@ -70,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         help="torch.multiprocessing.spawn, or multiprocessing.Process with the spawn or fork method",
     )
     ap.add_argument("--launcher-is-rank0", action="store_true", help="with --start spawn|fork: this process is rank 0")
+    ap.add_argument("--subclass", action="store_true", help="with --start spawn|fork: a Process subclass's run()")
     args = ap.parse_args(argv)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -78,9 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.start == "mp.spawn":
         mp.spawn(rank_main, args=job, nprocs=args.ranks)
     else:
-        context = mp.get_context(args.start)
+        mp.set_start_method(args.start)  # the default context: Process and its subclasses
         first = 1 if args.launcher_is_rank0 else 0
-        processes = [context.Process(target=as_tutorial, args=(r, *job)) for r in range(first, args.ranks)]
+        ranks = range(first, args.ranks)
+        processes = (
+            [RankProcess(r, job) for r in ranks]
+            if args.subclass
+            else [mp.Process(target=as_tutorial, args=(r, *job)) for r in ranks]
+        )
         for p in processes:
             p.start()
         if args.launcher_is_rank0:

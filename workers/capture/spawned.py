@@ -11,10 +11,11 @@ process runs the capture before the job's function (:func:`rank_main`, pickled b
 LOCAL_RANK its index; its rank and world size come from its process group, as the job's
 ``init_process_group`` is told.
 
-``Process(target=...).start()`` from a launcher with no process group: the process may be a rank
-or a helper (a DataLoader worker), so the capture waits in it for its ``init_process_group``
-(:func:`process_main`); a process that never makes a group sends nothing. LOCAL_RANK is the rank
-that call names, else the order in which the launcher started it. The launcher stands aside at
+``Process(target=...).start()`` (or a Process subclass's own ``run``) from a launcher with no
+process group: the process may be a rank or a helper (a DataLoader worker), so the capture waits
+in it for its ``init_process_group`` (:func:`process_main`); a process that never makes a group
+sends nothing. LOCAL_RANK is the rank that call names, else the order in which the launcher
+started it. The launcher stands aside at
 the first such start, and is a rank again should it make a group itself (a script whose launcher
 is rank 0: :meth:`workers.capture.capture.Capture.stand_aside`).
 
@@ -54,6 +55,7 @@ LAUNCHER_ENV = (
     "ROLE_WORLD_SIZE",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "LOCAL_WORLD_SIZE",
 )
 #: torchrun's values of LAUNCHER_ENV in this process before the script ran (:func:`install`).
 _torchrun_env: dict[str, str] = {}
@@ -138,8 +140,7 @@ def _wrap_start_processes(stand_aside: Any) -> None:
 
 def rank_main(fn: Any, nprocs: int, launch: Launch, index: int, *args: Any) -> Any:
     """In a spawned process: the capture, then the job's function as torch would call it."""
-    os.environ["LOCAL_WORLD_SIZE"] = str(nprocs)
-    with _on_its_own(fn, Launch(index, launch.forked, launch.torchruns, launch.launchers), at_init=False):
+    with _on_its_own(fn, Launch(index, launch.forked, launch.torchruns, launch.launchers), at_init=False, ranks=nprocs):
         return fn(index, *args)
 
 
@@ -156,8 +157,14 @@ def _wrap_process_start(stand_aside: Any) -> None:
 
     @functools.wraps(original)
     def start(self: Any) -> None:
-        if _may_be_a_rank(self):
-            self._target = functools.partial(process_main, self._target, _launch(next(order), _start_method(self)))
+        job = _job_of(self, BaseProcess)
+        if job:
+            launch = _launch(next(order), _start_method(self))
+            if job == "target":
+                self._target = functools.partial(process_main, self._target, launch)
+            else:  # the subclass's run(), as the instance's: pickled as getattr(self, "run"), which
+                # the child resolves to the class's (the instance's attributes come back after it)
+                self.run = functools.partial(process_main, type(self).run.__get__(self), launch)
             if _launchers() == 1:  # several: they stay ranks, and a child that makes a group is refused
                 stand_aside()
         original(self)
@@ -166,16 +173,19 @@ def _wrap_process_start(stand_aside: Any) -> None:
     BaseProcess.start = start  # type: ignore[method-assign]
 
 
-def _may_be_a_rank(process: Any) -> bool:
-    """A process with a target, not one of ``mp.spawn``'s (:func:`rank_main` has those), started
-    by a process with no process group."""
+def _job_of(process: Any, base: Any) -> str:
+    """What a process started by a process with no process group runs: "target", or "run" (a
+    subclass's own), "" where it is one of ``mp.spawn``'s (:func:`rank_main` has those) or
+    already wrapped."""
+    if _has_group() or isinstance(process.__dict__.get("run"), functools.partial):
+        return ""
     target = getattr(process, "_target", None)
-    if target is None or getattr(target, "func", None) is process_main:
-        return False
+    if target is None:
+        return "run" if type(process).run is not base.run else ""
     spawn_module = sys.modules.get("torch.multiprocessing.spawn")
-    if spawn_module is not None and target is getattr(spawn_module, "_wrap", None):
-        return False
-    return not _has_group()
+    if getattr(target, "func", None) is process_main or target is getattr(spawn_module, "_wrap", None):
+        return ""
+    return "target"
 
 
 def _start_method(process: Any) -> str:
@@ -199,11 +209,14 @@ def process_main(target: Any, launch: Launch, *args: Any, **kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _on_its_own(fn: Any, launch: Launch, *, at_init: bool) -> Iterator[None]:
-    """As if run alone, watched (now, or at its ``init_process_group``); at the end, the Bye."""
+def _on_its_own(fn: Any, launch: Launch, *, at_init: bool, ranks: int = 0) -> Iterator[None]:
+    """As if run alone, watched (now, or at its ``init_process_group``); at the end, the Bye.
+    ``ranks``: how many the launcher started (mp.spawn's nprocs; 0: known at the group)."""
     for name in [*launch.torchruns, *(k for k in os.environ if k.startswith("TORCHELASTIC_"))]:
         os.environ.pop(name, None)
     os.environ["LOCAL_RANK"] = str(launch.index)
+    if ranks:
+        os.environ["LOCAL_WORLD_SIZE"] = str(ranks)
     try:
         from workers.capture.capture import Capture
         from workers.monitor.patch import add_globals
@@ -242,11 +255,14 @@ def _capture_at_init(launchers: int) -> None:
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         if launchers > 1:
             raise _refuse("multiprocessing", launchers)
+        # one node: the script's ranks are its local ranks (as the call, else its env://, says)
         rank = kwargs.get("rank", args[4] if len(args) > 4 else -1)
         world = kwargs.get("world_size", args[3] if len(args) > 3 else -1)
-        if isinstance(rank, int) and rank >= 0:
-            os.environ["LOCAL_RANK"] = str(rank)  # one node: the script's ranks are its local ranks
-        if isinstance(world, int) and world > 0:
+        rank = rank if isinstance(rank, int) and rank >= 0 else os.environ.get("RANK", "")
+        world = world if isinstance(world, int) and world > 0 else os.environ.get("WORLD_SIZE", "")
+        if str(rank).isdigit():
+            os.environ["LOCAL_RANK"] = str(rank)
+        if str(world).isdigit():
             os.environ.setdefault("LOCAL_WORLD_SIZE", str(world))
         from workers.capture.capture import Capture
 
