@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         capture.install()
         if capture.mon is not None and capture.mon.on:
-            spawned.install(capture.stand_aside)  # a script that starts its own ranks
+            spawned.install(capture.stand_aside, capture.env_set)  # a script that starts its own ranks
     except Exception as exc:  # noqa: BLE001 - the job runs even if commtop cannot watch it
         print(f"commtop: not watching this job ({type(exc).__name__}: {exc})", file=sys.stderr)
     if kind == "module":

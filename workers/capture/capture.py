@@ -43,6 +43,8 @@ class Capture:
         self.ring_note = ""  # the Flight Recorder ring's size and who chose it, for the start line
         self.server: Any = None  # torch's worker server, read off the GIL (workers.capture.fr_source)
         self.stood_aside = False  # this process started the job's ranks (:meth:`stand_aside`)
+        #: what install set in the environment, not the user (a rank this process starts chooses again)
+        self.env_set: dict[str, str] = {}
 
     # ---------------------------------------------------------------- install
 
@@ -59,8 +61,10 @@ class Capture:
         if not self.mon.on:
             return
         if self.mode != "hooks":
+            before = dict(os.environ)
             os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")  # read when each NCCL group is made
             self._size_ring()
+            self.env_set = {k: v for k, v in os.environ.items() if before.get(k) != v}
         register_optimizer_step_post_hook(self._on_optimizer_step)
         self._adopt_monitor()
         for name, wrap in (("init_process_group", self._wrap_init), ("destroy_process_group", self._wrap_destroy)):

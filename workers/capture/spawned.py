@@ -57,8 +57,10 @@ LAUNCHER_ENV = (
     "MASTER_PORT",
     "LOCAL_WORLD_SIZE",
 )
-#: torchrun's values of LAUNCHER_ENV in this process before the script ran (:func:`install`).
+#: torchrun's values of LAUNCHER_ENV in this process before the script ran, and the variables the
+#: launcher's capture set (its ring size: a child's capture chooses again, as for a torchrun rank)
 _torchrun_env: dict[str, str] = {}
+_capture_env: dict[str, str] = {}
 
 
 class OwnRanksError(SystemExit):
@@ -71,17 +73,18 @@ class Launch:
 
     index: int  # the order in which the launcher started it (mp.spawn: its index)
     forked: bool  # it inherited the launcher's memory
-    torchruns: tuple[str, ...]  # torchrun's variables the script did not set: popped in the child
+    torchruns: tuple[str, ...]  # torchrun's (and the capture's) variables the script did not set: popped
     launchers: int  # torchrun ranks that each run the script (> 1: its ranks are refused)
 
 
-def install(stand_aside: Any) -> None:
+def install(stand_aside: Any, capture_env: dict[str, str] | None = None) -> None:
     """Before the script: wrap torch.multiprocessing's ``start_processes`` (``spawn`` looks it
     up at call time) and multiprocessing's ``Process.start``; ``stand_aside()`` retires this
-    process's monitor before the ranks start."""
+    process's monitor before the ranks start; ``capture_env``: what this process's capture set."""
     import torch.multiprocessing  # noqa: F401 - loads torch.multiprocessing.spawn
 
     _torchrun_env.update({k: os.environ[k] for k in LAUNCHER_ENV if k in os.environ})
+    _capture_env.update(capture_env or {})
     _wrap_start_processes(stand_aside)
     _wrap_process_start(stand_aside)
 
@@ -92,7 +95,7 @@ def _launchers() -> int:
 
 def _launch(index: int, method: str) -> Launch:
     """How the launcher starts its ``index``-th child, for the child."""
-    unchanged = tuple(k for k, v in _torchrun_env.items() if os.environ.get(k) == v)
+    unchanged = tuple(k for k, v in (_torchrun_env | _capture_env).items() if os.environ.get(k) == v)
     return Launch(index, method == "fork", unchanged, _launchers())
 
 
