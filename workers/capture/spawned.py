@@ -35,12 +35,12 @@ process group starts helpers, not ranks: left as they are.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 #: torchrun's variables, about the launcher (a torchrun worker), not a rank it starts: popped in
@@ -67,7 +67,7 @@ class OwnRanksError(SystemExit):
     """The script starts its own ranks under several torchrun ranks (exit code 2)."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Launch:
     """What a child is told about how the launcher started it (pickled with its function)."""
 
@@ -134,7 +134,7 @@ def _wrap_start_processes(stand_aside: Any) -> None:
         if _launchers() > 1:
             raise _refuse(f"torch.multiprocessing, {nprocs} processes", _launchers())
         stand_aside()
-        ranked = functools.partial(rank_main, fn, nprocs, _launch(-1, kw.get("start_method", "spawn")))
+        ranked = functools.partial(rank_main, fn, nprocs, _launch(0, kw.get("start_method", "spawn")))
         return original(ranked, args, nprocs, join, daemon, **kw)
 
     start_processes.__commtop_original__ = original  # type: ignore[attr-defined]
@@ -143,7 +143,7 @@ def _wrap_start_processes(stand_aside: Any) -> None:
 
 def rank_main(fn: Any, nprocs: int, launch: Launch, index: int, *args: Any) -> Any:
     """In a spawned process: the capture, then the job's function as torch would call it."""
-    with _on_its_own(fn, Launch(index, launch.forked, launch.torchruns, launch.launchers), at_init=False, ranks=nprocs):
+    with _on_its_own(fn, dataclasses.replace(launch, index=index), at_init=False, ranks=nprocs):
         return fn(index, *args)
 
 
