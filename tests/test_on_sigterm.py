@@ -123,6 +123,14 @@ print("rank alive; worker", "killed by SIGTERM" if os.WTERMSIG(status) == signal
 """
 
 
+#: The same, with the worker's SIGTERM landing between its fork and commtop's fork hook (a Pool's
+#: terminate of a worker it has just forked): a hook registered first sends it there.
+FORK_WINDOW_CHILD = FORKING_CHILD.replace(
+    "on_sigterm.install(",
+    "os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGTERM))\non_sigterm.install(",
+).replace("time.sleep(60)", "time.sleep(5)")
+
+
 @pytest.mark.e2e
 def test_a_main_thread_stuck_in_a_c_call_still_flushes_and_ends(tmp_path: Path) -> None:
     """Python runs handlers only between bytecodes; the wake-up watcher begins the stop."""
@@ -147,6 +155,20 @@ def test_a_main_thread_stuck_in_a_c_call_still_flushes_and_ends(tmp_path: Path) 
 def test_a_forked_worker_stopped_by_sigterm_does_not_stop_the_rank(tmp_path: Path) -> None:
     out = tmp_path / "flushed.txt"
     done = subprocess.run([sys.executable, "-c", FORKING_CHILD, str(out)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "rank alive; worker killed by SIGTERM"
+    assert not out.exists()
+
+
+@pytest.mark.e2e
+def test_a_worker_stopped_before_its_fork_hook_ran_does_not_stop_the_rank(tmp_path: Path) -> None:
+    """Its SIGTERM waits (blocked from the fork) until the hook has let go of the rank's wake-up
+    pipe, then ends it. Before: the worker's wake-up byte went down the rank's pipe and the rank's
+    watcher ended the rank (a job with fork Pools under commtop: ~1 run in 2 killed by SIGTERM)."""
+    out = tmp_path / "flushed.txt"
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_WINDOW_CHILD, str(out)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "rank alive; worker killed by SIGTERM"
     assert not out.exists()

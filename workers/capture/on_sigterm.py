@@ -65,8 +65,19 @@ def install(flush: Callable[[], None], hold: Callable[[], threading.Event] | Non
     stop = _Stop(flush, hold)
     signal.signal(signal.SIGTERM, stop.on_signal)
     stop.watch_wakeups()
-    os.register_at_fork(after_in_child=stop.forget_in_child)
+    # A child is forked with SIGTERM blocked until its hook has let go of the rank's wake-up pipe:
+    # a SIGTERM in between (a Pool's terminate of a worker it had just forked) would write its
+    # byte down the rank's pipe, and the rank's watcher would end the rank.
+    os.register_at_fork(before=_block_sigterm, after_in_parent=_unblock_sigterm, after_in_child=stop.forget_in_child)
     return True
+
+
+def _block_sigterm() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # this thread only (the forking one)
+
+
+def _unblock_sigterm() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 class _Stop:
@@ -133,8 +144,10 @@ class _Stop:
                 self.begin(parked=False)
 
     def forget_in_child(self) -> None:
-        """A forked child (a DataLoader worker) is not the rank: SIGTERM ends it as it would have,
-        and its signals are not the rank's (its wake-up byte went down the rank's pipe)."""
+        """A forked child (a DataLoader or Pool worker) is not the rank: SIGTERM ends it as it
+        would have, and its signals are not the rank's (its wake-up byte would go down the rank's
+        pipe, and the rank's watcher would end the rank). SIGTERM was blocked from the fork
+        (:func:`install`) until here."""
         try:
             if signal.getsignal(signal.SIGTERM) == self.on_signal:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -148,6 +161,7 @@ class _Stop:
                 os.close(w)
         except (ValueError, OSError):  # forked off the main thread: nothing to undo from here
             pass
+        _unblock_sigterm()  # a SIGTERM that came meanwhile lands now, with SIGTERM's default
 
 
 def in_commtop(frame: FrameType | None) -> bool:
