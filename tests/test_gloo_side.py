@@ -90,10 +90,10 @@ def test_gloo_only_hooks_leave_other_groups_alone_and_share_the_numbering(mon, s
         dist.broadcast(t, src=7)  # refused: takes 8, gives it back
     assert mon.take_iterations(2) == 8
     dist.all_reduce(t)  # 10
-    timers = mon.timers
-    it = timers._take_one()  # 11: a call begun; the capture thread takes 12..14 before it fails
-    assert timers.take(3) == 12
-    timers._give_back(it)
+    spec = monitor.patch._spec("all_reduce", monitor.patch._originals["all_reduce"])
+    token = mon.coll_begin(spec, (t,), {})  # 11: a call begun; the capture thread takes 12..14 before it fails
+    assert mon.take_iterations(3) == 12
+    mon.coll_failed(token)
     dist.all_reduce(t)  # 11, the spare
     dist.all_reduce(t)  # 15
     monitor.stop()

@@ -11,6 +11,7 @@ process group (named through the rank's Hello), op, dtype and size, and no rank 
   path) and two DTensor redistributions, each timed to its first use (``wait_tensor``);
 * tests/jobs/out_of_sight.py: DDP, ``all_reduce_coalesced``, a funcol backward: what torch
   issues underneath counts as lost, and recorded + lost = what torch.profiler saw;
+* tests/jobs/threaded_collectives.py: a saver thread's collectives beside the training loop's;
 * tests/jobs/spawned_ranks.py: ranks started by the script (``torch.multiprocessing.spawn``,
   ``multiprocessing.Process``), under ``--nproc 1``: the started processes are the ranks;
 * examples/train_fsdp2.py: FSDP2 (``fully_shard``) on gloo; the expected counts come from
@@ -286,6 +287,23 @@ def test_a_ranks_own_multiprocessing_helpers_are_no_ranks(monkeypatch, capsys, t
         assert recorded(tables, rank, hello) == expected(prefix, rank)
         assert hello.lost == 0 and hello.dropped == 0
     assert sorted((b.rank, b.exit_code) for _, b in tables.byes) == [(0, 0), (1, 0)]
+
+
+def test_collectives_from_two_threads_are_each_recorded(monkeypatch, capsys, tmp_path) -> None:
+    """The training loop on the main thread and a saver thread on a group of its own (an
+    asynchronous checkpoint's shape) issue collectives at the same time: each rank's recording
+    holds every one of both threads, with its group, and no rank lost any. (Before, a thread
+    inside a collective hid the other's: about half of them were counted lost.)"""
+    prefix = str(tmp_path / "threads")
+    job = [str(REPO / "tests" / "jobs" / "threaded_collectives.py"), "--steps", "100", "--counts", prefix]
+    tables = run_recorded(monkeypatch, capsys, job)
+    hellos = last_hellos(tables)
+    assert sorted(hellos) == [0, 1]
+    for rank, hello in hellos.items():
+        want = expected(prefix, rank)
+        assert {g for g, *_ in want} == {"0", "1"} and sum(n for (g, *_), n in want.items() if g == "1") >= 3
+        assert recorded(tables, rank, hello) == want
+        assert hello.lost == 0 and hello.dropped == 0
 
 
 @pytest.mark.parametrize("start", ["mp.spawn", "spawn"], ids=["mp.spawn", "Process-spawn"])

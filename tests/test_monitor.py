@@ -508,6 +508,27 @@ def test_a_refused_call_is_no_record_and_leaves_no_gap(run, source) -> None:
     assert coll["op"].tolist() == [protocol.OP_NAMES.index("all_reduce")] * 2
 
 
+def test_a_refused_call_on_one_thread_leaves_no_gap_while_another_thread_issues(run, source) -> None:
+    """Two of the job's threads interleave (a saver thread beside the loop): the loop's call
+    begins, the saver's begins and ends, then torch refuses the loop's: its iteration is taken
+    by the next call, so every record is there once and nothing is shown as missing."""
+    mon = monitor.start(run.path, wait_s=2.0, sampler=False)
+    monitor.patch_distributed()
+    spec = monitor_patch._spec("all_reduce", monitor_patch._originals["all_reduce"])
+    t = torch.ones(N)
+    refused = mon.coll_begin(spec, (t,), {})
+    saver = threading.Thread(target=lambda: mon.coll_end(mon.coll_begin(spec, (t,), {}), None))
+    saver.start()
+    saver.join()
+    mon.coll_failed(refused)
+    for _ in range(2):
+        mon.coll_end(mon.coll_begin(spec, (t,), {}), None)
+    assert mon.timers.iteration == 3
+    monitor.stop()
+    coll = columns(drain(source), protocol.COLL)
+    assert sorted(coll["iteration"].tolist()) == [0, 1, 2]
+
+
 def test_a_group_this_rank_is_not_in_is_no_record(run, source) -> None:
     """torch returns at once for a group the rank is not in (GroupMember.NON_GROUP_MEMBER)
     and issues nothing: commtop must not count it as a collective of a group of its own."""
@@ -612,7 +633,9 @@ def test_cuda_branch_ends_async_collectives_on_the_private_stream_and_never_wait
     monitor.patch_distributed()
     fake_torch = FakeTorchCuda()
     timer = FakeCudaTimer(fake_torch)
-    mon.timers.cuda = SimpleNamespace(torch=fake_torch, coll=timer, copy=FakeCudaTimer(fake_torch), stream="private")
+    mon.timers.cuda = SimpleNamespace(
+        torch=fake_torch, coll=timer, copy=FakeCudaTimer(fake_torch), stream="private", thread=threading.get_ident()
+    )
     spec = monitor_patch._spec("all_reduce", monitor_patch._originals["all_reduce"])
     t = FakeCudaTensor()
 
@@ -635,6 +658,27 @@ def test_cuda_branch_ends_async_collectives_on_the_private_stream_and_never_wait
     assert [m[0] for m in metas] == [0, 1, 2, 3] and {m[4:9] for m in metas} == {
         (OP_INDEX["all_reduce"], 0, protocol.DTYPE_INDEX["float16"], 4096, 1)
     }
+
+
+def test_a_gpu_collective_of_another_thread_is_counted_lost_not_put_in_the_ring(run) -> None:
+    """The CUDA timers' ring completes in one thread's stream order: a GPU collective another
+    thread issues takes no slot and no iteration, and the Hello's ``lost`` counts it."""
+    mon = monitor.start(run.path, sampler=False, batch_ms=60_000.0)
+    monitor.patch_distributed()
+    fake_torch = FakeTorchCuda()
+    timer = FakeCudaTimer(fake_torch)
+    mon.timers.cuda = SimpleNamespace(
+        torch=fake_torch, coll=timer, copy=FakeCudaTimer(fake_torch), stream="private", thread=threading.get_ident()
+    )
+    spec = monitor_patch._spec("all_reduce", monitor_patch._originals["all_reduce"])
+    tokens: list[Any] = []
+    other = threading.Thread(target=lambda: tokens.append(mon.coll_begin(spec, (FakeCudaTensor(),), {})))
+    other.start()
+    other.join()
+    assert tokens == [None] and timer.calls == [] and mon.timers.iteration == 0
+    assert mon.status.lost == 1 and mon.on
+    mon.coll_end(mon.coll_begin(spec, (FakeCudaTensor(),), {}), None)  # the timers' own thread
+    assert [c[0] for c in timer.calls] == ["begin", "end"] and mon.timers.iteration == 1
 
 
 def test_functional_collectives_are_timed_to_their_first_use(run, source) -> None:

@@ -60,7 +60,7 @@ class Monitor:
         self.world_size = env_int("WORLD_SIZE", 1)
         self.local_world_size = env_int("LOCAL_WORLD_SIZE", 1)
         self.on = conn is not None  # timing and publishing (Hooks.on)
-        self.busy = False  # Hooks.busy
+        self.inside: set[int] = set()  # Hooks.inside
         self.failure = ""
         self.copy_names: list[str] = []
         self._knobs = Knobs()

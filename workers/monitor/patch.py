@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -41,7 +42,10 @@ class Hooks(Protocol):
     """What a wrapper calls on the active monitor; neither method may raise."""
 
     on: bool
-    busy: bool  # inside a timed collective: nested ones (deprecated aliases) are not timed again
+    #: threads inside a timed collective: a call nested in it on the same thread (a deprecated
+    #: alias, ProcessGroup.send under dist.send) is not timed again; another thread's call is
+    #: (an asynchronous checkpoint's saver issues collectives beside the training loop)
+    inside: set[int]
 
     def coll_begin(self, spec: OpSpec, args: Args, kwargs: Kwargs) -> Any: ...
 
@@ -119,7 +123,7 @@ def _tensor_list(args: Args, kwargs: Kwargs) -> tuple[Any, int]:
 #: Works finish only in the job's own wait() on gloo (no future; a second waiter would take the
 #: job's completion: it hangs), so on the CPU a record ends when that wait returns
 #: (workers.monitor.wait_hook); on a GPU the Python hooks leave them (the Flight Recorder counts
-#: NCCL's). A blocking send/recv is timed by its function's wrapper: inside it (``busy``) the
+#: NCCL's). A blocking send/recv is timed by its function's wrapper: inside it (``inside``) the
 #: method is not timed again.
 METHODS: dict[str, str] = {"send": "send", "recv": "recv", "recv_anysource": "recv"}
 
@@ -255,20 +259,25 @@ _mesh_groups: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def _wrap(original: Callable[..., Any], spec: OpSpec, compiling: Callable[[], bool]) -> Callable[..., Any]:
+    thread = threading.get_ident
+
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         hooks = _target
-        if hooks is None or not hooks.on or hooks.busy or compiling():  # torch.compile traces the original
+        if hooks is None or not hooks.on or compiling():  # torch.compile traces the original
+            return original(*args, **kwargs)
+        me, inside = thread(), hooks.inside
+        if me in inside:
             return original(*args, **kwargs)
         token = hooks.coll_begin(spec, args, kwargs)
-        hooks.busy = True
+        inside.add(me)
         try:
             result = original(*args, **kwargs)  # the job's own errors propagate untouched
         except BaseException:
             hooks.coll_failed(token)  # torch refused it (a bad root, a dtype gloo lacks): nothing was issued
             raise
         finally:
-            hooks.busy = False
+            inside.discard(me)
         hooks.coll_end(token, result)
         return result
 

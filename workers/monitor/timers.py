@@ -44,9 +44,12 @@ HARVEST_EVERY = 64
 
 
 class CudaTimers:
-    """Made at the first CUDA record: the one host sync anchors event times to time.time_ns()."""
+    """Made at the first CUDA record: the one host sync anchors event times to time.time_ns().
+    Their rings are used by the thread that made them (``thread``): a ring's events complete
+    in one thread's stream order."""
 
     def __init__(self, torch: Any) -> None:
+        self.thread = threading.get_ident()
         torch.cuda.synchronize()
         event = torch.cuda.Event(enable_timing=True)
         event.record()
@@ -102,18 +105,19 @@ class Timers:
         self.unseen = Unseen(groups)
         self._seen = self.unseen.seen
         self._issued = self.unseen.issued
-        self._calibrating: Any = None  # workers.monitor.unseen.Unseen.calibrate's pending read
-        self._last_seen = (0, 0)  # (group code, count) of the last call begun: given back if it fails
         self._cuda_lost = 0
+        self._other_thread_lost = 0  # GPU collectives of threads the CUDA timers do not time
         #: collectives lost elsewhere (the Flight Recorder capture's overwritten entries)
         self.capture_lost = 0
         #: Under the Flight Recorder capture: the hooks time only gloo groups' collectives
         #: (workers.capture.gloo_side), and the iterations are shared with the capture thread
-        #: (:meth:`take`), so each is taken under a lock.
+        #: (:meth:`take`).
         self.gloo_only = False
+        #: Iterations are taken under this lock: by the job's threads (an asynchronous
+        #: checkpoint's saver beside the training loop) and the Flight Recorder capture's.
         self._numbers = threading.Lock()
-        self._last_it = -1
-        self._spare = -1  # an iteration given back after the capture thread took later ones
+        self._spares: list[int] = []  # iterations given back after later ones were taken
+        self._making = threading.Lock()  # the CUDA timers are made once, whichever thread comes first
         self._waiter: queue.SimpleQueue[tuple[Any, Ender] | None] | None = None
         self._waiter_thread: threading.Thread | None = None
 
@@ -121,8 +125,10 @@ class Timers:
         if self.cuda is None:
             import torch
 
-            self.cuda = CudaTimers(torch)
-            self.on_cuda()
+            with self._making:
+                if self.cuda is None:
+                    self.cuda = CudaTimers(torch)
+                    self.on_cuda()
         return self.cuda
 
     def copy_timer(self, on_gpu: bool) -> CudaTimer | CpuTimer:
@@ -132,47 +138,51 @@ class Timers:
     # ------------------------------------------------------------------ collectives
 
     def coll_begin(self, spec: OpSpec, args: Args, kwargs: Kwargs, step: int, epoch: int, mode: int) -> Any:
-        """Before a collective: its metadata and the start of its timing (the token)."""
+        """Before a collective: its metadata and the start of its timing (the token). The token
+        holds all that :meth:`coll_end` or :meth:`coll_failed` need of this call: several of the
+        job's threads may be inside collectives at once."""
         tensor, nbytes, group, is_async = spec.parse(args, kwargs)
         if type(group) is int:  # torch's GroupMember.NON_GROUP_MEMBER: not this rank's group, torch issues nothing
             return None
-        if spec.at_wait and (tensor is None or tensor.is_cuda):  # NCCL's: see patch.METHODS, patch.FUNCOL
+        on_gpu = tensor is not None and tensor.is_cuda
+        if spec.at_wait and (tensor is None or on_gpu):  # NCCL's: see patch.METHODS, patch.FUNCOL
             return None
         known = self.groups.by_pg.get(group)  # (code, size): one lookup once the group was seen
         code, ranks = known if known is not None else self.groups.of_pg(group)
         if self.gloo_only and not self.unseen.is_gloo(code, group):  # NCCL's: the Flight Recorder's
             return None
+        if on_gpu and (self.cuda or self.cuda_timers()).thread != threading.get_ident():
+            return self._other_gpu_thread()
         if spec.times_group:  # nccl-tests' S of gather and scatter: every rank's tensor
             nbytes *= ranks
         calls = self._issued.get(spec.func)  # what one call of it issues on this group, once known
         issued = calls[code] if calls is not None else 0
+        calibrating = None
         if not issued:  # its first call on this group: 1 now, the rest when it returned
             issued = 1
-            self._calibrating = self.unseen.calibrate(spec.func, code, group)
+            calibrating = self.unseen.calibrate(spec.func, code, group)
         self._seen[code] += issued
-        self._last_seen = (code, issued)
         dtype = 0
         if tensor is not None:
             dtype = self._dtypes.get(tensor.dtype, -1)
             if dtype < 0:
                 dtype = self._dtypes[tensor.dtype] = dtype_code(str(tensor.dtype))
-        if self.gloo_only:  # the capture thread numbers the Flight Recorder's records meanwhile
-            it = self._take_one()
-        else:
-            it = self.iteration
-            self.iteration = it + 1
+        with self._numbers:  # one numbering for every thread (and the Flight Recorder capture's)
+            it = self._spares.pop() if self._spares else self.iteration
+            if it == self.iteration:
+                self.iteration = it + 1
         meta = (it, step, epoch, mode, spec.code, code, dtype, nbytes, ranks, time.time_ns())
-        if tensor is not None and tensor.is_cuda:
+        if on_gpu:
             timer = self.cuda_timers().coll
-            return timer, timer.begin(meta), is_async
-        return None, meta, is_async, time.perf_counter_ns(), spec.at_wait
+            return timer, timer.begin(meta), is_async, 0, 0, it, code, issued, calibrating
+        return None, meta, is_async, time.perf_counter_ns(), spec.at_wait, it, code, issued, calibrating
 
     def coll_end(self, token: Any, result: Any) -> bool:
         """After the call returned: end now (blocking call), or when the Work completes.
         True when a harvest is due.
 
-        CPU, blocking: the row is appended right here (start_ns = host_ns, as the schema
-        says for CPU). CPU, async: a CpuTimer token ended by the Work future's done-callback
+        CPU, blocking: the row is handed to the harvest right here (start_ns = host_ns, as the
+        schema says for CPU). CPU, async: a CpuTimer token ended by the Work future's done-callback
         on gloo's thread (or by a waiter thread for Works without a future; for isend/irecv,
         which only the job's own wait() finishes, when that wait returns). CUDA, blocking:
         the end event on the issuing stream, which the call made wait for the NCCL stream.
@@ -181,14 +191,12 @@ class Timers:
         does not move it. (Calling Work.wait() there instead would unstash the tensors the
         Work keeps alive for the caching allocator: unsafe.)
         """
-        if self._calibrating is not None:
-            self.unseen.calibrated(self._calibrating)
-            self._calibrating = None
-        timer = token[0]
+        timer, meta, is_async, pc, at_wait, _it, _code, _issued, calibrating = token
+        if calibrating is not None:
+            self.unseen.calibrated(calibrating)
         if timer is None:
-            _, meta, is_async, pc, at_wait = token
-            if not is_async or result is None:
-                self.batcher.coll_rows.append((*meta, meta[HOST_NS], (time.perf_counter_ns() - pc) / 1000.0))
+            if not is_async or result is None:  # a deque: thread-safe beside another thread's harvest
+                self.cpu_coll.ready.append((*meta, meta[HOST_NS], (time.perf_counter_ns() - pc) / 1000.0))
             else:
                 ender = Ender(self.cpu_coll, (meta, meta[HOST_NS], pc))
                 if at_wait:  # untimed if it cannot be followed (a gap)
@@ -202,11 +210,11 @@ class Timers:
                 try:
                     future = result.get_future()
                 except RuntimeError:  # a Work without a future (gloo's reduce_scatter_tensor)
-                    (self._waiter or self._start_waiter()).put((result, ender))
+                    self._waiter_queue().put((result, ender))
                 else:
                     future.add_done_callback(ender)
         else:
-            _, slot, is_async = token
+            slot = meta
             if not is_async or result is None:
                 timer.end(slot)
             elif slot >= 0:
@@ -231,45 +239,34 @@ class Timers:
             self.iteration = it + n
             return it
 
-    def _take_one(self) -> int:
-        with self._numbers:
-            it = self._spare
-            if it >= 0:
-                self._spare = -1
-            else:
-                it = self.iteration
-                self.iteration = it + 1
-        self._last_it = it
-        return it
-
-    def _give_back(self, it: int) -> None:
-        """A refused call's iteration: the next call takes it (no gap, no record twice)."""
-        with self._numbers:
-            if self.iteration == it + 1:
-                self.iteration = it
-            else:
-                self._spare = it
-
     def _count(self) -> bool:
         """One more collective ended or handed on; True when a harvest is due."""
         self._since_harvest += 1
         return self._since_harvest >= HARVEST_EVERY or time.perf_counter_ns() >= self._harvest_at
 
+    def _other_gpu_thread(self) -> None:
+        """A GPU collective issued on another thread than the one the CUDA timers were made on:
+        their event ring is recorded in one thread's stream order, so it is not timed; it is
+        counted as lost (the Hello's ``lost``), never silently left out."""
+        with self._numbers:
+            self._other_thread_lost += 1
+        self.publish_lost()
+
     def coll_failed(self, token: Any) -> None:
         """The call of ``token`` raised before it was issued (torch refused its arguments): its
-        iteration goes back, so the next collective takes it and no gap counts as missing. A
+        iteration goes back, so a later collective takes it and no gap counts as missing. A
         CUDA start event stays unharvested; the next begin reuses its slot."""
-        if self.gloo_only:
-            self._give_back(self._last_it)
-        else:
-            self.iteration -= 1  # the job's thread: no other collective began since (hooks.busy)
-        code, issued = self._last_seen
+        timer, slot, _is_async, _pc, _at_wait, it, code, issued, calibrating = token
+        with self._numbers:
+            if self.iteration == it + 1:
+                self.iteration = it
+            else:  # another thread (or the capture) took later ones meanwhile
+                self._spares.append(it)
         self._seen[code] -= issued
-        if self._calibrating is not None:
-            self.unseen.abandon(self._calibrating)
-            self._calibrating = None
-        if token[0] is not None and token[1] < 0:
-            token[0].untimed -= 1  # the ring was full: it counted one untimed
+        if calibrating is not None:
+            self.unseen.abandon(calibrating)
+        if timer is not None and slot < 0:
+            timer.untimed -= 1  # the ring was full: it counted one untimed
 
     # ------------------------------------------------------------------ records
 
@@ -354,7 +351,7 @@ class Timers:
 
     def publish_lost(self) -> None:
         """The Hello's ``lost``: every way this rank knows collectives went unrecorded."""
-        self.status.lost = self.capture_lost + self._cuda_lost + self.unseen.total
+        self.status.lost = self.capture_lost + self._cuda_lost + self._other_thread_lost + self.unseen.total
 
     def stop_waiter(self, timeout_s: float) -> None:
         """At close: the waiter thread ends once the Works it waits on have."""
@@ -364,8 +361,18 @@ class Timers:
 
     # ------------------------------------------------------------------ internals
 
+    def _waiter_queue(self) -> queue.SimpleQueue[tuple[Any, Ender] | None]:
+        """The queue of a thread that waits on async CPU Works without a future, to time their
+        end; started at the first such Work (once, whichever of the job's threads gets there)."""
+        waiter = self._waiter
+        if waiter is not None:
+            return waiter
+        with self._numbers:
+            if self._waiter is None:
+                self._waiter = self._start_waiter()
+            return self._waiter
+
     def _start_waiter(self) -> queue.SimpleQueue[tuple[Any, Ender] | None]:
-        """A thread that waits on async CPU Works without a future, to time their end."""
         waiter: queue.SimpleQueue[tuple[Any, Ender] | None] = queue.SimpleQueue()
 
         def run() -> None:
@@ -379,5 +386,4 @@ class Timers:
 
         self._waiter_thread = threading.Thread(target=run, name="commtop-monitor-waiter", daemon=True)
         self._waiter_thread.start()
-        self._waiter = waiter
         return waiter

@@ -74,7 +74,8 @@ class Unseen:
         #: no hooks on gloo's collectives (the Flight Recorder capture times NCCL's): all are missed
         self.untimed_gloo = False
         self._next_read = 0.0
-        self._measuring = -1  # the group code of a call being measured (calibrate .. calibrated)
+        #: group code -> calls being measured on it now (calibrate .. calibrated), by any thread
+        self._measuring: dict[int, int] = {}
 
     # ---------------------------------------------------------------- the job's thread, per call
 
@@ -92,7 +93,7 @@ class Unseen:
             pending = func, code, pg, issued_on(pg)
         except Exception:  # noqa: BLE001 - a group torch cannot describe: 1 per call
             return None
-        self._measuring = code  # a read meanwhile (another thread) leaves this group as it was
+        self._measuring[code] = self._measuring.get(code, 0) + 1  # a read meanwhile leaves this group as it was
         return pending
 
     def calibrated(self, pending: tuple[str, int, Any, int]) -> None:
@@ -104,13 +105,20 @@ class Unseen:
             n = 1
         self.issued[func][code] = n
         self.seen[code] += n - 1
-        self._measuring = -1
+        self._measured(code)
 
     def abandon(self, pending: tuple[str, int, Any, int]) -> None:
         """That call raised: its next call measures again."""
         func, code, _pg, _before = pending
         self.issued[func][code] = 0
-        self._measuring = -1
+        self._measured(code)
+
+    def _measured(self, code: int) -> None:
+        left = self._measuring.get(code, 0) - 1
+        if left > 0:
+            self._measuring[code] = left
+        else:
+            self._measuring.pop(code, None)
 
     # ---------------------------------------------------------------- reads
 
@@ -155,10 +163,10 @@ class Unseen:
         codes = dict(self.groups.codes)
         seen = self.seen[:]
         out = []
-        measuring = self._measuring
+        measuring = set(self._measuring)
         for name, n in issued:
             code = codes.get(name)
-            if code is not None and code == measuring:  # its count lands when the call returns
+            if code is not None and code in measuring:  # its count lands when the call returns
                 continue
             out.append((name, n - (seen[code] if code is not None else 0)))
         return out
