@@ -59,6 +59,7 @@ BAD_RUN = {
     "no ranks": (["--nproc", "0"], "nproc"),
     "negative iterations": (["--iters", "-1"], "negative"),
     "missing script": (["--", "python", "nope.py"], "cannot run 'nope.py': no such file"),
+    "another launcher": (["--", "accelerate", "launch", "train.py"], "accelerate launch starts the ranks itself"),
 }
 
 

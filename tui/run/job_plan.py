@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,18 @@ BOOTSTRAP = ("-m", "workers.capture.bootstrap")
 #: prefix of one of torchrun's (``--start``, ``--log``, ``--max``) is refused as ambiguous before
 #: the script runs (plain torchrun does that), or taken as torchrun's own.
 RUN_BOOTSTRAP = ("-m", "--", "workers.capture.bootstrap")
+#: Launchers that start the ranks themselves (a command, or the module ``python -m`` runs): under
+#: commtop torchrun starts them, so the script runs directly; what the launcher gives it instead.
+OTHER_LAUNCHERS = {
+    "accelerate": ("accelerate launch", "Accelerator() reads torchrun's environment"),
+    "accelerate.commands.launch": ("accelerate launch", "Accelerator() reads torchrun's environment"),
+    "deepspeed": ("deepspeed", "deepspeed.initialize() reads LOCAL_RANK from torchrun's environment"),
+    "deepspeed.launcher.runner": ("deepspeed", "deepspeed.initialize() reads LOCAL_RANK from torchrun's environment"),
+    "mpirun": ("mpirun", "N ranks on this node"),
+    "mpiexec": ("mpiexec", "N ranks on this node"),
+    "srun": ("srun", "N ranks on this node"),
+    "torchx": ("torchx", "N ranks on this node"),
+}
 
 
 @dataclass(frozen=True)
@@ -84,9 +97,10 @@ def script_plan(script: list[str], nproc: int | None) -> JobPlan:
     from tui.run.gpus import visible_gpus
 
     rest = _command(script)  # a command with nothing to run, or a missing file: one line, now
-    if rest and rest[0] != "-m" and not os.path.isfile(rest[0]):
-        why = "is a directory" if os.path.isdir(rest[0]) else "no such file"
-        raise ConfigError(f"cannot run {rest[0]!r}: {why}")
+    runnable = runnable_script(rest, on_path=not torchrun_line.is_torchrun(script))
+    if runnable != rest:  # a console script found on PATH: python runs its file
+        script = [*script[: len(script) - len(rest)], *runnable]
+        rest = runnable
     gpus = visible_gpus()
     ranks = nproc if nproc is not None else (gpus.count or CPU_RANKS)
     if torchrun_line.is_torchrun(script):
@@ -96,6 +110,56 @@ def script_plan(script: list[str], nproc: int | None) -> JobPlan:
     label = script_label(script, rest)
     title = f"commtop run · {' '.join(script)[:60]}"
     return JobPlan(ranks, label=label, collective="monitor", title=title, script=tuple(script))
+
+
+def runnable_script(rest: list[str], on_path: bool = True) -> list[str]:
+    """``rest`` (what python runs: ``train.py ARGS`` or ``-m mod ARGS``) if python can run it as a
+    rank, with a console script (``my-trainer ARGS``, a pip-installed Python file) found on PATH
+    when ``on_path``. ConfigError, one line, for a launcher that starts ranks itself (accelerate,
+    deepspeed, mpirun: each rank would start a launcher of its own), a file that is not Python
+    (a shell script, a binary) and a missing file."""
+    if not rest:
+        return rest
+    other = OTHER_LAUNCHERS.get(rest[1] if rest[0] == "-m" and len(rest) > 1 else os.path.basename(rest[0]))
+    if other is not None:
+        name, gives = other
+        raise ConfigError(
+            f"{name} starts the ranks itself, and under commtop torchrun does: run the script directly, "
+            f"`commtop run --nproc N -- python train.py ARGS` ({gives})"
+        )
+    if rest[0] == "-m":
+        return rest
+    path = rest[0]
+    if not os.path.isfile(path):
+        found = shutil.which(path) if on_path and os.sep not in path else None
+        if found is None:
+            why = "is a directory" if os.path.isdir(path) else "no such file"
+            raise ConfigError(f"cannot run {path!r}: {why}")
+        path = found
+    what = _not_python(path)
+    if what:
+        raise ConfigError(
+            f"cannot run {rest[0]!r}: {what}, not a Python script; commtop run needs the python command "
+            "it runs: `-- python train.py ARGS` or `-- torchrun OPTIONS train.py ARGS`"
+        )
+    return [path, *rest[1:]]
+
+
+def _not_python(path: str) -> str:
+    """What the file at ``path`` is if python cannot run it ("a program", "a #!/bin/bash script"),
+    else "" (a Python file, with or without ``#!``, or one that cannot be read: python says why)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return ""
+    if head.startswith((b"\x7fELF", b"MZ", b"\xcf\xfa\xed\xfe")):
+        return "a program"
+    if head.startswith(b"#!"):
+        line = head[2:].split(b"\n", 1)[0].decode(errors="replace").strip()
+        if "python" not in line:
+            return f"a #!{line} script"
+    return ""
 
 
 def _torchrun_ranks(line: torchrun_line.TorchrunLine, nproc: int | None, guess: int) -> int:
@@ -113,7 +177,8 @@ def script_label(script: list[str], rest: list[str]) -> str:
     of ``train.py``), a module's last part (``train`` of ``-m pkg.train``), else "script"."""
     if rest[:1] == ["-m"]:
         return rest[1].rsplit(".", 1)[-1] or "script"
-    return next((Path(a).stem for a in script if a.endswith(".py")), "script")
+    fallback = Path(rest[0]).stem if rest and not rest[0].startswith("-") else ""  # a console script
+    return next((Path(a).stem for a in script if a.endswith(".py")), fallback or "script")
 
 
 def script_argv(script: list[str], nproc: int, logs: JobLogPaths | None = None) -> list[str]:

@@ -1,0 +1,82 @@
+"""What `commtop run -- CMD` can run as a rank, decided before anything starts: a Python file,
+a module, or a console script found on PATH (a pip-installed ``my-trainer``, a Python file);
+refused in one line: another launcher (``accelerate launch``, ``deepspeed``, ``mpirun``: each
+rank would start a launcher of its own; before, "cannot run 'accelerate': no such file"), a
+shell script or a program (before, python ran a ``#!/bin/bash`` file and failed inside the job)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tui.run.job_plan import runnable_script, script_argv, script_plan
+from workers.wire.config import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        (["accelerate", "launch", "--num_processes", "2", "train.py"], "accelerate launch"),
+        (["/opt/venv/bin/accelerate", "launch", "train.py"], "accelerate launch"),
+        (["python", "-m", "accelerate.commands.launch", "train.py"], "accelerate launch"),
+        (["deepspeed", "--num_gpus", "8", "train.py", "--deepspeed", "ds.json"], "deepspeed"),
+        (["mpirun", "-np", "2", "python", "train.py"], "mpirun"),
+        (["srun", "python", "train.py"], "srun"),
+    ],
+)
+def test_a_launcher_that_starts_ranks_itself_is_refused_saying_what_to_run(command: list[str], named: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        script_plan(command, 2)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"{named} starts the ranks itself")
+    assert "commtop run --nproc N -- python train.py ARGS" in line
+
+
+def test_a_shell_script_or_a_program_is_refused_naming_what_it_is(tmp_path: Path) -> None:
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/bash\ntorchrun train.py\n")
+    with pytest.raises(ConfigError, match=r"a #!/bin/bash script, not a Python script"):
+        script_plan([str(script)], 2)
+    program = shutil.which("ls")
+    assert program is not None
+    for command in (["ls", "-l"], [program]):
+        with pytest.raises(ConfigError, match="a program, not a Python script"):
+            script_plan(command, 2)
+
+
+def test_a_python_file_runs_with_or_without_its_suffix_or_shebang(tmp_path: Path) -> None:
+    for name, text in (("train.py", ""), ("train", "#!/usr/bin/env python3\n"), ("t", "import torch\n")):
+        path = tmp_path / name
+        path.write_text(text)
+        assert runnable_script([str(path), "--lr", "1"]) == [str(path), "--lr", "1"]
+
+
+def test_a_console_script_on_path_runs_as_its_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``commtop run -- my-trainer 7``: the file pip installed runs under the capture, named
+    after itself; a missing command still says so."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    trainer = bin_dir / "my-trainer"
+    trainer.write_text(f"#!{sys.executable}\nimport sys\nsys.exit(0)\n")
+    trainer.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.chdir(tmp_path)
+    plan = script_plan(["my-trainer", "7"], 2)
+    assert plan.label == "my-trainer" and plan.script == (str(trainer), "7")
+    argv = script_argv(list(plan.script), 2)
+    assert argv[-2:] == [str(trainer), "7"] and "workers.capture.bootstrap" in argv
+    assert script_plan(["python", "-u", "my-trainer"], 2).script == ("python", "-u", str(trainer))
+    with pytest.raises(ConfigError, match="cannot run 'no-such-trainer': no such file"):
+        script_plan(["no-such-trainer"], 2)
+
+
+def test_a_torchrun_lines_script_is_not_looked_up_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun runs its script by path: a name only on PATH would fail there, so it is refused here."""
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    (tmp_path / "my-trainer").write_text("#!/usr/bin/env python3\n")
+    monkeypatch.chdir("/")
+    with pytest.raises(ConfigError, match="no such file"):
+        script_plan(["torchrun", "--nproc-per-node", "2", "my-trainer"], None)
