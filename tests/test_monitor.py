@@ -16,7 +16,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -586,6 +585,24 @@ class FakeCudaTimer:
         pass
 
 
+class FakeCudaTimers:
+    """What the hooks use of workers.monitor.timers.CudaTimers: a ring per thread (the calling
+    thread's given one, ``coll``), ``limit`` rings at most."""
+
+    def __init__(self, torch_: Any, coll: FakeCudaTimer, copy: FakeCudaTimer, limit: int = 8) -> None:
+        self.torch, self.copy, self.stream, self.limit = torch_, copy, "private", limit
+        self.rings = {threading.get_ident(): coll}
+
+    def coll_ring(self) -> FakeCudaTimer | None:
+        me = threading.get_ident()
+        if me not in self.rings and len(self.rings) < self.limit:
+            self.rings[me] = FakeCudaTimer(self.torch)
+        return self.rings.get(me)
+
+    def coll_rings(self) -> list[FakeCudaTimer]:
+        return list(self.rings.values())
+
+
 class FakeTorchCuda:
     """torch.cuda.stream(s) as a context that sets the current stream name."""
 
@@ -633,9 +650,7 @@ def test_cuda_branch_ends_async_collectives_on_the_private_stream_and_never_wait
     monitor.patch_distributed()
     fake_torch = FakeTorchCuda()
     timer = FakeCudaTimer(fake_torch)
-    mon.timers.cuda = SimpleNamespace(
-        torch=fake_torch, coll=timer, copy=FakeCudaTimer(fake_torch), stream="private", thread=threading.get_ident()
-    )
+    mon.timers.cuda = FakeCudaTimers(fake_torch, timer, FakeCudaTimer(fake_torch))
     spec = monitor_patch._spec("all_reduce", monitor_patch._originals["all_reduce"])
     t = FakeCudaTensor()
 
@@ -660,25 +675,41 @@ def test_cuda_branch_ends_async_collectives_on_the_private_stream_and_never_wait
     }
 
 
-def test_a_gpu_collective_of_another_thread_is_counted_lost_not_put_in_the_ring(run) -> None:
-    """The CUDA timers' ring completes in one thread's stream order: a GPU collective another
-    thread issues takes no slot and no iteration, and the Hello's ``lost`` counts it."""
+def test_gpu_collectives_of_another_thread_go_into_that_threads_ring(run) -> None:
+    """A ring's begin/end pairs must not interleave (its slots) and complete in one stream's
+    order: a thread that issues GPU collectives (DDP's comm hook on autograd's device thread, a
+    saver beside the loop) gets a ring of its own; past the rings there are, a collective takes
+    no slot and no iteration, and the Hello's ``lost`` counts it."""
     mon = monitor.start(run.path, sampler=False, batch_ms=60_000.0)
     monitor.patch_distributed()
     fake_torch = FakeTorchCuda()
-    timer = FakeCudaTimer(fake_torch)
-    mon.timers.cuda = SimpleNamespace(
-        torch=fake_torch, coll=timer, copy=FakeCudaTimer(fake_torch), stream="private", thread=threading.get_ident()
-    )
+    main_ring = FakeCudaTimer(fake_torch)
+    mon.timers.cuda = cuda = FakeCudaTimers(fake_torch, main_ring, FakeCudaTimer(fake_torch), limit=2)
     spec = monitor_patch._spec("all_reduce", monitor_patch._originals["all_reduce"])
-    tokens: list[Any] = []
-    other = threading.Thread(target=lambda: tokens.append(mon.coll_begin(spec, (FakeCudaTensor(),), {})))
+    main_token = mon.coll_begin(spec, (FakeCudaTensor(),), {})  # the main thread is inside one ...
+    inside, release = threading.Event(), threading.Event()
+
+    def saver() -> None:
+        token = mon.coll_begin(spec, (FakeCudaTensor(),), {})
+        inside.set()
+        assert release.wait(10)
+        mon.coll_end(token, None)
+
+    other = threading.Thread(target=saver)
     other.start()
+    assert inside.wait(10)  # ... while another thread begins its own
+    third: list[Any] = []
+    extra = threading.Thread(target=lambda: third.append(mon.coll_begin(spec, (FakeCudaTensor(),), {})))
+    extra.start()
+    extra.join()
+    release.set()
     other.join()
-    assert tokens == [None] and timer.calls == [] and mon.timers.iteration == 0
+    mon.coll_end(main_token, None)
+    saver_ring = next(r for r in cuda.rings.values() if r is not main_ring)
+    assert [c[0] for c in main_ring.calls] == ["begin", "end"] and [c[0] for c in saver_ring.calls] == ["begin", "end"]
+    assert {main_ring.calls[0][2][0], saver_ring.calls[0][2][0]} == {0, 1}  # one numbering
+    assert third == [None] and mon.timers.iteration == 2  # the third thread: no ring left
     assert mon.status.lost == 1 and mon.on
-    mon.coll_end(mon.coll_begin(spec, (FakeCudaTensor(),), {}), None)  # the timers' own thread
-    assert [c[0] for c in timer.calls] == ["begin", "end"] and mon.timers.iteration == 1
 
 
 def test_functional_collectives_are_timed_to_their_first_use(run, source) -> None:
@@ -728,7 +759,7 @@ def test_gpu_records_still_in_flight_at_close_are_counted_lost_not_dropped(run) 
     fake_torch = FakeTorchCuda()
     coll, copy = FakeCudaTimer(fake_torch), FakeCudaTimer(fake_torch)
     coll.untimed, coll.count, copy.untimed, copy.count = 2, 5, 1, 3  # harvest never finishes them
-    mon.timers.cuda = SimpleNamespace(torch=fake_torch, coll=coll, copy=copy, stream="private")
+    mon.timers.cuda = FakeCudaTimers(fake_torch, coll, copy)
     mon.capture_lost(4)  # the Flight Recorder's, beside them (CUDA-event copies): added, not replaced
     mon.close()
     assert mon.status.lost == 4 + 2 + 5

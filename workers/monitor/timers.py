@@ -38,6 +38,8 @@ HOST_NS = 9
 
 COLL_RING = 4096
 COPY_RING = 1024
+#: Threads whose GPU collectives are timed (a ring each); more are counted as lost.
+MAX_COLL_RINGS = 8
 #: Collectives between harvests when a step runs many (keeps the CUDA event rings from filling);
 #: a collective also harvests once a batch interval has passed since the last harvest.
 HARVEST_EVERY = 64
@@ -45,19 +47,37 @@ HARVEST_EVERY = 64
 
 class CudaTimers:
     """Made at the first CUDA record: the one host sync anchors event times to time.time_ns().
-    Their rings are used by the thread that made them (``thread``): a ring's events complete
-    in one thread's stream order."""
+
+    A ring of collective events per thread that issues GPU collectives (:meth:`coll_ring`): a
+    ring's begin/end pairs never interleave and complete in its thread's stream order, and the
+    job's threads do issue them (DDP's comm hook runs on autograd's device thread, a saver
+    thread beside the loop). Past MAX_COLL_RINGS threads, a collective is counted, not timed."""
 
     def __init__(self, torch: Any) -> None:
-        self.thread = threading.get_ident()
         torch.cuda.synchronize()
         event = torch.cuda.Event(enable_timing=True)
         event.record()
-        anchor = Anchor(event, time.time_ns())
+        self.anchor = Anchor(event, time.time_ns())
         self.torch = torch
-        self.coll = CudaTimer(torch, COLL_RING, anchor)
-        self.copy = CudaTimer(torch, COPY_RING, anchor)
+        self.rings: dict[int, CudaTimer] = {}  # thread id -> its ring (written under _making)
+        self._making = threading.Lock()
+        self.copy = CudaTimer(torch, COPY_RING, self.anchor)
         self.stream = torch.cuda.Stream()  # ends of async collectives: nothing else runs here
+        self.coll_ring()
+
+    def coll_ring(self) -> CudaTimer | None:
+        """The calling thread's ring (made at its first GPU collective); None past MAX_COLL_RINGS."""
+        me = threading.get_ident()
+        ring = self.rings.get(me)
+        if ring is None:
+            with self._making:
+                if len(self.rings) >= MAX_COLL_RINGS:
+                    return None
+                ring = self.rings[me] = CudaTimer(self.torch, COLL_RING, self.anchor)
+        return ring
+
+    def coll_rings(self) -> list[CudaTimer]:
+        return list(self.rings.values())  # a copy: another thread may add its ring meanwhile
 
 
 class Ender:
@@ -106,7 +126,7 @@ class Timers:
         self._seen = self.unseen.seen
         self._issued = self.unseen.issued
         self._cuda_lost = 0
-        self._other_thread_lost = 0  # GPU collectives of threads the CUDA timers do not time
+        self._ring_less_lost = 0  # GPU collectives of threads past MAX_COLL_RINGS
         #: collectives lost elsewhere (the Flight Recorder capture's overwritten entries)
         self.capture_lost = 0
         #: Under the Flight Recorder capture: the hooks time only gloo groups' collectives
@@ -151,8 +171,11 @@ class Timers:
         code, ranks = known if known is not None else self.groups.of_pg(group)
         if self.gloo_only and not self.unseen.is_gloo(code, group):  # NCCL's: the Flight Recorder's
             return None
-        if on_gpu and (self.cuda or self.cuda_timers()).thread != threading.get_ident():
-            return self._other_gpu_thread()
+        ring = None
+        if on_gpu:
+            ring = (self.cuda or self.cuda_timers()).coll_ring()
+            if ring is None:
+                return self._ring_less()
         if spec.times_group:  # nccl-tests' S of gather and scatter: every rank's tensor
             nbytes *= ranks
         calls = self._issued.get(spec.func)  # what one call of it issues on this group, once known
@@ -172,9 +195,8 @@ class Timers:
             if it == self.iteration:
                 self.iteration = it + 1
         meta = (it, step, epoch, mode, spec.code, code, dtype, nbytes, ranks, time.time_ns())
-        if on_gpu:
-            timer = self.cuda_timers().coll
-            return timer, timer.begin(meta), is_async, 0, 0, it, code, issued, calibrating
+        if ring is not None:
+            return ring, ring.begin(meta), is_async, 0, 0, it, code, issued, calibrating
         return None, meta, is_async, time.perf_counter_ns(), spec.at_wait, it, code, issued, calibrating
 
     def coll_end(self, token: Any, result: Any) -> bool:
@@ -244,12 +266,11 @@ class Timers:
         self._since_harvest += 1
         return self._since_harvest >= HARVEST_EVERY or time.perf_counter_ns() >= self._harvest_at
 
-    def _other_gpu_thread(self) -> None:
-        """A GPU collective issued on another thread than the one the CUDA timers were made on:
-        their event ring is recorded in one thread's stream order, so it is not timed; it is
-        counted as lost (the Hello's ``lost``), never silently left out."""
+    def _ring_less(self) -> None:
+        """A GPU collective of a thread past MAX_COLL_RINGS: not timed, counted as lost (the
+        Hello's ``lost``), never silently left out."""
         with self._numbers:
-            self._other_thread_lost += 1
+            self._ring_less_lost += 1
         self.publish_lost()
 
     def coll_failed(self, token: Any) -> None:
@@ -281,7 +302,8 @@ class Timers:
             self.cpu_copy.harvest(b.copy_rows)
             cuda = self.cuda
             if cuda is not None:
-                cuda.coll.harvest(b.coll_rows)
+                for ring in cuda.coll_rings():
+                    ring.harvest(b.coll_rows)
                 cuda.copy.harvest(b.copy_rows)
             if b.due():
                 b.flush()
@@ -314,7 +336,7 @@ class Timers:
     def in_flight(self) -> bool:
         """GPU records begun whose events have not completed yet."""
         cuda = self.cuda
-        return cuda is not None and bool(cuda.coll.count or cuda.copy.count)
+        return cuda is not None and bool(cuda.copy.count or any(r.count for r in cuda.coll_rings()))
 
     def flush(self) -> None:
         with self.lock:
@@ -334,7 +356,7 @@ class Timers:
     def _count_untimed(self, cuda: CudaTimers, in_flight: bool) -> None:
         """The status's ``untimed`` (collectives and copies) and ``lost`` (collectives begun, never
         timed nor sent); ``in_flight``: those whose end is still awaited count too (at close)."""
-        coll = cuda.coll.untimed + (cuda.coll.count if in_flight else 0)
+        coll = sum(r.untimed + (r.count if in_flight else 0) for r in cuda.coll_rings())
         copy = cuda.copy.untimed + (cuda.copy.count if in_flight else 0)
         self.status.untimed = coll + copy
         self._cuda_lost = coll
@@ -351,7 +373,7 @@ class Timers:
 
     def publish_lost(self) -> None:
         """The Hello's ``lost``: every way this rank knows collectives went unrecorded."""
-        self.status.lost = self.capture_lost + self._cuda_lost + self._other_thread_lost + self.unseen.total
+        self.status.lost = self.capture_lost + self._cuda_lost + self._ring_less_lost + self.unseen.total
 
     def stop_waiter(self, timeout_s: float) -> None:
         """At close: the waiter thread ends once the Works it waits on have."""
