@@ -107,3 +107,34 @@ def test_the_scripts_options_reach_the_script_even_where_torchrun_has_a_longer_o
     args = get_args_parser().parse_args(argv[3:])  # after `python -m torch.distributed.run`
     assert args.module and args.training_script == "workers.capture.bootstrap"
     assert args.training_script_args == command[command.index("t.py") :]
+
+
+@pytest.mark.parametrize("use_env", [False, True], ids=["local-rank-arg", "use-env"])
+def test_a_torch_distributed_launch_line_gives_the_script_its_local_rank_as_launch_does(use_env: bool) -> None:
+    """``python -m torch.distributed.launch`` (deprecated, in older repos) passes
+    ``--local-rank=N`` to the script unless ``--use-env``; scripts read it (``set_device``).
+    commtop keeps launch as the launcher, and the bootstrap hands the argument on right after
+    the script, where launch puts it without commtop. (Before: torchrun ran it: -1 in every rank.)"""
+    from torch.distributed.launch import parse_args
+    from torch.distributed.run import config_from_args
+
+    from workers.capture.bootstrap import split_target
+
+    command = ["python", "-m", "torch.distributed.launch", *(["--use-env"] if use_env else []), "--nproc_per_node", "2"]
+    command += ["t.py", "--lr", "1"]
+    line = parse(command)
+    assert line.launcher == "torch.distributed.launch" and line.target == ("t.py", "--lr", "1")
+    argv = script_argv(command, 2)
+    assert argv[1:3] == ["-m", "torch.distributed.launch"]
+    args = parse_args(argv[3:])
+    _config, _cmd, cmd_args = config_from_args(args)
+    after = cmd_args[cmd_args.index("workers.capture.bootstrap") + 1 :]
+    local_rank = [] if use_env else [a for a in after if a.startswith("--local-rank=")]
+    assert len(local_rank) == (0 if use_env else 1)
+    assert split_target(after) == ("path", "t.py", ["t.py", *local_rank, "--lr", "1"])
+
+
+def test_use_env_on_a_torchrun_line_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match="--use-env is torch.distributed.launch's option, not torchrun's"):
+        parse(["torchrun", "--use-env", "--nproc-per-node", "2", "t.py"])
+    assert parse(["torchrun", "--nproc-per-node", "2", "t.py"]).launcher == "torch.distributed.run"

@@ -195,7 +195,7 @@ def script_argv(script: list[str], nproc: int, logs: JobLogPaths | None = None) 
             ours.append(f"--nproc-per-node={nproc}")
         if logs is not None and not line.given & torchrun_line.OUTPUT_OPTIONS:
             ours += ["--log-dir", str(logs.ranks_dir), "--redirects", "3"]
-        launcher = [sys.executable, "-m", "torch.distributed.run"]
+        launcher = [sys.executable, "-m", line.launcher]  # launch's --local-rank=N reaches the script
         watched = line.target[:2] in (BOOTSTRAP, ("-m", "workers"))  # already
         target = ["-m", "--", *line.target[1:]] if watched else [*RUN_BOOTSTRAP, *line.target]
         return [*launcher, *line.options, *ours, *target]

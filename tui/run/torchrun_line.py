@@ -28,6 +28,8 @@ FLAGS = frozenset(
         "--run_path",
         "--virtual-local-rank",
         "--virtual_local_rank",
+        "--use-env",  # torch.distributed.launch's only
+        "--use_env",
     }
 )
 #: torchrun's options that take one value.
@@ -100,6 +102,9 @@ class TorchrunLine:
     nproc: int | None
     #: the option names given (full, with dashes: ``--log-dir``), e.g. to leave the output alone
     given: frozenset[str]
+    #: the module that runs it: ``torch.distributed.launch`` (deprecated; without ``--use-env`` it
+    #: passes ``--local-rank=N`` to the script, which older scripts read) or ``torch.distributed.run``
+    launcher: str = "torch.distributed.run"
 
 
 def is_torchrun(command: list[str]) -> bool:
@@ -144,7 +149,9 @@ def _spelling(option: str) -> str:
 def parse(command: list[str]) -> TorchrunLine:
     """``command`` (``torchrun ...`` or ``python -m torch.distributed.run ...``) taken apart;
     ConfigError (one line) when it runs nothing commtop can watch."""
-    rest = command[1:] if os.path.basename(command[0]) == "torchrun" else after_python(command)[2:]
+    bare = os.path.basename(command[0]) == "torchrun"
+    rest = command[1:] if bare else after_python(command)[2:]
+    launcher = "torch.distributed.run" if bare else after_python(command)[1]
     options: list[str] = []
     given: set[str] = set()
     module = no_python = False
@@ -157,6 +164,8 @@ def parse(command: list[str]) -> TorchrunLine:
             raise ConfigError("torchrun's --help runs no job")
         full = _spelling(name)
         given.add(full.replace("_", "-"))
+        if full in ("--use-env", "--use_env") and launcher != "torch.distributed.launch":
+            raise ConfigError(f"{name} is torch.distributed.launch's option, not torchrun's")
         if full in FLAGS:
             if eq:
                 raise ConfigError(f"torchrun's {name} takes no value")
@@ -187,4 +196,5 @@ def parse(command: list[str]) -> TorchrunLine:
             "torchrun --no-python runs a program that is not Python: commtop cannot watch it "
             "(run the Python script itself: `commtop run -- torchrun ... train.py`)"
         )
-    return TorchrunLine(tuple(options), tuple(["-m", *target] if module else target), nproc, frozenset(given))
+    target = ["-m", *target] if module else target
+    return TorchrunLine(tuple(options), tuple(target), nproc, frozenset(given), launcher)

@@ -31,7 +31,14 @@ __all__ = ["CAPTURE_ENV", "DECODE_ENV", "Capture", "cupti_holder", "main", "spli
 
 
 def split_target(argv: list[str]) -> tuple[str, str, list[str]]:
-    """("path"|"module", target, argv for the script) from the bootstrap's arguments."""
+    """("path"|"module", target, argv for the script) from the bootstrap's arguments. A
+    ``--local-rank=N`` before the target (``torch.distributed.launch`` without ``--use-env`` puts
+    it first: here, the bootstrap is its script) goes right after it, where launch puts it for a
+    script run without commtop."""
+    local_rank = [a for a in argv[:1] if a.startswith(("--local-rank=", "--local_rank="))]
+    if local_rank:
+        kind, target, script_argv = split_target(argv[1:])
+        return kind, target, [script_argv[0], *local_rank, *script_argv[1:]]
     if not argv:
         raise SystemExit("usage: python -m workers.capture.bootstrap SCRIPT [ARGS] | -m MODULE [ARGS]")
     if argv[0] == "-m":
