@@ -77,6 +77,7 @@ class Monitor:
         self._holding = False  # SIGTERM: the job's thread stops at its next collective hook
         self._held = threading.Event()
         self.control: Control | None = None
+        self._making_control = threading.Lock()
         self._step_block = _StepBlock(self)
         #: Copies are captured underneath (CUPTI, workers.capture): ``copy()`` blocks only set the stream.
         self.copies_captured = False
@@ -332,7 +333,9 @@ class Monitor:
     def harvest(self) -> None:
         """Move finished records into the batcher; send a batch if one is due. Never waits."""
         if self.control is None and not self._closed:  # a job that never calls step(): Hellos anyway
-            self._make_control()
+            with self._making_control:  # once, whichever of the job's threads harvests first
+                if self.control is None:
+                    self._make_control()
         self.timers.harvest()
 
     def add_records(self, coll_rows: list[tuple[Any, ...]], copy_rows: list[tuple[Any, ...]]) -> None:
