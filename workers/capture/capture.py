@@ -77,6 +77,9 @@ class Capture:
         on_sigterm.install(
             self._flush_on_sigterm, lambda: self.mon.hold_for_exit(-int(signal.SIGTERM), "stopped by SIGTERM")
         )
+        from workers.capture import on_os_exit
+
+        on_os_exit.install(self._flush_on_os_exit)
 
     def _adopt_monitor(self) -> None:
         self._mon_step = self.mon.step
@@ -294,6 +297,14 @@ class Capture:
     def _flush_on_sigterm(self) -> None:
         """SIGTERM (off the main thread, :mod:`.on_sigterm`): what was captured and batched goes
         out with the rank's Bye. No device sync: a stopped job's collectives may never end."""
+        self.finish(synchronize=False, settle_s=SIGTERM_SETTLE_S)
+        self._mon_close()
+
+    def _flush_on_os_exit(self, code: int) -> None:
+        """The job calls ``os._exit(code)`` (:mod:`.on_os_exit`): atexit will not run, so what was
+        captured goes out with the rank's Bye now, saying the exit code. No device sync (a job may
+        leave that way because something is stuck); bounded as on SIGTERM."""
+        self.mon.exit_with(code, "finished" if code == 0 else f"os._exit({code})")
         self.finish(synchronize=False, settle_s=SIGTERM_SETTLE_S)
         self._mon_close()
 

@@ -238,6 +238,10 @@ class Monitor:
         """The job ends by this exception: the Bye says so (and why)."""
         self._exit = (1, bye_reason(exc))
 
+    def exit_with(self, code: int, reason: str) -> None:
+        """The job ends with this exit code (``os._exit``): the Bye says so."""
+        self._exit = (code, reason)
+
     def hold_for_exit(self, exit_code: int, reason: str) -> threading.Event:
         """A SIGTERM ends this process (workers.capture.on_sigterm): the job's thread stops at
         its next collective hook (after the record of a collective that returned, before a new

@@ -249,8 +249,8 @@ class Heartbeat(threading.Thread):
             time.sleep(0.2)  # let the IO thread hand the Bye over
         except BaseException:
             pass
-        finally:
-            os._exit(code)
+        finally:  # os._exit itself: not the capture's wrapper (workers.capture.on_os_exit), which would wait
+            getattr(os._exit, "__commtop_original__", os._exit)(code)
 
     def stop(self, timeout_s: float = 1.0) -> None:
         self._done.set()
