@@ -78,6 +78,7 @@ class Monitor:
         self._held = threading.Event()
         self.control: Control | None = None
         self._making_control = threading.Lock()
+        self._closing = threading.RLock()
         self._step_block = _StepBlock(self)
         #: Copies are captured underneath (CUPTI, workers.capture): ``copy()`` blocks only set the stream.
         self.copies_captured = False
@@ -165,7 +166,14 @@ class Monitor:
         self.close()
 
     def close(self) -> None:
-        """Send what is left, say Bye, stop the threads. Idempotent; never raises."""
+        """Send what is left, say Bye, stop the threads. Idempotent; never raises. One close at a
+        time: a rank that ends with ``os._exit`` while torchrun's SIGTERM arrives closes from two
+        threads (workers.capture.on_os_exit, .on_sigterm); the second waits for the first, so one
+        Bye goes out, whole, before the process ends."""
+        with self._closing:
+            self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         self._closed = True
