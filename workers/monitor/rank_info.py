@@ -83,13 +83,15 @@ def world_group() -> Group | None:
 
 
 def node_gpus(local_world_size: int) -> list[str]:
-    """This node's GPUs, for the node sampler (none seen yet: it watches every GPU)."""
+    """This node's GPUs, for the node sampler (none seen yet: it watches every GPU). Read from
+    NVML, never through torch's device properties: the monitor starts before the job's script,
+    and initialising CUDA here would make the script's forked CUDA processes fail."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available():
         return []
-    from workers.rank.device import gpu_uuid
+    from workers.rank.device import visible_gpu_uuids
 
-    return [gpu_uuid(i) for i in range(min(local_world_size, torch.cuda.device_count()))]
+    return visible_gpu_uuids(local_world_size)
 
 
 def env_int(name: str, default: int) -> int:

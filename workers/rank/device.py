@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
+
+from workers.telemetry import nvml
 
 
 def gpu_uuid(index: int) -> str:
@@ -20,3 +24,37 @@ def nccl_version() -> str:
     except Exception:
         return ""
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def visible_gpu_uuids(count: int) -> list[str]:
+    """The UUIDs of the first ``count`` GPUs this process may use (``CUDA_VISIBLE_DEVICES``, as
+    indices or UUID prefixes), read from NVML: torch's own device properties initialise CUDA in
+    this process, and a process that did so before it forks makes every forked child that uses
+    CUDA fail ("Cannot re-initialize CUDA in forked subprocess": a script that starts its NCCL
+    ranks with a fork Process ran under plain python and failed under commtop). [] where NVML or
+    the list cannot say (MIG, an unknown entry): the node sampler then watches every GPU."""
+    if nvml.init() is not None or count <= 0:
+        return []
+    pynvml = nvml.pynvml
+    try:
+        uuids = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+            uuids.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
+    except Exception:  # noqa: BLE001 - no answer: every GPU is watched
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return uuids[:count]
+    picked: list[str] = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.isdigit() and int(entry) < len(uuids):
+            found = [uuids[int(entry)]]
+        elif entry.startswith("GPU-"):
+            found = [u for u in uuids if u.startswith(entry)]
+        else:  # CUDA stops at the first entry it cannot read; MIG devices are not NVML's GPUs here
+            break
+        if len(found) != 1:
+            return []
+        picked.append(found[0])
+    return picked[:count]
