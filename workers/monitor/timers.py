@@ -191,8 +191,10 @@ class Timers:
             if dtype < 0:
                 dtype = self._dtypes[tensor.dtype] = dtype_code(str(tensor.dtype))
         with self._numbers:  # one numbering for every thread (and the Flight Recorder capture's)
-            it = self._spares.pop() if self._spares else self.iteration
-            if it == self.iteration:
+            if self._spares:
+                it = self._spares.pop()
+            else:
+                it = self.iteration
                 self.iteration = it + 1
         meta = (it, step, epoch, mode, spec.code, code, dtype, nbytes, ranks, time.time_ns())
         if ring is not None:
