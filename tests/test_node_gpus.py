@@ -2,8 +2,10 @@
 torch's device properties (used before) initialise CUDA, and a process that did so before it
 forks makes its forked CUDA children fail (a script that started its NCCL ranks with a fork
 Process failed under commtop on an H100, "Cannot re-initialize CUDA in forked subprocess", and
-ran under plain python). CI has no GPU: NVML is a stand-in here (FakeNvml), torch.cuda is told
-a GPU exists and refuses to be initialised."""
+ran under plain python). ``torch.cuda.is_available()`` does the same harm (it calls
+cudaGetDeviceCount, and torch then refuses CUDA in forked children: found on the H100 after the
+first fix). CI has no GPU: NVML is a stand-in here (FakeNvml), torch.cuda counts four GPUs (as
+its NVML path does) and refuses every call that would touch the CUDA runtime."""
 
 from __future__ import annotations
 
@@ -34,11 +36,12 @@ class FakeNvml:
 def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nvml, "init", lambda: None)
     monkeypatch.setattr(nvml, "pynvml", FakeNvml())
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(UUIDS))
 
     def no_cuda_init(*args: object) -> None:
-        raise AssertionError("CUDA initialised in the rank before the job's script")
+        raise AssertionError("CUDA touched in the rank before the job's script")
 
+    monkeypatch.setattr(torch.cuda, "is_available", no_cuda_init)
     monkeypatch.setattr(torch.cuda, "get_device_properties", no_cuda_init)
     monkeypatch.setattr(torch.cuda, "current_device", no_cuda_init)
 
@@ -66,3 +69,22 @@ def test_the_sampler_watches_the_gpus_this_rank_may_use(fake_gpus, monkeypatch, 
 def test_without_nvml_every_gpu_is_watched(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nvml, "init", lambda: nvml.NA(nvml.NVML_MISSING, "no driver"))
     assert device.visible_gpu_uuids(4) == []
+
+
+def test_the_capture_sizes_the_flight_recorder_ring_without_touching_cuda(fake_gpus, monkeypatch) -> None:
+    """The capture's set-up before the script (the ring size NCCL's Flight Recorder reads once)
+    asks whether a GPU is there the way that leaves forked children free to use CUDA."""
+    from types import SimpleNamespace
+
+    from workers.capture.capture import Capture
+    from workers.capture.fr_source import RING_ENV
+
+    for name in RING_ENV:
+        monkeypatch.setenv(name, "")  # no size of the user's (restored after the test)
+    holder = SimpleNamespace(ring_note="")
+    Capture._size_ring(holder)  # type: ignore[arg-type]
+    assert holder.ring_note  # a GPU is there: the ring was sized (and said so)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    holder = SimpleNamespace(ring_note="")
+    Capture._size_ring(holder)  # type: ignore[arg-type]
+    assert holder.ring_note == ""

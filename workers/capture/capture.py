@@ -174,8 +174,9 @@ class Capture:
         import torch
 
         from workers.capture.fr_source import choose_ring
+        from workers.rank.device import gpu_visible
 
-        if torch.cuda.is_available():
+        if gpu_visible():  # not torch.cuda.is_available(): that keeps forked children off CUDA
             c10d = getattr(torch._C, "_distributed_c10d", None)
             self.ring_note = choose_ring(os.environ, server=hasattr(c10d, "_WorkerServer"))
 
@@ -316,7 +317,7 @@ class Capture:
             try:
                 import torch
 
-                if synchronize and torch.cuda.is_available():
+                if synchronize and torch.cuda.is_initialized():  # the job used CUDA in this process
                     torch.cuda.synchronize()  # end of the job: its last collectives finish
             except Exception:  # noqa: BLE001
                 pass

@@ -86,12 +86,11 @@ def node_gpus(local_world_size: int) -> list[str]:
     """This node's GPUs, for the node sampler (none seen yet: it watches every GPU). Read from
     NVML, never through torch's device properties: the monitor starts before the job's script,
     and initialising CUDA here would make the script's forked CUDA processes fail."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available():
+    if sys.modules.get("torch") is None:
         return []
-    from workers.rank.device import visible_gpu_uuids
+    from workers.rank.device import gpu_visible, visible_gpu_uuids
 
-    return visible_gpu_uuids(local_world_size)
+    return visible_gpu_uuids(local_world_size) if gpu_visible() else []
 
 
 def env_int(name: str, default: int) -> int:

@@ -9,6 +9,18 @@ import torch
 from workers.telemetry import nvml
 
 
+def gpu_visible() -> bool:
+    """Whether this process sees a GPU, asked without touching the CUDA runtime where NVML can
+    answer: ``torch.cuda.is_available()`` calls cudaGetDeviceCount, after which torch refuses
+    CUDA in every forked child ("Cannot re-initialize CUDA in forked subprocess"), so a script
+    that forks its NCCL ranks failed under commtop and ran under plain python.
+    ``torch.cuda.device_count()`` asks NVML first (the runtime only where NVML fails)."""
+    try:
+        return torch.cuda.device_count() > 0
+    except (AssertionError, RuntimeError):  # a CPU build or a broken driver: no GPU to use
+        return False
+
+
 def gpu_uuid(index: int) -> str:
     """The GPU's UUID in NVML's spelling ("GPU-xxxxxxxx-..."), so samplers can match it."""
     try:
