@@ -173,6 +173,22 @@ def test_a_clear_straggler_counts_the_iterations_it_arrived_last() -> None:
     assert sample(fams, "commtop_rank_straggler_iterations_total", rank="0") == 0
 
 
+def test_ranks_whose_kth_collectives_differ_count_no_straggler_iterations() -> None:
+    """Rank 1 is as clearly last as above, but from iteration 300 on its records are another
+    collective than rank 0's of the same iteration (a thread's collectives interleave differently
+    on each rank): comparing them compares different collectives, so counting stops there."""
+    rng = np.random.default_rng(8)
+    r0 = rng.normal(500.0, 20.0, 1500)
+    r1 = r0 - 300.0
+    m = NodeMetrics("n")
+    for seq, at in enumerate(range(0, 1500, 50)):
+        its = list(range(at, at + 50))
+        m.add_message(coll_batch(0, seq, its, r0[its].tolist()))
+        m.add_message(coll_batch(1, seq, its, r1[its].tolist(), nbytes=(1 << 27) if at < 300 else 4096))
+    got = sample(scrape(m)["commtop_rank_straggler_iterations"], "commtop_rank_straggler_iterations_total", rank="1")
+    assert m.interleaved and 0 < got <= 300
+
+
 def test_gaps_in_sequence_numbers_count_lost_batches_and_silence_counts_one_stall() -> None:
     now = [100.0]
     m = NodeMetrics("n", clock=lambda: now[0])

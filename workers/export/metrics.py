@@ -124,6 +124,11 @@ class NodeMetrics:
         self._rows: dict[int, int] = {}
         self._ms = np.full((MAX_LOCAL_RANKS, STRAGGLER_WINDOW), np.nan, dtype=np.float32)
         self._tag = np.full((MAX_LOCAL_RANKS, STRAGGLER_WINDOW), -1, dtype=np.int64)
+        # each record's (op, dtype, size): a complete iteration whose ranks differ in it compared
+        # different collectives (the ranks order theirs differently: threads), and ends the count
+        self._shape = np.full((MAX_LOCAL_RANKS, STRAGGLER_WINDOW), -1, dtype=np.int64)
+        #: The node's ranks were seen to order their collectives differently: no straggler count.
+        self.interleaved = False
         self._counted = np.full(STRAGGLER_WINDOW, -1, dtype=np.int64)
         # the row that arrived last in each of the newest STRAGGLER_ITERS complete iterations
         self._recent_last = np.full(STRAGGLER_ITERS, -1, dtype=np.int64)
@@ -188,7 +193,8 @@ class NodeMetrics:
             hist.bus_bytes += float((bus * 1e9 * dur_s[sel]).sum())
             hist.last_busbw = float(np.median(bus)) * 1e9
         state.last_record_s = max(state.last_record_s, float(c["start_ns"][-1]) * 1e-9)
-        self._add_straggler(batch.rank, c["iteration"], c["dur_us"])
+        shape = (c["nbytes"].astype(np.int64) << 16) | (c["op"].astype(np.int64) << 8) | c["dtype"]
+        self._add_straggler(batch.rank, c["iteration"], c["dur_us"], shape)
 
     def _add_copy(self, batch: Batch, state: RankState) -> None:
         c = batch.columns
@@ -203,11 +209,16 @@ class NodeMetrics:
             hist.add(dur_s[sel])
             hist.bytes += int(c["nbytes"][sel].sum())
 
-    def _add_straggler(self, rank: int, iteration: np.ndarray, dur_us: np.ndarray) -> None:
+    def _add_straggler(self, rank: int, iteration: np.ndarray, dur_us: np.ndarray, shape: np.ndarray) -> None:
         """Count, per complete iteration of this node's ranks, the rank that arrived last (all
         ranks leave a collective together, so the last to arrive waited least), while it is
         clearly the node's straggler: the TUI's test (:func:`clearly_last`) over the node's newest
-        STRAGGLER_ITERS complete iterations. Even ranks take turns being last by chance: no count."""
+        STRAGGLER_ITERS complete iterations. Even ranks take turns being last by chance: no count.
+        Where the ranks' records of one iteration differ in (op, dtype, size), their k-th
+        collectives are not one collective (collectives from several threads): nothing is counted
+        from then on, as the TUI compares no ranks by iteration then."""
+        if self.interleaved:
+            return
         row = self._rows.get(rank)
         if row is None:
             if len(self._rows) >= MAX_LOCAL_RANKS:
@@ -215,9 +226,11 @@ class NodeMetrics:
             row = self._rows[rank] = len(self._rows)
         if len(iteration) > STRAGGLER_WINDOW:
             iteration, dur_us = iteration[-STRAGGLER_WINDOW:], dur_us[-STRAGGLER_WINDOW:]
+            shape = shape[-STRAGGLER_WINDOW:]
         slots = iteration % STRAGGLER_WINDOW
         self._ms[row, slots] = dur_us
         self._tag[row, slots] = iteration
+        self._shape[row, slots] = shape
         n = len(self._rows)
         if n < 2:
             return
@@ -225,6 +238,9 @@ class NodeMetrics:
         if not complete.any():
             return
         done = slots[complete]
+        if (self._shape[:n, done] != self._shape[0, done]).any():
+            self.interleaved = True
+            return
         self._counted[done] = iteration[complete]
         last = np.argmin(self._ms[:n, done], axis=0)
         recent, tail = self._recent_last, last[-len(self._recent_last) :]
@@ -340,7 +356,8 @@ class NodeMetrics:
             (
                 "commtop_rank_straggler_iterations",
                 "counter",
-                "Iterations this rank arrived last of its node while it was clearly the node's straggler",
+                "Iterations this rank arrived last of its node while it was clearly the node's straggler "
+                "(no more once the node's ranks order their collectives differently: threads)",
                 5,
             ),
         )
