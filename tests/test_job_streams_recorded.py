@@ -49,9 +49,10 @@ def run_recorded(
     launcher: tuple[str, ...] = ("python",),
     nproc: int = 2,
     exit_code: int = 0,
+    printed: list[str] | None = None,
 ) -> Tables:
     """`commtop run --headless --nproc NPROC --record -- LAUNCHER ARGV`: the recording's tables
-    (`commtop run` exits with ``exit_code``)."""
+    (`commtop run` exits with ``exit_code``; what it printed is added to ``printed``)."""
     root = tempfile.mkdtemp(prefix="cm-", dir="/tmp")
     rec_path = str(Path(root) / "job.commtop")
     monkeypatch.setenv("COMMTOP_RUNTIME_DIR", root)
@@ -62,6 +63,8 @@ def run_recorded(
         code = cli.main(["run", "--headless", "--nproc", str(nproc), "--record", rec_path, "--", *launcher, *argv])
         out = capsys.readouterr()
         assert code == exit_code, out.err[-3000:] + out.out[-3000:]
+        if printed is not None:
+            printed.append(out.out)
         with open_recording(rec_path) as rec:
             assert rec.complete, rec.summary()
             return rec.tables()
@@ -298,14 +301,23 @@ def test_collectives_from_two_threads_are_each_recorded(monkeypatch, capsys, tmp
     inside a collective hid the other's: about half of them were counted lost.)"""
     prefix = str(tmp_path / "threads")
     job = [str(REPO / "tests" / "jobs" / "threaded_collectives.py"), "--steps", "100", "--counts", prefix]
-    tables = run_recorded(monkeypatch, capsys, job)
+    printed: list[str] = []
+    tables = run_recorded(monkeypatch, capsys, job, printed=printed)
     hellos = last_hellos(tables)
     assert sorted(hellos) == [0, 1]
+    orders = []
     for rank, hello in hellos.items():
         want = expected(prefix, rank)
         assert {g for g, *_ in want} == {"0", "1"} and sum(n for (g, *_), n in want.items() if g == "1") >= 3
         assert recorded(tables, rank, hello) == want
         assert hello.lost == 0 and hello.dropped == 0
+        mine = tables.coll["rank"] == rank
+        groups = tables.coll["group"][mine][np.argsort(tables.coll["iteration"][mine])]
+        orders.append([hello.groups[g][0] for g in groups.tolist()])
+    # The two threads' collectives interleave as the threads ran on each rank: where the ranks'
+    # orders differ (the job decides, not commtop), no skew compares their k-th collectives.
+    differ = orders[0] != orders[1]
+    assert ("they issue their collectives in different orders" in printed[0]) == differ, (differ, printed[0][-2000:])
 
 
 @pytest.mark.parametrize("code", [0, 3])

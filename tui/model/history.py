@@ -9,6 +9,16 @@ The result is the same as building it from the rings: column j of a snapshot is 
 ``first + j`` for the newest ``width`` iterations any rank reached; NaN / NO_MODE where a rank
 has no record; ``start_ns`` per iteration from the lowest rank that has it.
 
+Each column also keeps what its first record was: its *shape* (op, dtype, size: the same on
+every rank) and its stream (tui.model.streams ring value, once its rank named the group). A
+record of another shape, or of another named stream, in the same column means the ranks' k-th
+collectives differ (:attr:`HistoryMatrix.interleaved`): a job that issues collectives from
+several threads orders them differently on each rank, and iterations then do not line up
+across ranks (arrival skew, straggler). Within one process group every rank issues the same
+order, so per-stream occurrences still do (``RunState.stream_history_matrix``). The shape is
+what tells most threads apart early: a group is named by the rank's next Hello (every second),
+and a short job's records may all come before it.
+
 The model queues its batches (:meth:`HistoryMatrix.queue`) and the matrix scatters all of them
 at once when it is read (every snapshot) or when PENDING_BATCHES are waiting: numpy's cost per
 call, not per record, was most of the scatter (64 ranks send ~40 batches between two snapshots,
@@ -25,8 +35,18 @@ import numpy as np
 NO_MODE = 255
 #: Larger than any row index: "no rank gave this column its start time yet".
 _NO_ROW = np.iinfo(np.int32).max
+#: Ring value of a record whose group its rank has not named yet (tui.model.streams.UNNAMED):
+#: not compared (another rank may have named it already).
+UNNAMED_STREAM = 255
+#: A column no (named) record reached yet.
+_NO_STREAM = -1
+_NO_SHAPE = -1
 #: Batches queued before they are scattered even if nobody reads the matrix (bounded memory).
 PENDING_BATCHES = 256
+
+#: The columns a batch carries for :meth:`HistoryMatrix._compare` (the model's batches and
+#: rings carry both; a stream's own history has neither: it compares nothing).
+_KINDS = ("stream", "shape")
 
 _Queued = tuple[int, Mapping[str, np.ndarray], int, int]  # row, columns, lowest and highest iteration
 
@@ -46,6 +66,13 @@ class HistoryMatrix:
         self.start_ns = np.zeros(width, dtype=np.int64)
         self.start_row = np.full(width, _NO_ROW, dtype=np.int32)
         self.last = -1  # newest iteration any rank reached (-1: none yet)
+        #: Per column, the stream of the first named record scattered into it (_NO_STREAM: none)
+        #: and the shape (tui.model.streams.record_shapes) of its first record (_NO_SHAPE: none).
+        self.stream = np.full(width, _NO_STREAM, dtype=np.int16)
+        self.shape = np.full(width, _NO_SHAPE, dtype=np.int32)
+        #: Records whose shape or stream differed from their column's (0 while every rank's k-th
+        #: collective is the same); only batches that carry "stream" and "shape" columns count.
+        self.interleaved = 0
         self._queued: list[_Queued] = []
         #: The newest iteration queued per row since the last scatter: a batch at or below it
         #: repeats iterations (a restarted rank), and the queue is then added batch by batch.
@@ -62,6 +89,8 @@ class HistoryMatrix:
         self.mode[:, slots] = NO_MODE
         self.start_ns[slots] = 0
         self.start_row[slots] = _NO_ROW
+        self.stream[slots] = _NO_STREAM
+        self.shape[slots] = _NO_SHAPE
         self.last = last
 
     def add(self, rank: int, columns: Mapping[str, np.ndarray]) -> bool:
@@ -76,10 +105,12 @@ class HistoryMatrix:
         keep = it > self.last - self.width
         if not keep.all():
             it = it[keep]
-            columns = {k: columns[k][keep] for k in ("dur_us", "mode", "start_ns")}
+            columns = {k: columns[k][keep] for k in ("dur_us", "mode", "start_ns", *_KINDS) if k in columns}
         slots = (it % self.width).astype(np.intp)
         self.ms[row, slots] = columns["dur_us"] / np.float32(1e3)
         self.mode[row, slots] = columns["mode"]
+        if all(k in columns for k in _KINDS):
+            self._compare(slots, columns["stream"], columns["shape"])
         start = columns["start_ns"]
         better = (self.start_row[slots] >= row) & (start != 0)
         if better.any():
@@ -122,6 +153,9 @@ class HistoryMatrix:
         parts = [q for q in queued if q[3] > floor]
         if not parts:
             return
+        kinds = all(k in c for _, c, _, _ in parts for k in _KINDS)
+        streams = np.concatenate([c["stream"] for _, c, _, _ in parts]) if kinds else None
+        shapes = np.concatenate([c["shape"] for _, c, _, _ in parts]) if kinds else None
         it = np.concatenate([c["iteration"] for _, c, _, _ in parts])
         dur = np.concatenate([c["dur_us"] for _, c, _, _ in parts])
         mode = np.concatenate([c["mode"] for _, c, _, _ in parts])
@@ -132,10 +166,32 @@ class HistoryMatrix:
         if any(lo <= floor for _, _, lo, _ in parts):
             keep = it > floor
             it, dur, mode, start, rows = it[keep], dur[keep], mode[keep], start[keep], rows[keep]
+            if streams is not None and shapes is not None:
+                streams, shapes = streams[keep], shapes[keep]
         slots = (it % self.width).astype(np.intp)
         self.ms[rows, slots] = dur / np.float32(1e3)
         self.mode[rows, slots] = mode
         self._take_starts(rows, slots, start)
+        if streams is not None and shapes is not None:
+            self._compare(slots, streams, shapes)
+
+    def _compare(self, slots: np.ndarray, streams: np.ndarray, shapes: np.ndarray) -> None:
+        """Give fresh columns their shape (and stream, from the first named record) and count the
+        records whose shape, or named stream, differs from their column's. Several records may
+        land in one fresh column at once: one of them sets it (numpy keeps the last), and the
+        others are compared with that one."""
+        fresh = self.shape[slots] == _NO_SHAPE
+        if fresh.any():
+            self.shape[slots[fresh]] = shapes[fresh]
+        differ = self.shape[slots] != shapes
+        named = streams != UNNAMED_STREAM
+        if named.any():
+            at, values = slots[named], streams[named]
+            unset = self.stream[at] == _NO_STREAM
+            if unset.any():
+                self.stream[at[unset]] = values[unset]
+            differ[named] |= self.stream[at] != values
+        self.interleaved += int(np.count_nonzero(differ))
 
     def _take_starts(self, rows: np.ndarray, slots: np.ndarray, start: np.ndarray) -> None:
         """Each column's start time from the lowest row that has one (rows of one batch each

@@ -9,14 +9,16 @@ import numpy as np
 from tui.model.overlap_live import RankOverlap
 from tui.model.stats import RING_SIZE, Ring, RunAggregate, uniform
 from tui.model.steps import RankSteps
+from tui.model.streams import record_shapes
 from workers.wire.protocol import COLL, COLL_COLUMNS, COPY, COPY_COLUMNS, Batch, Bye, Hello, pick_columns
 
 #: The columns of a collective batch a rank's ring keeps, with their wire dtypes, and each
-#: record's stream (its ring value in :class:`tui.model.streams.StreamTable`).
+#: record's stream (its ring value in :class:`tui.model.streams.StreamTable`) and shape
+#: (:func:`tui.model.streams.record_shapes`).
 COLL_RING = pick_columns(
     COLL_COLUMNS,
-    ("iteration", "step", "epoch", "mode", "start_ns", "dur_us", "busbw", "stream"),
-    extra={"stream": "u1"},
+    ("iteration", "step", "epoch", "mode", "start_ns", "dur_us", "busbw", "stream", "shape"),
+    extra={"stream": "u1", "shape": "<u2"},
 )
 #: The columns of a copy batch a rank's ring keeps.
 COPY_RING = {name: COPY_COLUMNS[name] for name in ("epoch", "start_ns", "dur_us", "nbytes", "gbps")}
@@ -87,9 +89,17 @@ class RankState:
         if self.bye is not None and t_ns > self.bye.t_ns:
             self.bye = None
 
-    def add_batch(self, batch: Batch, now: int, streams: np.ndarray | None = None, single: int = -1) -> tuple[int, ...]:
+    def add_batch(
+        self,
+        batch: Batch,
+        now: int,
+        streams: np.ndarray | None = None,
+        single: int = -1,
+        shapes: np.ndarray | None = None,
+    ) -> tuple[int, ...]:
         """Count a batch and keep its records (``streams``: each collective's stream ring value;
-        ``single``: the one value of them all, or -1); returns the modes of its collectives."""
+        ``single``: the one value of them all, or -1; ``shapes``: their record_shapes, computed
+        here when not given); returns the modes of its collectives."""
         self.last_seen_ns = now
         self.version += 1
         self.revive_if_newer(batch.t_ns)
@@ -110,7 +120,7 @@ class RankState:
         self.last_record_ns = now
         if streams is None:
             streams, single = np.zeros(n, dtype=np.uint8), 0
-        self.coll.append({**cols, "stream": streams})
+        self.coll.append({**cols, "stream": streams, "shape": record_shapes(cols) if shapes is None else shapes})
         if single >= 0:
             self.stream_counts[single] += n
         else:

@@ -37,7 +37,7 @@ from tui.model.rank_state import RankState
 from tui.model.snapshot import Snapshot
 from tui.model.snapshot_builder import SnapshotBuilder
 from tui.model.stats import RING_SIZE, RunAggregate
-from tui.model.streams import NEXT_STREAM, UNNAMED, StreamTable
+from tui.model.streams import NEXT_STREAM, OTHER, UNNAMED, StreamTable, record_shapes
 from tui.model.telemetry import TelemetryModel
 from workers.wire.protocol import COLL, TELEM, TELEM_CAPS, Batch, Bye, Hello, Message
 
@@ -51,7 +51,7 @@ HISTORY_CELLS = 16_384
 #: Most ranks the model keeps before any hello announces the world size.
 MAX_RANKS = 16384
 
-_HISTORY_COLUMNS = ("iteration", "mode", "start_ns", "dur_us")
+_HISTORY_COLUMNS = ("iteration", "mode", "start_ns", "dur_us", "stream", "shape")
 
 
 def history_iters(n_ranks: int) -> int:
@@ -96,6 +96,10 @@ class RunModel:
         #: The ranks x iterations history, written on apply (None: rebuilt at the next snapshot).
         self._history: HistoryMatrix | None = None
         self._stream_history: HistoryMatrix | None = None
+        #: Whether the ranks' k-th collectives were seen to differ (HistoryMatrix.interleaved):
+        #: kept for the run once seen, as the histories that showed it scroll away.
+        self.interleaved = False
+        self._stream_shapes: dict[int, int] = {}  # ring value -> its records' shape
         self.streams.reset()
         self.telemetry = TelemetryModel()
         #: Every rank's step times in one aggregate (the step view reads it whole).
@@ -164,11 +168,17 @@ class RunModel:
         state = self._rank(batch.rank)
         coll = batch.kind == COLL and len(batch) > 0
         streams, single = self.streams.add(batch.rank, state.hello, batch.columns) if coll else (None, -1)
+        shapes = self._shapes(batch.columns, single) if coll else None
         before = int(state.stream_counts[self.selected_stream]) if self.selected_stream >= 0 else 0
-        self.modes_seen.update(state.add_batch(batch, now, streams, single))
+        self.modes_seen.update(state.add_batch(batch, now, streams, single, shapes))
         self.records += len(batch)
         if coll and self._history is not None:
-            if not self._history.queue(batch.rank, batch.columns, *state.batch_iterations):
+            c = batch.columns
+            cols = {"iteration": c["iteration"], "dur_us": c["dur_us"], "mode": c["mode"], "start_ns": c["start_ns"]}
+            if streams is not None and shapes is not None:
+                cols["stream"], cols["shape"] = streams, shapes
+            if not self._history.queue(batch.rank, cols, *state.batch_iterations):
+                self.interleaved |= self._history.interleaved > 0
                 self._history = None  # a rank it has no row for: rebuilt from the rings
         if coll and self._stream_history is not None and streams is not None:
             mine = streams == self.selected_stream
@@ -177,6 +187,18 @@ class RunModel:
                 cols["iteration"] = before + np.arange(len(cols["dur_us"]), dtype=np.int64)
                 if not self._stream_history.add(batch.rank, cols):
                     self._stream_history = None
+
+    def _shapes(self, columns: dict[str, np.ndarray], single: int) -> np.ndarray:
+        """The records' shapes (tui.model.streams.record_shapes); a batch of one named stream (the
+        usual case) takes its stream's, computed once."""
+        if single < 0 or single >= OTHER:  # mixed, "other" (several shapes) or not named yet
+            return record_shapes(columns)
+        shape = self._stream_shapes.get(single)
+        if shape is None:
+            shape = self._stream_shapes[single] = int(
+                record_shapes({k: columns[k][:1] for k in ("op", "dtype", "nbytes")})[0]
+            )
+        return np.full(len(columns["op"]), shape, dtype=np.uint16)
 
     def select_stream(self, value: int) -> None:
         """Draw the latency of one stream (its ring value), of every collective (-1), or of the
@@ -200,8 +222,20 @@ class RunModel:
         keep = history_iters(len(order))
         matrix = self._history
         if matrix is None or matrix.width != keep or matrix.ranks != order:
+            if matrix is not None:
+                self.interleaved |= matrix.interleaved > 0
             matrix = self._history = _history_matrix(order, self.ranks, keep)
         return matrix
+
+    def ranks_aligned(self, world_size: int) -> bool:
+        """Whether the k-th collective of every rank is the same collective, as the history's
+        iterations assume (arrival skew, straggler, clock offsets): the streams allow it
+        (:meth:`StreamTable.ranks_aligned`) and no history showed two ranks' k-th collectives
+        in different streams (a job issuing from several threads). Read after the history's
+        window (the queued batches compared)."""
+        if self._history is not None and self._history.interleaved:
+            self.interleaved = True
+        return not self.interleaved and self.streams.ranks_aligned(world_size)
 
     def stream_history_matrix(self, order: list[int]) -> HistoryMatrix | None:
         """The selected stream's ranks x occurrences history (column k: the rank's k-th record of

@@ -15,6 +15,7 @@ import numpy as np
 
 from tui.model.rank_state import RankState
 from tui.model.snapshot import History, SkewEvent
+from tui.model.streams import UNNAMED
 from workers.wire.stats import median
 from workers.wire.straggler import STRAGGLER_ITERS, clearly_last
 
@@ -109,13 +110,17 @@ def _event(
     )
 
 
-def clock_offsets(order: list[int], ranks: Mapping[int, RankState]) -> tuple[str, dict[str, float]]:
+def clock_offsets(
+    order: list[int], ranks: Mapping[int, RankState], by_stream: bool = False
+) -> tuple[str, dict[str, float]]:
     """(reference host, {host: its clock minus the reference's, ms}).
 
     Every rank of one collective leaves it at (nearly) the same instant, so ``start + dur``
     of one iteration must coincide across ranks: the median difference between a host's
     end times and the reference host's, over the recent iterations both have, is the offset
-    of its clock. The reference is the host of the lowest rank."""
+    of its clock. The reference is the host of the lowest rank. ``by_stream``: the ranks'
+    iterations do not line up (RunState.interleaved), so records are matched by their
+    stream and their place in it instead (:func:`stream_places`)."""
     first: dict[str, int] = {}
     for r in order:
         h = ranks[r].hello
@@ -127,7 +132,11 @@ def clock_offsets(order: list[int], ranks: Mapping[int, RankState]) -> tuple[str
     for host, r in first.items():
         v = ranks[r].coll.view(CLOCK_ITERS, copy=False)
         end = v["start_ns"] + (v["dur_us"].astype(np.float64) * 1e3).astype(np.int64)
-        ends[host] = (v["iteration"], end)
+        if by_stream:
+            key = stream_places(v["stream"], ranks[r].stream_counts)
+            ends[host] = (key[key >= 0], end[key >= 0])
+        else:
+            ends[host] = (v["iteration"], end)
     ref = ranks[order[0]].hello.host if ranks[order[0]].hello is not None else next(iter(first))  # type: ignore[union-attr]
     ref_it, ref_end = ends[ref]
     offsets: dict[str, float] = {}
@@ -136,6 +145,23 @@ def clock_offsets(order: list[int], ranks: Mapping[int, RankState]) -> tuple[str
         if len(i) >= 8:
             offsets[host] = float(np.median(end[i] - ref_end[j])) / 1e6
     return ref, offsets
+
+
+def stream_places(streams: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per record of a rank's newest records (``streams``: their ring values, oldest first), a
+    key naming the same collective on every rank of its group: ``stream << 40 | k`` for the
+    rank's k-th record of that stream (numbered back from ``counts``, the rank's records per
+    stream so far, as RunState.stream_history_matrix numbers them); -1 for a record whose
+    group was not named when it came (UNNAMED: its place is not known)."""
+    s = streams.astype(np.int64)
+    order = np.argsort(s, kind="stable")
+    ordered = s[order]
+    within = np.arange(len(s)) - np.searchsorted(ordered, ordered, side="left")
+    in_view = np.bincount(s, minlength=len(counts))
+    places = np.empty(len(s), dtype=np.int64)
+    places[order] = ordered << 40 | (counts[ordered] - in_view[ordered] + within)
+    places[s == UNNAMED] = -1
+    return places
 
 
 def straggler(shares: np.ndarray | None, complete: np.ndarray | None, order: list[int]) -> int | None:

@@ -154,6 +154,10 @@ class Snapshot:
     streams: tuple[StreamView, ...] = ()
     #: The stream whose latency ``history`` holds (its ring value); -1: every collective.
     selected_stream: int = -1
+    #: The ranks order their collectives differently although every stream spans the world
+    #: (several threads issue them: a rank's k-th collective is not the others'), so ranks are
+    #: compared only within one stream.
+    interleaved: bool = False
     #: Steps: rate, time, collectives and copies in them (tui.model.steps).
     steps: StepView = field(default_factory=StepView)
     #: The synthetic loop or a user's job (tui.model.job).

@@ -87,6 +87,7 @@ class RunState(Protocol):
     telemetry: TelemetryModel
     streams: StreamTable
     selected_stream: int
+    interleaved: bool
 
     @property
     def whole_run_stats(self) -> bool: ...
@@ -96,6 +97,8 @@ class RunState(Protocol):
     def history_matrix(self, order: list[int]) -> HistoryMatrix: ...
 
     def stream_history_matrix(self, order: list[int]) -> HistoryMatrix | None: ...
+
+    def ranks_aligned(self, world_size: int) -> bool: ...
 
 
 class _Kept:
@@ -164,11 +167,12 @@ class SnapshotBuilder:
         # Skew and straggler compare the k-th collective of each rank: the drawn stream's (its
         # records line up; only its group's ranks), else every collective's where all ranks issue
         # the same sequence. A job with subgroups or point-to-point has neither until a stream
-        # is picked (f).
+        # is picked (f). Nor has a job whose ranks order their collectives differently (threads).
+        all_aligned = run.ranks_aligned(world_size)
         if drawn is not None:
             aligned, members = _members_only(history)
         else:
-            aligned, members = (history if run.streams.ranks_aligned(world_size) else None), None
+            aligned, members = (history if all_aligned else None), None
         a_order = order if members is None else [r for r, m in zip(order, members.tolist(), strict=True) if m]
         # Iterations every rank reported (one scan of the matrix, shared by the two below).
         complete = ~np.isnan(aligned.ms).any(axis=0) if aligned is not None and aligned.ms.shape[0] >= 2 else None
@@ -242,6 +246,9 @@ class SnapshotBuilder:
             epochs=self._epochs(run, now, in_force.epoch, in_force.mode, fresh_run_stats),
             streams=self._streams(run, now, fresh_run_stats),
             selected_stream=run.selected_stream,
+            # said only where the streams alone would let every collective be compared (a job
+            # with subgroups differs at the k-th collective too, and its streams already say so)
+            interleaved=run.interleaved and run.streams.ranks_aligned(world_size),
             steps=self._steps(run, ranks, now, fresh_run_stats),
             job=JobInfo.of(config),
         )
@@ -334,7 +341,7 @@ class SnapshotBuilder:
         cached = self._offsets_cache
         if cached is not None and not fresh and 0 <= now - cached[0] < RUN_STATS_EVERY_S * 1e9:
             return cached[1]
-        result = clock_offsets(order, run.ranks)
+        result = clock_offsets(order, run.ranks, by_stream=run.interleaved)
         self._offsets_cache = (now, result)
         return result
 

@@ -82,6 +82,15 @@ def pack_keys(op: np.ndarray, group: np.ndarray, dtype: np.ndarray, nbytes: np.n
     return packed
 
 
+def record_shapes(columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Per collective record, its (op, dtype, size) hashed to 16 bits: what two ranks' records of
+    one collective share whatever their group codes, named or not (the history compares them:
+    tui.model.history). Two shapes may share a hash; a rank's ring keeps 2 bytes a record."""
+    packed = columns["nbytes"].astype(np.uint64) ^ (columns["op"].astype(np.uint64) << np.uint64(48))
+    packed ^= columns["dtype"].astype(np.uint64) << np.uint64(56)
+    return ((packed * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(48)).astype(np.uint16)
+
+
 def unpack_key(key: int) -> tuple[int, int, int, int]:
     """(group code, op, dtype, nbytes) of a :func:`pack_keys` value."""
     return (key >> 16) & 0xFF, (key >> 8) & 0xFF, key & 0xFF, key >> 24

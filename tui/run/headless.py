@@ -149,6 +149,11 @@ def format_summary(snapshot: Snapshot) -> str:
             f"worst arrival skew: rank {e.rank} arrived {e.skew_ms:.3f} ms late at iteration {e.iteration} "
             f"(the others waited {e.wait_ms:.3f} ms; typical {e.typical_ms:.3f} ms)"
         )
+    if s.interleaved:
+        extra.append(
+            "arrival skew: not compared across ranks: they issue their collectives in different orders "
+            "(several threads); per process group: commtop report"
+        )
     if s.clock_offsets_ms:
         offsets = ", ".join(f"{h} {v:+.3f} ms" for h, v in sorted(s.clock_offsets_ms.items()) if h != s.clock_ref)
         extra.append(f"clock offsets vs {s.clock_ref} (from collective end times): {offsets}")

@@ -221,12 +221,17 @@ def _header_text(
 
 
 def job_streams_text(snap: Snapshot) -> str:
-    """A job's groups and ops: "groups 0:default_pg (4), 1 (2) · ops all_reduce, all_to_all · 6 streams"."""
+    """A job's groups and ops: "groups 0:default_pg (4), 1 (2) · ops all_reduce, all_to_all · 6 streams",
+    and where the ranks order their collectives differently (threads) that skew and straggler
+    need one stream drawn."""
     groups, ops = groups_and_ops(snap.streams)
     if not groups:
         return "no collectives yet"
     named = sum(1 for s in snap.streams if s.index != OTHER)
-    return f"groups {', '.join(groups)} · ops {', '.join(ops)} · {named} stream{'s' if named != 1 else ''}"
+    text = f"groups {', '.join(groups)} · ops {', '.join(ops)} · {named} stream{'s' if named != 1 else ''}"
+    if snap.interleaved and snap.selected_stream < 0:  # no skew nor straggler for every collective
+        text += " · ranks differ in order: skew per stream (f)"
+    return text
 
 
 def _health(
