@@ -226,3 +226,40 @@ def test_a_job_with_subgroups_is_not_said_to_interleave() -> None:
     snap = model.snapshot(fresh_run_stats=True)
     assert model.interleaved and not model.streams.ranks_aligned(4)
     assert not snap.interleaved and "different orders" not in format_summary(snap)
+
+
+def test_ranks_restarted_by_torchrun_number_their_collectives_again_without_seeming_interleaved() -> None:
+    """torchrun --max-restarts: both ranks start again from iteration 0 (a job of 30 all_reduces
+    and a barrier, then 20 and a barrier). The new run's records land in columns that hold the
+    old run's (an all_reduce where the new run has its barrier): not a difference in order."""
+    model = RunModel(clock=lambda: END)
+    hellos = [dataclasses.replace(job_hello(r, 2, T0), groups=GROUPS[:1]) for r in range(2)]
+    for h in hellos:
+        model.apply(h, END)
+
+    def attempt(n: int, rank: int, seq: int) -> p.Batch:
+        ops = ["all_reduce"] * n + ["barrier"]
+        k = len(ops)
+        cols = {
+            "iteration": np.arange(k, dtype=np.int64),
+            "step": np.zeros(k, np.int64),
+            "epoch": np.zeros(k, np.int32),
+            "mode": np.zeros(k, np.uint8),
+            "op": np.array([p.OP_NAMES.index(o) for o in ops], np.uint8),
+            "group": np.zeros(k, np.uint16),
+            "dtype": np.array([p.DTYPE_INDEX["float32"]] * n + [0], np.uint8),
+            "nbytes": np.array([1024] * n + [0], np.int64),
+            "host_ns": T0 + np.arange(k, dtype=np.int64),
+            "start_ns": T0 + np.arange(k, dtype=np.int64),
+            "dur_us": np.full(k, 100.0, np.float32),
+            "algbw": np.ones(k, np.float32),
+            "busbw": np.ones(k, np.float32),
+        }
+        return p.Batch(p.COLL, rank, seq, 0, cols, t_ns=T0 + seq)
+
+    for rank, seq, n in ((1, 0, 30), (0, 0, 30), (0, 1, 20), (1, 1, 20)):
+        model.apply(attempt(n, rank, seq), END)
+        model.snapshot()
+    assert not model.interleaved and model.ranks_aligned(2)
+    rebuilt = model.history_matrix([1, 0])  # other rows: rebuilt from the rings, which hold both runs
+    assert rebuilt.interleaved == 0

@@ -107,10 +107,20 @@ class HistoryMatrix:
             it = it[keep]
             columns = {k: columns[k][keep] for k in ("dur_us", "mode", "start_ns", *_KINDS) if k in columns}
         slots = (it % self.width).astype(np.intp)
+        kinds = all(k in columns for k in _KINDS)
+        again = ~np.isnan(self.ms[row, slots]) if kinds else None  # read before the write
         self.ms[row, slots] = columns["dur_us"] / np.float32(1e3)
         self.mode[row, slots] = columns["mode"]
-        if all(k in columns for k in _KINDS):
-            self._compare(slots, columns["stream"], columns["shape"])
+        if again is not None:
+            at, streams, shapes = slots, columns["stream"], columns["shape"]
+            if len(at) > 1:
+                # one batch holding an iteration twice (a rebuild from the ring of a restarted
+                # rank): only the newest record of each is compared, as only it is drawn
+                _, last = np.unique(at[::-1], return_index=True)
+                if len(last) < len(at):
+                    newest = np.sort(len(at) - 1 - last)
+                    at, streams, shapes, again = at[newest], streams[newest], shapes[newest], again[newest]
+            self._compare(at, streams, shapes, again)
         start = columns["start_ns"]
         better = (self.start_row[slots] >= row) & (start != 0)
         if better.any():
@@ -169,17 +179,26 @@ class HistoryMatrix:
             if streams is not None and shapes is not None:
                 streams, shapes = streams[keep], shapes[keep]
         slots = (it % self.width).astype(np.intp)
+        again = ~np.isnan(self.ms[rows, slots]) if streams is not None else None  # read before the write
         self.ms[rows, slots] = dur / np.float32(1e3)
         self.mode[rows, slots] = mode
         self._take_starts(rows, slots, start)
-        if streams is not None and shapes is not None:
-            self._compare(slots, streams, shapes)
+        if streams is not None and shapes is not None and again is not None:
+            self._compare(slots, streams, shapes, again)
 
-    def _compare(self, slots: np.ndarray, streams: np.ndarray, shapes: np.ndarray) -> None:
+    def _compare(self, slots: np.ndarray, streams: np.ndarray, shapes: np.ndarray, again: np.ndarray) -> None:
         """Give fresh columns their shape (and stream, from the first named record) and count the
         records whose shape, or named stream, differs from their column's. Several records may
         land in one fresh column at once: one of them sets it (numpy keeps the last), and the
-        others are compared with that one."""
+        others are compared with that one. ``again``: records of an iteration their row already
+        had (a rank torchrun restarted numbers its collectives from 0 again): they start their
+        columns afresh, compared with nothing (the others' records there are the old run's)."""
+        if again.any():
+            at = slots[again]
+            self.shape[at] = shapes[again]
+            self.stream[at] = np.where(streams[again] != UNNAMED_STREAM, streams[again], _NO_STREAM)
+            new = ~again
+            slots, streams, shapes = slots[new], streams[new], shapes[new]
         fresh = self.shape[slots] == _NO_SHAPE
         if fresh.any():
             self.shape[slots[fresh]] = shapes[fresh]
