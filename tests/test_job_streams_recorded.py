@@ -342,6 +342,18 @@ def test_ranks_that_end_with_os_exit_send_every_collective_and_say_bye(monkeypat
         assert byes == [(0, 0), (1, 0)]
 
 
+@pytest.mark.parametrize(("by", "code", "reason"), [("sys.exit", 3, "sys.exit(3)"), ("message", 1, "SystemExit: rank")])
+def test_ranks_that_end_with_sys_exit_say_their_exit_code(monkeypatch, capsys, tmp_path, by, code, reason) -> None:
+    """``sys.exit(3)`` (or a message: status 1) never reaches sys.excepthook: each rank's own Bye
+    said "finished", exit code 0, and only torchrun's word at the end corrected the first one.
+    Now the ranks' own Byes say the script's status and why."""
+    job = [str(REPO / "tests" / "jobs" / "ends_by_os_exit.py"), "--by", by, "--code", str(code)]
+    tables = run_recorded(monkeypatch, capsys, job, exit_code=1)
+    own = [b for _, b in tables.byes if not b.reason.endswith("(reported by torchrun)")]
+    assert own and all((b.exit_code, b.reason.startswith(reason)) in ((code, True), (-15, False)) for b in own), own
+    assert any(b.exit_code == code for b in own)
+
+
 @pytest.mark.parametrize("start", ["mp.spawn", "spawn"], ids=["mp.spawn", "Process-spawn"])
 def test_a_script_that_spawns_its_ranks_under_several_torchrun_ranks_is_refused_in_one_line(
     monkeypatch, capsys, tmp_path, start

@@ -203,3 +203,17 @@ def test_bye_reason_drops_cpp_source_locations_and_keeps_the_message():
     assert p.bye_reason(KeyError()) == "KeyError"
     assert p.bye_reason(OSError("\n\n  disk full  \n")) == "OSError: disk full"
     assert len(p.bye_reason(RuntimeError("x" * 2000))) == 512
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "reason"),
+    [
+        (None, 0, "finished"),
+        (0, 0, "finished"),
+        (3, 3, "sys.exit(3)"),
+        ("rank 1: bad data\nmore", 1, "SystemExit: rank 1: bad data"),
+        (True, 1, "sys.exit(True)"),  # bool is an int: Python exits with 1
+    ],
+)
+def test_a_system_exit_ends_the_process_with_pythons_status(code: object, status: int, reason: str) -> None:
+    assert p.system_exit_status(SystemExit(code)) == (status, reason)

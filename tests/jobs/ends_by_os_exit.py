@@ -1,5 +1,6 @@
 """A torchrun job whose ranks end with ``os._exit`` (no atexit, no finalisation: frameworks end
-that way to skip a slow teardown), nothing of commtop in it.
+that way to skip a slow teardown), or with ``sys.exit`` (``--by sys.exit``: the code;
+``--by message``: a message, status 1), nothing of commtop in it.
 
     commtop run --headless --nproc 2 --record x.commtop -- python tests/jobs/ends_by_os_exit.py --code 3 --counts /tmp/c
 
@@ -14,6 +15,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -28,6 +30,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=37)
     ap.add_argument("--code", type=int, default=0)
     ap.add_argument("--counts", default="")
+    ap.add_argument("--by", choices=("os._exit", "sys.exit", "message"), default="os._exit")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     group = dist.distributed_c10d._get_process_group_name(dist.group.WORLD)
@@ -41,6 +44,10 @@ def main() -> None:
     if args.counts:
         with open(f"{args.counts}.rank{dist.get_rank()}.json", "w") as f:
             json.dump([[group, "all_reduce", "float32", t.nbytes, args.steps]], f)
+    if args.by == "sys.exit":
+        sys.exit(args.code)
+    if args.by == "message":
+        sys.exit(f"rank {dist.get_rank()}: stopping here")
     os._exit(args.code)
 
 

@@ -60,11 +60,16 @@ def main(argv: list[str] | None = None) -> None:
             spawned.install(capture.stand_aside, capture.env_set)  # a script that starts its own ranks
     except Exception as exc:  # noqa: BLE001 - the job runs even if commtop cannot watch it
         print(f"commtop: not watching this job ({type(exc).__name__}: {exc})", file=sys.stderr)
-    if kind == "module":
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-    else:
-        sys.path[0] = os.path.dirname(os.path.abspath(target))
-        runpy.run_path(target, run_name="__main__")
+    try:
+        if kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path[0] = os.path.dirname(os.path.abspath(target))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:  # never reaches sys.excepthook: the Bye says the script's own code
+        if capture.mon is not None:
+            capture.mon.failed_with(exc)
+        raise
 
 
 if __name__ == "__main__":

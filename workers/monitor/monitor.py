@@ -39,7 +39,7 @@ from workers.rank.session import RankSession
 from workers.wire.config import batch_ms_for_world
 from workers.wire.connection import Connection
 from workers.wire.lifeline import arm_from_env
-from workers.wire.protocol import DIRECTIONS, bye_reason
+from workers.wire.protocol import DIRECTIONS, bye_reason, system_exit_status
 from workers.wire.settings import Settings
 
 log = logging.getLogger("commtop.monitor")
@@ -243,8 +243,9 @@ class Monitor:
             self._hold()
 
     def failed_with(self, exc: BaseException) -> None:
-        """The job ends by this exception: the Bye says so (and why)."""
-        self._exit = (1, bye_reason(exc))
+        """The job ends by this exception: the Bye says so (and why), with the exit status
+        Python gives it (a ``SystemExit``'s own code)."""
+        self._exit = system_exit_status(exc) if isinstance(exc, SystemExit) else (1, bye_reason(exc))
 
     def exit_with(self, code: int, reason: str) -> None:
         """The job ends with this exit code (``os._exit``): the Bye says so."""
