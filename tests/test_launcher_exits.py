@@ -10,6 +10,7 @@ text below is torchrun 2.13's real output for exactly that case (pids renumbered
 from __future__ import annotations
 
 import sys
+import tempfile
 from typing import Any
 
 import pytest
@@ -80,3 +81,44 @@ def test_a_sigkilled_rank_named_only_in_torchruns_summary_gets_its_bye(
     # torchrun's summary names rank 0 as the root cause; rank 0's own error says its peer died
     assert got[2].reason == "killed by SIGKILL (failed first)"
     assert job.failure().lines[-1] == "rank 1 failed first: killed by SIGKILL"
+
+
+RESTARTED_OUTPUT = """\
+W1207 08:49:10.074000 20120 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 1000 closing signal SIGTERM
+E1207 08:49:10.293000 20120 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 1001) of binary: /work/venv/bin/python3
+"""
+
+
+class RestartedSource:
+    """`torchrun --max-restarts 1`: the first attempt's rank 1 fails (exit 1) and torchrun stops
+    rank 0; both run again in new processes (pids 1002, 1003) and finish."""
+
+    rejected: dict[str, int] = {}
+
+    def __init__(self) -> None:
+        first = [frozen_hello(0), frozen_hello(1), Bye(1, 1, "SystemExit: rank 1 fails", 1), Bye(0, -15, "stopped", 2)]
+        again = [
+            frozen_hello(0, pid=1002),
+            frozen_hello(1, pid=1003),
+            Bye(0, 0, "finished", 3),
+            Bye(1, 0, "finished", 4),
+        ]
+        self.script: list[list[Any]] = [first + again]  # all before torchrun's end is read
+
+    def poll(self, timeout_s: float) -> list[Any]:
+        return self.script.pop(0) if self.script else []
+
+    def close(self) -> None:
+        pass
+
+
+def test_torchruns_word_on_an_earlier_attempts_process_is_not_the_ranks_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job ran again after its first attempt failed and then finished: each rank's last
+    Bye is the second attempt's own, not torchrun's word on the first attempt's processes."""
+    monkeypatch.setenv(connections.RUNTIME_DIR_ENV, tempfile.mkdtemp(prefix="cm-", dir="/tmp"))  # short: ipc paths
+    conn = connections.create_run(label="restarted")
+    job = JobProcess([sys.executable, "-c", f"print({RESTARTED_OUTPUT!r}, end='')"], conn)
+    assert job.wait(30) == 0
+    source = JobExitSource(RestartedSource(), job)
+    got = [m for _ in range(4) for m in source.poll(0.0) if isinstance(m, Bye)]
+    assert [(b.rank, b.exit_code) for b in got] == [(1, 1), (0, -15), (0, 0), (1, 0)]

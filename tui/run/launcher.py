@@ -219,6 +219,9 @@ class JobExitSource:
         self.source = source
         self.job = job
         self._rank_of_pid: dict[int, int] = {}
+        #: rank -> the pid of its newest Hello: torchrun's --max-restarts starts a rank again in
+        #: a new process, and what torchrun says of the old one is not how the rank ended.
+        self._pid_of_rank: dict[int, int] = {}
         self._said_bye: dict[int, Bye] = {}
         self._reported: set[int] = set()
         self._final = False
@@ -232,12 +235,15 @@ class JobExitSource:
         for m in out:
             if isinstance(m, Hello):
                 self._rank_of_pid[m.pid] = m.rank
+                if self._pid_of_rank.setdefault(m.rank, m.pid) != m.pid:  # the rank runs again
+                    self._pid_of_rank[m.rank] = m.pid
+                    self._said_bye.pop(m.rank, None)
             elif isinstance(m, Bye):
                 self._said_bye[m.rank] = m
                 self.job.note_bye(m)
         for pid, code in self.job.worker_exits.items():
             rank = self._rank_of_pid.get(pid)
-            if pid in self._reported or rank is None or rank in self._said_bye:
+            if pid in self._reported or rank is None or rank in self._said_bye or self._pid_of_rank[rank] != pid:
                 continue
             self._reported.add(pid)
             out.append(Bye(rank, code, f"{ended_text(code)} (reported by torchrun)", time.time_ns()))
@@ -253,6 +259,8 @@ class JobExitSource:
         byes: list[Message | ResetModel] = []
         for rank, e in sorted(self.job.rank_exits().items()):
             rank = self._rank_of_pid.get(e.pid, rank)
+            if self._pid_of_rank.get(rank, e.pid) != e.pid:
+                continue  # an earlier attempt's process: the rank ran again since (--max-restarts)
             own = self._said_bye.get(rank)
             if own is not None and own.exit_code == e.code and e.code >= 0:
                 continue  # the rank's own words (its exception) say more
