@@ -208,7 +208,10 @@ class Monitor:
         elif unseen.untimed_gloo:
             why = "were not seen by the Python hooks (before the group's first wrapper, C++, *_coalesced, compiled)"
         else:
-            why = "were not seen by the Python hooks (DDP's own set-up, *_coalesced, a funcol backward, compiled code)"
+            why = (
+                "were not seen by the Python hooks (DDP's own set-up, *_coalesced, a funcol backward, "
+                "compiled code, a ProcessGroup's own method: pg.allreduce)"
+            )
         log.warning(
             "commtop monitor: rank %d: %d collectives torch issued on gloo groups %s (%s): counted as missing",
             self.rank,
