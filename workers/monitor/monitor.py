@@ -196,7 +196,15 @@ class Monitor:
             log.warning("commtop monitor: while closing: %r", exc)
 
     def _say_unseen(self) -> None:
-        """One line at the end where torch issued collectives no hook saw (they count as missing)."""
+        """One line at the end where torch issued collectives no hook saw (they count as missing),
+        and one where the job captured collectives into CUDA graphs."""
+        if self.timers.graph_captured:
+            log.warning(
+                "commtop monitor: rank %d: %d collectives were issued while a CUDA graph was captured: not "
+                "timed (counted as missing); each replay of the graph runs them again, unseen by commtop",
+                self.rank,
+                self.timers.graph_captured,
+            )
         unseen = self.timers.unseen
         missed = {name: n for name, n in unseen.missed.items() if n}
         if not missed:

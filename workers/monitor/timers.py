@@ -127,6 +127,10 @@ class Timers:
         self._issued = self.unseen.issued
         self._cuda_lost = 0
         self._ring_less_lost = 0  # GPU collectives of threads past MAX_COLL_RINGS
+        self.graph_captured = 0  # GPU collectives issued while a CUDA graph was captured
+        #: Whether the current CUDA stream is being captured into a CUDA graph (a function, so
+        #: a test without a GPU can say yes).
+        self.capturing: Callable[[], bool] = _stream_capturing
         #: collectives lost elsewhere (the Flight Recorder capture's overwritten entries)
         self.capture_lost = 0
         #: Under the Flight Recorder capture: the hooks time only gloo groups' collectives
@@ -173,6 +177,8 @@ class Timers:
             return None
         ring = None
         if on_gpu:
+            if self.capturing():  # no event may be recorded (nor the timers made) on a capturing stream
+                return self._in_graph_capture()
             ring = (self.cuda or self.cuda_timers()).coll_ring()
             if ring is None:
                 return self._ring_less()
@@ -267,6 +273,14 @@ class Timers:
         """One more collective ended or handed on; True when a harvest is due."""
         self._since_harvest += 1
         return self._since_harvest >= HARVEST_EVERY or time.perf_counter_ns() >= self._harvest_at
+
+    def _in_graph_capture(self) -> None:
+        """A GPU collective issued while its stream is captured into a CUDA graph: NCCL only
+        records it there (it runs at each replay of the graph, where no hook sees it). Not
+        timed, counted as lost; said once at the end (Monitor._say_unseen)."""
+        with self._numbers:
+            self.graph_captured += 1
+        self.publish_lost()
 
     def _ring_less(self) -> None:
         """A GPU collective of a thread past MAX_COLL_RINGS: not timed, counted as lost (the
@@ -375,7 +389,9 @@ class Timers:
 
     def publish_lost(self) -> None:
         """The Hello's ``lost``: every way this rank knows collectives went unrecorded."""
-        self.status.lost = self.capture_lost + self._cuda_lost + self._ring_less_lost + self.unseen.total
+        self.status.lost = (
+            self.capture_lost + self._cuda_lost + self._ring_less_lost + self.graph_captured + self.unseen.total
+        )
 
     def stop_waiter(self, timeout_s: float) -> None:
         """At close: the waiter thread ends once the Works it waits on have."""
@@ -411,3 +427,14 @@ class Timers:
         self._waiter_thread = threading.Thread(target=run, name="commtop-monitor-waiter", daemon=True)
         self._waiter_thread.start()
         return waiter
+
+
+def _stream_capturing() -> bool:
+    """Whether the current CUDA stream is being captured into a CUDA graph (torch.cuda.graph,
+    CUDAGraph.capture_begin): a collective issued then is recorded into the graph, not run."""
+    import torch
+
+    try:
+        return bool(torch.cuda.is_current_stream_capturing())
+    except (AttributeError, RuntimeError):  # a torch without CUDA (the CPU tests' stand-in tensors)
+        return False
