@@ -130,7 +130,7 @@ class Timers:
         self.graph_captured = 0  # GPU collectives issued while a CUDA graph was captured
         #: Whether the current CUDA stream is being captured into a CUDA graph (a function, so
         #: a test without a GPU can say yes).
-        self.capturing: Callable[[], bool] = _stream_capturing
+        self.capturing: Callable[[], bool] = self._first_capturing
         #: collectives lost elsewhere (the Flight Recorder capture's overwritten entries)
         self.capture_lost = 0
         #: Under the Flight Recorder capture: the hooks time only gloo groups' collectives
@@ -169,6 +169,8 @@ class Timers:
         if type(group) is int:  # torch's GroupMember.NON_GROUP_MEMBER: not this rank's group, torch issues nothing
             return None
         on_gpu = tensor is not None and tensor.is_cuda
+        if on_gpu and self.capturing():  # also under the Flight Recorder capture: torch records none
+            return self._in_graph_capture()
         if spec.at_wait and (tensor is None or on_gpu):  # NCCL's: see patch.METHODS, patch.FUNCOL
             return None
         known = self.groups.by_pg.get(group)  # (code, size): one lookup once the group was seen
@@ -177,8 +179,6 @@ class Timers:
             return None
         ring = None
         if on_gpu:
-            if self.capturing():  # no event may be recorded (nor the timers made) on a capturing stream
-                return self._in_graph_capture()
             ring = (self.cuda or self.cuda_timers()).coll_ring()
             if ring is None:
                 return self._ring_less()
@@ -274,10 +274,22 @@ class Timers:
         self._since_harvest += 1
         return self._since_harvest >= HARVEST_EVERY or time.perf_counter_ns() >= self._harvest_at
 
+    def _first_capturing(self) -> bool:
+        """The first GPU collective: from now on ``capturing`` is torch's own C function (~0.1 us
+        a call, on every GPU collective), or False where torch has none (a CPU build: the
+        tests' stand-in CUDA tensors)."""
+        import torch
+
+        compiled = torch.cuda._is_compiled()  # a CPU build has a stand-in that raises
+        self.capturing = torch._C._cuda_isCurrentStreamCapturing if compiled else _never
+        return bool(self.capturing())
+
     def _in_graph_capture(self) -> None:
         """A GPU collective issued while its stream is captured into a CUDA graph: NCCL only
-        records it there (it runs at each replay of the graph, where no hook sees it). Not
-        timed, counted as lost; said once at the end (Monitor._say_unseen)."""
+        records it there (it runs at each replay of the graph, where no hook sees it), torch's
+        Flight Recorder keeps no entry of it, and no event may be recorded on the stream (nor
+        the CUDA timers made: they synchronize). Not timed, counted as lost; said once at the
+        end (Monitor._say_unseen)."""
         with self._numbers:
             self.graph_captured += 1
         self.publish_lost()
@@ -429,12 +441,5 @@ class Timers:
         return waiter
 
 
-def _stream_capturing() -> bool:
-    """Whether the current CUDA stream is being captured into a CUDA graph (torch.cuda.graph,
-    CUDAGraph.capture_begin): a collective issued then is recorded into the graph, not run."""
-    import torch
-
-    try:
-        return bool(torch.cuda.is_current_stream_capturing())
-    except (AttributeError, RuntimeError):  # a torch without CUDA (the CPU tests' stand-in tensors)
-        return False
+def _never() -> bool:
+    return False
