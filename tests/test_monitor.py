@@ -724,6 +724,7 @@ def test_a_gpu_collective_issued_during_cuda_graph_capture_is_counted_not_timed(
     ring = FakeCudaTimer(fake_torch)
     mon.timers.cuda = FakeCudaTimers(fake_torch, ring, FakeCudaTimer(fake_torch))
     spec = monitor_patch._spec("all_reduce", monitor_patch._originals["all_reduce"])
+    mon.timers.graph_counter = None  # no graph counter (tests/test_graph_counter.py): the hooks' count
     mon.timers.capturing = lambda: True
     assert mon.coll_begin(spec, (FakeCudaTensor(),), {}) is None
     mon.timers.capturing = lambda: False
@@ -737,6 +738,28 @@ def test_a_gpu_collective_issued_during_cuda_graph_capture_is_counted_not_timed(
     with caplog.at_level(logging.WARNING):
         mon.close()
     assert "2 collectives were issued while a CUDA graph was captured" in caplog.text
+
+
+def test_collectives_in_cuda_graphs_count_in_the_ranks_lost(run, caplog) -> None:
+    """The monitor counts what the job's CUDA graphs capture and replay (workers.monitor.graphs,
+    on torch.cuda.CUDAGraph): the Hello's ``lost``, and one line at the end."""
+    from workers.monitor import graphs
+
+    mon = monitor.start(run.path, sampler=False, batch_ms=60_000.0)
+    counter = mon.timers.graph_counter
+    assert counter is not None and getattr(torch.cuda.CUDAGraph.replay, "__wrapped__", None) is not None
+    numbers = [0]
+    counter.sequences = lambda: numbers[0]
+    graph = object()
+    counter.begin(graph)
+    numbers[0] += 2  # two collectives issued into the graph
+    counter.end(graph)
+    counter.replay(graph)
+    assert mon.status.lost == 4
+    with caplog.at_level(logging.WARNING):
+        mon.close()
+    assert "2 collectives captured in 1 CUDA graph(s) and 2 issued again by their replays" in caplog.text
+    graphs.uninstall()
 
 
 def test_functional_collectives_are_timed_to_their_first_use(run, source) -> None:

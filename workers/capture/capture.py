@@ -151,6 +151,7 @@ class Capture:
 
         backend = backend_name(dist)
         self.mon._refresh()  # its rank from the process group (a spawned rank's environment names none)
+        self.mon.count_graphs()  # collectives in CUDA graphs: no Flight Recorder entry, no hook sees a replay
         self.how = "hooks"
         if self.mode != "hooks" and backend == "nccl":
             self.how = self._start_cuda() or "hooks"

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from workers.monitor import graphs
 from workers.monitor import patch as monitor_patch
 from workers.monitor.knobs import MAX_NAME, Knobs, live_control
 from workers.monitor.patch import Args, Kwargs, OpSpec
@@ -101,6 +102,7 @@ class Monitor:
         self.timers = Timers(self.batcher, self.status, on_cuda=self._refresh, groups=self.groups)
         if monitor_patch.patched():
             self.hooks_in()
+        self.count_graphs()
         if conn is not None:
             arm_from_env()  # under `commtop run -- ...`: end with the torchrun agent, however it ends
             _hook_excepthook(self)
@@ -188,6 +190,8 @@ class Monitor:
                     time.sleep(0.01)
                 self.timers.flush()
                 self.timers.count_unfinished()
+                if self.timers.graph_counter is not None:
+                    graphs.stop(self.timers.graph_counter)
                 self._say_unseen()
             if self.control is not None:
                 self.control.close()
@@ -198,7 +202,17 @@ class Monitor:
     def _say_unseen(self) -> None:
         """One line at the end where torch issued collectives no hook saw (they count as missing),
         and one where the job captured collectives into CUDA graphs."""
-        if self.timers.graph_captured:
+        counter = self.timers.graph_counter
+        if counter is not None and counter.lost:
+            log.warning(
+                "commtop monitor: rank %d: %d collectives captured in %d CUDA graph(s) and %d issued again by "
+                "their replays: not timed (NCCL runs them inside the graph), counted as missing",
+                self.rank,
+                counter.captured,
+                counter.graphs,
+                counter.replayed,
+            )
+        elif self.timers.graph_captured:
             log.warning(
                 "commtop monitor: rank %d: %d collectives were issued while a CUDA graph was captured: not "
                 "timed (counted as missing); each replay of the graph runs them again, unseen by commtop",
@@ -337,9 +351,22 @@ class Monitor:
         self.timers.capture_lost = n
         self.timers.publish_lost()
 
+    def count_graphs(self) -> None:
+        """Count the collectives the job's CUDA graphs capture and replay (workers.monitor.graphs):
+        once torch is imported (the capture's start, the hooks going in)."""
+        if self.timers.graph_counter is not None or "torch" not in sys.modules:
+            return
+        try:
+            counter = graphs.GraphCounter(self.timers.publish_lost)
+            if graphs.install(counter):
+                self.timers.graph_counter = counter
+        except Exception as exc:  # noqa: BLE001 - a count, never worth the job
+            self._warn_once("graphs", f"collectives in CUDA graphs are not counted ({exc!r})")
+
     def hooks_in(self) -> None:
         """The wrappers went in (now, or before this monitor): from here on, what torch issues on
         a gloo group that no hook saw is counted (workers.monitor.unseen)."""
+        self.count_graphs()
         try:
             self.timers.unseen.baseline()
         except Exception as exc:  # noqa: BLE001 - a count, never worth the job

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from workers.monitor import patch, wait_hook
+from workers.monitor.graphs import GraphCounter
 from workers.monitor.patch import WORK_WAIT, Args, Kwargs, OpSpec
 from workers.monitor.records import MonitorBatcher
 from workers.monitor.unseen import Unseen
@@ -127,7 +128,10 @@ class Timers:
         self._issued = self.unseen.issued
         self._cuda_lost = 0
         self._ring_less_lost = 0  # GPU collectives of threads past MAX_COLL_RINGS
-        self.graph_captured = 0  # GPU collectives issued while a CUDA graph was captured
+        self.graph_captured = 0  # GPU collectives the hooks saw issued while a CUDA graph was captured
+        #: Counts the collectives in CUDA graphs, captured and replayed (workers.monitor.graphs),
+        #: once installed; until then what the hooks saw captured counts.
+        self.graph_counter: GraphCounter | None = None
         #: Whether the current CUDA stream is being captured into a CUDA graph (a function, so
         #: a test without a GPU can say yes).
         self.capturing: Callable[[], bool] = self._first_capturing
@@ -288,8 +292,8 @@ class Timers:
         """A GPU collective issued while its stream is captured into a CUDA graph: NCCL only
         records it there (it runs at each replay of the graph, where no hook sees it), torch's
         Flight Recorder keeps no entry of it, and no event may be recorded on the stream (nor
-        the CUDA timers made: they synchronize). Not timed, counted as lost; said once at the
-        end (Monitor._say_unseen)."""
+        the CUDA timers made: they synchronize). Not timed, counted as lost (by the graph
+        counter, with the replays, where it is in); said once at the end (Monitor._say_unseen)."""
         with self._numbers:
             self.graph_captured += 1
         self.publish_lost()
@@ -401,9 +405,8 @@ class Timers:
 
     def publish_lost(self) -> None:
         """The Hello's ``lost``: every way this rank knows collectives went unrecorded."""
-        self.status.lost = (
-            self.capture_lost + self._cuda_lost + self._ring_less_lost + self.graph_captured + self.unseen.total
-        )
+        graphs = self.graph_counter.lost if self.graph_counter is not None else self.graph_captured
+        self.status.lost = self.capture_lost + self._cuda_lost + self._ring_less_lost + graphs + self.unseen.total
 
     def stop_waiter(self, timeout_s: float) -> None:
         """At close: the waiter thread ends once the Works it waits on have."""
