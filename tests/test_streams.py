@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -382,3 +383,23 @@ def test_a_live_ranks_step_rate_reads_the_folded_steps_and_catches_up_without_ne
     exact = fed(items).snapshot(fresh_run_stats=True)
     assert [r.step_rate for r in second.ranks] == [r.step_rate for r in exact.ranks]
     assert second.step_rate == pytest.approx(1e9 / STEP_NS)
+
+
+def test_a_job_of_hundreds_of_groups_lists_the_first_in_number_order_then_how_many_more() -> None:
+    """A job that made 300 groups (one all_reduce on each) put every group's name in one line of
+    the header, the summary and the report, "1, 10, 100, 101, ..." in text order."""
+    from tui.model.streams import group_order, listed
+
+    names = sorted((str(i) for i in range(300)), key=group_order)
+    assert names[:3] == ["0", "1", "2"] and sorted(["pair", "10", "2"], key=group_order) == ["2", "10", "pair"]
+    assert listed(names, 3) == "0, 1, 2, +297 more"
+    assert listed(names[:3], 3) == "0, 1, 2"
+    table = StreamTable()
+    groups = tuple((str(i), "", 2) for i in range(12))
+    hello = dataclasses.replace(job_hello(0, 2, T0), groups=groups)
+    for code in (10, 2, 11, 1):
+        cols = {"op": np.zeros(1, np.uint8), "group": np.full(1, code, np.uint16), "dtype": np.ones(1, np.uint8)}
+        cols |= {"nbytes": np.full(1, 64, np.int64), "dur_us": np.ones(1, np.float32), "busbw": np.ones(1, np.float32)}
+        table.add(0, hello, cols)
+    assert [v.group for v in table.views(1.0)] == ["1", "2", "10", "11"]
+    assert [table.keys[v][0] for v in table.order()] == ["1", "2", "10", "11"]

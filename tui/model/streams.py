@@ -52,6 +52,22 @@ def group_label(name: str, desc: str) -> str:
     return name if desc in _PLAIN_DESCS else f"{name}:{desc}"
 
 
+def group_order(name: str) -> tuple[int, int, str]:
+    """Sort key of a group name: torch's numbers in number order ("2" before "10"), then names."""
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
+#: Groups a summary or report line names before "+N more".
+SUMMARY_GROUPS = 8
+
+
+def listed(items: Sequence[str], most: int) -> str:
+    """``items`` joined by commas, the first ``most`` and "+N more" (a job may make hundreds of
+    groups: one line of the header or the summary, never a screenful)."""
+    shown = ", ".join(items[:most])
+    return shown if len(items) <= most else f"{shown}, +{len(items) - most} more"
+
+
 def rank_groups(hello: Hello) -> tuple[Group, ...]:
     """The rank's groups by code: its Hello's table, or (a rank that names none: an older worker,
     a recording made before groups) code 0 as the world group "0" of the world size."""
@@ -290,6 +306,7 @@ class StreamTable:
         return sorted(
             range(len(self.keys)),
             key=lambda v: (
+                group_order(self.keys[v][0]),
                 group_label(*self.keys[v][:2]),
                 op_name(self.keys[v][3]),
                 dtype_name(self.keys[v][4], self.keys[v][5]),
@@ -329,7 +346,7 @@ class StreamTable:
             view = self._view(value, self._stream(value), name, desc, size, op, dtype, nbytes, rank_time_ns, cached)
             if view is not None:
                 out.append(view)
-        out.sort(key=lambda v: (v.group_text, v.op, v.dtype, v.nbytes))
+        out.sort(key=lambda v: (group_order(v.group), v.group_text, v.op, v.dtype, v.nbytes))
         out += self._pending_views(rank_time_ns)
         other = self._view(OTHER, self._stream(OTHER), "", "", 0, -1, 0, 0, rank_time_ns, cached)
         if other is not None:
@@ -437,7 +454,9 @@ __all__ = [
     "StreamTable",
     "StreamView",
     "group_label",
+    "group_order",
     "groups_and_ops",
+    "listed",
     "pack_keys",
     "rank_groups",
 ]

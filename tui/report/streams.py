@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tui.model.streams import Group, dtype_name, group_label, op_name, rank_groups
+from tui.model.streams import Group, dtype_name, group_label, group_order, op_name, rank_groups
 from workers.wire import protocol as p
 from workers.wire.busbw import bus_factors
 
@@ -36,10 +36,6 @@ class GroupNames:
     def label(self, g: int) -> str:
         name, desc, _ = self.groups[g]
         return group_label(name, desc)
-
-
-def _group_order(name: str) -> tuple[int, int, str]:
-    return (0, int(name), "") if name.isdigit() else (1, 0, name)
 
 
 def group_names(
@@ -69,7 +65,7 @@ def group_names(
             seen.setdefault(g[0], g)
         for code in range(len(table), min(top, 255) + 1):
             seen.setdefault(f"?{code}", (f"?{code}", "", 0))
-    groups = tuple(seen[k] for k in sorted(seen, key=_group_order))
+    groups = tuple(seen[k] for k in sorted(seen, key=group_order))
     index_of = {g[0]: i for i, g in enumerate(groups)}
     width = min(top, 255) + 1
     lut = np.zeros((max(ranks, default=0) + 1, width), dtype=np.uint8)

@@ -8,6 +8,7 @@ import math
 from collections.abc import Sequence
 
 from tui.model.steps import StepView
+from tui.model.streams import SUMMARY_GROUPS, listed
 from tui.report.rows import GroupRow, RankRow, Report, Row, StepRow
 from tui.report.table_text import aligned_table, fmt_num
 
@@ -23,7 +24,8 @@ def job_line(report: Report) -> str:
     if rates:
         parts.append(f"{max(rates):,.1f} steps/s")
     if report.groups:
-        parts.append("groups " + ", ".join(f"{g.group_text} ({g.size or len(g.ranks)})" for g in report.groups))
+        named = [f"{g.group_text} ({g.size or len(g.ranks)})" for g in report.groups]
+        parts.append("groups " + listed(named, SUMMARY_GROUPS))
     ops = list(dict.fromkeys(s.op for s in report.streams))
     if ops:
         parts.append("ops " + ", ".join(ops))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from tui.model.snapshot import Snapshot
-from tui.model.streams import OTHER, StreamView, groups_and_ops
+from tui.model.streams import OTHER, SUMMARY_GROUPS, StreamView, groups_and_ops, listed
 
 #: The first line of the stream block (tests find the block by it).
 STREAMS_TITLE = "streams (all ranks):"
@@ -26,7 +26,7 @@ def job_workload(s: Snapshot) -> str:
         parts.append(f"{s.steps.steps_per_s:,.1f} steps/s")
     groups, ops = groups_and_ops(s.streams)
     if groups:
-        parts.append("groups " + ", ".join(groups))
+        parts.append("groups " + listed(groups, SUMMARY_GROUPS))
     if ops:
         parts.append("ops " + ", ".join(ops))
     return " · ".join(parts)

@@ -14,7 +14,7 @@ from tui.ingest.interfaces import ControlView, RecordingStatus
 from tui.model.in_force import settings_wire
 from tui.model.snapshot import Snapshot
 from tui.model.snapshot_builder import RECENT_SKEW_S
-from tui.model.streams import OTHER, groups_and_ops
+from tui.model.streams import OTHER, groups_and_ops, listed
 from tui.view.widgets.palette import (
     ACCENT,
     EXITED,
@@ -28,6 +28,9 @@ from tui.view.widgets.palette import (
     style,
 )
 from workers.wire.settings import Settings
+
+#: Groups the header names before "+N more" (a job may make hundreds).
+HEADER_GROUPS = 6
 
 
 def _kv(text: Text, key: str, value: str, color: str = TEXT, *, bold: bool = False) -> None:
@@ -228,7 +231,7 @@ def job_streams_text(snap: Snapshot) -> str:
     if not groups:
         return "no collectives yet"
     named = sum(1 for s in snap.streams if s.index != OTHER)
-    text = f"groups {', '.join(groups)} · ops {', '.join(ops)} · {named} stream{'s' if named != 1 else ''}"
+    text = f"groups {listed(groups, HEADER_GROUPS)} · ops {', '.join(ops)} · {named} stream{'s' if named != 1 else ''}"
     if snap.interleaved and snap.selected_stream < 0:  # no skew nor straggler for every collective
         text += " · ranks differ in order: skew per stream (f)"
     return text
