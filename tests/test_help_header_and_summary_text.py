@@ -76,3 +76,21 @@ def test_a_run_where_no_rank_reported_is_summarised_in_one_line() -> None:
     """The sweep: a job torchrun refused to start ended with 'backend ? · world size 0 · ? ? ?
     (0.0 MiB/rank) · mode(s) ?' over an empty table."""
     assert format_summary(RunModel().snapshot(fresh_run_stats=True)) == "commtop summary: no rank reported anything"
+
+
+def test_a_job_that_made_no_process_group_is_told_so() -> None:
+    """`commtop run -- python plain.py` of a script without torch.distributed: the ranks said
+    Hello (backend unknown) and nothing else; the summary says why its table is empty."""
+    import dataclasses
+
+    from job_synth import T0, job_hello
+
+    from tui.model.run_model import RunModel
+
+    model = RunModel(clock=lambda: T0)
+    for r in range(2):
+        model.apply(dataclasses.replace(job_hello(r, 2, T0, groups=False), backend="unknown"), T0)
+    text = format_summary(model.snapshot(fresh_run_stats=True))
+    assert "no rank made a process group (torch.distributed): the job issued no collective to time" in text
+    model.apply(dataclasses.replace(job_hello(0, 2, T0), backend="gloo/cpu"), T0)
+    assert "no rank made a process group" not in format_summary(model.snapshot(fresh_run_stats=True))

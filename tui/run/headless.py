@@ -143,6 +143,8 @@ def format_summary(snapshot: Snapshot) -> str:
         extra.append("rejected frames: " + ", ".join(f"{k} {v}" for k, v in sorted(s.rejected.items())))
     if s.lost_batches:
         extra.append(f"batches lost in transit: {s.lost_batches}")
+    if s.job.is_job and s.backend in ("", "unknown") and not any(r.count for r in s.ranks):
+        extra.append("no rank made a process group (torch.distributed): the job issued no collective to time")
     e = s.worst_skew
     if e is not None and e.headline:  # the others waited several typical collectives for one rank
         extra.append(
