@@ -216,4 +216,6 @@ def test_bye_reason_drops_cpp_source_locations_and_keeps_the_message():
     ],
 )
 def test_a_system_exit_ends_the_process_with_pythons_status(code: object, status: int, reason: str) -> None:
-    assert p.system_exit_status(SystemExit(code)) == (status, reason)
+    from workers.monitor.exits import system_exit_status
+
+    assert system_exit_status(SystemExit(code)) == (status, reason)

@@ -19,9 +19,12 @@ graph's (its number moves too).
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
+
+log = logging.getLogger("commtop.monitor")
 
 #: Graphs whose count is remembered (beyond: a replay of a forgotten graph counts nothing).
 MAX_GRAPHS = 4096
@@ -77,6 +80,27 @@ class GraphCounter:
         """``reset()``: the graph's id may be reused by another object."""
         with self._lock:
             self._in_graph.pop(id(graph), None)
+
+
+def say_lost(rank: int, counter: GraphCounter | None, hooks_captured: int) -> None:
+    """The rank's one line at its end about the collectives of its CUDA graphs (none: nothing).
+    ``hooks_captured``: what the hooks saw issued during captures, where no counter was in."""
+    if counter is not None and counter.lost:
+        log.warning(
+            "commtop monitor: rank %d: %d collectives captured in %d CUDA graph(s) and %d issued again by their "
+            "replays: not timed (NCCL runs them inside the graph), counted as missing",
+            rank,
+            counter.captured,
+            counter.graphs,
+            counter.replayed,
+        )
+    elif counter is None and hooks_captured:
+        log.warning(
+            "commtop monitor: rank %d: %d collectives were issued while a CUDA graph was captured: not timed "
+            "(counted as missing); each replay of the graph runs them again, unseen by commtop",
+            rank,
+            hooks_captured,
+        )
 
 
 def all_group_sequences() -> int:

@@ -28,6 +28,7 @@ import numpy as np
 
 from workers.monitor import graphs
 from workers.monitor import patch as monitor_patch
+from workers.monitor.exits import system_exit_status
 from workers.monitor.knobs import MAX_NAME, Knobs, live_control
 from workers.monitor.patch import Args, Kwargs, OpSpec
 from workers.monitor.rank_info import env_int, node_gpus, run_info, world_group
@@ -40,7 +41,7 @@ from workers.rank.session import RankSession
 from workers.wire.config import batch_ms_for_world
 from workers.wire.connection import Connection
 from workers.wire.lifeline import arm_from_env
-from workers.wire.protocol import DIRECTIONS, bye_reason, system_exit_status
+from workers.wire.protocol import DIRECTIONS, bye_reason
 from workers.wire.settings import Settings
 
 log = logging.getLogger("commtop.monitor")
@@ -202,23 +203,7 @@ class Monitor:
     def _say_unseen(self) -> None:
         """One line at the end where torch issued collectives no hook saw (they count as missing),
         and one where the job captured collectives into CUDA graphs."""
-        counter = self.timers.graph_counter
-        if counter is not None and counter.lost:
-            log.warning(
-                "commtop monitor: rank %d: %d collectives captured in %d CUDA graph(s) and %d issued again by "
-                "their replays: not timed (NCCL runs them inside the graph), counted as missing",
-                self.rank,
-                counter.captured,
-                counter.graphs,
-                counter.replayed,
-            )
-        elif self.timers.graph_captured:
-            log.warning(
-                "commtop monitor: rank %d: %d collectives were issued while a CUDA graph was captured: not "
-                "timed (counted as missing); each replay of the graph runs them again, unseen by commtop",
-                self.rank,
-                self.timers.graph_captured,
-            )
+        graphs.say_lost(self.rank, self.timers.graph_counter, self.timers.graph_captured)
         unseen = self.timers.unseen
         missed = {name: n for name, n in unseen.missed.items() if n}
         if not missed:

@@ -550,18 +550,6 @@ def bye_reason(exc: BaseException, limit: int = 512) -> str:
     return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:limit]
 
 
-def system_exit_status(exc: SystemExit) -> tuple[int, str]:
-    """(exit status, Bye reason) of a process that an uncaught ``SystemExit`` ends, as Python
-    sets the status: None or 0 -> 0, another int -> it, anything else (Python prints it to
-    stderr) -> 1. ``sys.exit(3)`` said "finished" before: SystemExit never reaches excepthook."""
-    code = exc.code
-    if code is None or (isinstance(code, int) and code == 0):
-        return 0, "finished"
-    if isinstance(code, int):
-        return code, f"sys.exit({code})"
-    return 1, bye_reason(exc)
-
-
 def bye_body(session: str, bye: Bye) -> dict[str, Any]:
     return {
         "v": SCHEMA_VERSION,
