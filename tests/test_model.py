@@ -90,7 +90,10 @@ def test_window_covers_the_last_five_seconds_of_record_time() -> None:
 def test_gaps_and_drops_are_not_double_counted() -> None:
     a = frozen_coll(0, 0, range(10), [1000] * 10, dropped=0)
     b = frozen_coll(0, 2, range(15, 20), [1000] * 5, dropped=3)  # seq 1 lost, 5 records missing
-    model, _ = model_with(a, b)
+    model, clock = model_with(a, b)
+    r = model.snapshot().ranks[0]
+    assert (r.missing, r.drops) == (0, 3)  # the live view counts a gap once it lasted GAP_SETTLE_NS
+    clock.t += int(1.1 * S)
     r = model.snapshot().ranks[0]
     assert (r.missing, r.dropped, r.lost_batches, r.drops) == (5, 3, 1, 5)
     model.apply(frozen_coll(0, 3, range(20, 22), [1000] * 2, dropped=8))
@@ -100,6 +103,25 @@ def test_gaps_and_drops_are_not_double_counted() -> None:
     r = model.snapshot().ranks[0]
     assert (r.lost_batches, r.dropped, r.drops) == (3, 9, 9)
     assert model.snapshot().drops == 9
+
+
+def test_a_gap_that_fills_within_a_second_is_never_shown_missing_and_the_end_counts_every_gap() -> None:
+    """A rank numbers a collective when it starts: one that runs long on one thread is recorded
+    after later ones of another (live, the TUI showed "missing 1" for a moment, then 0). A gap
+    filled within GAP_SETTLE_NS never shows; one that stays shows after it; the end (a fresh
+    summary) counts every gap at once."""
+    model, clock = model_with(frozen_coll(0, 0, [0, 1, 3, 4], [1000] * 4))
+    assert model.snapshot().ranks[0].missing == 0
+    clock.t += int(0.5 * S)
+    assert model.snapshot(fresh_run_stats=True).ranks[0].missing == 1  # the end: every gap
+    model.apply(frozen_coll(0, 1, [2, 5, 7], [1000] * 3))  # 2 came late; 6 never will
+    clock.t += int(0.4 * S)
+    assert model.snapshot().ranks[0].missing == 0
+    clock.t += int(0.7 * S)
+    assert model.snapshot().ranks[0].missing == 0  # iteration 6's gap has lasted 0.7 s
+    clock.t += int(0.4 * S)
+    snap = model.snapshot()
+    assert (snap.ranks[0].missing, snap.ranks[0].drops, snap.drops) == (1, 1, 1)
 
 
 def test_rank_goes_stale_after_two_silent_seconds_and_comes_back() -> None:
@@ -277,8 +299,11 @@ def test_with_the_heat_map_a_large_world_refreshes_n_over_refresh_share_ranks_an
     model.snapshot()
     for r in range(world):  # every rank skips iterations 10-14: 5 gaps each
         model.apply(frozen_coll(r, 1, range(15, 25), np.full(10, 3000.0), world=world))
-    snap = model.snapshot()
+    now = model.clock()
+    snap = model.snapshot(now)
     assert sum(v.count == 20 for v in snap.ranks) == 2
+    model.snapshot(now + int(1.1 * S))
+    snap = model.snapshot(now + int(2.2 * S))  # the gaps have lasted GAP_SETTLE_NS (RankState.settled_gaps)
     assert snap.drops == 5 * world  # every rank's gaps, not only the refreshed ranks' views
 
 

@@ -4,6 +4,8 @@ of what it lost, and how each of its messages changes them (the counting rules a
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from tui.model.overlap_live import RankOverlap
@@ -23,6 +25,11 @@ COLL_RING = pick_columns(
 #: The columns of a copy batch a rank's ring keeps.
 COPY_RING = {name: COPY_COLUMNS[name] for name in ("epoch", "start_ns", "dur_us", "nbytes", "gbps")}
 COPY_RING_SIZE = 1024
+#: How long an iteration gap lasts before the live view counts it as missing. A rank numbers a
+#: collective when it starts, so one that runs long on one thread is recorded after later ones
+#: of another thread (or an irecv waited after a later all_reduce): a gap for a moment, not a
+#: loss. The end (a fresh summary, the report) counts every gap.
+GAP_SETTLE_NS = 1_000_000_000
 
 
 class RankState:
@@ -58,6 +65,9 @@ class RankState:
         #: The lowest and highest iteration of its newest collective batch.
         self.batch_iterations = (-1, -1)
         self.last_end_ns = 0  # latest end of its collective records
+        #: (snapshot ns, last iteration, received) from the newest sample at or before
+        #: GAP_SETTLE_NS ago on (settled_gaps)
+        self._gap_samples: deque[tuple[int, int, int]] = deque(maxlen=256)
 
     @property
     def gaps(self) -> int:
@@ -65,6 +75,28 @@ class RankState:
         if self.received == 0:
             return 0
         return max(0, self.last_iteration - self.first_iteration + 1 - self.received)
+
+    def settled_gaps(self, now: int) -> int:
+        """The gaps among the iterations this rank had reached GAP_SETTLE_NS ago: younger ones
+        may still fill (a late record). Read from a sample of (time, last iteration, records
+        received) per call (a snapshot of the rank): of the iterations up to the top of the
+        newest sample at or before ``now - GAP_SETTLE_NS``, those not received then nor since.
+        A rank younger than that shows none; past the ring's reach, every gap counts."""
+        samples = self._gap_samples
+        samples.append((now, self.last_iteration, self.received))
+        while len(samples) > 1 and samples[1][0] <= now - GAP_SETTLE_NS:
+            samples.popleft()
+        at, top, got = samples[0]
+        gaps = self.gaps
+        if not gaps or at > now - GAP_SETTLE_NS or got == 0:
+            return 0
+        since = self.received - got
+        if since < 0 or since > self.coll.size:
+            return gaps  # a restarted rank (its counts began again), or more than the ring holds
+        late = 0
+        if since:
+            late = int(np.count_nonzero(self.coll.view(since, copy=False, columns=("iteration",))["iteration"] <= top))
+        return max(0, min(gaps, top - self.first_iteration + 1 - got - late))
 
     @property
     def missing(self) -> int:

@@ -24,12 +24,13 @@ class RankTotals:
     lost_batches: int
 
     @classmethod
-    def of(cls, ranks: tuple[RankView, ...], states: Iterable[RankState]) -> RankTotals:
+    def of(cls, ranks: tuple[RankView, ...], states: Iterable[RankState], now: int | None = None) -> RankTotals:
+        """``now``: the live view's instant (gaps count once settled); None: every gap (the end)."""
         rates = [v.iter_rate for v in ranks if math.isfinite(v.iter_rate)]
         step_rates = [v.step_rate for v in ranks if math.isfinite(v.step_rate)]
         drops = lost = lost_batches = 0
-        for s in states:  # as each RankView has them
-            drops += max(s.dropped, s.gaps)
+        for s in states:  # as each RankView has them (their settled gaps: RankState.settled_gaps)
+            drops += max(s.dropped, s.gaps if now is None else s.settled_gaps(now))
             lost += s.lost
             lost_batches += s.lost_batches
         return cls(

@@ -203,7 +203,7 @@ class SnapshotBuilder:
             )
             for i, r in enumerate(order)
         )
-        totals = RankTotals.of(ranks, run.ranks.values())
+        totals = RankTotals.of(ranks, run.ranks.values(), None if fresh_run_stats else now)
         lead = run.lead_hello()
         config = dict(lead.config) if lead else {}
         in_force = run.in_force.state()
@@ -500,7 +500,7 @@ class SnapshotBuilder:
         copy_gbps = math.nan
         if len(cwin["dur_us"]) and float(cwin["dur_us"].sum()) > 0:
             copy_gbps = float(cwin["nbytes"].sum()) / float(cwin["dur_us"].astype(np.float64).sum()) / 1e3
-        gaps, lost = s.gaps, s.lost_batches
+        gaps, lost = (s.gaps if fresh else s.settled_gaps(now)), s.lost_batches
         return RankView(
             rank=s.rank,
             host=h.host if h else "",
