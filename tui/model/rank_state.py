@@ -81,14 +81,18 @@ class RankState:
         may still fill (a late record). Read from a sample of (time, last iteration, records
         received) per call (a snapshot of the rank): of the iterations up to the top of the
         newest sample at or before ``now - GAP_SETTLE_NS``, those not received then nor since.
-        A rank younger than that shows none; past the ring's reach, every gap counts."""
+        Samples are kept only while there are gaps: a gap shows once it lasted that long; past
+        the ring's reach, every gap counts."""
         samples = self._gap_samples
+        gaps = self.gaps
+        if not gaps:  # the usual case: no sample kept (the next gap's first sample is its anchor)
+            samples.clear()
+            return 0
         samples.append((now, self.last_iteration, self.received))
         while len(samples) > 1 and samples[1][0] <= now - GAP_SETTLE_NS:
             samples.popleft()
         at, top, got = samples[0]
-        gaps = self.gaps
-        if not gaps or at > now - GAP_SETTLE_NS or got == 0:
+        if at > now - GAP_SETTLE_NS or got == 0:
             return 0
         since = self.received - got
         if since < 0 or since > self.coll.size:
