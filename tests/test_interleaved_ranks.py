@@ -263,3 +263,26 @@ def test_ranks_restarted_by_torchrun_number_their_collectives_again_without_seem
     assert not model.interleaved and model.ranks_aligned(2)
     rebuilt = model.history_matrix([1, 0])  # other rows: rebuilt from the rings, which hold both runs
     assert rebuilt.interleaved == 0
+
+
+def test_skews_read_before_the_ranks_were_seen_to_differ_are_dropped() -> None:
+    """Two threads' collectives of one shape on two groups, before the ranks' Hellos name the
+    saver's group: nothing tells the columns apart yet, and a skew is read across different
+    collectives. Once the groups are named the streams differ: that skew is not kept."""
+    model = RunModel(clock=lambda: END)
+    for r in range(2):
+        model.apply(dataclasses.replace(job_hello(r, 2, T0), groups=GROUPS[:1]), END)  # "1:saver" not named
+    same = (1, "all_reduce", 4096, 100.0)  # the saver's collective has the loop's shape
+    items = [m for m in threaded_run() if isinstance(m, p.Batch)]
+    for m in items[:4]:
+        cols = dict(m.columns)
+        cols["nbytes"] = np.full(len(m), same[2], np.int64)
+        model.apply(p.Batch(p.COLL, m.rank, m.seq, 0, cols, t_ns=m.t_ns), END)
+    snap = model.snapshot(fresh_run_stats=True)
+    assert not model.interleaved and snap.worst_skew is not None  # compared, wrongly, by iteration
+    for r in range(2):
+        model.apply(dataclasses.replace(job_hello(r, 2, T0 + 1), groups=GROUPS), END)
+    for m in items[4:8]:
+        model.apply(m, END)
+    snap = model.snapshot(fresh_run_stats=True)
+    assert model.interleaved and snap.worst_skew is None and snap.recent_skew is None

@@ -129,6 +129,8 @@ class SnapshotBuilder:
         self._kept: dict[int, _Kept] = {}
         #: The largest arrival skew of the run so far.
         self.worst_skew: SkewEvent | None = None
+        #: The run was seen to be interleaved (RunState.interleaved): the skews before are dropped once.
+        self._unaligned_seen = False
         #: The largest of each snapshot's recent window (RECENT_SKEW_S), oldest first.
         self._recent_skews: deque[SkewEvent] = deque(maxlen=RECENT_SKEWS_KEPT)
         self._epochs_cache: tuple[_Stamp, int, EpochComparison | None] | None = None
@@ -169,6 +171,12 @@ class SnapshotBuilder:
         # the same sequence. A job with subgroups or point-to-point has neither until a stream
         # is picked (f). Nor has a job whose ranks order their collectives differently (threads).
         all_aligned = run.ranks_aligned(world_size)
+        if run.interleaved and not self._unaligned_seen:
+            # skews read before the ranks were seen to differ may have compared different
+            # collectives (same shapes, groups not named yet): none of them is kept
+            self._unaligned_seen = True
+            self.worst_skew = None
+            self._recent_skews.clear()
         if drawn is not None:
             aligned, members = _members_only(history)
         else:
