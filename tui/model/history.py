@@ -31,13 +31,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from tui.model.streams import UNNAMED  # a group not named yet: its stream is not compared
+
 #: Mode value where a rank has no record for an iteration (as in tui.model.snapshot.History).
 NO_MODE = 255
 #: Larger than any row index: "no rank gave this column its start time yet".
 _NO_ROW = np.iinfo(np.int32).max
-#: Ring value of a record whose group its rank has not named yet (tui.model.streams.UNNAMED):
-#: not compared (another rank may have named it already).
-UNNAMED_STREAM = 255
 #: A column no (named) record reached yet.
 _NO_STREAM = -1
 _NO_SHAPE = -1
@@ -196,14 +195,14 @@ class HistoryMatrix:
         if again.any():
             at = slots[again]
             self.shape[at] = shapes[again]
-            self.stream[at] = np.where(streams[again] != UNNAMED_STREAM, streams[again], _NO_STREAM)
+            self.stream[at] = np.where(streams[again] != UNNAMED, streams[again], _NO_STREAM)
             new = ~again
             slots, streams, shapes = slots[new], streams[new], shapes[new]
         fresh = self.shape[slots] == _NO_SHAPE
         if fresh.any():
             self.shape[slots[fresh]] = shapes[fresh]
         differ = self.shape[slots] != shapes
-        named = streams != UNNAMED_STREAM
+        named = streams != UNNAMED
         if named.any():
             at, values = slots[named], streams[named]
             unset = self.stream[at] == _NO_STREAM

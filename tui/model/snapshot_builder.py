@@ -171,11 +171,8 @@ class SnapshotBuilder:
         # the same sequence. A job with subgroups or point-to-point has neither until a stream
         # is picked (f). Nor has a job whose ranks order their collectives differently (threads).
         all_aligned = run.ranks_aligned(world_size)
-        if run.interleaved and not self._unaligned_seen:
-            # skews read before the ranks were seen to differ may have compared different
-            # collectives (same shapes, groups not named yet): none of them is kept
-            self._unaligned_seen = True
-            self.worst_skew = None
+        if run.interleaved and not self._unaligned_seen:  # skews read before may compare different collectives
+            self._unaligned_seen, self.worst_skew = True, None
             self._recent_skews.clear()
         if drawn is not None:
             aligned, members = _members_only(history)
