@@ -60,6 +60,16 @@ os.forkpty = _guarded("forkpty", _forkpty)
 os.posix_spawn = _guarded("posix_spawn", _posix_spawn)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """matplotlib (`commtop report --plot`) lists the system's fonts with ``fc-list`` the first
+    time it runs on a machine: done here, before any test, so that a fresh machine's first plot
+    test does not count it as its own process (it passed only where an e2e plot ran first)."""
+    try:
+        import matplotlib.font_manager  # noqa: F401 - builds its font cache once per machine
+    except ImportError:  # the plot extra is not installed: its tests say so
+        pass
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     _running[0] = item
