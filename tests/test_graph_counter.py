@@ -45,7 +45,7 @@ def capture(graph: FakeGraph) -> None:
 @pytest.fixture
 def counter() -> Any:
     changes: list[int] = []
-    c = graphs.GraphCounter(lambda: changes.append(1), sequences=lambda: FakeGraph.numbers[0])
+    c = graphs.GraphCounter(lambda: changes.append(1), sequences=lambda: {"0": FakeGraph.numbers[0], "1": 7})
     assert graphs.install(c, graph_class=FakeGraph)
     yield c
     graphs.uninstall()
@@ -61,6 +61,7 @@ def test_a_graphs_collectives_count_once_captured_and_again_at_each_replay(count
         g.replay()
     empty.replay()
     assert (counter.captured, counter.replayed, counter.graphs, counter.lost) == (2, 14, 1, 16)
+    assert counter.captured_on == {"0": 2} and not counter.capturing  # by group, for workers.monitor.unseen
 
 
 def test_a_reset_graph_counts_nothing_more_and_a_stopped_counter_nothing_at_all(counter) -> None:

@@ -740,6 +740,30 @@ def test_a_gpu_collective_issued_during_cuda_graph_capture_is_counted_not_timed(
     assert "2 collectives were issued while a CUDA graph was captured" in caplog.text
 
 
+def test_a_gpu_send_on_an_nccl_group_stays_out_of_the_count_nccl_compares(run) -> None:
+    """NCCL numbers its sends and receives apart from its collectives (workers.monitor.unseen):
+    a hook that counted a CUDA tensor's send on an NCCL group would hide a missed collective."""
+    mon = monitor.start(run.path, sampler=False, batch_ms=60_000.0)
+    monitor.patch_distributed()
+    fake_torch = FakeTorchCuda()
+    ring = FakeCudaTimer(fake_torch)
+    mon.timers.cuda = FakeCudaTimers(fake_torch, ring, FakeCudaTimer(fake_torch))
+    mon.timers.capturing = lambda: False
+    code, _size = mon.groups.of_pg(None)
+    unseen = mon.timers.unseen
+    unseen._code_kinds[code] = ("nccl",)  # as if the default group were NCCL's (no GPU here)
+    send = monitor_patch._spec("send", monitor_patch._originals["send"])
+    all_reduce = monitor_patch._spec("all_reduce", monitor_patch._originals["all_reduce"])
+    mon.coll_end(mon.coll_begin(send, (FakeCudaTensor(), 0), {}), None)
+    assert unseen.seen[code] == 0 and "send" not in unseen.issued
+    mon.coll_end(mon.coll_begin(all_reduce, (FakeCudaTensor(),), {}), None)
+    assert unseen.seen[code] == 1
+    unseen._code_kinds[code] = ("gloo",)  # gloo numbers its sends with the rest
+    mon.coll_end(mon.coll_begin(send, (FakeCudaTensor(), 0), {}), None)
+    assert unseen.seen[code] == 2
+    mon.close()
+
+
 def test_collectives_in_cuda_graphs_count_in_the_ranks_lost(run, caplog) -> None:
     """The monitor counts what the job's CUDA graphs capture and replay (workers.monitor.graphs,
     on torch.cuda.CUDAGraph): the Hello's ``lost``, and one line at the end."""
@@ -749,7 +773,7 @@ def test_collectives_in_cuda_graphs_count_in_the_ranks_lost(run, caplog) -> None
     counter = mon.timers.graph_counter
     assert counter is not None and getattr(torch.cuda.CUDAGraph.replay, "__wrapped__", None) is not None
     numbers = [0]
-    counter.sequences = lambda: numbers[0]
+    counter.sequences = lambda: {"0": numbers[0]}
     graph = object()
     counter.begin(graph)
     numbers[0] += 2  # two collectives issued into the graph

@@ -20,7 +20,7 @@ import torch.distributed._functional_collectives as funcol
 from torch.distributed import distributed_c10d as c10d
 
 from workers import monitor
-from workers.monitor.unseen import Unseen, only_gloo
+from workers.monitor.unseen import Unseen, kinds_of, only_gloo
 from workers.rank.groups import GroupTable
 from workers.wire import connection as connections
 from workers.wire.protocol import MAX_GROUPS
@@ -119,7 +119,17 @@ class ProcessGroupGloo:
 
 
 class FakeNcclBackend:
-    pass
+    """Fake backend of a kind the count does not read (only its class name is read)."""
+
+
+class ProcessGroupNCCL:
+    """Fake NCCL backend: its own number (the CUDA side of a mixed group)."""
+
+    def __init__(self, issued: int = 0) -> None:
+        self.issued = issued
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self.issued
 
 
 class FakeGroup:
@@ -214,3 +224,57 @@ def test_a_read_while_a_first_call_is_measured_leaves_its_group_as_it_was(fake_c
     assert again is not None
     unseen.abandon(again)  # the call raised: measured again at its next call
     assert unseen.issued["barrier"][code] == 0 and unseen.read() == 2
+
+
+def test_nccl_groups_count_while_the_hooks_time_them_and_a_mixed_group_sums_its_backends(fake_c10d) -> None:
+    """Under the Python hooks on NCCL (forced, or no Flight Recorder) DDP's C++ collectives and
+    compiled ones are numbered by NCCL and never seen: counted. Under the Flight Recorder capture
+    NCCL's are its ring's: never read."""
+    nccl = FakeGroup(ProcessGroupNCCL(), issued=4)
+    mixed = FakeGroup(ProcessGroupGloo(), issued=-1)  # the group's own number is not read: its backends'
+    mixed._device_types = ["cpu", "cuda"]
+    gloo_side, cuda_side = ProcessGroupGloo(), ProcessGroupNCCL(issued=2)
+    gloo_side._get_sequence_number_for_group = lambda: 3  # type: ignore[attr-defined]
+    mixed._get_backend = lambda device: gloo_side if device.type == "cpu" else cuda_side  # type: ignore[method-assign]
+    fake_c10d._world.pg_names.update({nccl: "n", mixed: "m"})
+    assert kinds_of(nccl) == ("nccl",) and kinds_of(mixed) == ("gloo", "nccl")
+    groups = GroupTable()
+    n_code, m_code = groups.code("n", "", 1), groups.code("m", "", 1)
+    unseen = Unseen(groups)
+    unseen.baseline()  # what they issued before the hooks went in: nobody's miss
+    nccl.issued += 5  # DDP's set-up and buckets: out of sight
+    unseen.seen[n_code] += 1  # one the hooks saw ...
+    nccl.issued += 1  # ... NCCL numbered
+    cuda_side.issued += 2  # two on the CUDA side out of sight, one on the CPU side seen
+    gloo_side._get_sequence_number_for_group = lambda: 4  # type: ignore[attr-defined]
+    unseen.seen[m_code] += 1
+    assert unseen.read() == 5 + 2 and unseen.missed == {"n": 5, "m": 2}
+    assert unseen.numbered_apart(n_code, nccl) and not unseen.is_gloo(n_code, nccl)
+
+    flight_recorder = Unseen(groups)
+    flight_recorder.nccl_too = False  # Monitor.time_gloo_groups: NCCL's are the Flight Recorder's
+    flight_recorder.baseline()
+    nccl.issued += 9
+    assert flight_recorder.read() == 0 and flight_recorder.missed == {}
+
+
+def test_collectives_a_cuda_graph_captured_are_the_graph_counters_not_missed(fake_c10d) -> None:
+    """A collective issued while a graph is captured moves its group's number, seen by a hook
+    or not: the graph counter counts it (and its replays); no read is taken meanwhile."""
+    from workers.monitor.graphs import GraphCounter
+
+    nccl = FakeGroup(ProcessGroupNCCL())
+    fake_c10d._world.pg_names[nccl] = "n"
+    groups = GroupTable()
+    code = groups.code("n", "", 1)
+    counter = GraphCounter(lambda: None, sequences=lambda: {"n": nccl.issued})
+    unseen = Unseen(groups)
+    unseen.graphs = counter
+    graph = object()
+    counter.begin(graph)
+    nccl.issued += 3  # three captured (a hook saw none: it takes no count on a capturing stream)
+    assert counter.capturing and unseen.read() == 0 and unseen.missed == {}
+    counter.end(graph)
+    assert counter.captured == 3 and unseen.read() == 0
+    nccl.issued += 2  # two eager ones out of sight
+    assert unseen.seen[code] == 0 and unseen.read() == 2 and counter.lost + unseen.total == 3 + 2

@@ -1,9 +1,13 @@
 """A one-GPU NCCL job, nothing of commtop in it: (compile) a torch.compile'd function with two
 functional all_reduces, called 10 times; 5 eager all_reduces; (graph) one all_gather captured in a
-CUDA graph (out of place, so the one-rank graph is not empty), replayed 7 times. It ends with
-sys.exit(CODE) and writes what it issued, by its own logic, to PREFIX.rank0.json.
+CUDA graph (out of place, so the one-rank graph is not empty), replayed 7 times; (trees) a
+function with one functional all_reduce under ``torch.compile(mode="reduce-overhead")`` (torch's
+CUDA graph trees), called 12 times; (ddp) a DDP model, 10 steps, and 3 ``all_reduce_coalesced``:
+what DDP issues from C++ is not the job's to count, so torch.profiler's ``c10d::`` ops are its
+reference there. It ends with sys.exit(CODE) and writes what it issued, by its own logic (and
+the profiler's count), to PREFIX.rank0.json.
 
-    commtop run --headless -- python benchmarks/jobs/nccl_compiled_graphs.py PREFIX CODE compile|graph|all
+    commtop run --headless -- python benchmarks/jobs/nccl_compiled_graphs.py PREFIX CODE compile|graph|trees|ddp|all
 """
 
 import json
@@ -54,6 +58,28 @@ if what in ("all", "graph"):
     for _ in range(7):
         g.replay()
         n("graph replay of the all_gather")
+if what in ("all", "trees"):
+
+    @torch.compile(mode="reduce-overhead")
+    def h(x: torch.Tensor) -> torch.Tensor:
+        return funcol.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+
+    x = torch.ones(4096, device="cuda")
+    for _ in range(12):
+        h(x).sum().item()
+        n("reduce-overhead funcol all_reduce")
+if what in ("all", "ddp"):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(256, 256).cuda())
+        for _ in range(10):
+            model(torch.randn(8, 256, device="cuda")).sum().backward()
+        for _ in range(3):
+            dist.all_reduce_coalesced([torch.ones(8, device="cuda"), torch.ones(4, device="cuda")])
+        torch.cuda.synchronize()
+    ops = [e.name for e in prof.events() if e.name.startswith("c10d::") and "wait" not in e.name]
+    n("ddp part, torch.profiler's c10d ops", len(ops))
 torch.cuda.synchronize()
 with open(f"{prefix}.rank0.json", "w") as fh:
     json.dump(issued, fh)

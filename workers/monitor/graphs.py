@@ -32,17 +32,19 @@ MAX_GRAPHS = 4096
 
 class GraphCounter:
     """Counts the collectives of captures and replays (``captured``, ``replayed``), calling
-    ``changed`` after each count. ``sequences`` gives the rank's process groups' collective
-    numbers (summed); tests give stand-ins for both."""
+    ``changed`` after each count. ``sequences`` gives the collective number of each of the rank's
+    process groups by name; tests give stand-ins for both."""
 
-    def __init__(self, changed: Callable[[], None], sequences: Callable[[], int] | None = None) -> None:
+    def __init__(self, changed: Callable[[], None], sequences: Callable[[], dict[str, int]] | None = None) -> None:
         self.changed = changed
         self.sequences = sequences or all_group_sequences
         self.captured = 0  # collectives issued while a graph was captured
         self.replayed = 0  # collectives graph replays issued again
         self.graphs = 0  # graphs captured with collectives in them
+        #: group name -> collectives captured on it (workers.monitor.unseen leaves them to this count)
+        self.captured_on: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._before: dict[int, int] = {}  # id(graph) -> the groups' numbers at capture_begin
+        self._before: dict[int, dict[str, int]] = {}  # id(graph) -> the groups' numbers at capture_begin
         self._in_graph: dict[int, int] = {}  # id(graph) -> its collectives
 
     def begin(self, graph: Any) -> None:
@@ -50,11 +52,19 @@ class GraphCounter:
         with self._lock:
             self._before[id(graph)] = number
 
+    @property
+    def capturing(self) -> bool:
+        """A graph is being captured now (its collectives are numbered, not yet counted)."""
+        return bool(self._before)
+
     def end(self, graph: Any) -> None:
-        number = self.sequences()
+        numbers = self.sequences()
         with self._lock:
-            before = self._before.pop(id(graph), None)
-            n = max(0, number - before) if before is not None else 0
+            before = self._before.pop(id(graph), None) or {}
+            moved = {name: n - before[name] for name, n in numbers.items() if n > before.get(name, n)}
+            n = sum(moved.values())
+            for name, m in moved.items():
+                self.captured_on[name] = self.captured_on.get(name, 0) + m
             if n == 0:
                 self._in_graph.pop(id(graph), None)
                 return
@@ -103,27 +113,27 @@ def say_lost(rank: int, counter: GraphCounter | None, hooks_captured: int) -> No
         )
 
 
-def all_group_sequences() -> int:
-    """The sum of the collective numbers of every process group this rank is in: its CUDA
+def all_group_sequences() -> dict[str, int]:
+    """The collective number of every process group this rank is in, by name: its CUDA
     backend's (NCCL's: what a graph captures) where it has one, else the group's default."""
     import torch
     import torch.distributed.distributed_c10d as c10d
 
-    return _sum_sequences(list(c10d._world.pg_map), torch.device("cuda"))
+    return _sequences(dict(c10d._world.pg_names).items(), torch.device("cuda"))
 
 
-def _sum_sequences(groups: Iterable[Any], cuda: Any) -> int:
-    total = 0
-    for pg in groups:
+def _sequences(groups: Iterable[tuple[Any, str]], cuda: Any) -> dict[str, int]:
+    numbers: dict[str, int] = {}
+    for pg, name in groups:
         try:
             try:
                 backend = pg._get_backend(cuda)
             except Exception:  # noqa: BLE001 - a CPU-only group: its own number
                 backend = pg
-            total += int(backend._get_sequence_number_for_group())
+            numbers[name] = int(backend._get_sequence_number_for_group())
         except Exception:  # noqa: BLE001 - a group that cannot say (destroyed, a fake backend)
             continue
-    return total
+    return numbers
 
 
 _target: GraphCounter | None = None

@@ -209,7 +209,7 @@ class Monitor:
         if not missed:
             return
         names = {name: f"{code}:{desc or name}" for code, (name, desc, _s) in enumerate(self.groups.table)}
-        where = ", ".join(f"{n} on {names.get(name, 'gloo group ' + name)}" for name, n in missed.items())
+        where = ", ".join(f"{n} on {names.get(name, 'group ' + name)}" for name, n in missed.items())
         if unseen.untimed_gloo and not self.timers.gloo_only:
             why = "were not timed (the Flight Recorder capture times NCCL's; COMMTOP_CAPTURE=hooks times gloo's)"
         elif unseen.untimed_gloo:
@@ -220,9 +220,10 @@ class Monitor:
                 "compiled code, a ProcessGroup's own method: pg.allreduce)"
             )
         log.warning(
-            "commtop monitor: rank %d: %d collectives torch issued on gloo groups %s (%s): counted as missing",
+            "commtop monitor: rank %d: %d collectives torch issued on %s %s (%s): counted as missing",
             self.rank,
             sum(missed.values()),
+            "gloo groups" if unseen.untimed_gloo or self.timers.gloo_only else "its groups",
             why,
             where,
         )
@@ -327,6 +328,7 @@ class Monitor:
             return
         try:
             self.timers.gloo_only = True
+            self.timers.unseen.nccl_too = False  # the Flight Recorder counts NCCL's
             monitor_patch.patch()
         except Exception as exc:  # noqa: BLE001 - they stay counted as missing
             self._warn_once("gloo", f"collectives on gloo groups not timed ({exc!r})")
@@ -345,6 +347,7 @@ class Monitor:
             counter = graphs.GraphCounter(self.timers.publish_lost)
             if graphs.install(counter):
                 self.timers.graph_counter = counter
+                self.timers.unseen.graphs = counter
         except Exception as exc:  # noqa: BLE001 - a count, never worth the job
             self._warn_once("graphs", f"collectives in CUDA graphs are not counted ({exc!r})")
 

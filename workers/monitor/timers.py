@@ -44,6 +44,8 @@ MAX_COLL_RINGS = 8
 #: Collectives between harvests when a step runs many (keeps the CUDA event rings from filling);
 #: a collective also harvests once a batch interval has passed since the last harvest.
 HARVEST_EVERY = 64
+#: The ops of point-to-point calls (OpSpec.op): NCCL numbers them apart from its collectives.
+P2P_OPS = frozenset({"send", "recv"})
 
 
 class CudaTimers:
@@ -193,7 +195,10 @@ class Timers:
         calibrating = None
         if not issued:  # its first call on this group: 1 now, the rest when it returned
             issued = 1
-            calibrating = self.unseen.calibrate(spec.func, code, group)
+            if on_gpu and spec.op in P2P_OPS and self.unseen.numbered_apart(code, group):
+                issued = 0  # NCCL numbers its sends and receives apart: not in the count compared
+            else:
+                calibrating = self.unseen.calibrate(spec.func, code, group)
         self._seen[code] += issued
         dtype = 0
         if tensor is not None:

@@ -1,14 +1,15 @@
-"""What torch issued on this rank's gloo groups that the Python hooks never saw: counted, not nothing.
+"""What torch issued on this rank's groups that the Python hooks never saw: counted, not nothing.
 
 The hooks see what Python calls. They cannot see what torch issues from C++ or from code bound
 before them: DDP's constructor (shape check, parameter broadcast) and bucket rebuild, the
 ``*_coalesced`` forms, a functional collective's own backward, compiled regions, a function a
-script imported before patching. gloo numbers what it issues on a group
-(``ProcessGroup._get_sequence_number_for_group``; torch 2.13: one per collective or
-point-to-point op, as torch.profiler's ``c10d::`` ops count them, with exceptions: a list
-``reduce_scatter`` takes 2, ``monitored_barrier`` its sends and receives). That number less what
-the hooks counted on the group is what they missed; it goes into the Hello's ``lost`` (shown as
-missing) beside what the timers lost.
+script imported before patching. Each backend numbers what it issues on a group
+(``_get_sequence_number_for_group``). gloo (torch 2.13): one per collective or point-to-point
+op, as torch.profiler's ``c10d::`` ops count them, with exceptions: a list ``reduce_scatter``
+takes 2, ``monitored_barrier`` its sends and receives. NCCL: one per collective it launches (a
+coalescing block: one), point-to-point numbered apart (not read: a CUDA tensor's send or receive
+is left out of the hooks' count too). That number less what the hooks counted on the group is
+what they missed; it goes into the Hello's ``lost`` (shown as missing) beside what the timers lost.
 
 What one call takes is measured, not assumed: the first call of each function on each group is
 read before and after (:meth:`Unseen.calibrate`), so torch versions that number otherwise count
@@ -16,10 +17,13 @@ right. What a group issued before the hooks went in is left out (:meth:`Unseen.b
 Never more than missed: a hook counts a call before torch numbers it and a read takes
 torch's numbers first, then the hooks'; a group's count only grows (a later read that comes out
 lower keeps the earlier: in a ``_coalescing_manager`` block the hooks count two all_reduces where
-gloo issues one); a call counts at least one. NCCL and mixed groups are left out (the Flight
-Recorder counts NCCL's; their numbers count otherwise); past MAX_GROUPS groups the count stops.
-Under the Flight Recorder capture (NCCL) no hook is in and a gloo side group's collectives (CPU
-object collectives, a checkpointer's group) are untimed: all of them count (:attr:`untimed_gloo`).
+gloo or NCCL issue one); a call counts at least one; collectives a CUDA graph captured are the
+graph counter's (workers.monitor.graphs), and no read is taken while a graph is being captured.
+A group with a backend of another kind (UCC, MPI, a plugin) is left out; past MAX_GROUPS groups
+the count stops. NCCL groups are read only while the hooks time them (:attr:`Unseen.nccl_too`):
+under the Flight Recorder capture its ring counts NCCL's, and no hook is in for gloo's, so a gloo
+side group's collectives (CPU object collectives, a checkpointer's group) are untimed: all of
+them count (:attr:`untimed_gloo`).
 Read about once a second on the job's thread (a few groups: microseconds), before
 ``destroy_process_group`` and at close.
 """
@@ -38,12 +42,29 @@ C10D = "torch.distributed.distributed_c10d"
 READ_EVERY_S = 1.0
 
 
-def only_gloo(pg: Any) -> bool:
-    """Every device of the group served by one gloo backend (its number counts all it issues)."""
+#: A backend's class name -> how it numbers what it issues (the module docstring).
+NUMBERING = {"ProcessGroupGloo": "gloo", "ProcessGroupNCCL": "nccl"}
+#: What the hooks' count is compared with: gloo's numbers, and NCCL's while the hooks time NCCL.
+READ_ALWAYS = frozenset({"gloo"})
+READ_WITH_NCCL = frozenset({"gloo", "nccl"})
+
+
+def _backends(pg: Any) -> list[Any]:
+    """The group's backends, each once (one may serve several device types)."""
     import torch
 
     backends = {id(b): b for b in (pg._get_backend(torch.device(d)) for d in pg._device_types)}
-    return len(backends) == 1 and type(next(iter(backends.values()))).__name__ == "ProcessGroupGloo"
+    return list(backends.values())
+
+
+def kinds_of(pg: Any) -> tuple[str, ...]:
+    """How each of the group's backends numbers: "gloo", "nccl" or the backend's class name."""
+    return tuple(sorted(NUMBERING.get(type(b).__name__, type(b).__name__) for b in _backends(pg)))
+
+
+def only_gloo(pg: Any) -> bool:
+    """Every device of the group served by one gloo backend (its number counts all it issues)."""
+    return kinds_of(pg) == ("gloo",)
 
 
 def _process_group(group: Any) -> Any:
@@ -52,8 +73,12 @@ def _process_group(group: Any) -> Any:
 
 
 def issued_on(pg: Any) -> int:
-    """gloo's number of what it issued on ``pg`` so far."""
-    return int(pg._get_sequence_number_for_group())
+    """What the group's backends numbered so far: the group's own number where one backend
+    serves it, else the sum of its backends' (a ``cpu:gloo,cuda:nccl`` group)."""
+    backends = _backends(pg)
+    if len(backends) == 1:
+        return int(pg._get_sequence_number_for_group())
+    return sum(int(b._get_sequence_number_for_group()) for b in backends)
 
 
 class Unseen:
@@ -68,11 +93,15 @@ class Unseen:
         #: the highest count read per group name
         self.missed: dict[str, int] = {}
         self.total = 0
-        self._gloo: dict[str, bool] = {}  # group name -> only_gloo, asked once
-        self._gloo_codes: dict[int, bool] = {}  # the same by group code, for the calls
+        self._kinds: dict[str, tuple[str, ...]] = {}  # group name -> kinds_of, asked once
+        self._code_kinds: dict[int, tuple[str, ...]] = {}  # the same by group code, for the calls
         self._before: dict[str, int] = {}  # group name -> what it issued before the hooks went in
         #: no hooks on gloo's collectives (the Flight Recorder capture times NCCL's): all are missed
         self.untimed_gloo = False
+        #: the hooks time NCCL's collectives too (False under the Flight Recorder capture)
+        self.nccl_too = True
+        #: the CUDA graph counter (workers.monitor.graphs): its captures are its own count
+        self.graphs: Any = None
         self._next_read = 0.0
         #: group code -> calls being measured on it now (calibrate .. calibrated), by any thread
         self._measuring: dict[int, int] = {}
@@ -86,7 +115,7 @@ class Unseen:
         if calls is None:
             calls = self.issued[func] = [0] * (MAX_GROUPS + 1)
         calls[code] = 1
-        if not self.is_gloo(code, group):
+        if not set(self.kinds(code, group)) <= READ_WITH_NCCL:
             return None
         try:
             pg = _process_group(group)
@@ -131,8 +160,12 @@ class Unseen:
         self._before = {name: n for name, n in self._misses(self._numbers())}
 
     def read(self) -> int:
-        """Compare gloo's numbers with the hooks' counts now; the total missed so far."""
+        """Compare the backends' numbers with the hooks' counts now; the total missed so far.
+        Not while a CUDA graph is captured (its collectives are numbered before they are the
+        graph counter's)."""
         self._next_read = time.monotonic() + READ_EVERY_S
+        if self.graphs is not None and self.graphs.capturing:
+            return self.total
         for name, n in self._misses(self._numbers()):
             missed = n - self._before.get(name, 0)
             if missed > self.missed.get(name, 0):
@@ -141,7 +174,8 @@ class Unseen:
         return self.total
 
     def _numbers(self) -> list[tuple[str, int]]:
-        """(name, gloo's number) of every gloo group torch holds now."""
+        """(name, its backends' number) of every group torch holds now that is read (the
+        module docstring)."""
         c10d = sys.modules.get(C10D)
         if c10d is None or len(self.groups.table) >= MAX_GROUPS:
             return []
@@ -149,48 +183,60 @@ class Unseen:
             names = dict(c10d._world.pg_names)  # a copy: the job may make a group meanwhile
         except Exception:  # noqa: BLE001 - a torch without it: nothing to compare
             return []
+        read = READ_ALWAYS if self.untimed_gloo or not self.nccl_too else READ_WITH_NCCL
         issued: list[tuple[str, int]] = []
         for pg, name in names.items():
             try:
-                if self._is_gloo(pg, name):
+                if set(self._kinds_of(pg, name)) <= read:
                     issued.append((name, issued_on(pg)))
             except Exception:  # noqa: BLE001 - a group being torn down
                 continue
         return issued
 
     def _misses(self, issued: list[tuple[str, int]]) -> list[tuple[str, int]]:
-        """Per group, torch's number less the hooks' count, read after it (the module docstring)."""
+        """Per group, torch's number less the hooks' count, read after it, and less what CUDA
+        graphs captured on it (the module docstring)."""
         codes = dict(self.groups.codes)
         seen = self.seen[:]
+        captured = dict(self.graphs.captured_on) if self.graphs is not None else {}
         out = []
         measuring = set(self._measuring)
         for name, n in issued:
             code = codes.get(name)
             if code is not None and code in measuring:  # its count lands when the call returns
                 continue
-            out.append((name, n - (seen[code] if code is not None else 0)))
+            out.append((name, n - (seen[code] if code is not None else 0) - captured.get(name, 0)))
         return out
 
     def is_gloo(self, code: int, group: Any) -> bool:
         """Whether a collective's group (None: the default one; ``code`` its code) is served only
         by gloo: asked of torch once per code (the job's thread asks it per call in gloo-only mode)."""
-        gloo = self._gloo_codes.get(code)
-        if gloo is None:
-            try:
-                gloo = self._is_gloo(_process_group(group))
-            except Exception:  # noqa: BLE001 - a group torch cannot describe
-                gloo = False
-            self._gloo_codes[code] = gloo
-        return gloo
+        return self.kinds(code, group) == ("gloo",)
 
-    def _is_gloo(self, pg: Any, name: str | None = None) -> bool:
+    def numbered_apart(self, code: int, group: Any) -> bool:
+        """Whether a CUDA tensor's send or receive on this group is numbered apart from its
+        collectives (NCCL's): then the hooks leave it out of the count too."""
+        return "nccl" in self.kinds(code, group)
+
+    def kinds(self, code: int, group: Any) -> tuple[str, ...]:
+        """:func:`kinds_of` a collective's group, asked of torch once per code ("?": it cannot say)."""
+        kinds = self._code_kinds.get(code)
+        if kinds is None:
+            try:
+                kinds = self._kinds_of(_process_group(group))
+            except Exception:  # noqa: BLE001 - a group torch cannot describe
+                kinds = ("?",)
+            self._code_kinds[code] = kinds
+        return kinds
+
+    def _kinds_of(self, pg: Any, name: str | None = None) -> tuple[str, ...]:
         if name is None:
             name = str(sys.modules[C10D]._get_process_group_name(pg))
-        gloo = self._gloo.get(name)
-        if gloo is None:
+        kinds = self._kinds.get(name)
+        if kinds is None:
             try:
-                gloo = only_gloo(pg)
+                kinds = kinds_of(pg)
             except Exception:  # noqa: BLE001 - a group torch cannot describe
-                gloo = False
-            self._gloo[name] = gloo
-        return gloo
+                kinds = ("?",)
+            self._kinds[name] = kinds
+        return kinds
