@@ -317,6 +317,8 @@ def test_group_labels() -> None:
         "2",
         "3:tp",
     ]
+    local = "ad56679d2c95f00a464e146ac76c2deb475d8262"  # new_group(use_local_synchronization=True)'s name
+    assert group_label(local, "undefined") == "ad56679d…" and group_label(local, "pp") == "ad56679d…:pp"
 
 
 def test_the_synthetic_loop_is_one_stream_of_the_world_group() -> None:

@@ -46,9 +46,17 @@ _PLAIN_DESCS = ("", "undefined")
 Group = tuple[str, str, int]
 
 
+#: torch names a group made with ``use_local_synchronization`` by a 40-digit hash of its ranks:
+#: tables show its first digits, as git shows a commit.
+_HASH_NAME, _HASH_SHOWN = 32, 8
+
+
 def group_label(name: str, desc: str) -> str:
     """How tables write a group: ``NAME:DESC`` ("0:default_pg"), or ``NAME`` when the
-    description says nothing ("undefined", torch's default for ``new_group``)."""
+    description says nothing ("undefined", torch's default for ``new_group``); a hash name
+    by its first 8 digits and "…"."""
+    if len(name) >= _HASH_NAME and all(c in "0123456789abcdef" for c in name):
+        name = name[:_HASH_SHOWN] + "…"
     return name if desc in _PLAIN_DESCS else f"{name}:{desc}"
 
 
