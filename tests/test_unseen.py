@@ -9,6 +9,7 @@ keep the count from ever exceeding what was missed are checked on named fakes.
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -95,6 +96,24 @@ def test_a_refused_call_and_a_coalescing_block_never_count_as_lost(mon) -> None:
         block.wait()
     mon.close()  # the last read, at close
     assert mon.status.lost == 1
+
+
+def test_a_call_that_failed_after_torch_issued_it_counts_as_failed_not_as_unseen(mon, caplog) -> None:
+    """A peer gone or a timeout fails a call torch already numbered; a bad root is refused before.
+    gloo's all_to_all_single with splits that do not add up is numbered, then fails its own check
+    (deterministic in one process, as a dead peer is not): lost 1, said as failed, not unseen."""
+    with pytest.raises((RuntimeError, ValueError)):
+        dist.broadcast(torch.ones(4), src=7)  # refused: not numbered, not counted
+    mon.count_unseen()
+    assert mon.status.lost == 0
+    with pytest.raises(RuntimeError):
+        dist.all_to_all_single(torch.empty(3), torch.ones(4), [3], [4])
+    dist.all_reduce(torch.ones(2))
+    with caplog.at_level(logging.WARNING):
+        mon.close()
+    assert mon.status.lost == 1 and mon.timers.unseen.total == 0 and mon.timers.failed[0] == 1
+    assert "1 collectives failed inside torch after they were issued (the last: RuntimeError:" in caplog.text
+    assert "not seen by the Python hooks" not in caplog.text
 
 
 def test_only_what_comes_while_the_hooks_are_in_is_compared(mon) -> None:

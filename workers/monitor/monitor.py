@@ -204,6 +204,7 @@ class Monitor:
         """One line at the end where torch issued collectives no hook saw (they count as missing),
         and one where the job captured collectives into CUDA graphs."""
         graphs.say_lost(self.rank, self.timers.graph_counter, self.timers.graph_captured)
+        self.timers.say_failed(self.rank)
         unseen = self.timers.unseen
         missed = {name: n for name, n in unseen.missed.items() if n}
         if not missed:
@@ -289,7 +290,7 @@ class Monitor:
         for was stopped too, and the rank ends by SIGTERM, not by that error."""
         if token is not None:
             try:
-                self.timers.coll_failed(token)
+                self.timers.coll_failed(token, sys.exc_info()[1])
             except Exception as exc:  # noqa: BLE001
                 self.fail(exc)
         if self._holding:

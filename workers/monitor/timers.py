@@ -16,7 +16,9 @@ time (no timeline), needs each Work kept and polled until done, and has no gloo 
 
 from __future__ import annotations
 
+import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +35,8 @@ from workers.rank.groups import GroupTable
 from workers.rank.heartbeat import WorkerStatus
 from workers.rank.timing import Anchor, CpuTimer, CudaTimer
 from workers.wire.protocol import dtype_code
+
+log = logging.getLogger("commtop.monitor")
 
 #: Where a collective's meta tuple (the MONITOR_COLL_ROW fields before start_ns) holds host_ns.
 HOST_NS = 9
@@ -103,6 +107,13 @@ class Ender:
         self(None)
 
 
+def _one_line(error: BaseException | None) -> str:
+    """An error as one short line: its type and message, less the C++ source place gloo and
+    c10d begin with ("[.../pair.cc:553] Connection closed by peer ...")."""
+    text = re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", " ".join(str(error).split()))
+    return f"{type(error).__name__}: {text}"[:160]
+
+
 class Timers:
     """The host-clock and CUDA-event timers of one monitored rank, and its records' way into
     the batcher. ``on_cuda`` runs once, when the first GPU record makes the CUDA timers."""
@@ -131,6 +142,8 @@ class Timers:
         self._cuda_lost = 0
         self._ring_less_lost = 0  # GPU collectives of threads past MAX_COLL_RINGS
         self.graph_captured = 0  # GPU collectives the hooks saw issued while a CUDA graph was captured
+        #: calls that raised after torch issued them (a peer gone, a timeout): (count, the last error)
+        self.failed: tuple[int, str] = (0, "")
         #: Counts the collectives in CUDA graphs, captured and replayed (workers.monitor.graphs),
         #: once installed; until then what the hooks saw captured counts.
         self.graph_counter: GraphCounter | None = None
@@ -310,17 +323,24 @@ class Timers:
             self._ring_less_lost += 1
         self.publish_lost()
 
-    def coll_failed(self, token: Any) -> None:
-        """The call of ``token`` raised before it was issued (torch refused its arguments): its
-        iteration goes back, so a later collective takes it and no gap counts as missing. A
-        CUDA start event stays unharvested; the next begin reuses its slot."""
+    def coll_failed(self, token: Any, error: BaseException | None = None) -> None:
+        """The call of ``token`` raised: its iteration goes back, so a later collective takes it
+        and no gap counts as missing. Refused before it was issued (torch's checks of its
+        arguments): not counted at all. Issued, then failed (a peer gone, a timeout: torch
+        numbered it): counted as lost, with ``error`` said at the end. A CUDA start event stays
+        unharvested; the next begin reuses its slot."""
         timer, slot, _is_async, _pc, _at_wait, it, code, issued, calibrating = token
         with self._numbers:
             if self.iteration == it + 1:
                 self.iteration = it
             else:  # another thread (or the capture) took later ones meanwhile
                 self._spares.append(it)
-        self._seen[code] -= issued
+        if issued and self.unseen.issued_anyway(code):
+            with self._numbers:
+                self.failed = (self.failed[0] + 1, _one_line(error))
+            self.publish_lost()
+        else:
+            self._seen[code] -= issued
         if calibrating is not None:
             self.unseen.abandon(calibrating)
         if timer is not None and slot < 0:
@@ -408,10 +428,23 @@ class Timers:
             self.unseen.read()
             self.publish_lost()
 
+    def say_failed(self, rank: int) -> None:
+        """One line at the end where calls failed after torch issued them (they count as missing)."""
+        failed, error = self.failed
+        if failed:
+            log.warning(
+                "commtop monitor: rank %d: %d collectives failed inside torch after they were issued "
+                "(the last: %s): not timed, counted as missing",
+                rank,
+                failed,
+                error,
+            )
+
     def publish_lost(self) -> None:
         """The Hello's ``lost``: every way this rank knows collectives went unrecorded."""
         graphs = self.graph_counter.lost if self.graph_counter is not None else self.graph_captured
-        self.status.lost = self.capture_lost + self._cuda_lost + self._ring_less_lost + graphs + self.unseen.total
+        lost = self.capture_lost + self._cuda_lost + self._ring_less_lost + graphs + self.failed[0]
+        self.status.lost = lost + self.unseen.total
 
     def stop_waiter(self, timeout_s: float) -> None:
         """At close: the waiter thread ends once the Works it waits on have."""

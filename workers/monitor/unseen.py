@@ -149,6 +149,24 @@ class Unseen:
         else:
             self._measuring.pop(code, None)
 
+    def issued_anyway(self, code: int) -> bool:
+        """A call on this group raised: whether torch numbered it all the same (it failed after
+        it was issued: a peer gone, a timeout, gloo's own checks), read now, the hooks' count
+        still holding it. Then it stays counted as seen and counts as failed, not as missed.
+        Refused before it was issued (a bad root: torch's number did not move), or a group
+        this count does not read: False. An out-of-sight collective since the last read makes
+        a refused call read as issued: the total stays right (the number is torch's)."""
+        table = self.groups.table
+        if not 0 <= code < len(table):
+            return False
+        name = table[code][0]
+        number = dict(self._numbers()).get(name)
+        if number is None:
+            return False
+        captured = self.graphs.captured_on.get(name, 0) if self.graphs is not None else 0
+        beyond = number - self._before.get(name, 0) - self.seen[code] - captured
+        return beyond >= self.missed.get(name, 0)
+
     # ---------------------------------------------------------------- reads
 
     def due(self) -> bool:
