@@ -95,6 +95,18 @@ def columns(messages: list[Any], kind: str) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------- records
 
 
+def test_records_go_out_while_the_job_issues_no_more_collectives(run, source) -> None:
+    """A job blocked in a collective no peer joins, evaluating or saving issues no more
+    collectives: what it finished before goes out meanwhile (workers.monitor.idle_flush), not at
+    its end (a hung gloo job showed 1 of its 4 all_reduces for as long as it hung)."""
+    monitor.start(run.path, wait_s=2.0, sampler=False)
+    monitor.patch_distributed()
+    for _ in range(4):
+        dist.all_reduce(torch.ones(4))
+    messages = drain(source, until_bye=False, timeout_s=3.0)  # the job issues nothing meanwhile
+    assert len(columns(messages, protocol.COLL).get("iteration", [])) == 4
+
+
 def test_every_patched_collective_and_copy_reaches_the_collector(run, source) -> None:
     mon = monitor.start(run.path, wait_s=2.0, sampler=False)
     assert "all_gather_into_tensor" in monitor.patch_distributed()

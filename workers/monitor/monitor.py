@@ -29,11 +29,13 @@ import numpy as np
 from workers.monitor import graphs
 from workers.monitor import patch as monitor_patch
 from workers.monitor.exits import system_exit_status
+from workers.monitor.idle_flush import IDLE_S, IdleFlush
 from workers.monitor.knobs import MAX_NAME, Knobs, live_control
 from workers.monitor.patch import Args, Kwargs, OpSpec
 from workers.monitor.rank_info import env_int, node_gpus, run_info, world_group
 from workers.monitor.records import MonitorBatcher
 from workers.monitor.timers import Timers
+from workers.monitor.unseen import say_missed
 from workers.rank.control import Control, StaticControl, live_control_off
 from workers.rank.groups import GroupTable
 from workers.rank.heartbeat import RunInfo, WorkerStatus
@@ -101,6 +103,8 @@ class Monitor:
             self.publisher, self._control_status, batch_ms=batch_ms_for_world(batch_ms, self.world_size)
         )
         self.timers = Timers(self.batcher, self.status, on_cuda=self._refresh, groups=self.groups)
+        self._idle_flush = IdleFlush(self._harvest_if_idle, self.rank)
+        self._idle_flush.start()
         if monitor_patch.patched():
             self.hooks_in()
         self.count_graphs()
@@ -180,6 +184,7 @@ class Monitor:
         if self._closed:
             return
         self._closed = True
+        self._idle_flush.stop()
         try:
             self.timers.stop_waiter(EXIT_DRAIN_S)  # the Works it waits on end first
             if self.on:
@@ -201,33 +206,11 @@ class Monitor:
             log.warning("commtop monitor: while closing: %r", exc)
 
     def _say_unseen(self) -> None:
-        """One line at the end where torch issued collectives no hook saw (they count as missing),
-        and one where the job captured collectives into CUDA graphs."""
+        """One line at the end for each way torch issued collectives that went unrecorded (they
+        count as missing): CUDA graphs, calls that failed after they were issued, no hook saw them."""
         graphs.say_lost(self.rank, self.timers.graph_counter, self.timers.graph_captured)
         self.timers.say_failed(self.rank)
-        unseen = self.timers.unseen
-        missed = {name: n for name, n in unseen.missed.items() if n}
-        if not missed:
-            return
-        names = {name: f"{code}:{desc or name}" for code, (name, desc, _s) in enumerate(self.groups.table)}
-        where = ", ".join(f"{n} on {names.get(name, 'group ' + name)}" for name, n in missed.items())
-        if unseen.untimed_gloo and not self.timers.gloo_only:
-            why = "were not timed (the Flight Recorder capture times NCCL's; COMMTOP_CAPTURE=hooks times gloo's)"
-        elif unseen.untimed_gloo:
-            why = "were not seen by the Python hooks (before the group's first wrapper, C++, *_coalesced, compiled)"
-        else:
-            why = (
-                "were not seen by the Python hooks (DDP's own set-up, *_coalesced, a funcol backward, "
-                "compiled code, a ProcessGroup's own method: pg.allreduce)"
-            )
-        log.warning(
-            "commtop monitor: rank %d: %d collectives torch issued on %s %s (%s): counted as missing",
-            self.rank,
-            sum(missed.values()),
-            "gloo groups" if unseen.untimed_gloo or self.timers.gloo_only else "its groups",
-            why,
-            where,
-        )
+        say_missed(self.rank, self.timers.unseen, self.groups.table, self.timers.gloo_only)
 
     # ------------------------------------------------------------------ hooks (never raise)
 
@@ -377,6 +360,11 @@ class Monitor:
                 if self.control is None:
                     self._make_control()
         self.timers.harvest()
+
+    def _harvest_if_idle(self) -> None:
+        """The idle flush thread's (workers.monitor.idle_flush): records the job's threads left."""
+        if self.on and not self._closed:
+            self.timers.harvest_if_idle(int(IDLE_S * 1e9))
 
     def add_records(self, coll_rows: list[tuple[Any, ...]], copy_rows: list[tuple[Any, ...]]) -> None:
         """Rows captured off the job's thread (workers.capture): batched and sent from the

@@ -369,6 +369,12 @@ class Timers:
                 if self.unseen.due():
                     self.count_unseen()
 
+    def harvest_if_idle(self, idle_ns: int) -> None:
+        """From the idle flush thread (workers.monitor.idle_flush): no thread of the job harvested
+        for ``idle_ns`` past due (a hang, a long computation): what they finished goes out now."""
+        if time.perf_counter_ns() >= self._harvest_at + idle_ns:
+            self.harvest()
+
     def add(self, coll_rows: list[tuple[Any, ...]], copy_rows: list[tuple[Any, ...]]) -> None:
         """Rows captured off the job's thread (workers.capture), batched and sent from the
         caller's thread."""

@@ -30,12 +30,16 @@ Read about once a second on the job's thread (a few groups: microseconds), befor
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from workers.rank.groups import GroupTable
 from workers.wire.protocol import MAX_GROUPS
+
+log = logging.getLogger("commtop.monitor")
 
 C10D = "torch.distributed.distributed_c10d"
 #: Seconds between two reads while records flow.
@@ -258,3 +262,29 @@ class Unseen:
                 kinds = ("?",)
             self._kinds[name] = kinds
         return kinds
+
+
+def say_missed(rank: int, unseen: Unseen, table: Sequence[tuple[str, str, int]], gloo_only: bool) -> None:
+    """The rank's one line at its end where torch issued collectives no hook saw (none: nothing)."""
+    missed = {name: n for name, n in unseen.missed.items() if n}
+    if not missed:
+        return
+    names = {name: f"{code}:{desc or name}" for code, (name, desc, _s) in enumerate(table)}
+    where = ", ".join(f"{n} on {names.get(name, 'group ' + name)}" for name, n in missed.items())
+    if unseen.untimed_gloo and not gloo_only:
+        why = "were not timed (the Flight Recorder capture times NCCL's; COMMTOP_CAPTURE=hooks times gloo's)"
+    elif unseen.untimed_gloo:
+        why = "were not seen by the Python hooks (before the group's first wrapper, C++, *_coalesced, compiled)"
+    else:
+        why = (
+            "were not seen by the Python hooks (DDP's own set-up, *_coalesced, a funcol backward, "
+            "compiled code, a ProcessGroup's own method: pg.allreduce)"
+        )
+    log.warning(
+        "commtop monitor: rank %d: %d collectives torch issued on %s %s (%s): counted as missing",
+        rank,
+        sum(missed.values()),
+        "gloo groups" if unseen.untimed_gloo or gloo_only else "its groups",
+        why,
+        where,
+    )
