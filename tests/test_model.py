@@ -13,7 +13,8 @@ from frozen_run import T0, TENSOR_BYTES, frozen_coll, frozen_copy, frozen_hello,
 from tui.model.run_model import HISTORY_ITERS, RunModel, history_iters
 from tui.model.snapshot import Snapshot
 from tui.model.stats import RING_SIZE
-from workers.wire.protocol import Batch, Bye
+from tui.view.widgets.rank_rows import state_note
+from workers.wire.protocol import OP_NAMES, Batch, Bye
 
 S = 1_000_000_000
 
@@ -134,6 +135,24 @@ def test_rank_goes_stale_after_two_silent_seconds_and_comes_back() -> None:
     assert model.snapshot().ranks[0].silent_s == pytest.approx(2.1)
     model.apply(frozen_coll(0, 1, [1], [1000]))
     assert [r.state for r in model.snapshot().ranks] == ["live", "live"]
+
+
+def test_a_stalled_rank_says_which_collective_it_is_inside_and_its_peer_that_it_is_in_none() -> None:
+    """A hang: rank 0 inside an all_reduce its peer never joins (its Hello's ``inside``), rank 1
+    elsewhere. Both stalled; only rank 0 names a collective, with how long it has been in it."""
+    groups = (("0", "default_pg", 2),)
+    model, clock = model_with(frozen_coll(0, 0, [0], [1000]), frozen_coll(1, 0, [0], [1000]))
+    clock.t += 3 * S
+    since = T0 + 1 * S  # rank 0 called its all_reduce a second after the first records
+    model.apply(frozen_hello(0, t_ns=clock.t, groups=groups, inside=(OP_NAMES.index("all_reduce"), 0, 256, since)))
+    model.apply(frozen_hello(1, t_ns=clock.t, groups=groups))
+    ranks = model.snapshot().ranks
+    assert [r.state for r in ranks] == ["stalled", "stalled"]
+    assert ranks[0].inside == ("all_reduce", "0:default_pg", 256, pytest.approx(2.0)) and ranks[1].inside == ()
+    assert state_note(ranks[0], None) == " stalled inside all_reduce on 0:default_pg (256 B) for 2s, heartbeat alive "
+    assert state_note(ranks[1], None) == " stalled: no collective for 3s, heartbeat alive "
+    model.apply(frozen_coll(0, 1, [1], [1000]))  # it came out: live, nothing inside
+    assert model.snapshot().ranks[0].inside == ()
 
 
 def test_bye_marks_exited_with_code_until_a_newer_message() -> None:

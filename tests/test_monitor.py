@@ -107,6 +107,27 @@ def test_records_go_out_while_the_job_issues_no_more_collectives(run, source) ->
     assert len(columns(messages, protocol.COLL).get("iteration", [])) == 4
 
 
+def test_a_blocking_collective_is_the_ranks_inside_until_it_returns(run) -> None:
+    """The Hello says which blocking collective the job is inside (a hang names where each rank
+    stopped); the first thread in holds it; an async call or a failed one leaves nothing behind."""
+    mon = monitor.start(run.path, sampler=False, batch_ms=60_000.0)
+    monitor.patch_distributed()
+    all_reduce = monitor_patch._spec("all_reduce", monitor_patch._originals["all_reduce"])
+    first = mon.coll_begin(all_reduce, (torch.ones(64),), {})
+    op, group, nbytes, since = mon.status.inside
+    assert (OPS[op], group, nbytes) == ("all_reduce", 0, 256) and abs(since - time.time_ns()) < 60e9
+    second = mon.coll_begin(all_reduce, (torch.ones(8),), {})  # another thread's, meanwhile
+    mon.coll_end(second, None)
+    assert mon.status.inside[2] == 256  # still the first one's
+    mon.coll_end(first, None)
+    assert mon.status.inside == ()
+    mon.coll_end(mon.coll_begin(all_reduce, (torch.ones(4),), {"async_op": True}), None)
+    assert mon.status.inside == ()
+    mon.coll_failed(mon.coll_begin(all_reduce, (torch.ones(4),), {}))
+    assert mon.status.inside == ()
+    mon.close()
+
+
 def test_every_patched_collective_and_copy_reaches_the_collector(run, source) -> None:
     mon = monitor.start(run.path, wait_s=2.0, sampler=False)
     assert "all_gather_into_tensor" in monitor.patch_distributed()

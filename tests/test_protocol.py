@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workers.wire import protocol as p
+from workers.wire.endings import bye_reason
 
 KEY = b"k" * 32
 SESSION = "s1"
@@ -86,7 +87,7 @@ def test_hello_and_bye_round_trip() -> None:
         rejected={"signature": 2},
     )
     assert p.decode(p.open_frames(KEY, p.seal(KEY, p.hello_body(SESSION, hello)))) == hello
-    grouped = dataclasses.replace(hello, groups=(("0", "default_pg", 2), ("1", "tp", 2)), lost=7)
+    grouped = dataclasses.replace(hello, groups=(("0", "default_pg", 2), ("1", "tp", 2)), lost=7, inside=(1, 1, 256, 9))
     assert p.decode(p.open_frames(KEY, p.seal(KEY, p.hello_body(SESSION, grouped)))) == grouped
     bye = p.Bye(rank=1, exit_code=1, reason="RuntimeError: boom", t_ns=5)
     assert p.decode(p.open_frames(KEY, p.seal(KEY, p.bye_body(SESSION, bye)))) == bye
@@ -96,7 +97,10 @@ def test_a_hello_without_groups_or_lost_reads_as_none_and_bad_groups_are_refused
     body = p.hello_body(SESSION, _hello())
     del body["groups"], body["lost"]  # what a recording made before them holds
     old = p.decode_hello(body)
-    assert old.groups == () and old.lost == 0
+    assert old.groups == () and old.lost == 0 and old.inside == ()
+    for bad_inside in ([1, 0, 256], [1, 0, -1, 5], [1, 0, "256", 5], "all_reduce"):
+        with pytest.raises(p.ProtocolError):
+            p.decode_hello({**body, "inside": bad_inside})
     for bad in ([["0", "world"]], [["0", "world", -1]], [[0, "world", 2]], "0", [["0", "w", 2]] * (p.MAX_GROUPS + 1)):
         body["groups"] = bad
         with pytest.raises(p.ProtocolError):
@@ -195,14 +199,14 @@ def test_bye_reason_drops_cpp_source_locations_and_keeps_the_message():
         "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] "
         "Connection closed by peer [127.0.0.1]:28412\nException raised from ..."
     )
-    assert p.bye_reason(gloo) == "RuntimeError: Connection closed by peer [127.0.0.1]:28412"
+    assert bye_reason(gloo) == "RuntimeError: Connection closed by peer [127.0.0.1]:28412"
     nested = RuntimeError("[c10/util/Exception.cpp:42] [/src/nccl.cc:7]  NCCL error: unhandled system error")
-    assert p.bye_reason(nested) == "RuntimeError: NCCL error: unhandled system error"
+    assert bye_reason(nested) == "RuntimeError: NCCL error: unhandled system error"
     # bracketed text that is not a source location stays; empty messages give the type alone
-    assert p.bye_reason(ValueError("[rank 3] bad shape")) == "ValueError: [rank 3] bad shape"
-    assert p.bye_reason(KeyError()) == "KeyError"
-    assert p.bye_reason(OSError("\n\n  disk full  \n")) == "OSError: disk full"
-    assert len(p.bye_reason(RuntimeError("x" * 2000))) == 512
+    assert bye_reason(ValueError("[rank 3] bad shape")) == "ValueError: [rank 3] bad shape"
+    assert bye_reason(KeyError()) == "KeyError"
+    assert bye_reason(OSError("\n\n  disk full  \n")) == "OSError: disk full"
+    assert len(bye_reason(RuntimeError("x" * 2000))) == 512
 
 
 @pytest.mark.parametrize(

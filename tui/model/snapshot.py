@@ -41,6 +41,8 @@ class RankView:
     exit_reason: str = ""
     silent_s: float = 0.0  # seconds since the last message of this rank
     idle_s: float = 0.0  # seconds since the last collective record of this rank
+    #: a stalled rank's blocking collective (tui.model.inside): (op, group, bytes, seconds in it)
+    inside: tuple[str, str, int, float] | tuple[()] = ()
     count: int = 0  # collective records received
     missing: int = 0  # iteration gaps + lost
     lost: int = 0  # collectives the rank issued and never recorded (its own count)

@@ -23,6 +23,7 @@ import numpy as np
 from tui.model.epochs import EpochComparison, compare_epochs
 from tui.model.history import HistoryMatrix
 from tui.model.in_force import InForce, InForceTracker
+from tui.model.inside import inside_of
 from tui.model.job import JobInfo
 from tui.model.rank_state import RankState
 from tui.model.rank_totals import RankTotals
@@ -471,7 +472,8 @@ class SnapshotBuilder:
         else:
             view = self._compute_rank_view(run, s, kept, now, fresh)
             kept.view = (s.version, now, view)
-        return _copy_with(view, state=state, silent_s=silent, idle_s=idle, straggler_share=share)
+        inside = inside_of(s.hello) if state == "stalled" else ()
+        return _copy_with(view, state=state, silent_s=silent, idle_s=idle, straggler_share=share, inside=inside)
 
     def _run_stats(self, run: RunState, s: RankState, kept: _Kept, now: int, fresh: bool) -> _RunNumbers:
         cached = kept.run

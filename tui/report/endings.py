@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from workers.wire import protocol as p
+from workers.wire.endings import ended_text, peer_failed
 
 #: Signals a stop sends: a rank ended by one was stopped, it did not fail.
 _STOPS = {-int(signal.SIGTERM), -int(signal.SIGINT)}
@@ -22,7 +23,7 @@ _STOPS = {-int(signal.SIGTERM), -int(signal.SIGINT)}
 
 def end_text(code: int) -> str:
     """``finished``, ``exit code 1`` or ``killed by SIGTERM``."""
-    return "finished" if code == 0 else p.ended_text(code)
+    return "finished" if code == 0 else ended_text(code)
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def job_ending(byes: Sequence[tuple[int, p.Bye]], first_ns: int) -> Ending:
         last[bye.rank] = bye
         if bye.exit_code != 0 and bye.exit_code not in _STOPS:
             failures.append(bye)
-    first = min(failures, key=lambda b: (p.peer_failed(b.reason), b.t_ns, b.rank), default=None)
+    first = min(failures, key=lambda b: (peer_failed(b.reason), b.t_ns, b.rank), default=None)
     ended = {r: end_text(b.exit_code) for r, b in sorted(last.items())}
     if first is None:
         return Ending(ended)

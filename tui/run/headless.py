@@ -16,7 +16,7 @@ from tui.model.snapshot import RankView, Snapshot
 from tui.model.stats import RunAggregate
 from tui.report.views_text import step_line
 from tui.run.summary_views import job_workload, stream_lines
-from workers.wire.protocol import signal_name
+from workers.wire.endings import signal_name
 
 #: At the end, drain until one poll this long brings nothing, for at most DRAIN_MAX_S.
 DRAIN_QUIET_S = 0.1

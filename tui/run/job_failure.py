@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from workers.wire.protocol import ended_text, peer_failed
+from workers.wire.endings import ended_text, peer_failed
 
 #: torchrun's agent, when it stops the other workers: "Sending process 123 closing signal SIGTERM".
 _CLOSING = re.compile(r"Sending process (\d+) closing signal (SIG[A-Z]+)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.wire.protocol import bye_reason
+from workers.wire.endings import bye_reason
 
 
 def system_exit_status(exc: SystemExit) -> tuple[int, str]:

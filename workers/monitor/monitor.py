@@ -42,8 +42,9 @@ from workers.rank.heartbeat import RunInfo, WorkerStatus
 from workers.rank.session import RankSession
 from workers.wire.config import batch_ms_for_world
 from workers.wire.connection import Connection
+from workers.wire.endings import bye_reason
 from workers.wire.lifeline import arm_from_env
-from workers.wire.protocol import DIRECTIONS, bye_reason
+from workers.wire.protocol import DIRECTIONS
 from workers.wire.settings import Settings
 
 log = logging.getLogger("commtop.monitor")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from workers.monitor.unseen import Unseen
 from workers.rank.groups import GroupTable
 from workers.rank.heartbeat import WorkerStatus
 from workers.rank.timing import Anchor, CpuTimer, CudaTimer
+from workers.wire.endings import bye_reason
 from workers.wire.protocol import dtype_code
 
 log = logging.getLogger("commtop.monitor")
@@ -105,13 +105,6 @@ class Ender:
     def done(self) -> None:
         """The end seen by the job's own wait() (workers.monitor.wait_hook)."""
         self(None)
-
-
-def _one_line(error: BaseException | None) -> str:
-    """An error as one short line: its type and message, less the C++ source place gloo and
-    c10d begin with ("[.../pair.cc:553] Connection closed by peer ...")."""
-    text = re.sub(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", " ".join(str(error).split()))
-    return f"{type(error).__name__}: {text}"[:160]
 
 
 class Timers:
@@ -225,9 +218,12 @@ class Timers:
                 it = self.iteration
                 self.iteration = it + 1
         meta = (it, step, epoch, mode, spec.code, code, dtype, nbytes, ranks, time.time_ns())
+        inside = None
+        if not is_async and not self.status.inside:  # a hang shows where (Hello.inside): the first thread in
+            inside = self.status.inside = (spec.code, code, nbytes, meta[HOST_NS])
         if ring is not None:
-            return ring, ring.begin(meta), is_async, 0, 0, it, code, issued, calibrating
-        return None, meta, is_async, time.perf_counter_ns(), spec.at_wait, it, code, issued, calibrating
+            return ring, ring.begin(meta), is_async, 0, 0, it, code, issued, calibrating, inside
+        return None, meta, is_async, time.perf_counter_ns(), spec.at_wait, it, code, issued, calibrating, inside
 
     def coll_end(self, token: Any, result: Any) -> bool:
         """After the call returned: end now (blocking call), or when the Work completes.
@@ -243,7 +239,9 @@ class Timers:
         does not move it. (Calling Work.wait() there instead would unstash the tensors the
         Work keeps alive for the caching allocator: unsafe.)
         """
-        timer, meta, is_async, pc, at_wait, _it, _code, _issued, calibrating = token
+        timer, meta, is_async, pc, at_wait, _it, _code, _issued, calibrating, inside = token
+        if inside is not None and self.status.inside is inside:
+            self.status.inside = ()
         if calibrating is not None:
             self.unseen.calibrated(calibrating)
         if timer is None:
@@ -329,7 +327,9 @@ class Timers:
         arguments): not counted at all. Issued, then failed (a peer gone, a timeout: torch
         numbered it): counted as lost, with ``error`` said at the end. A CUDA start event stays
         unharvested; the next begin reuses its slot."""
-        timer, slot, _is_async, _pc, _at_wait, it, code, issued, calibrating = token
+        timer, slot, _is_async, _pc, _at_wait, it, code, issued, calibrating, inside = token
+        if inside is not None and self.status.inside is inside:
+            self.status.inside = ()
         with self._numbers:
             if self.iteration == it + 1:
                 self.iteration = it
@@ -337,7 +337,7 @@ class Timers:
                 self._spares.append(it)
         if issued and self.unseen.issued_anyway(code):
             with self._numbers:
-                self.failed = (self.failed[0] + 1, _one_line(error))
+                self.failed = (self.failed[0] + 1, bye_reason(error, 160) if error is not None else "")
             self.publish_lost()
         else:
             self._seen[code] -= issued

@@ -71,6 +71,8 @@ class WorkerStatus:
     #: Control messages refused so far, by reason (workers.rank.live_control: LiveControl.rejected).
     rejected: Callable[[], dict[str, int]] | None = None
     finished: bool = False
+    #: The blocking collective the job's threads are inside (Hello.inside; the first to enter).
+    inside: tuple[int, int, int, int] | tuple[()] = ()
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ def hello_body(session: str, info: RunInfo, status: WorkerStatus, counters: Coun
         untimed=status.untimed,
         groups=status.groups,
         lost=status.lost,
+        inside=status.inside,
         rejected=status.rejected() if status.rejected is not None else {},
     )
     return protocol.hello_body(session, hello)

@@ -44,7 +44,8 @@ from workers.synthetic.delay import Delayer, delay_s
 from workers.wire.busbw import bus_factor, collective_bytes
 from workers.wire.config import LoopConfig, batch_ms_for_world
 from workers.wire.connection import Connection
-from workers.wire.protocol import COLLECTIVES, DIRECTIONS, MODES, bye_reason, dtype_code
+from workers.wire.endings import bye_reason
+from workers.wire.protocol import COLLECTIVES, DIRECTIONS, MODES, dtype_code
 from workers.wire.settings import COPY_SCALES, Settings
 
 COLL_RING = 4096

@@ -20,9 +20,7 @@ Every decoding failure raises :class:`ProtocolError` with a short machine-readab
 from __future__ import annotations
 
 import hmac
-import re
 import secrets
-import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -427,6 +425,9 @@ class Hello:
     #: collectives this rank knows it issued and never recorded (cumulative; e.g. overwritten
     #: Flight Recorder entries): part of what a viewer counts as missing
     lost: int = 0
+    #: the blocking collective the job is inside now: (op code, group code, nbytes, since: the
+    #: rank's wall-clock ns at its call), () when none (or its capture cannot tell)
+    inside: tuple[int, int, int, int] | tuple[()] = ()
 
 
 _HELLO_INTS = (
@@ -458,6 +459,8 @@ def hello_body(session: str, hello: Hello) -> dict[str, Any]:
     body["rejected"] = hello.rejected
     body["groups"] = [list(g) for g in hello.groups[:MAX_GROUPS]]
     body["lost"] = hello.lost
+    if hello.inside:
+        body["inside"] = list(hello.inside)
     return body
 
 
@@ -472,8 +475,18 @@ def decode_hello(body: Mapping[str, Any]) -> Hello:
         rejected=rejected,
         groups=_groups(body.get("groups", [])),
         lost=lost,
+        inside=_inside(body.get("inside", [])),
         **values,
     )
+
+
+def _inside(raw: Any) -> tuple[int, int, int, int] | tuple[()]:
+    """A Hello's ``inside``: [op, group, nbytes, since_ns] or nothing (absent: older ranks)."""
+    if raw == []:
+        return ()
+    if not (isinstance(raw, list) and len(raw) == 4 and all(type(v) is int and v >= 0 for v in raw)):
+        raise ProtocolError("field", "'inside' must be [op, group, nbytes, since_ns]")
+    return (raw[0], raw[1], raw[2], raw[3])
 
 
 def _groups(raw: Any) -> tuple[tuple[str, str, int], ...]:
@@ -505,49 +518,6 @@ class Bye:
     exit_code: int
     reason: str
     t_ns: int
-
-
-#: An error a rank gets because a peer died (the collective broke), not a cause of its own.
-_PEER_FAILED = re.compile(
-    r"Connection closed by peer|Connection reset by peer|remote worker crash|remote process exited"
-    r"|NCCL communicator was aborted|Broken pipe",
-    re.IGNORECASE,
-)
-
-
-def peer_failed(error: str) -> bool:
-    """Whether a rank's error (a Bye's reason, an exception line) is a peer's failure seen
-    through a collective, rather than a cause of its own."""
-    return bool(_PEER_FAILED.search(error))
-
-
-def signal_name(code: int) -> str:
-    """``SIGTERM`` for exit code -15 (a process ended by a signal); "" for a plain exit code."""
-    if code < 0:
-        try:
-            return signal.Signals(-code).name
-        except ValueError:
-            return ""
-    return ""
-
-
-def ended_text(code: int) -> str:
-    """``killed by SIGTERM`` or ``exit code 1``: how a process ended, from its exit code."""
-    name = signal_name(code)
-    return f"killed by {name}" if name else f"exit code {code}"
-
-
-#: A C++ source location that torch/gloo/NCCL errors start with: "[/src/gloo/.../pair.cc:534] ".
-_SOURCE_PREFIX = re.compile(r"^(?:\[[^\]\s]*[/\\][^\]\s]*:\d+\]\s*)+")
-
-
-def bye_reason(exc: BaseException, limit: int = 512) -> str:
-    """``"RuntimeError: Connection closed by peer [10.0.0.2]:4411"`` for a Bye: the message's
-    first non-empty line without leading C++ source locations, which would otherwise fill
-    the TUI's one-line note with a build path (the full traceback goes to stderr)."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    text = _SOURCE_PREFIX.sub("", lines[0]) if lines else ""
-    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:limit]
 
 
 def bye_body(session: str, bye: Bye) -> dict[str, Any]:

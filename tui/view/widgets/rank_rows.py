@@ -30,6 +30,7 @@ from tui.view.widgets.palette import (
     TEXT,
     WARN,
     blend,
+    fmt_bytes,
     fmt_gbps,
     fmt_ms,
     mode_color,
@@ -66,6 +67,9 @@ def state_note(r: RankView, proc: str | None) -> str:
     if r.state == "stale":
         what = {"stopped": "stopped (SIGSTOP?)", "gone": "process gone"}.get(proc or "", "silent")
         return f" {what} {r.silent_s:.0f}s "
+    if r.state == "stalled" and r.inside:
+        op, group, nbytes, seconds = r.inside
+        return f" stalled inside {op} on {group} ({fmt_bytes(nbytes)}) for {seconds:.0f}s, heartbeat alive "
     if r.state == "stalled":
         return f" stalled: no collective for {r.idle_s:.0f}s, heartbeat alive "
     if r.state == "waiting":
