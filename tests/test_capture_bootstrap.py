@@ -17,8 +17,10 @@ import pytest
 
 from workers.capture.bootstrap import split_target
 from workers.capture.cuda_capture import CaptureThread
+from workers.capture.flight_recorder import op_name
 from workers.capture.fr_source import FlightRecorderSource, InProcessDump
 from workers.capture.rows import StepTimeline
+from workers.monitor.records import OPS
 from workers.rank.groups import GroupTable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +85,7 @@ class FakeMonitor:
     def __init__(self) -> None:
         self._epoch = 0
         self._mode = 0
-        self.status = SimpleNamespace(iteration=0, untimed=0, lost=0, groups=())
+        self.status = SimpleNamespace(iteration=0, untimed=0, lost=0, groups=(), gpu_inside=())
         self.groups = GroupTable(self.status)
         self.groups.world(("0", "default_pg", 1))
         self.coll: list[tuple[Any, ...]] = []
@@ -122,11 +124,15 @@ def test_capture_thread_reads_each_collective_once_and_waits_at_stop_for_unretir
     thread = CaptureThread(mon, StepTimeline(), FlightRecorderSource(InProcessDump(fake_dump), fake_status, 2000), None)
     thread.drain(force_fr=True)
     assert len(mon.coll) == 12 and thread.fr is not None and thread.fr.cursor.pending == 5
+    op, code, _nbytes, since = mon.status.gpu_inside  # the oldest still running: the Hello's inside
+    stuck = early["entries"][12]
+    assert (OPS[op], code, since) == (op_name(stuck["profiling_name"]), 0, stuck["time_created_ns"])
     issued["1"] = 3  # two more on group "1" that no read will see
     thread.stop(settle_s=5.0)  # the final read waits until the watchdog has retired them
     assert [row[0] for row in mon.coll] == list(range(17))  # iteration: each collective once
     assert thread.fr.cursor.pending == 0 and thread.fr.cursor.untimed == 0
     assert mon.status.iteration == 17 and mon.status.lost == 2  # the last Hello says so
+    assert mon.status.gpu_inside == ()
     assert [row[5] for row in mon.coll].count(1) == 1 and mon.groups.table[1] == ("1", "undefined", 1)
 
 

@@ -276,3 +276,18 @@ def test_record_ids_that_restart_do_not_hide_new_collectives() -> None:
     for _ in range(3):
         after.collective("nccl:all_reduce", [[4]], [[4]], done=True)
     assert [r.seq for r in cursor.read(after.dump())] == [6, 7, 8] and cursor.lost == 0
+
+
+def test_the_oldest_collective_still_running_is_what_a_stalled_rank_is_inside() -> None:
+    """A hang on the GPU: collectives stay running; the oldest is the stuck one (the Hello's
+    ``inside``: op, group, bytes as nccl-tests count them, when torch created it)."""
+    ring = FakeRing(world=2)
+    ring.collective("nccl:all_reduce", [[4]], [[4]], done=True)
+    stuck = ring.collective("nccl:_allgather_base", [[8]], [[16]])  # a peer never joined
+    ring.collective("nccl:all_reduce", [[4]], [[4]])  # queued behind it
+    cursor = FrCursor()
+    assert len(cursor.read(ring.dump())) == 1 and cursor.pending == 2
+    assert cursor.inside == ["all_gather", "0", 16 * 4, stuck["time_created_ns"]]
+    assert FrCursor.from_state(cursor.state()).inside == cursor.inside  # a child decoder hands it over
+    ring.complete()
+    assert len(cursor.read(ring.dump())) == 2 and cursor.inside == []

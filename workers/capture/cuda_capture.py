@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 
 from workers.capture.cupti_copies import FIELDS, ClockMap, decode_copy
+from workers.capture.flight_recorder import FrCursor
 from workers.capture.fr_source import FlightRecorderSource
 from workers.capture.rows import RowMaker, StepTimeline
+from workers.monitor.records import OP_INDEX
 from workers.rank.cupti_activity import MEMCPY_DTOH, MEMCPY_HTOD
 
 log = logging.getLogger("commtop.capture")
@@ -149,6 +151,7 @@ class CaptureThread:
                     coll = self.rows.coll_array(fr.read(now), epoch, mode)
                     mon.status.iteration = self.rows.iteration
                     mon.status.untimed = fr.cursor.untimed
+                    mon.status.gpu_inside = self._inside(fr.cursor)
                     mon.capture_lost(fr.lost)
             cp = self.copies
             if cp is not None and copies:
@@ -164,6 +167,15 @@ class CaptureThread:
             if coll is not None and len(coll):
                 mon.add_coll_array(coll)
             mon.add_records([], copy)  # also sends what an earlier call left batched, once due
+
+    def _inside(self, cursor: FrCursor) -> tuple[int, int, int, int] | tuple[()]:
+        """The Hello's ``inside`` from the oldest collective still running at the last read."""
+        if not cursor.inside:
+            return ()
+        op, name, nbytes, since = cursor.inside
+        g = cursor.groups.get(name)
+        code = self.mon.groups.code(name, g.desc if g is not None else "", cursor.size_of(name))
+        return (OP_INDEX.get(op, 0), code, int(nbytes), int(since))
 
     def stop(self, settle_s: float = 1.0) -> None:
         """Stop the thread and read what finished meanwhile (at destroy_process_group / exit);

@@ -259,6 +259,9 @@ class FrCursor:
         self.p2p = 0  # point-to-point entries seen (not collectives; never lost)
         self.pending = 0  # collectives of the last dump still running or not retired yet
         self._pending: dict[str, set[int]] = {}
+        #: the oldest collective still running at the last read: [op, group, nbytes, time created
+        #: (ns, wall clock)], [] when none; a hang's stuck collective (Hello.inside)
+        self.inside: list[Any] = []
         #: (group, seq) retired without a duration in the last dump: torch marks an entry retired
         #: and computes its duration after, outside its lock, so a dump can fall in between; the
         #: next dump says whether it was timed. Untimed only if it still has none then.
@@ -292,6 +295,7 @@ class FrCursor:
         self._pending = {}
         self._settling_next = set()
         lowest_pending: int | None = None
+        running: tuple[str, list[Entry]] | None = None  # the oldest collective still running
         for (name, seq), unit in units.items():
             g = self.groups[name]
             if seq < g.expect or seq in g.done:
@@ -300,13 +304,15 @@ class FrCursor:
             if state == WAIT:
                 self._pending.setdefault(name, set()).add(seq)
                 first = _rid(unit[0])
-                lowest_pending = first if lowest_pending is None else min(lowest_pending, first)
+                if lowest_pending is None or first < lowest_pending:
+                    lowest_pending, running = first, (name, unit)
                 continue
             g.account(seq)
             if row is not None:
                 out.append(row)
         self._settling = self._settling_next
         self.pending = sum(len(s) for s in self._pending.values())
+        self.inside = self._inside(*running) if running is not None else []
         if entries:
             self.last_record = _rid(entries[-1])
             self.floor = lowest_pending - 1 if lowest_pending is not None else max(self.floor, self.last_record)
@@ -333,6 +339,7 @@ class FrCursor:
             self.unread += n
         self._pending = {}
         self.pending = 0
+        self.inside = []
         return self.unread - before
 
     def state(self) -> dict[str, Any]:
@@ -344,6 +351,7 @@ class FrCursor:
             "last_record": self.last_record,
             "counts": [self.overwritten, self.untimed, self.unknown, self.unread, self.p2p, self.pending],
             "pending": {n: sorted(s) for n, s in self._pending.items()},
+            "inside": self.inside,
             "settling": sorted([n, q] for n, q in self._settling),
             "timed_groups": sorted(self._timed_groups),
             "p2p_upto": self._p2p_upto,
@@ -363,6 +371,7 @@ class FrCursor:
             c.floor, c.last_record, c._p2p_upto = int(state["floor"]), int(state["last_record"]), int(state["p2p_upto"])
             c.overwritten, c.untimed, c.unknown, c.unread, c.p2p, c.pending = (int(v) for v in state["counts"])
             c._pending = {str(n): {int(s) for s in seqs} for n, seqs in dict(state["pending"]).items()}
+            c.inside = list(state.get("inside", ()))
             c._settling = {(str(n), int(q)) for n, q in state.get("settling", ())}
             c._timed_groups = {str(n) for n in state.get("timed_groups", ())}
             c._sizes = {str(n): int(v) for n, v in dict(state["sizes"]).items()}
@@ -500,6 +509,18 @@ class FrCursor:
             float(timing["duration_ms"]) * 1e3,
             len(parts),
         )
+
+    def size_of(self, name: str) -> int:
+        """The size of a group the dumps named (0: unknown)."""
+        return self._sizes.get(name, 0)
+
+    def _inside(self, name: str, unit: list[Entry]) -> list[Any]:
+        """[op, group, nbytes, time created] of a running collective (its first entry's)."""
+        e = unit[0]
+        op = self._kind(e)[0]
+        if op is None:
+            return []
+        return [op, name, entry_nbytes(op, e, self._sizes.get(name, 0)), int(e.get("time_created_ns") or 0)]
 
     def _kind(self, e: Entry) -> tuple[str | None, bool]:
         """(commtop op or None, is a startCoalescing closing entry) of an entry's profiling name."""

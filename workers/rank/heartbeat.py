@@ -73,6 +73,8 @@ class WorkerStatus:
     finished: bool = False
     #: The blocking collective the job's threads are inside (Hello.inside; the first to enter).
     inside: tuple[int, int, int, int] | tuple[()] = ()
+    #: The oldest collective still running on the GPU at the Flight Recorder's last read (its thread).
+    gpu_inside: tuple[int, int, int, int] | tuple[()] = ()
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ def hello_body(session: str, info: RunInfo, status: WorkerStatus, counters: Coun
         untimed=status.untimed,
         groups=status.groups,
         lost=status.lost,
-        inside=status.inside,
+        inside=status.inside or status.gpu_inside,
         rejected=status.rejected() if status.rejected is not None else {},
     )
     return protocol.hello_body(session, hello)
