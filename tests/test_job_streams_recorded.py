@@ -342,6 +342,29 @@ def test_ranks_that_end_with_os_exit_send_every_collective_and_say_bye(monkeypat
         assert byes == [(0, 0), (1, 0)]
 
 
+def test_a_hang_says_which_rank_is_inside_a_collective_and_sends_what_each_finished(
+    monkeypatch, capsys, tmp_path
+) -> None:
+    """Rank 1 skips an all_reduce and sleeps 4 s; rank 0 waits inside it. Meanwhile rank 0's
+    Hellos say it is inside that all_reduce (the TUI's "stalled inside all_reduce ..."), rank 1's
+    say nothing, and both ranks' 4 finished all_reduces are sent before the end (they waited for
+    a next collective that never came: 1 of 4 showed). The failed fifth counts as lost."""
+    prefix = str(tmp_path / "hang")
+    job = [str(REPO / "tests" / "jobs" / "peer_leaves_a_collective.py"), "--seconds", "4", "--counts", prefix]
+    tables = run_recorded(monkeypatch, capsys, job)
+    hellos = last_hellos(tables)
+    for rank, hello in hellos.items():
+        assert recorded(tables, rank, hello) == expected(prefix, rank)
+    assert (hellos[0].lost, hellos[1].lost) == (1, 0)
+    inside = {h.rank: h for _, h in tables.hellos if h.inside}
+    assert sorted(inside) == [0], inside  # only rank 0 was inside a collective
+    op, group, nbytes, since = inside[0].inside
+    assert (OPS[op], group, nbytes) == ("all_reduce", 0, 256) and inside[0].t_ns - since > 0.5e9
+    byes = {b.rank: b.t_ns for _, b in tables.byes}
+    coll = tables.coll  # every finished record was received long before the rank's end
+    assert all(coll["recv_ns"][coll["rank"] == r].max() < byes[r] - 2e9 for r in (0, 1)), byes
+
+
 @pytest.mark.parametrize(("by", "code", "reason"), [("sys.exit", 3, "sys.exit(3)"), ("message", 1, "SystemExit: rank")])
 def test_ranks_that_end_with_sys_exit_say_their_exit_code(monkeypatch, capsys, tmp_path, by, code, reason) -> None:
     """``sys.exit(3)`` (or a message: status 1) never reaches sys.excepthook: each rank's own Bye

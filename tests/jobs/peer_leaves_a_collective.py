@@ -1,0 +1,46 @@
+"""A hang that ends: rank 1 skips its 5th all_reduce, sleeps SECONDS in its own code and leaves;
+rank 0 waits inside that all_reduce until gloo says the peer is gone, then ends. Nothing of
+commtop in it.
+
+    commtop run --headless -- python tests/jobs/peer_leaves_a_collective.py --seconds 4 --counts PREFIX
+
+Each rank writes what it issued, by its own logic, to ``PREFIX.rankN.json`` (rows [group, op,
+dtype, nbytes, count]; rank 0's fifth all_reduce failed after torch issued it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--counts", default="")
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    name = dist.distributed_c10d._get_process_group_name(dist.group.WORLD)
+    for _ in range(4):
+        dist.all_reduce(torch.ones(64))
+    rows = [[name, "all_reduce", "float32", 256, 4]]
+    if args.counts:
+        with open(f"{args.counts}.rank{rank}.json", "w") as fh:
+            json.dump(rows, fh)
+    if rank == 1:
+        time.sleep(args.seconds)  # its own code: no collective
+        os._exit(0)
+    try:
+        dist.all_reduce(torch.ones(64))  # never joined: fails once rank 1 is gone
+    except RuntimeError as exc:
+        print(f"rank 0: the fifth all_reduce failed: {exc}".splitlines()[0], flush=True)
+
+
+if __name__ == "__main__":
+    main()
