@@ -165,7 +165,7 @@ def _shown(snap: Snapshot, r: RankView, line: int) -> tuple[object, ...]:
     if line == 1:
         return (r.run, r.copy_run)
     if line == 2:
-        return (r.iter_rate, r.count, r.missing, r.drops)
+        return (r.iter_rate, r.count, r.missing, r.drops, r.state == "stalled")
     if line == 3:
         return (tuple(r.run_by_class.items()), r.overlapped)
     return ()
@@ -213,6 +213,8 @@ def _run_numbers(r: RankView, narrow: bool = False) -> list[Segment]:
 def _counts(r: RankView, narrow: bool = False) -> list[Segment]:
     """Collectives received, rate, missing and dropped records of one rank (dim)."""
     rate = f"{r.iter_rate:,.0f}/s" if math.isfinite(r.iter_rate) else "-/s"
+    if r.state == "stalled":  # the window's rate is its last records': none come now
+        rate = "0/s"
     text = f"{r.count:,} it · {rate} · missing {r.missing:,} · drops {r.drops:,}"
     room = (NARROW_W if narrow else FIXED_W) - 11
     if narrow:
