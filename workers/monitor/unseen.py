@@ -99,6 +99,7 @@ class Unseen:
         self.total = 0
         self._kinds: dict[str, tuple[str, ...]] = {}  # group name -> kinds_of, asked once
         self._code_kinds: dict[int, tuple[str, ...]] = {}  # the same by group code, for the calls
+        self._gloo_codes: dict[int, bool] = {}  # group code -> only gloo serves it (per call)
         self._before: dict[str, int] = {}  # group name -> what it issued before the hooks went in
         #: no hooks on gloo's collectives (the Flight Recorder capture times NCCL's): all are missed
         self.untimed_gloo = False
@@ -232,8 +233,12 @@ class Unseen:
 
     def is_gloo(self, code: int, group: Any) -> bool:
         """Whether a collective's group (None: the default one; ``code`` its code) is served only
-        by gloo: asked of torch once per code (the job's thread asks it per call in gloo-only mode)."""
-        return self.kinds(code, group) == ("gloo",)
+        by gloo: asked of torch once per code (the job's thread asks it per call in gloo-only mode:
+        one dict lookup, for every NCCL collective of a job with a gloo side group)."""
+        gloo = self._gloo_codes.get(code)
+        if gloo is None:
+            gloo = self._gloo_codes[code] = self.kinds(code, group) == ("gloo",)
+        return gloo
 
     def numbered_apart(self, code: int, group: Any) -> bool:
         """Whether a CUDA tensor's send or receive on this group is numbered apart from its
