@@ -13,6 +13,7 @@ from frozen_run import T0, TENSOR_BYTES, frozen_coll, frozen_copy, frozen_hello,
 from tui.model.run_model import HISTORY_ITERS, RunModel, history_iters
 from tui.model.snapshot import Snapshot
 from tui.model.stats import RING_SIZE
+from tui.run.headless_out import Progress
 from tui.view.widgets.rank_rows import _counts, state_note
 from workers.wire.protocol import OP_NAMES, Batch, Bye
 
@@ -152,6 +153,8 @@ def test_a_stalled_rank_says_which_collective_it_is_inside_and_its_peer_that_it_
     assert state_note(ranks[0], None) == " stalled inside all_reduce on 0:default_pg (256 B) for 2s, heartbeat alive "
     assert state_note(ranks[1], None) == " stalled: no collective for 3s, heartbeat alive "
     assert " 0/s " in "".join(seg.text for seg in _counts(ranks[1]))  # not its last window's rate
+    progress = Progress(model, expected_ranks=2, started=0.0).text(30.0)  # the headless progress line
+    assert progress.endswith(" · 0:30 · stalled: rank 0 inside all_reduce 2s, rank 1"), progress
     model.apply(frozen_coll(0, 1, [1], [1000]))  # it came out: live, nothing inside
     assert model.snapshot().ranks[0].inside == ()
 

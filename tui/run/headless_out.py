@@ -14,6 +14,7 @@ import threading
 import time
 from typing import TextIO
 
+from tui.model.inside import inside_of
 from tui.model.run_model import RunModel
 from tui.run.job_output import JobLine
 
@@ -104,6 +105,10 @@ class HeadlessTerminal:
                 self._progress = ""
 
 
+#: Stalled ranks the progress line names before "+N more".
+STALLED_SHOWN = 4
+
+
 class Progress:
     """The progress line's text from the model: steps (a user's job) or iterations, their
     rate, the ranks that reported, elapsed time."""
@@ -134,7 +139,24 @@ class Progress:
         self._samples = [(t, i) for t, i in self._samples if now - t <= 5.0] + [(now, last)]
         t0, i0 = self._samples[0]
         rate = f" · {(last - i0) / (now - t0):.1f} {units}/s" if now - t0 >= 1.0 else ""
-        return f"commtop: {unit} {last}{rate} · ranks {said}/{world} · {elapsed}"
+        return f"commtop: {unit} {last}{rate} · ranks {said}/{world} · {elapsed}{self._stalled()}"
+
+    def _stalled(self) -> str:
+        """ " · stalled: rank 0 inside all_reduce 12s, rank 1": ranks whose heartbeat goes on and
+        whose collectives stopped (a hang names where each rank is; tui.model.inside)."""
+        model = self.model
+        now = model.clock()
+        out = []
+        for r in sorted(model.ranks.values(), key=lambda r: r.rank):
+            if not r.received or r.bye is not None or now - r.last_seen_ns > model.stale_after_ns:
+                continue
+            if now - r.last_record_ns > model.stale_after_ns:
+                inside = inside_of(r.hello)
+                out.append(f"rank {r.rank} inside {inside[0]} {inside[3]:.0f}s" if inside else f"rank {r.rank}")
+        if not out:
+            return ""
+        more = f", +{len(out) - STALLED_SHOWN} more" if len(out) > STALLED_SHOWN else ""
+        return " · stalled: " + ", ".join(out[:STALLED_SHOWN]) + more
 
 
 def _clock(seconds: float) -> str:
