@@ -246,6 +246,11 @@ class RankSteps:
         steps = int(s[-1] - s[i])
         return steps / (span / 1e9) if span > 0 and steps > 0 else math.nan
 
+    def latest(self) -> int | None:
+        """The newest step a collective was seen in (None: the job marks no steps)."""
+        self._fold()
+        return self.last_step
+
     def steps_per_s(self) -> float:
         """Steps per second over the whole run (first to last step start)."""
         self._fold()

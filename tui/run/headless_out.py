@@ -134,8 +134,11 @@ class Progress:
         last = max((r.last_iteration for r in ranks), default=-1)
         if last < 0:
             return f"commtop: starting · ranks {said}/{world} · {elapsed}"
-        monitor = any(r.hello is not None and r.hello.config.get("source") == "monitor" for r in ranks)
-        unit, units = ("step", "steps") if monitor else ("iteration", "it")
+        unit, units = "iteration", "it"
+        if any(r.hello is not None and r.hello.config.get("source") == "monitor" for r in ranks):  # a user's job
+            step = max((s for s in (r.steps.latest() for r in ranks) if s is not None), default=0)
+            unit, units = ("step", "steps") if step > 0 else ("collective", "collectives")  # step 0: none marked yet
+            last = step if step > 0 else last
         self._samples = [(t, i) for t, i in self._samples if now - t <= 5.0] + [(now, last)]
         t0, i0 = self._samples[0]
         rate = f" · {(last - i0) / (now - t0):.1f} {units}/s" if now - t0 >= 1.0 else ""
