@@ -342,26 +342,30 @@ def test_ranks_that_end_with_os_exit_send_every_collective_and_say_bye(monkeypat
         assert byes == [(0, 0), (1, 0)]
 
 
+@pytest.mark.parametrize("wait", [False, True], ids=["blocking", "async-wait"])
 def test_a_hang_says_which_rank_is_inside_a_collective_and_sends_what_each_finished(
-    monkeypatch, capsys, tmp_path
+    monkeypatch, capsys, tmp_path, wait
 ) -> None:
     """Rank 1 skips an all_reduce and sleeps 4 s; rank 0 waits inside it. Meanwhile rank 0's
     Hellos say it is inside that all_reduce (the TUI's "stalled inside all_reduce ..."), rank 1's
     say nothing, and both ranks' 4 finished all_reduces are sent before the end (they waited for
-    a next collective that never came: 1 of 4 showed). The failed fifth counts as lost."""
+    a next collective that never came: 1 of 4 showed). The failed fifth counts as lost. The same
+    where rank 0 waits on an async all_reduce's Work (DDP's and FSDP's way)."""
     prefix = str(tmp_path / "hang")
     job = [str(REPO / "tests" / "jobs" / "peer_leaves_a_collective.py"), "--seconds", "4", "--counts", prefix]
-    tables = run_recorded(monkeypatch, capsys, job)
+    tables = run_recorded(monkeypatch, capsys, job + (["--wait"] if wait else []))
     hellos = last_hellos(tables)
     for rank, hello in hellos.items():
         assert recorded(tables, rank, hello) == expected(prefix, rank)
     assert (hellos[0].lost, hellos[1].lost) == (1, 0)
-    inside = {h.rank: h for _, h in tables.hellos if h.inside}
-    assert sorted(inside) == [0], inside  # only rank 0 was inside a collective
+    coll = tables.coll
+    mine = {r: coll["rank"] == r for r in (0, 1)}
+    done = {r: (coll["host_ns"][mine[r]] + coll["dur_us"][mine[r]] * 1e3).max() for r in (0, 1)}  # 4th's end
+    inside = {h.rank: h for _, h in tables.hellos if h.inside and h.t_ns > done[h.rank] + 0.1e9}
+    assert sorted(inside) == [0], inside  # after their 4th, only rank 0 was inside a collective
     op, group, nbytes, since = inside[0].inside
     assert (OPS[op], group, nbytes) == ("all_reduce", 0, 256) and inside[0].t_ns - since > 0.5e9
-    byes = {b.rank: b.t_ns for _, b in tables.byes}
-    coll = tables.coll  # every finished record was received long before the rank's end
+    byes = {b.rank: b.t_ns for _, b in tables.byes}  # every finished record was received long before the rank's end
     assert all(coll["recv_ns"][coll["rank"] == r].max() < byes[r] - 2e9 for r in (0, 1)), byes
 
 

@@ -123,6 +123,12 @@ def test_a_blocking_collective_is_the_ranks_inside_until_it_returns(run) -> None
     assert mon.status.inside == ()
     mon.coll_end(mon.coll_begin(all_reduce, (torch.ones(4),), {"async_op": True}), None)
     assert mon.status.inside == ()
+    work = dist.all_reduce(torch.ones(4), async_op=True)  # an async gloo one: inside until its Work completes
+    work.wait()
+    deadline = time.monotonic() + 5.0
+    while mon.status.inside and time.monotonic() < deadline:  # gloo's thread runs the done-callback
+        time.sleep(0.01)
+    assert mon.status.inside == ()
     mon.coll_failed(mon.coll_begin(all_reduce, (torch.ones(4),), {}))
     assert mon.status.inside == ()
     mon.close()

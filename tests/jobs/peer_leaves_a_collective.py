@@ -2,7 +2,10 @@
 rank 0 waits inside that all_reduce until gloo says the peer is gone, then ends. Nothing of
 commtop in it.
 
-    commtop run --headless -- python tests/jobs/peer_leaves_a_collective.py --seconds 4 --counts PREFIX
+    commtop run --headless -- python tests/jobs/peer_leaves_a_collective.py --seconds 4 --counts PREFIX [--wait]
+
+``--wait``: rank 0's fifth is ``all_reduce(async_op=True)`` and it waits in ``Work.wait()`` (as DDP
+and FSDP wait on theirs).
 
 Each rank writes what it issued, by its own logic, to ``PREFIX.rankN.json`` (rows [group, op,
 dtype, nbytes, count]; rank 0's fifth all_reduce failed after torch issued it).
@@ -23,6 +26,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--counts", default="")
+    ap.add_argument("--wait", action="store_true", help="rank 0: an async all_reduce, then wait()")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -37,7 +41,10 @@ def main() -> None:
         time.sleep(args.seconds)  # its own code: no collective
         os._exit(0)
     try:
-        dist.all_reduce(torch.ones(64))  # never joined: fails once rank 1 is gone
+        if args.wait:
+            dist.all_reduce(torch.ones(64), async_op=True).wait()  # never joined: fails once rank 1 is gone
+        else:
+            dist.all_reduce(torch.ones(64))
     except RuntimeError as exc:
         print(f"rank 0: the fifth all_reduce failed: {exc}".splitlines()[0], flush=True)
 

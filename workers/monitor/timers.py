@@ -88,19 +88,52 @@ class CudaTimers:
 
 
 class Ender:
-    """Done-callback of an async gloo Work's future: ends its timing on gloo's thread."""
+    """Done-callback of an async gloo Work's future: ends its timing on gloo's thread, and the
+    rank's ``inside`` where this collective holds it (``status``: None where it does not). A
+    Work that failed (a peer gone, a timeout) is no record: ``failed`` counts it."""
 
-    __slots__ = ("timer", "token")
+    __slots__ = ("timer", "token", "status", "inside", "failed")
 
-    def __init__(self, timer: CpuTimer, token: Any) -> None:
+    def __init__(
+        self,
+        timer: CpuTimer,
+        token: Any,
+        status: WorkerStatus | None = None,
+        inside: Any = None,
+        failed: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.timer = timer
         self.token = token
+        self.status = status
+        self.inside = inside
+        self.failed = failed
 
-    def __call__(self, _future: Any) -> None:
+    def __call__(self, future: Any) -> None:
         try:
+            if future is not None:
+                try:
+                    future.value()  # raises the Work's error (its value: the tensors, at once)
+                except Exception as exc:  # noqa: BLE001 - the job sees it from its own wait()
+                    self.fail(exc)
+                    return
             self.timer.end(self.token)
+            self._release()
         except Exception:  # noqa: BLE001 - never raise on torch's thread
             pass
+
+    def fail(self, exc: BaseException) -> None:
+        """The Work failed after it was issued: counted as failed, not timed."""
+        try:
+            if self.failed is not None:
+                self.failed(exc)
+            self._release()
+        except Exception:  # noqa: BLE001 - never raise on torch's thread
+            pass
+
+    def _release(self) -> None:
+        status = self.status
+        if status is not None and status.inside is self.inside:
+            status.inside = ()
 
     def done(self) -> None:
         """The end seen by the job's own wait() (workers.monitor.wait_hook)."""
@@ -218,8 +251,8 @@ class Timers:
                 it = self.iteration
                 self.iteration = it + 1
         meta = (it, step, epoch, mode, spec.code, code, dtype, nbytes, ranks, time.time_ns())
-        inside = None
-        if not is_async and not self.status.inside:  # a hang shows where (Hello.inside): the first thread in
+        inside = None  # a hang shows where (Hello.inside): the oldest collective begun, not finished
+        if (ring is None or not is_async) and not self.status.inside:  # (a GPU async one ends on the GPU)
             inside = self.status.inside = (spec.code, code, nbytes, meta[HOST_NS])
         if ring is not None:
             return ring, ring.begin(meta), is_async, 0, 0, it, code, issued, calibrating, inside
@@ -240,15 +273,19 @@ class Timers:
         Work keeps alive for the caching allocator: unsafe.)
         """
         timer, meta, is_async, pc, at_wait, _it, _code, _issued, calibrating, inside = token
-        if inside is not None and self.status.inside is inside:
-            self.status.inside = ()
+        held = inside is not None and self.status.inside is inside
+        if held and (timer is not None or not is_async or result is None):
+            self.status.inside = ()  # ended here; an async gloo one, when its Work completes (Ender)
+            held = False
         if calibrating is not None:
             self.unseen.calibrated(calibrating)
         if timer is None:
             if not is_async or result is None:  # a deque: thread-safe beside another thread's harvest
                 self.cpu_coll.ready.append((*meta, meta[HOST_NS], (time.perf_counter_ns() - pc) / 1000.0))
             else:
-                ender = Ender(self.cpu_coll, (meta, meta[HOST_NS], pc))
+                ender = Ender(
+                    self.cpu_coll, (meta, meta[HOST_NS], pc), self.status if held else None, inside, self._async_failed
+                )
                 if at_wait:  # untimed if it cannot be followed (a gap)
                     if at_wait == WORK_WAIT:
                         wait_hook.expect(result, ender.done)
@@ -434,6 +471,12 @@ class Timers:
             self.unseen.read()
             self.publish_lost()
 
+    def _async_failed(self, error: BaseException) -> None:
+        """An async Work failed after it was issued (Ender, on gloo's or the waiter's thread)."""
+        with self._numbers:
+            self.failed = (self.failed[0] + 1, bye_reason(error, 160))
+        self.publish_lost()
+
     def say_failed(self, rank: int) -> None:
         """One line at the end where calls failed after torch issued them (they count as missing)."""
         failed, error = self.failed
@@ -479,7 +522,8 @@ class Timers:
                 work, ender = job
                 try:
                     work.wait()  # releases the GIL; the job's own wait() is unaffected
-                except Exception:  # noqa: BLE001 - the job sees the error from its own wait()
+                except Exception as exc:  # noqa: BLE001 - the job sees the error from its own wait()
+                    ender.fail(exc)
                     continue
                 ender(None)
 
