@@ -5,6 +5,7 @@ that every rank finished or was stopped; nothing where the recording holds no By
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -14,6 +15,7 @@ from job_synth import job_run
 from recording_synth import write_recording
 
 from tui import cli
+from tui.model.streams import group_label
 from tui.report.endings import job_ending
 from workers.wire import protocol as p
 
@@ -82,6 +84,31 @@ def test_the_report_of_a_failed_jobs_recording_says_it_failed_in_text_and_json(t
     doc = json.loads(report(path, "--format", "json"))
     assert doc["ended"] == "failed" and doc["first_failure"]["rank"] == 2
     assert [r["ended"] for r in doc["ranks"]] == ["exit code 1", "killed by SIGTERM", "exit code 1", None]
+    assert "longest waits" not in text and all(r["longest_wait"] is None for r in doc["ranks"])
+
+
+def test_the_report_names_each_ranks_longest_wait_inside_one_collective(tmp_path: Path) -> None:
+    """A hang, recorded: rank 0's Hellos said it was inside an all_reduce for 1, then 12.5 s (its
+    peer never came); rank 1's, 0.5 s in one (a normal wait: under LONG_WAIT_S, not named)."""
+    items = list(job_run(world=2, steps=20))
+    end = max(t for t, _ in items)
+    first = next(m for _, m in items if isinstance(m, p.Hello) and m.rank == 0)
+    groups = first.groups
+    all_reduce = p.OP_NAMES.index("all_reduce")
+    for rank, waited in ((1, 0.5), (0, 1.0), (0, 12.5)):  # in arrival order
+        t = end + int(waited * 1e9)
+        hello = dataclasses.replace(first, rank=rank, t_ns=t, groups=groups, inside=(all_reduce, 0, 4096, end))
+        items.append((t, hello))
+    path = tmp_path / "hung.commtop"
+    write_recording(path, items)
+    text = report(path)
+    line = next(ln.strip() for ln in text.splitlines() if "longest waits" in ln)
+    assert (
+        line
+        == f"longest waits inside a collective: rank 0 inside all_reduce on {group_label(*groups[0][:2])} (4,096 B), 12.5 s"
+    )
+    doc = json.loads(report(path, "--format", "json"))
+    assert [r["longest_wait"] is not None for r in doc["ranks"]] == [True, False]
 
 
 def test_the_launchers_word_on_an_exit_code_is_not_repeated_as_the_reason_the_ranks_own_words_are() -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import sys
 from collections.abc import Iterator
@@ -70,14 +71,19 @@ _DEFAULT_TRIM, _DEFAULT_MMAP_MAX = 128 * 1024, 65536
 _KEEP = 2**31 - 1  # bytes of free heap kept before any goes back to the system (mallopt takes an int)
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
-    """The C library, where it is glibc (it has mallopt and malloc_trim); else None."""
+    """The C library, where it is glibc (it has mallopt and malloc_trim); else None. glibc's
+    soname first: ``find_library`` runs ``ldconfig -p`` in a subprocess at every call."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL("libc.so.6")
     except OSError:
-        return None
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        except OSError:
+            return None
     return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
 
 

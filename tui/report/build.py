@@ -144,7 +144,7 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
         streams=tuple(
             _stream_rows(recs, names, ctx.spans, stream_orders) if job.is_job or len(recs.combos) > 1 else ()
         ),
-        ending=job_ending(tables.byes, rec.first_ns),
+        ending=job_ending(tables.byes, rec.first_ns, tables.hellos),
     )
 
 

@@ -14,9 +14,12 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tui.model.inside import inside_of
 from workers.wire import protocol as p
 from workers.wire.endings import ended_text, peer_failed
 
+#: A wait inside one collective the report names (the TUI calls a rank stalled after 2 s).
+LONG_WAIT_S = 2.0
 #: Signals a stop sends: a rank ended by one was stopped, it did not fail.
 _STOPS = {-int(signal.SIGTERM), -int(signal.SIGINT)}
 
@@ -40,6 +43,8 @@ class Ending:
 
     by_rank: dict[int, str] = field(default_factory=dict)
     first: FirstFailure | None = None
+    #: per rank its longest wait inside one collective of LONG_WAIT_S or more (its Hellos' inside)
+    waits: dict[int, str] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -69,8 +74,25 @@ class Ending:
         return head + (f"; {', '.join(parts)}" if parts else "")
 
 
-def job_ending(byes: Sequence[tuple[int, p.Bye]], first_ns: int) -> Ending:
-    """The :class:`Ending` of a recording's ``(recv_ns, Bye)`` list (in file order)."""
+def long_waits(hellos: Sequence[tuple[int, p.Hello]]) -> dict[int, str]:
+    """Per rank, the longest its Hellos saw it inside one collective, where that was LONG_WAIT_S
+    or more: ``all_reduce on 0:default_pg (256 B), 12.3 s`` (a hang, or a peer that came late)."""
+    longest: dict[int, tuple[float, p.Hello]] = {}
+    for _, h in hellos:
+        if h.inside:
+            waited = (h.t_ns - h.inside[3]) / 1e9
+            if waited >= LONG_WAIT_S and waited > longest.get(h.rank, (0.0, h))[0]:
+                longest[h.rank] = (waited, h)
+    out = {}
+    for rank, (waited, h) in sorted(longest.items()):
+        op, group, nbytes, _at = inside_of(h) or ("?", "?", 0, 0.0)
+        out[rank] = f"{op} on {group} ({nbytes:,} B), {waited:.1f} s"
+    return out
+
+
+def job_ending(byes: Sequence[tuple[int, p.Bye]], first_ns: int, hellos: Sequence[tuple[int, p.Hello]] = ()) -> Ending:
+    """The :class:`Ending` of a recording's ``(recv_ns, Bye)`` list (in file order), with the
+    ranks' long waits from its Hellos."""
     last: dict[int, p.Bye] = {}
     failures: list[p.Bye] = []
     for _, bye in byes:
@@ -79,10 +101,12 @@ def job_ending(byes: Sequence[tuple[int, p.Bye]], first_ns: int) -> Ending:
             failures.append(bye)
     first = min(failures, key=lambda b: (peer_failed(b.reason), b.t_ns, b.rank), default=None)
     ended = {r: end_text(b.exit_code) for r, b in sorted(last.items())}
+    waits = long_waits(hellos)
     if first is None:
-        return Ending(ended)
+        return Ending(ended, waits=waits)
     said = (b.reason for b in failures if b.rank == first.rank and _own_words(b))
-    return Ending(ended, FirstFailure(first.rank, first.exit_code, next(said, ""), (first.t_ns - first_ns) / 1e9))
+    at_s = (first.t_ns - first_ns) / 1e9
+    return Ending(ended, FirstFailure(first.rank, first.exit_code, next(said, ""), at_s), waits)
 
 
 def _own_words(bye: p.Bye) -> bool:

@@ -16,6 +16,7 @@ import numpy as np
 
 from tui.experiment.ab_stats import as_json as ab_json
 from tui.experiment.ab_stats import format_table as ab_table
+from tui.model.streams import SUMMARY_GROUPS
 from tui.recordings.codec import Tables
 from tui.report.overlap_report import format_class_table
 from tui.report.peaks import measured_lines, peaks_json, peaks_line
@@ -75,6 +76,11 @@ def format_table(report: Report) -> str:
     ended = report.ending.line([r.rank for r in report.ranks])
     if ended:
         lines.append(f"  {ended}")
+    waits = report.ending.waits
+    if waits:
+        shown = [f"rank {r} inside {w}" for r, w in list(waits.items())[:SUMMARY_GROUPS]]
+        more = f", +{len(waits) - SUMMARY_GROUPS} more" if len(waits) > SUMMARY_GROUPS else ""
+        lines.append(f"  longest waits inside a collective: {'; '.join(shown)}{more}")
     if report.problems:
         lines.append(f"  warning: {report.problems}")
     if report.several_streams or not report.has_modes:
@@ -207,7 +213,13 @@ def format_json(report: Report) -> str:
         "steps": [asdict(s) for s in report.steps],
         "groups": [asdict(g) for g in report.groups],
         "ranks": [
-            {**asdict(r), "missing": r.missing, "ended": report.ending.by_rank.get(r.rank)} for r in report.ranks
+            {
+                **asdict(r),
+                "missing": r.missing,
+                "ended": report.ending.by_rank.get(r.rank),
+                "longest_wait": report.ending.waits.get(r.rank),
+            }
+            for r in report.ranks
         ],
         "ended": report.ending.verdict or None,
         "first_failure": asdict(report.ending.first) if report.ending.first is not None else None,
