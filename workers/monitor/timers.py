@@ -274,8 +274,10 @@ class Timers:
         """
         timer, meta, is_async, pc, at_wait, _it, _code, _issued, calibrating, inside = token
         held = inside is not None and self.status.inside is inside
-        if held and (timer is not None or not is_async or result is None):
-            self.status.inside = ()  # ended here; an async gloo one, when its Work completes (Ender)
+        if held and (timer is not None or not is_async or result is None or at_wait):
+            # ended here; an async gloo one when its Work completes (Ender); one the job's own wait
+            # ends (isend, a functional collective) may never be waited on: not held
+            self.status.inside = ()
             held = False
         if calibrating is not None:
             self.unseen.calibrated(calibrating)
