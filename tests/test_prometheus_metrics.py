@@ -4,6 +4,7 @@ queries only metrics the exporter serves."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -209,6 +210,41 @@ def test_gaps_in_sequence_numbers_count_lost_batches_and_silence_counts_one_stal
     assert sample(scrape(m)["commtop_rank_stalls"], "commtop_rank_stalls_total", rank="0") == 2
 
 
+def test_a_rank_inside_a_collective_grows_its_inside_gauge_until_it_comes_out() -> None:
+    """A hang to alert on: the rank's Hellos (the heartbeat's copy to the exporter) say it is inside
+    an all_reduce since 12 s; the gauge goes on growing between Hellos, and is 0 once it is out."""
+    now = [100.0]
+    m = NodeMetrics("n", clock=lambda: now[0])
+    hello = _hello(0, t_ns=50 * 10**9, inside=(p.OP_NAMES.index("all_reduce"), 0, 256, 38 * 10**9))
+    m.add_message(sealed_hello(hello))
+    m.add_message(coll_batch(1, 0, [0], [5.0]))
+    now[0] += 3.0
+    fams = scrape(m)["commtop_rank_inside_collective_seconds"]
+    assert sample(fams, "commtop_rank_inside_collective_seconds", rank="0") == pytest.approx(15.0)
+    assert sample(fams, "commtop_rank_inside_collective_seconds", rank="1") == 0
+    m.add_message(sealed_hello(dataclasses.replace(hello, t_ns=51 * 10**9, inside=())))
+    assert (
+        sample(scrape(m)["commtop_rank_inside_collective_seconds"], "commtop_rank_inside_collective_seconds", rank="0")
+        == 0
+    )
+
+
+def _hello(rank: int, **kw: object) -> p.Hello:
+    values: dict = dict(
+        rank=rank, world_size=2, local_rank=rank, local_world_size=2, host="n", pid=1, backend="gloo/cpu",
+        device="cpu", device_index=-1, gpu_uuid="", torch_version="", nccl_version="", config={}, settings={},
+        epoch=0, iteration=0, pinned_bytes=0, t_ns=1, started_ns=0,
+    )  # fmt: skip
+    values.update(kw)
+    return p.Hello(**values)
+
+
+def sealed_hello(hello: p.Hello) -> p.Hello:
+    """The Hello as the exporter's receiver gets it: sealed, opened, decoded."""
+    key = b"k" * 32
+    return p.decode(p.open_frames(key, p.seal(key, p.hello_body("s", hello))))
+
+
 def test_gpu_link_rates_integrate_into_byte_counters_and_throttle_reasons_are_named() -> None:
     m = NodeMetrics("n")
     m.add_tick(tick(10**9, 50.0))
@@ -279,8 +315,8 @@ def test_every_metric_the_dashboard_queries_has_samples_once_fed() -> None:
 
 
 def test_an_8_gpu_node_of_the_forum_loop_serves_the_series_the_readme_states() -> None:
-    """8 ranks x 4 modes of one op and size, one copy kind, 8 GPUs with NVLink: 1,160 series, + 1
-    (records taken) here, + 6 process_* in a real scrape = the README's 1,167."""
+    """8 ranks x 4 modes of one op and size, one copy kind, 8 GPUs with NVLink: 1,168 series, + 1
+    (records taken) here, + 6 process_* in a real scrape = docs/benchmarks.md's 1,175."""
     m = NodeMetrics("n")
     for rank in range(8):
         for mode in range(4):
@@ -299,5 +335,5 @@ def test_an_8_gpu_node_of_the_forum_loop_serves_the_series_the_readme_states() -
         "rank": sum(s.name.startswith("commtop_rank_") for s in series),
         "gpu": sum(s.name.startswith("commtop_gpu_") for s in series),
     }
-    assert by_kind == {"collective": 800, "copy": 184, "rank": 48, "gpu": 128}
-    assert len(series) == 1160 + 1  # + commtop_exporter_records_total (rejections: none yet)
+    assert by_kind == {"collective": 800, "copy": 184, "rank": 56, "gpu": 128}
+    assert len(series) == 1168 + 1  # + commtop_exporter_records_total (rejections: none yet)

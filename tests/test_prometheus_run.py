@@ -7,6 +7,7 @@ with the collector's counts for two "nodes")."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -212,4 +213,37 @@ def test_a_monitored_training_job_exports_through_commtop_run(tmp_path: Path) ->
         copies = per_rank(fams, "commtop_copy_duration_seconds", "commtop_copy_duration_seconds_count")
         assert copies == {0: float(steps), 1: float(steps)}  # one offload copy per step
     finally:
+        stop_exporters(runtime, pids)
+
+
+def test_a_hang_grows_the_waiting_ranks_inside_gauge_while_it_lasts(tmp_path: Path) -> None:
+    """`commtop run --prometheus` of a job whose rank 1 skips an all_reduce and sleeps 6 s: while it
+    hangs, a scrape shows rank 0 inside a collective for seconds (its Hellos reach the node's
+    exporter) and rank 1 in none; after the job, both 0."""
+    runtime = short_runtime_dir()
+    env = child_env(runtime, **LINGER)
+    job = [str(REPO / "tests" / "jobs" / "peer_leaves_a_collective.py"), "--seconds", "6"]
+    argv = [sys.executable, "-m", "tui.cli", "run", "--headless", "--nproc", "2", "--prometheus", "127.0.0.1:0"]
+    pids: list[int] = []
+    proc = subprocess.Popen([*argv, "--", "python", *job], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        seen: dict[int, float] = {}
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and seen.get(0, 0.0) < 1.5:
+            found = endpoint_files(runtime)
+            if found:
+                (info,) = found.values()
+                pids = [info["pid"]]
+                name = "commtop_rank_inside_collective_seconds"
+                with contextlib.suppress(OSError):
+                    seen = per_rank(scrape(info["url"]), name, name)
+            time.sleep(0.3)
+        assert seen.get(0, 0.0) >= 1.5 and seen.get(1) == 0.0, seen
+        proc.wait(timeout=120)
+        assert proc.returncode == 0
+        name = "commtop_rank_inside_collective_seconds"
+        assert per_rank(scrape(info["url"]), name, name) == {0: 0.0, 1: 0.0}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
         stop_exporters(runtime, pids)

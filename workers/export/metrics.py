@@ -97,6 +97,8 @@ class RankState:
     finished: bool = False
     straggler: int = 0
     next_seq: dict[str, int] = field(default_factory=lambda: {COLL: 0, COPY: 0})
+    #: its last Hello's collective begun and not finished: (seconds in it then, when it came)
+    inside: tuple[float, float] | None = None
 
 
 @dataclass
@@ -143,7 +145,11 @@ class NodeMetrics:
             if isinstance(message, Batch):
                 self._add_batch(message)
             elif isinstance(message, protocol.Bye):
-                self._rank(message.rank).finished = True
+                state = self._rank(message.rank)
+                state.finished, state.inside = True, None
+            elif isinstance(message, protocol.Hello):
+                h = message
+                self._rank(h.rank).inside = ((h.t_ns - h.inside[3]) / 1e9, self.clock()) if h.inside else None
 
     def reject(self, reason: str) -> None:
         with self.lock:
@@ -295,11 +301,20 @@ class NodeMetrics:
         """prometheus_client metric families from a consistent copy (the lock is held only to copy)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+        now = self.clock()
         with self.lock:
             coll = {k: (h.buckets.copy(), h.sum_s, h.bytes, h.bus_bytes, h.last_busbw) for k, h in self.coll.items()}
             copy = {k: (h.buckets.copy(), h.sum_s, h.bytes) for k, h in self.copy.items()}
             ranks = {
-                r: (s.epoch, s.last_record_s, s.lost_batches, s.collector_dropped, s.stalls, s.straggler)
+                r: (
+                    s.epoch,
+                    s.last_record_s,
+                    s.lost_batches,
+                    s.collector_dropped,
+                    s.stalls,
+                    s.straggler,
+                    s.inside[0] + (now - s.inside[1]) if s.inside is not None else 0.0,
+                )
                 for r, s in self.ranks.items()
             }
             gpus = {i: (g.uuid, dict(g.link_bytes), dict(g.gauges), g.throttle) for i, g in self.gpus.items()}
@@ -359,6 +374,12 @@ class NodeMetrics:
                 "Iterations this rank arrived last of its node while it was clearly the node's straggler "
                 "(no more once the node's ranks order their collectives differently: threads)",
                 5,
+            ),
+            (
+                "commtop_rank_inside_collective_seconds",
+                "gauge",
+                "How long the rank has been inside its oldest unfinished collective (0: none; a hang grows it)",
+                6,
             ),
         )
         for name, kind, doc, idx in per_rank:

@@ -164,6 +164,7 @@ class Heartbeat(threading.Thread):
         stop_grace_s: float | None = None,
         watch_parent: bool = False,
         before_hard_exit: Callable[[], None] | None = None,
+        tap: str | None = None,
     ) -> None:
         super().__init__(name=f"commtop-heartbeat-{info.rank}", daemon=True)
         self.ctx = ctx
@@ -178,6 +179,8 @@ class Heartbeat(threading.Thread):
         self.stop_grace_ns = int(stop_grace_s * 1e9) if stop_grace_s is not None else None
         self.watch_parent = watch_parent
         self.before_hard_exit = before_hard_exit
+        self.tap = tap  # the node exporter's endpoint (--prometheus): a copy of each Hello (its inside)
+        self._tap: zmq.Socket | None = None
         self.sent = 0
         self._ppid = os.getppid()
         self._done = threading.Event()
@@ -193,6 +196,11 @@ class Heartbeat(threading.Thread):
             # A (re)started collector learns who this rank is at once, not up to a second
             # later: until then its rows have no host, GPU or settings.
             monitor = self._sock.get_monitor_socket(CONNECTED_EVENTS)
+            if self.tap:
+                self._tap = self.ctx.socket(zmq.PUSH)
+                self._tap.setsockopt(zmq.SNDHWM, 4)
+                self._tap.setsockopt(zmq.LINGER, 0)
+                self._tap.connect(self.tap)
         else:
             monitor = None
         next_hello = time.monotonic()
@@ -216,12 +224,20 @@ class Heartbeat(threading.Thread):
                     self._sock.disable_monitor()
                     monitor.close(linger=0)
                 self._sock.close(linger=0)
+            if self._tap is not None:
+                self._tap.close(linger=0)
 
     def _send(self, body: dict[str, Any]) -> bool:
         if self._sock is None:
             return False
+        frames = protocol.seal(self.key, body)
+        if self._tap is not None:
+            try:
+                self._tap.send_multipart(frames, flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # the exporter is behind or gone: it misses one Hello
         try:
-            self._sock.send_multipart(protocol.seal(self.key, body), flags=zmq.NOBLOCK)
+            self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             return False
         self.sent += 1

@@ -74,6 +74,7 @@ class RankSession:
             stop_grace_s=5.0 if dead_man else None,
             watch_parent=dead_man,
             before_hard_exit=self.stop_sampler,
+            tap=tap_endpoint(conn.session, info.host) if conn is not None and self.exporting else None,
         )
         self._closed = False
 
