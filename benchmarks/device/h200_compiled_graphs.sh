@@ -10,6 +10,7 @@ set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+ROOT=$PWD
 R=$OUT/compiled_graphs.txt
 { nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__)'; } | tee "$R"
 commtop() { python3 -c 'import sys; from tui.cli import main; sys.exit(main())' "$@"; }
@@ -17,8 +18,8 @@ for what in ${WHAT:-compile graph}; do
   for cap in default hooks ${BEFORE_DIR:+before}; do
     echo "== $what, capture $cap" | tee -a "$R"
     rm -f /tmp/cg.*
-    tree=$PWD; [ $cap = before ] && tree=$PWD/$BEFORE_DIR
-    env PYTHONPATH=/tmp/site:$tree $([ $cap != default ] && echo COMMTOP_CAPTURE=hooks) timeout 150 bash -c "$(declare -f commtop); commtop run --headless --record /tmp/cg_${what}_$cap.commtop -- python3 benchmarks/jobs/nccl_compiled_graphs.py /tmp/cg 3 $what" > "$OUT/cg_${what}_$cap.log" 2>&1
+    tree=$PWD; [ $cap = before ] && tree=$PWD/$BEFORE_DIR  # run from it: ranks import workers from their cwd first
+    (cd "$tree" && env PYTHONPATH=/tmp/site:$tree $([ $cap != default ] && echo COMMTOP_CAPTURE=hooks) timeout 150 bash -c "$(declare -f commtop); commtop run --headless --record /tmp/cg_${what}_$cap.commtop -- python3 $ROOT/benchmarks/jobs/nccl_compiled_graphs.py /tmp/cg 3 $what") > "$OUT/cg_${what}_$cap.log" 2>&1
     echo "rc=$? (the job exits 3: commtop run says 1)" | tee -a "$R"
     grep -E "^0 |graph was captured|not seen|counted as missing|error" "$OUT/cg_${what}_$cap.log" | cut -c1-300 | tail -6 | tee -a "$R"
     echo "job: $(cat /tmp/cg.rank0.json 2>/dev/null)" | tee -a "$R"
