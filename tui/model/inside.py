@@ -18,8 +18,8 @@ def inside_of(hello: Hello | None) -> Inside | tuple[()]:
     the Flight Recorder's)."""
     if hello is None or not hello.inside:
         return ()
-    op, code, nbytes, since_ns = hello.inside
+    op, code, nbytes, _since_ns = hello.inside
     name = OP_NAMES[op] if op < len(OP_NAMES) else f"op {op}"
     groups = hello.groups
     group = group_label(*groups[code][:2]) if code < len(groups) else str(code)
-    return name, group, nbytes, max(0.0, (hello.t_ns - since_ns) / 1e9)
+    return name, group, nbytes, hello.inside_s

@@ -80,7 +80,7 @@ def long_waits(hellos: Sequence[tuple[int, p.Hello]]) -> dict[int, str]:
     longest: dict[int, tuple[float, p.Hello]] = {}
     for _, h in hellos:
         if h.inside:
-            waited = (h.t_ns - h.inside[3]) / 1e9
+            waited = h.inside_s
             if waited >= LONG_WAIT_S and waited > longest.get(h.rank, (0.0, h))[0]:
                 longest[h.rank] = (waited, h)
     out = {}

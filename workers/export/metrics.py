@@ -149,7 +149,7 @@ class NodeMetrics:
                 state.finished, state.inside = True, None
             elif isinstance(message, protocol.Hello):
                 h = message
-                self._rank(h.rank).inside = ((h.t_ns - h.inside[3]) / 1e9, self.clock()) if h.inside else None
+                self._rank(h.rank).inside = (h.inside_s, self.clock()) if h.inside else None
 
     def reject(self, reason: str) -> None:
         with self.lock:

@@ -429,6 +429,11 @@ class Hello:
     #: rank's wall-clock ns at its call), () when none (or its capture cannot tell)
     inside: tuple[int, int, int, int] | tuple[()] = ()
 
+    @property
+    def inside_s(self) -> float:
+        """Seconds it had been inside ``inside`` when it said so (0.0: inside none)."""
+        return max(0.0, (self.t_ns - self.inside[3]) / 1e9) if self.inside else 0.0
+
 
 _HELLO_INTS = (
     "rank",
