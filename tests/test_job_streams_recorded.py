@@ -52,7 +52,8 @@ def run_recorded(
     printed: list[str] | None = None,
 ) -> Tables:
     """`commtop run --headless --nproc NPROC --record -- LAUNCHER ARGV`: the recording's tables
-    (`commtop run` exits with ``exit_code``; what it printed is added to ``printed``)."""
+    (`commtop run` exits with ``exit_code``; what it printed, stdout then stderr, is added to
+    ``printed``)."""
     root = tempfile.mkdtemp(prefix="cm-", dir="/tmp")
     rec_path = str(Path(root) / "job.commtop")
     monkeypatch.setenv("COMMTOP_RUNTIME_DIR", root)
@@ -64,7 +65,7 @@ def run_recorded(
         out = capsys.readouterr()
         assert code == exit_code, out.err[-3000:] + out.out[-3000:]
         if printed is not None:
-            printed.append(out.out)
+            printed += [out.out, out.err]
         with open_recording(rec_path) as rec:
             assert rec.complete, rec.summary()
             return rec.tables()
@@ -367,6 +368,24 @@ def test_a_hang_says_which_rank_is_inside_a_collective_and_sends_what_each_finis
     assert (OPS[op], group, nbytes) == ("all_reduce", 0, 256) and inside[0].t_ns - since > 0.5e9
     byes = {b.rank: b.t_ns for _, b in tables.byes}  # every finished record was received long before the rank's end
     assert all(coll["recv_ns"][coll["rank"] == r].max() < byes[r] - 2e9 for r in (0, 1)), byes
+
+
+def test_sends_and_receives_that_never_end_count_as_lost(monkeypatch, capsys, tmp_path) -> None:
+    """After the 4 all_reduces rank 0 isends to rank 1 and never waits on it, then waits on an
+    irecv that fails when rank 1 leaves. Neither has a record (gloo ends them at the job's own
+    wait): each counts as lost, with a line each at the rank's end. Before, neither counted (the
+    hooks saw both, torch's number agreed, and no later record made a gap): 4 + 0 of 6."""
+    prefix = str(tmp_path / "p2p")
+    job = [str(REPO / "tests" / "jobs" / "peer_leaves_a_collective.py"), "--seconds", "2", "--counts", prefix, "--p2p"]
+    printed: list[str] = []
+    tables = run_recorded(monkeypatch, capsys, job, printed=printed)
+    hellos = last_hellos(tables)
+    for rank, hello in hellos.items():
+        assert recorded(tables, rank, hello) == expected(prefix, rank)
+    assert (hellos[0].lost, hellos[1].lost) == (2, 0)
+    out = "\n".join(printed)
+    assert "rank 0: 1 collective ended by the job's own wait()" in out, out[-3000:]
+    assert "rank 0: 1 collective failed inside torch once issued" in out, out[-3000:]
 
 
 @pytest.mark.parametrize(("by", "code", "reason"), [("sys.exit", 3, "sys.exit(3)"), ("message", 1, "SystemExit: rank")])

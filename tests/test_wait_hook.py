@@ -42,6 +42,21 @@ class Slotted:
         return True
 
 
+class Ends:
+    """A test fake of a record's end (the monitor's Ender): appends ``name`` to ``log`` when
+    the job's wait returned, ``("failed", name, error)`` when it raised."""
+
+    def __init__(self, log: list[object], name: object = 1) -> None:
+        self.log = log
+        self.name = name
+
+    def done(self) -> None:
+        self.log.append(self.name)
+
+    def fail(self, exc: BaseException) -> None:
+        self.log.append(("failed", self.name, str(exc)))
+
+
 @pytest.fixture(autouse=True)
 def clean() -> Iterator[None]:
     yield
@@ -51,8 +66,8 @@ def clean() -> Iterator[None]:
 def test_the_record_ends_when_the_jobs_wait_returns_once() -> None:
     ended: list[str] = []
     a, b = FakeP2PWork(), FakeP2PWork()
-    assert wait_hook.expect(a, lambda: ended.append("a"))
-    assert wait_hook.expect(b, lambda: ended.append("b"))
+    assert wait_hook.expect(a, Ends(ended, "a"))
+    assert wait_hook.expect(b, Ends(ended, "b"))
     assert ended == [] and wait_hook.outstanding() == 2
     assert b.wait() is True
     assert ended == ["b"]
@@ -61,43 +76,67 @@ def test_the_record_ends_when_the_jobs_wait_returns_once() -> None:
     assert ended == ["b", "a"] and a.waits == 2 and wait_hook.outstanding() == 0
 
 
-def test_a_failed_wait_ends_nothing_and_the_job_sees_its_error() -> None:
-    ended: list[int] = []
+def test_a_failed_wait_counts_its_record_failed_once_and_the_job_sees_its_error() -> None:
+    """A peer gone or a timeout inside the job's wait: the record never comes, so it counts as
+    failed (before, it was counted nowhere: a rank's last irecv was one short of torch's count)."""
+    ended: list[object] = []
     w = FakeP2PWork(fail=True)
-    wait_hook.expect(w, lambda: ended.append(1))
+    wait_hook.expect(w, Ends(ended))
     with pytest.raises(RuntimeError, match="peer closed"):
         w.wait()
-    assert ended == []
+    assert ended == [("failed", 1, "peer closed the connection")] and wait_hook.outstanding() == 0
+    with pytest.raises(RuntimeError, match="peer closed"):
+        w.wait()  # waited again: counted once
+    assert len(ended) == 1 and wait_hook.unwaited() == []
 
 
 def test_a_work_dropped_without_wait_is_forgotten_not_kept_alive() -> None:
-    ended: list[int] = []
+    ended: list[object] = []
     w = FakeP2PWork()
-    wait_hook.expect(w, lambda: ended.append(1))
+    end = Ends(ended)
+    wait_hook.expect(w, end)
     del w
     gc.collect()
     assert wait_hook.outstanding() == 0
     reused = FakeP2PWork()  # may take the dropped one's id: its wait must not end the old record
     reused.wait()
-    assert ended == []
+    assert ended == [] and wait_hook.unwaited() == [end]  # its record never comes: counted at the end
+
+
+def test_unwaited_lists_the_live_un_waited_and_the_newest_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(wait_hook, "_dropped", wait_hook.deque(maxlen=2))
+    log: list[object] = []
+    kept, waited, out = FakeP2PWork(), FakeP2PWork(), torch.ones(8)
+    ends = {name: Ends(log, name) for name in ("kept", "waited", "out", "d1", "d2", "d3")}
+    wait_hook.expect(kept, ends["kept"])
+    wait_hook.expect(waited, ends["waited"])
+    wait_hook.expect_tensor(out, ends["out"])
+    for name in ("d1", "d2", "d3"):
+        wait_hook.expect(FakeP2PWork(), ends[name])  # dropped at once
+    gc.collect()
+    waited.wait()
+    assert log == ["waited"]
+    assert [e.name for e in wait_hook.unwaited()] == ["kept", "out", "d2", "d3"]  # type: ignore[attr-defined]
 
 
 def test_works_that_cannot_be_followed_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not wait_hook.expect(Slotted(), lambda: None)
+    assert not wait_hook.expect(Slotted(), Ends([]))
     monkeypatch.setattr(wait_hook, "MAX_EXPECTED", 2)
     held = [FakeP2PWork() for _ in range(3)]
-    assert [wait_hook.expect(w, lambda: None) for w in held] == [True, True, False]
+    assert [wait_hook.expect(w, Ends([])) for w in held] == [True, True, False]
 
 
 def test_unwrap_restores_every_class_and_forgets_what_was_expected() -> None:
     original, other = FakeP2PWork.wait, OtherWork.wait
-    wait_hook.expect(FakeP2PWork(), lambda: None)
+    wait_hook.expect(FakeP2PWork(), Ends([]))
     keep = OtherWork()
-    wait_hook.expect(keep, lambda: None)
+    wait_hook.expect(keep, Ends([]))
     assert FakeP2PWork.wait is not original
     wait_hook.unwrap()
     assert FakeP2PWork.__dict__["wait"] is original and OtherWork.wait is other
-    assert wait_hook.outstanding() == 0
+    assert wait_hook.outstanding() == 0 and wait_hook.unwaited() == []
 
 
 def test_process_group_send_and_recv_are_send_and_recv_finished_at_wait() -> None:
@@ -124,9 +163,9 @@ def test_a_tensors_record_ends_when_wait_tensor_returns_for_its_storage() -> Non
 
     calls: list[object] = []
     wait_tensor = wait_hook.wrap_wait_tensor(lambda t: calls.append(t) or t)
-    ended: list[str] = []
+    ended: list[object] = []
     out, other = torch.ones(4, 6), torch.ones(3)
-    assert wait_hook.expect_tensor(out, lambda: ended.append("out"))
+    assert wait_hook.expect_tensor(out, Ends(ended, "out"))
     assert wait_tensor(other) is other and ended == []
     view = out.view(2, 12)[:, :6]
     assert wait_tensor(view) is view and ended == ["out"]
@@ -137,14 +176,28 @@ def test_a_tensors_record_ends_when_wait_tensor_returns_for_its_storage() -> Non
 def test_an_output_dropped_without_a_wait_is_forgotten() -> None:
     import torch
 
-    ended: list[int] = []
+    ended: list[object] = []
     out = torch.ones(1024)
-    wait_hook.expect_tensor(out, lambda: ended.append(1))
+    wait_hook.expect_tensor(out, Ends(ended))
     del out
     gc.collect()
     assert wait_hook.outstanding() == 0
     wait_hook.wrap_wait_tensor(lambda t: t)(torch.ones(1024))  # may reuse the freed storage
     assert ended == []
+
+
+def test_a_failed_wait_tensor_counts_its_record_failed_and_the_job_sees_its_error() -> None:
+    import torch
+
+    def failing(t: object) -> object:
+        raise RuntimeError("Connection closed by peer")
+
+    ended: list[object] = []
+    out = torch.ones(16)
+    wait_hook.expect_tensor(out, Ends(ended, "out"))
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        wait_hook.wrap_wait_tensor(failing)(out[:8])
+    assert ended == [("failed", "out", "Connection closed by peer")] and wait_hook.outstanding() == 0
 
 
 def test_a_functional_collectives_group_resolves_to_its_process_group_or_to_no_record() -> None:

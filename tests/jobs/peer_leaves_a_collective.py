@@ -5,7 +5,9 @@ commtop in it.
     commtop run --headless -- python tests/jobs/peer_leaves_a_collective.py --seconds 4 --counts PREFIX [--wait]
 
 ``--wait``: rank 0's fifth is ``all_reduce(async_op=True)`` and it waits in ``Work.wait()`` (as DDP
-and FSDP wait on theirs).
+and FSDP wait on theirs). ``--p2p``: rank 0 then sends to rank 1 with ``isend`` and never waits on it (a
+fire-and-forget send), and waits on an ``irecv`` rank 1 never answers: torch issued both, neither
+ends (2 lost).
 
 Each rank writes what it issued, by its own logic, to ``PREFIX.rankN.json`` (rows [group, op,
 dtype, nbytes, count]; rank 0's fifth all_reduce failed after torch issued it).
@@ -27,6 +29,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--counts", default="")
     ap.add_argument("--wait", action="store_true", help="rank 0: an async all_reduce, then wait()")
+    ap.add_argument("--p2p", action="store_true", help="rank 0: an isend never waited on, an irecv that fails")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -41,12 +44,15 @@ def main() -> None:
         time.sleep(args.seconds)  # its own code: no collective
         os._exit(0)
     try:
-        if args.wait:
+        if args.p2p:
+            unwaited = dist.isend(torch.ones(64), 1)  # noqa: F841 - kept, never waited on
+            dist.irecv(torch.empty(64), 1).wait()  # fails once rank 1 is gone
+        elif args.wait:
             dist.all_reduce(torch.ones(64), async_op=True).wait()  # never joined: fails once rank 1 is gone
         else:
             dist.all_reduce(torch.ones(64))
     except RuntimeError as exc:
-        print(f"rank 0: the fifth all_reduce failed: {exc}".splitlines()[0], flush=True)
+        print(f"rank 0: the fifth {'irecv' if args.p2p else 'all_reduce'} failed: {exc}".splitlines()[0], flush=True)
 
 
 if __name__ == "__main__":

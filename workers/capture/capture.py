@@ -135,9 +135,13 @@ class Capture:
         @functools.wraps(original)
         def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
             self.mon.count_unseen()  # the groups' own numbers go with them
-            if not args and kwargs.get("group") is None:  # the whole job's groups: read them first
+            every = (args[0] if args else kwargs.get("group")) is None
+            if every:  # the whole job's groups: read them first
                 self.finish()
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            if every:
+                self.mon.forget_groups()  # a group made later takes a gone one's name
+            return result
 
         destroy_process_group.__commtop_original__ = original  # type: ignore[attr-defined]
         return destroy_process_group

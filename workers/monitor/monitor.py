@@ -354,6 +354,14 @@ class Monitor:
             except Exception as exc:  # noqa: BLE001 - a count, never worth the job
                 self._warn_once("unseen", f"collectives the hooks did not see are not counted ({exc!r})")
 
+    def forget_groups(self) -> None:
+        """After ``destroy_process_group()`` (every group): groups made later count from 0."""
+        if self.on and not self._closed:
+            try:
+                self.timers.forget_groups()
+            except Exception as exc:  # noqa: BLE001 - a count, never worth the job
+                self._warn_once("unseen", f"collectives the hooks did not see are not counted ({exc!r})")
+
     def harvest(self) -> None:
         """Move finished records into the batcher; send a batch if one is due. Never waits."""
         if self.control is None and not self._closed:  # a job that never calls step(): Hellos anyway

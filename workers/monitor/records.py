@@ -50,6 +50,8 @@ class MonitorBatcher(RecordBatcher):
 
         self.coll_arrays: list[np.ndarray] = []  # records that came as arrays (workers.capture)
         self.array_records = 0
+        #: The highest iteration batched so far: an unrecorded one below it shows as a gap.
+        self.top_iteration = -1
 
     def add_array(self, records: np.ndarray) -> None:
         """MONITOR_COLL_ROW records, sent with the next batch (in order, before that batch's rows)."""
@@ -76,6 +78,8 @@ class MonitorBatcher(RecordBatcher):
         return self.array_columns(np.array(rows, dtype=MONITOR_COLL_ROW))
 
     def array_columns(self, arr: np.ndarray) -> dict[str, np.ndarray]:
+        if len(arr):
+            self.top_iteration = max(self.top_iteration, int(arr["iteration"].max()))
         algbw = algbw_gbps(arr["nbytes"], arr["dur_us"])
         busbw = algbw * bus_factors(arr["op"], arr["ranks"])
         cols = {name: arr[name] for name in COLL_COLUMNS if name not in ("algbw", "busbw")}

@@ -29,7 +29,7 @@ from workers.monitor import patch, wait_hook
 from workers.monitor.graphs import GraphCounter
 from workers.monitor.patch import WORK_WAIT, Args, Kwargs, OpSpec
 from workers.monitor.records import MonitorBatcher
-from workers.monitor.unseen import Unseen
+from workers.monitor.unseen import Unseen, collectives
 from workers.rank.groups import GroupTable
 from workers.rank.heartbeat import WorkerStatus
 from workers.rank.timing import Anchor, CpuTimer, CudaTimer
@@ -139,6 +139,10 @@ class Ender:
         """The end seen by the job's own wait() (workers.monitor.wait_hook)."""
         self(None)
 
+    @property
+    def iteration(self) -> int:
+        return int(self.token[0][0])
+
 
 class Timers:
     """The host-clock and CUDA-event timers of one monitored rank, and its records' way into
@@ -170,6 +174,8 @@ class Timers:
         self.graph_captured = 0  # GPU collectives the hooks saw issued while a CUDA graph was captured
         #: calls that raised after torch issued them (a peer gone, a timeout): (count, the last error)
         self.failed: tuple[int, str] = (0, "")
+        #: At close: collectives whose Work or tensor the job never waited on, after the last record
+        self.unwaited = 0
         #: Counts the collectives in CUDA graphs, captured and replayed (workers.monitor.graphs),
         #: once installed; until then what the hooks saw captured counts.
         self.graph_counter: GraphCounter | None = None
@@ -290,9 +296,9 @@ class Timers:
                 )
                 if at_wait:  # untimed if it cannot be followed (a gap)
                     if at_wait == WORK_WAIT:
-                        wait_hook.expect(result, ender.done)
+                        wait_hook.expect(result, ender)
                     elif type(result).__name__ == "AsyncCollectiveTensor":  # (a tensor's getattr miss: ~2 us)
-                        wait_hook.expect_tensor(result.elem, ender.done)
+                        wait_hook.expect_tensor(result.elem, ender)
                     else:  # already waited inside the call (a gather on another dimension, tracing)
                         ender.done()
                     return self._count()
@@ -454,6 +460,16 @@ class Timers:
             if cuda is not None:
                 self._count_untimed(cuda, in_flight=True)
             self.count_unseen()
+            self._count_unwaited()
+
+    def _count_unwaited(self) -> None:
+        """Records ended by the job's own wait (isend, irecv, functional collectives) that it
+        never waited on (workers.monitor.wait_hook.unwaited) never come: those after the last
+        record batched are no gap the collector could count, so they count here."""
+        top = self.batcher.top_iteration
+        ends = wait_hook.unwaited()
+        self.unwaited = sum(1 for e in ends if isinstance(e, Ender) and e.timer is self.cpu_coll and e.iteration > top)
+        self.publish_lost()
 
     def _count_untimed(self, cuda: CudaTimers, in_flight: bool) -> None:
         """The status's ``untimed`` (collectives and copies) and ``lost`` (collectives begun, never
@@ -473,6 +489,13 @@ class Timers:
             self.unseen.read()
             self.publish_lost()
 
+    def forget_groups(self) -> None:
+        """``destroy_process_group()`` took every group (after :meth:`count_unseen`): groups made
+        later count from 0 (workers.monitor.unseen)."""
+        with self.lock:
+            self.unseen.forget_groups()
+            self.publish_lost()
+
     def _async_failed(self, error: BaseException) -> None:
         """An async Work failed after it was issued (Ender, on gloo's or the waiter's thread)."""
         with self._numbers:
@@ -480,21 +503,29 @@ class Timers:
         self.publish_lost()
 
     def say_failed(self, rank: int) -> None:
-        """One line at the end where calls failed after torch issued them (they count as missing)."""
+        """One line at the end where calls failed after torch issued them, one where the job never
+        waited on calls whose end is its wait (they count as missing)."""
+        if self.unwaited:
+            log.warning(
+                "commtop monitor: rank %d: %s ended by the job's own wait() (isend, irecv, functional "
+                "collectives) never waited on: not timed, counted as missing",
+                rank,
+                collectives(self.unwaited),
+            )
         failed, error = self.failed
         if failed:
             log.warning(
-                "commtop monitor: rank %d: %d collectives failed inside torch after they were issued "
+                "commtop monitor: rank %d: %s failed inside torch once issued "
                 "(the last: %s): not timed, counted as missing",
                 rank,
-                failed,
+                collectives(failed),
                 error,
             )
 
     def publish_lost(self) -> None:
         """The Hello's ``lost``: every way this rank knows collectives went unrecorded."""
         graphs = self.graph_counter.lost if self.graph_counter is not None else self.graph_captured
-        lost = self.capture_lost + self._cuda_lost + self._ring_less_lost + graphs + self.failed[0]
+        lost = self.capture_lost + self._cuda_lost + self._ring_less_lost + graphs + self.failed[0] + self.unwaited
         self.status.lost = lost + self.unseen.total
 
     def stop_waiter(self, timeout_s: float) -> None:

@@ -25,7 +25,8 @@ under the Flight Recorder capture its ring counts NCCL's, and no hook is in for 
 side group's collectives (CPU object collectives, a checkpointer's group) are untimed: all of
 them count (:attr:`untimed_gloo`).
 Read about once a second on the job's thread (a few groups: microseconds), before
-``destroy_process_group`` and at close.
+``destroy_process_group`` and at close; after ``destroy_process_group()`` the counts start
+again (:meth:`Unseen.forget_groups`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class Unseen:
         #: the highest count read per group name
         self.missed: dict[str, int] = {}
         self.total = 0
+        #: what groups gone with ``destroy_process_group()`` missed, per name (:meth:`forget_groups`)
+        self.gone: dict[str, int] = {}
         self._kinds: dict[str, tuple[str, ...]] = {}  # group name -> kinds_of, asked once
         self._code_kinds: dict[int, tuple[str, ...]] = {}  # the same by group code, for the calls
         self._gloo_codes: dict[int, bool] = {}  # group code -> only gloo serves it (per call)
@@ -193,8 +196,25 @@ class Unseen:
             missed = n - self._before.get(name, 0)
             if missed > self.missed.get(name, 0):
                 self.missed[name] = missed
-        self.total = sum(self.missed.values())
+        self.total = sum(self.gone.values()) + sum(self.missed.values())
         return self.total
+
+    def forget_groups(self) -> None:
+        """``destroy_process_group()`` took every group, after a last read. A group made later
+        takes a gone one's name and code (torch names groups from 0 again) and its backend counts
+        from 0: what the gone groups missed is kept, the hooks' counts and measures start again
+        (before, phase 1's count on group 0 hid up to as many misses of phase 2's)."""
+        for name, n in self.missed.items():
+            self.gone[name] = self.gone.get(name, 0) + n
+        self.missed.clear()
+        self._before.clear()
+        self.seen[:] = [0] * len(self.seen)  # in place: the timers hold this list
+        for calls in self.issued.values():
+            calls[:] = [0] * len(calls)
+        self._kinds.clear()
+        self._code_kinds.clear()
+        self._gloo_codes.clear()
+        self.total = sum(self.gone.values())
 
     def _numbers(self) -> list[tuple[str, int]]:
         """(name, its backends' number) of every group torch holds now that is read (the
@@ -271,7 +291,10 @@ class Unseen:
 
 def say_missed(rank: int, unseen: Unseen, table: Sequence[tuple[str, str, int]], gloo_only: bool) -> None:
     """The rank's one line at its end where torch issued collectives no hook saw (none: nothing)."""
-    missed = {name: n for name, n in unseen.missed.items() if n}
+    missed = dict(unseen.gone)
+    for name, n in unseen.missed.items():
+        missed[name] = missed.get(name, 0) + n
+    missed = {name: n for name, n in missed.items() if n}
     if not missed:
         return
     names = {name: f"{code}:{desc or name}" for code, (name, desc, _s) in enumerate(table)}
@@ -286,10 +309,15 @@ def say_missed(rank: int, unseen: Unseen, table: Sequence[tuple[str, str, int]],
             "compiled code, a ProcessGroup's own method: pg.allreduce)"
         )
     log.warning(
-        "commtop monitor: rank %d: %d collectives torch issued on %s %s (%s): counted as missing",
+        "commtop monitor: rank %d: %s torch issued on %s %s (%s): counted as missing",
         rank,
-        sum(missed.values()),
+        collectives(sum(missed.values())),
         "gloo groups" if unseen.untimed_gloo or gloo_only else "its groups",
         why,
         where,
     )
+
+
+def collectives(n: int) -> str:
+    """``1 collective``, ``2 collectives``: the count in an end line."""
+    return f"{n} collective" if n == 1 else f"{n} collectives"
