@@ -136,6 +136,22 @@ def test_capture_thread_reads_each_collective_once_and_waits_at_stop_for_unretir
     assert [row[5] for row in mon.coll].count(1) == 1 and mon.groups.table[1] == ("1", "undefined", 1)
 
 
+def test_a_capture_for_groups_made_again_goes_on_from_the_counts_of_the_one_before() -> None:
+    """After ``destroy_process_group()`` and a new world, a new capture starts: what the one
+    before lost and left untimed stays in the Hello's counts."""
+    real = pickle.loads(FR_DUMP.read_bytes())
+    issued = {"0": 16 + 4, "1": 1}  # four more than the ring holds on group "0": never read
+
+    def fake_status() -> dict:
+        return {"pg_status": {g: {"last_enqueued_collective": str(n)} for g, n in issued.items()}}
+
+    mon = FakeMonitor()
+    fr = FlightRecorderSource(InProcessDump(lambda **_kw: pickle.dumps(real)), fake_status, 2000)
+    thread = CaptureThread(mon, StepTimeline(), fr, None, before=(3, 2))
+    thread.stop(settle_s=0.0)
+    assert fr.lost == 4 and mon.status.lost == 3 + 4 and mon.status.untimed == 2 + fr.cursor.untimed
+
+
 def test_cupti_is_left_to_a_profiler_that_holds_it(monkeypatch) -> None:
     import torch
 

@@ -291,3 +291,40 @@ def test_the_oldest_collective_still_running_is_what_a_stalled_rank_is_inside() 
     assert FrCursor.from_state(cursor.state()).inside == cursor.inside  # a child decoder hands it over
     ring.complete()
     assert len(cursor.read(ring.dump())) == 2 and cursor.inside == []
+
+
+def test_groups_made_again_after_destroy_are_read_by_a_new_cursor_from_where_the_last_stopped() -> None:
+    """``destroy_process_group()`` then ``init_process_group()``: torch's ring keeps the gone
+    groups' entries, and the new default group is named "0" again with seqs from 1. A cursor
+    started after the last record the first read reads phase 2 once, none of phase 1 (on an
+    H100 the capture stopped at the destroy and phase 2 was neither recorded nor counted)."""
+    ring = FakeRing(world=2)
+    for _ in range(9):
+        ring.collective("nccl:all_reduce", [[4]], [[4]], done=True)
+    first = FrCursor()
+    assert len(first.read(ring.dump())) == 9
+    ring.groups.clear()
+    ring.group("0", "default_pg", 2)  # made again: seqs start at 1
+    for _ in range(4):
+        ring.collective("nccl:all_reduce", [[8]], [[8]], done=True)
+        ring.collective("nccl:all_reduce", [[100], [200]], [[100], [200]], done=True)  # a coalesced call
+    second = FrCursor()
+    second.start_after(first.last_record)
+    rows = second.read(ring.dump())
+    assert [(r.seq, r.nbytes) for r in rows] == [(s, 32 if s % 2 else 1200) for s in range(1, 9)]
+    assert second.lost == 0 and second.read(ring.dump()) == []
+    fresh = FrCursor()  # without it, phase 1's entries are read again as the new group's
+    assert len(fresh.read(ring.dump())) > 8
+
+
+def test_a_child_decoder_request_starts_its_cursor_after_a_record() -> None:
+    from workers.capture.fr_child import answer
+    from workers.capture.fr_source import LocalDecoder
+
+    ring = FakeRing(world=2)
+    for _ in range(3):
+        ring.collective("nccl:all_reduce", [[4]], [[4]], done=True)
+    decoder = LocalDecoder(FakeDump(ring))
+    batch = answer("start_after 1", decoder)
+    assert not batch.error and FrCursor.from_state(batch.state).floor == 1
+    assert [r.seq for r in decoder.cursor.read(ring.dump())] == [3]

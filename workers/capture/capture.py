@@ -45,6 +45,10 @@ class Capture:
         self.stood_aside = False  # this process started the job's ranks (:meth:`stand_aside`)
         #: what install set in the environment, not the user (a rank this process starts chooses again)
         self.env_set: dict[str, str] = {}
+        #: Flight Recorder captures stopped by ``destroy_process_group()``: the newest record id
+        #: they read, their (lost, untimed); a capture for the groups made again goes on from them
+        self.fr_before: tuple[int, int, int] = (-1, 0, 0)
+        self.starts = 0  # captures started in this process (each its own worker server socket)
 
     # ---------------------------------------------------------------- install
 
@@ -141,6 +145,8 @@ class Capture:
             result = original(*args, **kwargs)
             if every:
                 self.mon.forget_groups()  # a group made later takes a gone one's name
+                if self.how not in ("", "hooks"):  # groups made again get a capture of their own
+                    self.how = ""
             return result
 
         destroy_process_group.__commtop_original__ = original  # type: ignore[attr-defined]
@@ -220,8 +226,12 @@ class Capture:
         fr = FlightRecorderSource(first, nccl_status(), ring, fallbacks=readers, rank=self.mon.rank)
         self.mon.gloo_untimed()  # a gloo side group's collectives count as missing until timed:
         gloo_side.install(self.mon.time_gloo_groups)  # ... from its creation on (workers.capture.gloo_side)
-        self.thread = CaptureThread(self.mon, self.timeline, fr, copies)
+        read_upto, lost, untimed = self.fr_before
+        if read_upto >= 0:  # the groups were made again: the ring still holds the gone ones' entries
+            fr.start_after(read_upto)
+        self.thread = CaptureThread(self.mon, self.timeline, fr, copies, before=(lost, untimed))
         self.thread.start()
+        self.starts += 1
         self._monitor_api_uses_this_capture(copies is not None)
         if self.mon.rank == 0:
             ring_note = self.ring_note or f"ring {ring}"
@@ -240,7 +250,8 @@ class Capture:
         conn = self.mon.conn
         folder = os.path.dirname(conn.path) if conn is not None and conn.path else "/tmp"
         try:
-            server = WorkerServer(folder, f"fr-{self.mon.rank}-{os.getpid()}.sock")
+            again = f"-{self.starts}" if self.starts else ""  # groups made again: a new server
+            server = WorkerServer(folder, f"fr-{self.mon.rank}-{os.getpid()}{again}.sock")
         except Exception as exc:  # noqa: BLE001 - a torch without it
             return None, f" (no worker server: {type(exc).__name__}: {str(exc)[:60]})"
         reader = ServerDump(server.path)
@@ -327,6 +338,11 @@ class Capture:
             except Exception:  # noqa: BLE001
                 pass
             thread.stop(settle_s)
+            fr = thread.fr
+            if fr is not None:  # what a capture for groups made later goes on from
+                cursor = fr.cursor
+                read_upto, lost, untimed = self.fr_before
+                self.fr_before = (max(read_upto, cursor.last_record), lost + fr.lost, untimed + cursor.untimed)
         server, self.server = self.server, None
         if server is not None:
             server.shutdown()

@@ -109,11 +109,19 @@ class CaptureThread:
     hands both to the monitor (which batches and sends them from this thread)."""
 
     def __init__(
-        self, mon: Any, timeline: StepTimeline, fr: FlightRecorderSource | None, copies: CuptiCopies | None
+        self,
+        mon: Any,
+        timeline: StepTimeline,
+        fr: FlightRecorderSource | None,
+        copies: CuptiCopies | None,
+        before: tuple[int, int] = (0, 0),
     ) -> None:
+        """``before``: (lost, untimed) of the captures this process ran before this one (groups
+        ``destroy_process_group()`` took): the Hello's counts go on from them."""
         self.mon = mon
         self.fr = fr
         self.copies = copies
+        self.before = before
         self.rows = RowMaker(timeline, mon.groups, mon.take_iterations)
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one drain at a time (thread vs final drain)
@@ -150,9 +158,9 @@ class CaptureThread:
                 if fr.poll(now) or force_fr:
                     coll = self.rows.coll_array(fr.read(now), epoch, mode)
                     mon.status.iteration = self.rows.iteration
-                    mon.status.untimed = fr.cursor.untimed
+                    mon.status.untimed = self.before[1] + fr.cursor.untimed
                     mon.status.gpu_inside = self._inside(fr.cursor)
-                    mon.capture_lost(fr.lost)
+                    mon.capture_lost(self.before[0] + fr.lost)
             cp = self.copies
             if cp is not None and copies:
                 cp.flush()
@@ -199,6 +207,6 @@ class CaptureThread:
             except Exception as exc:  # noqa: BLE001
                 log.warning("commtop capture: final count failed: %r", exc)
             self.fr.close()  # the decoder child, where there is one
-            self.mon.capture_lost(self.fr.lost)  # the last Hello (before the Bye) carries it
+            self.mon.capture_lost(self.before[0] + self.fr.lost)  # the last Hello (before the Bye) carries it
         if self.copies is not None:
             self.copies.stop()

@@ -280,6 +280,13 @@ class FrCursor:
         """Collectives issued and never returned (Hello.lost)."""
         return self.overwritten + self.untimed + self.unknown + self.unread
 
+    def start_after(self, record_id: int) -> None:
+        """Entries up to ``record_id`` were another cursor's (a capture of the groups
+        ``destroy_process_group()`` took: their entries stay in the ring, and the groups made
+        again reuse their names). Record ids that restart below it say torch reset its ring."""
+        self.floor = max(self.floor, record_id)
+        self.last_record = max(self.last_record, record_id)
+
     def read(self, dump: Mapping[str, Any]) -> list[FrCollective]:
         """New finished collectives of ``dump``, in the order they were issued."""
         self._sizes.update(group_sizes(dump))

@@ -50,6 +50,8 @@ def answer(request: str, decoder: LocalDecoder) -> FrBatch:
         if cmd == "finish":
             issued = json.loads(arg) if arg else None
             decoder.finish({str(k): int(v) for k, v in issued.items()} if isinstance(issued, dict) else None)
+        elif cmd == "start_after":
+            decoder.start_after(int(arg))
         else:
             return FrBatch(state=decoder.cursor.state(), error=f"unknown request {cmd[:40]!r}")
         return batch_of([], decoder.cursor, 0)
@@ -127,6 +129,9 @@ class ChildDecoder:
         before = self.cursor.unread
         self._ask("finish " + json.dumps(issued))
         return self.cursor.unread - before
+
+    def start_after(self, record_id: int) -> None:
+        self._ask(f"start_after {int(record_id)}")
 
     def close(self) -> None:
         proc, self.proc = self.proc, None

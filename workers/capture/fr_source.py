@@ -305,6 +305,9 @@ class LocalDecoder:
     def finish(self, issued: dict[str, int] | None) -> int:
         return self.cursor.finish(issued)
 
+    def start_after(self, record_id: int) -> None:
+        self.cursor.start_after(record_id)
+
     def close(self) -> None:
         pass
 
@@ -319,6 +322,8 @@ class RingDecoder(Protocol):
     def read_batch(self) -> FrBatch: ...
 
     def finish(self, issued: dict[str, int] | None) -> int: ...
+
+    def start_after(self, record_id: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -425,6 +430,14 @@ class FlightRecorderSource:
         except Exception as exc:  # noqa: BLE001 - a dead child: its last state counts here
             self._fall_back(exc)
             return self.decoder.finish(issued)
+
+    def start_after(self, record_id: int) -> None:
+        """Read only entries after ``record_id`` (:meth:`FrCursor.start_after`)."""
+        try:
+            self.decoder.start_after(record_id)
+        except Exception as exc:  # noqa: BLE001 - a dead child: the next reader starts there
+            self._fall_back(exc)
+            self.decoder.start_after(record_id)
 
     def close(self) -> None:
         self.decoder.close()
