@@ -187,3 +187,30 @@ def test_a_rank_row_ended_by_a_signal_says_the_signal_not_exited() -> None:
     assert state_note(RankView(rank=0, state="exited", exit_code=-15, exit_reason=why), None) == f" {why} "
     own = RankView(rank=1, state="exited", exit_code=1, exit_reason="ValueError: boom on rank 1")
     assert state_note(own, None) == " exited (1): ValueError: boom on rank 1 "
+
+
+def test_a_rank_torchrun_stops_after_its_own_error_is_explained_by_that_error() -> None:
+    """torchrun sends SIGTERM to the ranks still running once one failed; a rank that had
+    already failed by itself (the peer's broken all_reduce) was said to be "stopped by torchrun",
+    which hid its own error (QA: a 2-rank job whose rank 1 raised)."""
+    lines = [
+        "W1207 14:44:35.337000 1152 api.py:1028] Sending process 1157 closing signal SIGTERM",
+        "E1207 14:44:35.702000 1152 api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 1158) of binary: python",
+        "[0]:",
+        "  rank      : 0 (local_rank: 0)",
+        "  exitcode  : 1 (pid: 1157)",
+        "[1]:",
+        "  rank      : 1 (local_rank: 1)",
+        "  exitcode  : 1 (pid: 1158)",
+    ]
+    words = torchrun_lines(lines)
+    assert words.exits[0].stopped
+    byes = {1: (1_000, "ValueError: boom on rank 1"), 0: (2_000, "RuntimeError: Connection closed by peer")}
+    outputs = {0: RankOutput(0, RANK0_ERR, traceback_seen=3), 1: RankOutput(1, RANK1_ERR, traceback_seen=3)}
+    failure = explain(1, words.exits, outputs, byes, lines)
+    assert failure.first == 1
+    assert failure.lines[0].startswith("rank 0: exit code 1 after rank 1 failed: RuntimeError: Connection closed by")
+    quiet = {1: outputs[1]}  # a rank that had no error of its own: torchrun stopped it
+    assert explain(1, words.exits, quiet, {1: byes[1]}, lines).lines[0] == (
+        "rank 0: exit code 1 (stopped by torchrun after rank 1 failed)"
+    )
