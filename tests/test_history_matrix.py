@@ -17,7 +17,7 @@ from tui.model.run_model import RunModel, _history_matrix, history_iters
 
 def _rebuilt(model: RunModel) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     order = sorted(model.ranks)
-    return _history_matrix(order, model.ranks, history_iters(len(order))).window()
+    return _history_matrix(order, model.ranks, history_iters(len(order)), model.streams.compared).window()
 
 
 def test_incremental_history_equals_a_rebuild_from_the_rings() -> None:

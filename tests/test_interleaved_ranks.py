@@ -21,7 +21,7 @@ from job_synth import STEP_NS, T0, job_hello
 from tui.model.history import HistoryMatrix
 from tui.model.run_model import RunModel
 from tui.model.skew import clock_offsets, stream_places
-from tui.model.streams import UNNAMED
+from tui.model.streams import UNNAMED, record_shapes
 from workers.wire import protocol as p
 
 GROUPS = (("0", "default_pg", 2), ("1", "saver", 2))
@@ -286,3 +286,25 @@ def test_skews_read_before_the_ranks_were_seen_to_differ_are_dropped() -> None:
         model.apply(m, END)
     snap = model.snapshot(fresh_run_stats=True)
     assert model.interleaved and snap.worst_skew is None and snap.recent_skew is None
+
+
+def test_an_uneven_all_to_all_and_the_two_ends_of_a_send_are_one_shape_on_every_rank() -> None:
+    """An MoE's all_to_all moves a different number of bytes on each rank, a pipeline's stage
+    sends what the next receives: the ranks' k-th collectives are the same call, not a sign of
+    several threads (QA: an MoE job lost its arrival skew to "different orders (several threads)").
+    Other ops of another size still differ."""
+    op = {name: p.OP_NAMES.index(name) for name in ("all_to_all", "send", "recv", "all_reduce", "gather")}
+
+    def shapes(ops: list[str], nbytes: list[int]) -> list[int]:
+        cols = {
+            "op": np.array([op[o] for o in ops], np.uint8),
+            "dtype": np.zeros(len(ops), np.uint8),
+            "nbytes": np.array(nbytes, np.int64),
+        }
+        return record_shapes(cols).tolist()
+
+    rank0 = shapes(["all_to_all", "send", "gather", "all_reduce"], [4096, 512, 64, 256])
+    rank1 = shapes(["all_to_all", "recv", "gather", "all_reduce"], [6144, 1024, 128, 256])
+    assert rank0 == rank1
+    assert shapes(["all_reduce"], [512]) != shapes(["all_reduce"], [256])
+    assert shapes(["all_to_all"], [512]) != shapes(["send"], [512])

@@ -176,7 +176,7 @@ class RunModel:
             c = batch.columns
             cols = {"iteration": c["iteration"], "dur_us": c["dur_us"], "mode": c["mode"], "start_ns": c["start_ns"]}
             if streams is not None and shapes is not None:
-                cols["stream"], cols["shape"] = streams, shapes
+                cols["stream"], cols["shape"] = self.streams.compared(streams), shapes
             if not self._history.queue(batch.rank, cols, *state.batch_iterations):
                 self.interleaved |= self._history.interleaved > 0
                 self._history = None  # a rank it has no row for: rebuilt from the rings
@@ -224,7 +224,7 @@ class RunModel:
         if matrix is None or matrix.width != keep or matrix.ranks != order:
             if matrix is not None:
                 self.interleaved |= matrix.interleaved > 0
-            matrix = self._history = _history_matrix(order, self.ranks, keep)
+            matrix = self._history = _history_matrix(order, self.ranks, keep, self.streams.compared)
         return matrix
 
     def ranks_aligned(self, world_size: int) -> bool:
@@ -264,13 +264,16 @@ class RunModel:
         return self._builder.build(self, now, fresh_run_stats=fresh_run_stats, text_every_s=text_every_s)
 
 
-def _history_matrix(order: list[int], ranks: dict[int, RankState], keep: int) -> HistoryMatrix:
-    """A history matrix for ``order``, filled from each rank's newest ``keep`` ring records."""
+def _history_matrix(
+    order: list[int], ranks: dict[int, RankState], keep: int, compared: Callable[[np.ndarray], np.ndarray]
+) -> HistoryMatrix:
+    """A history matrix for ``order``, filled from each rank's newest ``keep`` ring records
+    (their streams as the history compares them: StreamTable.compared)."""
     matrix = HistoryMatrix(order, keep)
     for r in order:
         view = ranks[r].coll.view(keep, copy=False, columns=_HISTORY_COLUMNS)
         if len(view["iteration"]):
-            matrix.add(r, view)
+            matrix.add(r, {**view, "stream": compared(view["stream"])} if "stream" in view else view)
     return matrix
 
 

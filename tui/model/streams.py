@@ -106,11 +106,27 @@ def pack_keys(op: np.ndarray, group: np.ndarray, dtype: np.ndarray, nbytes: np.n
     return packed
 
 
+#: Ops whose size may differ between the ranks of one call (an uneven all_to_all, a gather's or
+#: scatter's root, the two ends of a send): their shape leaves the size out.
+_SIZE_FREE = np.zeros(256, dtype=bool)
+_SIZE_FREE[[OP_NAMES.index(op) for op in ("all_to_all", "gather", "scatter", "send", "recv")]] = True
+_SEND, _RECV = OP_NAMES.index("send"), OP_NAMES.index("recv")
+
+
 def record_shapes(columns: Mapping[str, np.ndarray]) -> np.ndarray:
     """Per collective record, its (op, dtype, size) hashed to 16 bits: what two ranks' records of
     one collective share whatever their group codes, named or not (the history compares them:
-    tui.model.history). Two shapes may share a hash; a rank's ring keeps 2 bytes a record."""
-    packed = columns["nbytes"].astype(np.uint64) ^ (columns["op"].astype(np.uint64) << np.uint64(48))
+    tui.model.history). A send and the recv it meets are one shape, and an op whose size may
+    differ between ranks (an MoE's uneven all_to_all) leaves its size out: else the ranks' k-th
+    collectives looked different, as if several threads issued them. Two shapes may share a hash;
+    a rank's ring keeps 2 bytes a record."""
+    ops = columns["op"]
+    nbytes = columns["nbytes"].astype(np.uint64)
+    free = _SIZE_FREE[ops]
+    if free.any():
+        nbytes[free] = 0
+        ops = np.where(ops == _RECV, _SEND, ops)
+    packed = nbytes ^ (ops.astype(np.uint64) << np.uint64(48))
     packed ^= columns["dtype"].astype(np.uint64) << np.uint64(56)
     return ((packed * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(48)).astype(np.uint16)
 
@@ -176,6 +192,11 @@ class StreamTable:
         self._waiting_n = 0
         self.version = 0
         self._views: dict[int, tuple[int, StreamView]] = {}  # ring value -> (count, view)
+        #: ring value -> the one the history compares across ranks (:meth:`compared`): a stream of
+        #: an op whose size may differ between the ranks of one call (an uneven all_to_all, a
+        #: send and its recv) compares as the first of its group, op and dtype
+        self._compared = np.arange(256, dtype=np.uint8)
+        self._size_free: dict[tuple[str, int, int], int] = {}
 
     @property
     def count(self) -> int:
@@ -288,7 +309,15 @@ class StreamTable:
                 return OTHER
             value = self._index[ident] = len(self.keys)
             self.keys.append((name, desc, size, op, dtype, nbytes))
+            if _SIZE_FREE[op]:
+                like = (name, _SEND if op == _RECV else op, dtype)
+                self._compared[value] = self._size_free.setdefault(like, value)
         return value
+
+    def compared(self, streams: np.ndarray) -> np.ndarray:
+        """The streams the history compares across ranks (ring values): an op whose size may
+        differ between the ranks of one call compares by its group, op and dtype alone."""
+        return self._compared[streams] if self._size_free else streams
 
     def named(self, rank: int, hello: Hello) -> list[tuple[int, int]]:
         """A Hello of ``rank`` arrived: its pending records whose groups it now names join their
