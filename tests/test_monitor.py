@@ -804,7 +804,7 @@ def test_a_gpu_send_on_an_nccl_group_stays_out_of_the_count_nccl_compares(run) -
 
 
 def test_collectives_in_cuda_graphs_count_in_the_ranks_lost(run, caplog) -> None:
-    """The monitor counts what the job's CUDA graphs capture and replay (workers.monitor.graphs,
+    """The monitor counts what the job's CUDA graphs run at their replays (workers.monitor.graphs,
     on torch.cuda.CUDAGraph): the Hello's ``lost``, and one line at the end."""
     from workers.monitor import graphs
 
@@ -817,11 +817,13 @@ def test_collectives_in_cuda_graphs_count_in_the_ranks_lost(run, caplog) -> None
     counter.begin(graph)
     numbers[0] += 2  # two collectives issued into the graph
     counter.end(graph)
+    assert mon.status.lost == 0  # a capture runs nothing
+    counter.replay(graph)
     counter.replay(graph)
     assert mon.status.lost == 4
     with caplog.at_level(logging.WARNING):
         mon.close()
-    assert "2 collectives captured in 1 CUDA graph(s) and 2 issued again by their replays" in caplog.text
+    assert "4 collectives run by the replays of 1 CUDA graph(s) (2 captured in them" in caplog.text
     graphs.uninstall()
 
 

@@ -1,6 +1,7 @@
 """A one-GPU NCCL job, nothing of commtop in it: (compile) a torch.compile'd function with two
 functional all_reduces, called 10 times; 5 eager all_reduces; (graph) one all_gather captured in a
-CUDA graph (out of place, so the one-rank graph is not empty), replayed 7 times; (trees) a
+CUDA graph (out of place, so the one-rank graph is not empty), replayed 7 times (the job counts
+what runs: the capture runs nothing); (trees) a
 function with one functional all_reduce under ``torch.compile(mode="reduce-overhead")`` (torch's
 CUDA graph trees), called 12 times; (ddp) a DDP model, 10 steps, and 3 ``all_reduce_coalesced``:
 what DDP issues from C++ is not the job's to count, so torch.profiler's ``c10d::`` ops are its
@@ -53,8 +54,7 @@ if what in ("all", "graph"):
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        dist.all_gather_into_tensor(out, t)
-        n("captured all_gather")
+        dist.all_gather_into_tensor(out, t)  # recorded into the graph: it runs at each replay
     for _ in range(7):
         g.replay()
         n("graph replay of the all_gather")

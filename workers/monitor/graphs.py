@@ -6,10 +6,12 @@ sees a replay, so without this they were neither recorded nor counted.
 Every c10d collective numbers itself on its process group, captured or not
 (``ProcessGroup._get_sequence_number_for_group``). :class:`GraphCounter` wraps
 ``torch.cuda.CUDAGraph``'s ``capture_begin``, ``capture_end`` and ``replay``: the groups'
-numbers moved by N during a capture means N collectives are in the graph, and each replay issues
-those N again. All of them count as lost (the Hello's ``lost``, shown as missing: Timers reads
-:attr:`GraphCounter.lost`), so recorded + missing is what the job's logic issued. A wrapper costs a dict lookup per replay; a capture reads
-each group's number twice.
+numbers moved by N during a capture means N collectives are in the graph, and each replay runs
+those N. A capture runs nothing (NCCL records the launch), so the replays' count as lost (the
+Hello's ``lost``, shown as missing: Timers reads :attr:`GraphCounter.lost`) and the capture's do
+not: recorded + missing is what ran, and a function under ``torch.compile(mode="reduce-overhead")``
+counts one collective per call (its second call captures, then replays). A wrapper costs a dict
+lookup per replay; a capture reads each group's number twice.
 
 Not counted: point-to-point sends and receives captured in a graph (numbered apart), and a
 collective another thread issues on another stream while a graph is captured counts as the
@@ -83,8 +85,8 @@ class GraphCounter:
 
     @property
     def lost(self) -> int:
-        """Collectives of graphs, captured or replayed: none was recorded."""
-        return self.captured + self.replayed
+        """Collectives graphs ran (their replays): none was recorded. A capture runs none."""
+        return self.replayed
 
     def forget(self, graph: Any) -> None:
         """``reset()``: the graph's id may be reused by another object."""
@@ -97,12 +99,12 @@ def say_lost(rank: int, counter: GraphCounter | None, hooks_captured: int) -> No
     ``hooks_captured``: what the hooks saw issued during captures, where no counter was in."""
     if counter is not None and counter.lost:
         log.warning(
-            "commtop monitor: rank %d: %d collectives captured in %d CUDA graph(s) and %d issued again by their "
-            "replays: not timed (NCCL runs them inside the graph), counted as missing",
+            "commtop monitor: rank %d: %d collectives run by the replays of %d CUDA graph(s) (%d captured in them; "
+            "a capture runs none): not timed (NCCL runs them inside the graph), counted as missing",
             rank,
-            counter.captured,
-            counter.graphs,
             counter.replayed,
+            counter.graphs,
+            counter.captured,
         )
     elif counter is None and hooks_captured:
         log.warning(
