@@ -529,15 +529,19 @@ def test_a_slow_job_without_steps_sends_each_record_within_a_batch_interval(run,
 
 
 def test_a_refused_call_is_no_record_and_leaves_no_gap(run, source) -> None:
-    """torch refuses a call before issuing it (a root outside the group, a dtype gloo lacks):
-    the job sees torch's error, commtop counts nothing, and the next collective takes the
-    iteration, so nothing is shown as missing."""
+    """torch refuses a call before issuing it (a root outside the group, a dtype gloo lacks, a
+    list for a tensor): the job sees torch's error, commtop counts nothing, and the next
+    collective takes the iteration, so nothing is shown as missing."""
     monitor.start(run.path, wait_s=2.0, sampler=False)
     monitor.patch_distributed()
     t = torch.ones(N)
     dist.all_reduce(t)
-    for bad in (lambda: dist.broadcast(t, src=7), lambda: dist.all_reduce(torch.ones(4, dtype=torch.uint16))):
-        with pytest.raises((RuntimeError, ValueError)):
+    for bad in (
+        lambda: dist.broadcast(t, src=7),
+        lambda: dist.all_reduce(torch.ones(4, dtype=torch.uint16)),
+        lambda: dist.all_reduce([t]),  # no tensor: the hooks cannot describe it (they turned the monitor off)
+    ):
+        with pytest.raises((RuntimeError, ValueError, TypeError)):
             bad()
     dist.all_reduce(t)
     monitor.stop()

@@ -215,8 +215,13 @@ class Timers:
     def coll_begin(self, spec: OpSpec, args: Args, kwargs: Kwargs, step: int, epoch: int, mode: int) -> Any:
         """Before a collective: its metadata and the start of its timing (the token). The token
         holds all that :meth:`coll_end` or :meth:`coll_failed` need of this call: several of the
-        job's threads may be inside collectives at once."""
-        tensor, nbytes, group, is_async = spec.parse(args, kwargs)
+        job's threads may be inside collectives at once. Arguments the hooks cannot describe (a
+        list where torch wants a tensor: torch refuses the call itself) give no token: that call
+        is not timed, and the monitor stays on."""
+        try:
+            tensor, nbytes, group, is_async = spec.parse(args, kwargs)
+        except Exception:  # noqa: BLE001 - torch's own check of its arguments says what is wrong
+            return None
         if type(group) is int:  # torch's GroupMember.NON_GROUP_MEMBER: not this rank's group, torch issues nothing
             return None
         on_gpu = tensor is not None and tensor.is_cuda
