@@ -8,8 +8,8 @@ import io
 
 from tui.model.run_model import RunModel
 from tui.run.headless_out import PROGRESS_EVERY_S, HeadlessTerminal, Progress
-from tui.run.job_failure import RankOutput, explain, torchrun_lines
-from tui.run.job_output import JobLine
+from tui.run.job_failure import RankOutput, exception_line, explain, last_traceback, torchrun_lines
+from tui.run.job_output import MAX_LINE, JobLine, split_lines
 
 #: torchrun's own stderr: both ranks exited 1 within one poll; its "Root Cause" names rank 0.
 TORCHRUN = """\
@@ -214,3 +214,43 @@ def test_a_rank_torchrun_stops_after_its_own_error_is_explained_by_that_error() 
     assert explain(1, words.exits, quiet, {1: byes[1]}, lines).lines[0] == (
         "rank 0: exit code 1 (stopped by torchrun after rank 1 failed)"
     )
+
+
+def test_commtops_end_lines_after_a_rank_s_traceback_are_not_its_error() -> None:
+    """The monitor's lines at a rank's end come after the job's traceback in its stderr; the
+    rank's error is the traceback's exception, not "commtop monitor: ... failed inside torch"."""
+    err = [*RANK0_ERR, "commtop monitor: rank 0: 1 collective failed inside torch once issued (the last: ...)"]
+    assert exception_line(err).startswith("RuntimeError: Connection closed by peer")
+    assert all(not ln.startswith("commtop") for ln in last_traceback(err))
+
+
+def test_a_stream_whose_reader_left_is_written_no_more_and_the_other_goes_on() -> None:
+    """``commtop run --headless ... | head -3``: stdout's reader leaves; the ranks' stderr lines
+    still come (before, the first BrokenPipeError stopped every line of the job)."""
+
+    class FakeClosedPipe(io.StringIO):
+        """A test fake of a pipe whose reader left."""
+
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    out, err = FakeClosedPipe(), io.StringIO()
+    term = HeadlessTerminal(out, err, progress=False)
+    term.line(JobLine(0, False, "to stdout"))
+    term.line(JobLine(0, True, "to stderr"))
+    term.line(JobLine(1, False, "more stdout"))
+    assert err.getvalue() == "[rank0]: to stderr\n"
+
+
+def test_a_progress_bar_keeps_its_latest_state_and_long_lines_are_cut_between_characters() -> None:
+    """tqdm rewrites one line with "\\r" until the bar ends: it was cut into 16 KiB fragments,
+    some inside a "█" (3 bytes: shown as replacement marks); a 1 MB line's last piece was 2 MiB."""
+    lines, partial = split_lines(b"step 1\n 10%|\xe2\x96\x88 \r 20%|\xe2\x96\x88\xe2\x96\x88 \r 30%|")
+    assert lines == [b"step 1"] and partial == b" 30%|"
+    assert split_lines(b"crlf\r") == ([], b"crlf\r")  # half of "\r\n": kept
+    bar = ("█" * 20_000).encode()
+    for data in (bar + b"\n", bar):
+        pieces, rest = split_lines(data)
+        assert all(len(p) <= MAX_LINE for p in [*pieces, rest])
+        assert b"".join([*pieces, rest]).decode() == "█" * 20_000
+        assert all(p.decode() for p in pieces)  # each piece whole characters

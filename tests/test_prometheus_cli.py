@@ -52,6 +52,23 @@ def test_binding_wider_warns_once_and_loopback_says_nothing(capsys: pytest.Captu
 
 
 @pytest.mark.e2e
+def test_a_port_in_use_is_one_line_and_exit_2_before_the_job_starts() -> None:
+    """Before, the node sampler's "Address already in use" went to its own log, deleted with the
+    run: the job ran with no endpoint and nothing said."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = run("-m", "tui.cli", "run", "--headless", "--prometheus", str(port), "--iters", "1")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {port} is already in use on 127.0.0.1" in lines[0], proc.stderr
+    assert prometheus_setting(str(port)) == str(port)  # `watch`: the ranks' nodes may be others
+
+
+@pytest.mark.e2e
 def test_version() -> None:
     proc = run("-m", "tui.cli", "--version")
     assert proc.returncode == 0 and proc.stdout.strip() == f"commtop {version('commtop')}"

@@ -149,19 +149,40 @@ def _add_prometheus_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def prometheus_setting(text: str) -> str:
-    """Checked ``--prometheus`` (one-line error), with one line of warning when it binds wider."""
+def prometheus_setting(text: str, *, here: bool = False) -> str:
+    """Checked ``--prometheus`` (one-line error), with one line of warning when it binds wider.
+    ``here``: the job runs on this machine (``commtop run``), so a port already in use fails now,
+    in one line (the node sampler that serves it could only say so in its own log)."""
     from workers.wire import exporter_address
 
     if not text:
         return ""
     try:
-        host, _ = exporter_address.parse(text)
+        host, port = exporter_address.parse(text)
     except exporter_address.AddressError as exc:
         raise ConfigError(str(exc)) from None
+    if here and port:
+        _port_free(host, port, text)
     if exporter_address.is_wide(host):
         print(f"commtop: {exporter_address.warning(text)}", file=sys.stderr)
     return text
+
+
+def _port_free(host: str, port: int, text: str) -> None:
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the exporter binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"--prometheus {text}: port {port} is already in use on {host} (another exporter?); "
+                    "choose another, or 0 for any free port"
+                ) from None
 
 
 def _one_line_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -197,9 +218,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
             )
             return 2
         plan = script_plan(ns.script, ns.nproc)
-        prometheus = prometheus_setting(ns.prometheus)
+        prometheus = prometheus_setting(ns.prometheus, here=True)
     else:
-        prometheus = prometheus_setting(ns.prometheus)  # a bad address fails before anything is said
+        prometheus = prometheus_setting(ns.prometheus, here=True)  # a bad address fails before anything is said
         plan = loop_plan(ns)
     session = LiveSession.for_job(plan, ns.record, prometheus=prometheus)
     with session.supervised(headless=ns.headless) as job:

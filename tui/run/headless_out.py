@@ -36,6 +36,7 @@ class HeadlessTerminal:
         self._lock = threading.Lock()
         self._progress = ""
         self._held: list[JobLine] = []  # a torchrun traceback, until it is known to be its wrapper
+        self._gone: set[int] = set()  # ids of streams whose reader left (``| head``): written no more
         self._skipping = 0  # inside torchrun's failure summary: "=" borders still to pass
 
     # ------------------------------------------------------------------ the job's lines
@@ -79,10 +80,14 @@ class HeadlessTerminal:
         if self._progress:
             self._raw(self.err, self._progress)
 
-    @staticmethod
-    def _raw(stream: TextIO, text: str) -> None:
-        stream.write(text)
-        stream.flush()
+    def _raw(self, stream: TextIO, text: str) -> None:
+        if id(stream) in self._gone:
+            return
+        try:
+            stream.write(text)
+            stream.flush()
+        except BrokenPipeError:  # its reader left (``commtop run ... | head``): the other stream goes on
+            self._gone.add(id(stream))
 
     # ------------------------------------------------------------------ progress
 

@@ -103,7 +103,10 @@ def last_traceback(err: Sequence[str]) -> list[str]:
     starts = [i for i, ln in enumerate(err) if ln.strip() == TRACEBACK]
     if not starts:  # commtop's own notices in the rank's stderr are not the rank's error
         return [ln for ln in err if ln.strip() and not ln.startswith(_COMMTOP_NOTICE)][-3:]
-    block = _without_commtop_frames([ln for ln in err[starts[-1] :] if ln.strip()])
+    # commtop's notices printed after it (the monitor's end lines) are not the rank's error either
+    block = _without_commtop_frames(
+        [ln for ln in err[starts[-1] :] if ln.strip() and not ln.startswith(_COMMTOP_NOTICE)]
+    )
     if len(block) > TRACEBACK_LINES + 1:
         block = [block[0], "  ...", *block[-TRACEBACK_LINES:]]
     return block

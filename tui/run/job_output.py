@@ -39,9 +39,40 @@ from tui.run.log_store import JobLogPaths
 POLL_S = 0.05
 #: Once ranks' files were found, look for more (a late rank, a restart) every this many reads.
 DISCOVER_EVERY = 10
-#: A line longer than this (a progress bar that never ends its line) is cut into pieces.
+#: A line longer than this is cut into pieces (at a UTF-8 character's start).
 MAX_LINE = 16384
 _RANK_FILE = re.compile(r"attempt_(\d+)/(\d+)/std(out|err)\.log$")
+
+
+def split_lines(data: bytes) -> tuple[list[bytes], bytes]:
+    """(whole lines, the line still being written) of ``data``. Of a line a progress bar rewrites
+    with ``\\r`` only the latest state is kept (tqdm's never ends before the bar does: it was cut
+    into 16 KiB fragments); a line longer than MAX_LINE is cut into pieces, each at a UTF-8
+    character's start (a character split in two showed as two replacement marks)."""
+    *lines, partial = data.split(b"\n")
+    rewritten = partial.rfind(b"\r", 0, len(partial) - 1)  # a last "\r" may be a "\r\n" half-read
+    if rewritten >= 0:
+        partial = partial[rewritten + 1 :]
+    out: list[bytes] = []
+    for line in lines:
+        while len(line) > MAX_LINE:
+            cut = _char_start(line, MAX_LINE)
+            out.append(line[:cut])
+            line = line[cut:]
+        out.append(line)
+    while len(partial) > MAX_LINE:
+        cut = _char_start(partial, MAX_LINE)
+        out.append(partial[:cut])
+        partial = partial[cut:]
+    return out, partial
+
+
+def _char_start(data: bytes, at: int) -> int:
+    """``at``, or the start of the UTF-8 character it falls inside (continuation bytes are 10xxxxxx)."""
+    back = at
+    while back > at - 3 and back > 0 and data[back] & 0xC0 == 0x80:
+        back -= 1
+    return back
 
 
 @dataclass(frozen=True)
@@ -158,10 +189,7 @@ class JobOutput:
         for f in list(self._followed.values()):
             while chunk := f.fh.read(65536):
                 got = True
-                *lines, f.partial = (f.partial + chunk).split(b"\n")
-                while len(f.partial) > MAX_LINE:
-                    lines.append(f.partial[:MAX_LINE])
-                    f.partial = f.partial[MAX_LINE:]
+                lines, f.partial = split_lines(f.partial + chunk)
                 for raw in lines:
                     self._take(f, raw)
         self._reads += 1

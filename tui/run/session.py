@@ -270,7 +270,7 @@ class LiveSession:
         code = job.stop() if interrupted else job.wait()
         if terminal is not None:
             terminal.close()
-        print(format_summary(snapshot), flush=True)
+        print_out(format_summary(snapshot))
         if code != 0 and not interrupted:
             self.failed_code = code
         return 128 + by[0] if interrupted else code  # 130 after Ctrl-C, 143 after SIGTERM, as a shell says
@@ -346,7 +346,7 @@ class LiveSession:
         """Collect until ``stop`` is set, then print the per-rank summary table."""
         from tui.run.headless import format_summary
 
-        print(format_summary(self.collect(stop)))
+        print_out(format_summary(self.collect(stop)))
         return 0
 
     # ------------------------------------------------------------------ ingest and close
@@ -430,6 +430,17 @@ class ReplaySession:
 
     def close(self) -> None:
         _close_all([self.source.close])
+
+
+def print_out(text: str) -> None:
+    """``text`` on stdout; where its reader left (``| head``) the rest is dropped, not a
+    BrokenPipeError traceback and exit code 1 (nor one at the interpreter's last flush)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def job_finished(job: JobProcess) -> Callable[[], bool]:
