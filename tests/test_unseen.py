@@ -325,3 +325,19 @@ def test_groups_made_again_after_destroy_count_from_zero_and_keep_what_the_gone_
     with caplog.at_level(logging.WARNING, logger="commtop.monitor"):
         say_missed(0, unseen, groups.table, gloo_only=True)
     assert "6 collectives torch issued" in caplog.text and f"(6 on {code}:default_pg)" in caplog.text
+
+
+def test_no_read_counts_before_the_baseline(fake_c10d) -> None:
+    """A monitor's idle flush thread may read between the hooks going in and their baseline: what
+    the group issued before would read as missed, and a group's count only grows (seen on a loaded
+    run of the suite: 23 where 1 was missed)."""
+    gloo = FakeGroup(ProcessGroupGloo(), issued=22)  # issued before the hooks went in
+    fake_c10d._world.pg_names[gloo] = "g"
+    groups = GroupTable()
+    groups.code("g", "", 2)
+    unseen = Unseen(groups)
+    unseen.baselined = False  # as Monitor starts it
+    assert unseen.read() == 0 and unseen.missed == {}
+    unseen.baseline()
+    gloo.issued += 1  # one out of sight
+    assert unseen.read() == 1

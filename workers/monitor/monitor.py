@@ -104,6 +104,7 @@ class Monitor:
             self.publisher, self._control_status, batch_ms=batch_ms_for_world(batch_ms, self.world_size)
         )
         self.timers = Timers(self.batcher, self.status, on_cuda=self._refresh, groups=self.groups)
+        self.timers.unseen.baselined = False  # no read counts before the hooks' baseline (hooks_in)
         self._idle_flush = IdleFlush(self._harvest_if_idle, self.rank)
         self._idle_flush.start()
         if monitor_patch.patched():

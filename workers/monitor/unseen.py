@@ -111,6 +111,10 @@ class Unseen:
         #: the CUDA graph counter (workers.monitor.graphs): its captures are its own count
         self.graphs: Any = None
         self._next_read = 0.0
+        #: reads count only once :meth:`baseline` was taken (a monitor clears it at its start: its
+        #: idle flush thread may read between the hooks going in and their baseline, and a group's
+        #: count only grows: on a loaded CI run a test's earlier collectives read as 22 missed)
+        self.baselined = True
         #: group code -> calls being measured on it now (calibrate .. calibrated), by any thread
         self._measuring: dict[int, int] = {}
 
@@ -184,13 +188,14 @@ class Unseen:
         """The hooks go in now: what the groups issued before is nobody's miss (a script that
         starts the monitor after its first collectives)."""
         self._before = {name: n for name, n in self._misses(self._numbers())}
+        self.baselined = True
 
     def read(self) -> int:
         """Compare the backends' numbers with the hooks' counts now; the total missed so far.
-        Not while a CUDA graph is captured (its collectives are numbered before they are the
-        graph counter's)."""
+        Not before the baseline, nor while a CUDA graph is captured (its collectives are numbered
+        before they are the graph counter's)."""
         self._next_read = time.monotonic() + READ_EVERY_S
-        if self.graphs is not None and self.graphs.capturing:
+        if not self.baselined or (self.graphs is not None and self.graphs.capturing):
             return self.total
         for name, n in self._misses(self._numbers()):
             missed = n - self._before.get(name, 0)
