@@ -12,8 +12,10 @@ group, ``p2p_seq_id`` per group for point-to-point ops. What torch does, mirrore
   ``nccl:coalesced`` with empty sizes and the same seq, the one that gets timed;
 * point-to-point ops bump ``p2p_seq_id`` only (``is_p2p``, "nccl:send 0->1"); a batch of them
   ends with an ``is_p2p`` ``nccl:coalesced`` entry;
-* ``pg_status[g]["last_enqueued_collective"]`` is the seq of the last work enqueued on the
-  group (ProcessGroupNCCL::workEnqueue takes the work's seq, p2p or not);
+* ``pg_status[pg_id]["last_enqueued_collective"]`` is the seq of the last work enqueued on the
+  group (ProcessGroupNCCL::workEnqueue takes the work's seq, p2p or not), keyed by the group's
+  ``pg_id`` (the count of NCCL groups this process made: not its name where a gloo group or a
+  group this rank is not in took a name, or the groups were made again), gone groups' kept;
 * the ring keeps the newest ``size`` entries.
 """
 
@@ -32,6 +34,7 @@ class _Group:
     name: str
     desc: str
     ranks: int
+    pg_id: int = 0
     seq: int = 0
     p2p: int = 0
     op_id: int = 0
@@ -49,13 +52,16 @@ class FakeRing:
     next_id: int = 0
     clock_ns: int = 1_796_363_919_325_845_048
     issued: int = 0  # collectives issued (what the job would count)
+    made: list[_Group] = field(default_factory=list)  # every group ever made, gone ones too (pg_status)
 
     def __post_init__(self) -> None:
         self.entries = deque(maxlen=self.size)
         self.group("0", "default_pg", self.world)
 
     def group(self, name: str, desc: str = "undefined", ranks: int | None = None) -> str:
-        self.groups.setdefault(name, _Group(name, desc, ranks or self.world))
+        if name not in self.groups:
+            g = self.groups[name] = _Group(name, desc, ranks or self.world, pg_id=len(self.made))
+            self.made.append(g)
         return name
 
     # ------------------------------------------------------------------ what a job issues
@@ -155,12 +161,12 @@ class FakeRing:
             return str(n) if str_values else n
 
         return {
-            g.name: {
+            str(g.pg_id): {
                 "last_enqueued_collective": v(g.last_enqueued),
                 "last_started_collective": v(g.last_enqueued),
                 "last_completed_collective": v(g.last_enqueued),
             }
-            for g in self.groups.values()
+            for g in self.made
         }
 
     def _record(
@@ -172,7 +178,7 @@ class FakeRing:
         self.clock_ns += 1000
         e: dict[str, Any] = {
             "record_id": self.next_id,
-            "pg_id": int(g.name) if g.name.isdigit() else 0,
+            "pg_id": g.pg_id,
             "process_group": [g.name, g.desc],
             "thread_name": "python3",
             "thread_id": "139955297296704",

@@ -309,10 +309,14 @@ def test_groups_made_again_after_destroy_are_read_by_a_new_cursor_from_where_the
         ring.collective("nccl:all_reduce", [[8]], [[8]], done=True)
         ring.collective("nccl:all_reduce", [[100], [200]], [[100], [200]], done=True)  # a coalesced call
     second = FrCursor()
-    second.start_after(first.last_record)
+    second.start_after(first.last_record, list(first.pg_names))
     rows = second.read(ring.dump())
     assert [(r.seq, r.nbytes) for r in rows] == [(s, 32 if s % 2 else 1200) for s in range(1, 9)]
     assert second.lost == 0 and second.read(ring.dump()) == []
+    # torch's status keeps the gone group (pg_id 0, 9) beside the new "0" (pg_id 1, 8): on an H100
+    # the end count read the gone group's 9 as never read
+    assert issued_by_group(ring.status()) == {"0": 9, "1": 8}
+    assert second.finish(issued_by_group(ring.status())) == 0 and second.lost == 0
     fresh = FrCursor()  # without it, phase 1's entries are read again as the new group's
     assert len(fresh.read(ring.dump())) > 8
 
@@ -328,3 +332,22 @@ def test_a_child_decoder_request_starts_its_cursor_after_a_record() -> None:
     batch = answer("start_after 1", decoder)
     assert not batch.error and FrCursor.from_state(batch.state).floor == 1
     assert [r.seq for r in decoder.cursor.read(ring.dump())] == [3]
+
+
+def test_torchs_status_is_read_by_each_groups_pg_id_not_its_name() -> None:
+    """torch keys ``pg_status`` by ``pg_id``, the count of NCCL groups the process made, and the
+    entries by the group's name: they part where a gloo group (or a group this rank is not in)
+    took a name. Read by name, the end count took group "2"'s status for group "1" and counted
+    the rest as a group never read."""
+    ring = FakeRing(world=2)  # group "1" is a gloo side group: a name, no NCCL group, no pg_id
+    ring.group("2", "tp", 2)  # the second NCCL group: pg_id 1, name "2"
+    for _ in range(3):
+        ring.collective("nccl:all_reduce", [[4]], [[4]], done=True)
+        ring.collective("nccl:all_gather", [[4]], [[8]], pg="2", done=True)
+    ring.collective("nccl:all_gather", [[4]], [[8]], pg="2")  # still running at the end
+    cursor = FrCursor()
+    assert len(cursor.read(ring.dump())) == 6
+    assert issued_by_group(ring.status()) == {"0": 3, "1": 4}
+    assert cursor.by_name(issued_by_group(ring.status())) == {"0": 3, "2": 4}
+    assert cursor.finish(issued_by_group(ring.status())) == 1 and cursor.lost == 1  # the running one
+    assert FrCursor.from_state(cursor.state()).pg_names == {"0": "0", "1": "2"}

@@ -48,6 +48,7 @@ class Capture:
         #: Flight Recorder captures stopped by ``destroy_process_group()``: the newest record id
         #: they read, their (lost, untimed); a capture for the groups made again goes on from them
         self.fr_before: tuple[int, int, int] = (-1, 0, 0)
+        self.fr_gone_pg_ids: set[str] = set()  # the groups they read (torch's status keeps them)
         self.starts = 0  # captures started in this process (each its own worker server socket)
 
     # ---------------------------------------------------------------- install
@@ -228,7 +229,7 @@ class Capture:
         gloo_side.install(self.mon.time_gloo_groups)  # ... from its creation on (workers.capture.gloo_side)
         read_upto, lost, untimed = self.fr_before
         if read_upto >= 0:  # the groups were made again: the ring still holds the gone ones' entries
-            fr.start_after(read_upto)
+            fr.start_after(read_upto, sorted(self.fr_gone_pg_ids))
         self.thread = CaptureThread(self.mon, self.timeline, fr, copies, before=(lost, untimed))
         self.thread.start()
         self.starts += 1
@@ -343,6 +344,7 @@ class Capture:
                 cursor = fr.cursor
                 read_upto, lost, untimed = self.fr_before
                 self.fr_before = (max(read_upto, cursor.last_record), lost + fr.lost, untimed + cursor.untimed)
+                self.fr_gone_pg_ids |= set(cursor.pg_names) | cursor.gone_pg_ids
         server, self.server = self.server, None
         if server is not None:
             server.shutdown()

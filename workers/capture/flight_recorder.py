@@ -271,6 +271,13 @@ class FrCursor:
         #: rings, or a group whose timing is off, time nothing: untimed at once, as they wrap fast).
         self._timed_groups: set[str] = set()
         self._p2p_upto = -1
+        #: torch's ``pg_status`` is keyed by each group's ``pg_id`` (a count of the groups this process
+        #: made), the entries name their group too: pg_id -> group name, from the entries read. They
+        #: differ where a rank is not in every group, past a gloo group, with hashed names, and for
+        #: groups made again after ``destroy_process_group()``
+        self.pg_names: dict[str, str] = {}
+        #: pg_ids of groups a capture before this one read (:meth:`start_after`): not this one's
+        self.gone_pg_ids: set[str] = set()
         self._sizes: dict[str, int] = {}
         self._kinds: dict[str, tuple[str | None, bool]] = {}  # profiling name -> (op, closer)
         self._dtypes: dict[str, int] = {}  # c10 dtype name -> code
@@ -280,12 +287,28 @@ class FrCursor:
         """Collectives issued and never returned (Hello.lost)."""
         return self.overwritten + self.untimed + self.unknown + self.unread
 
-    def start_after(self, record_id: int) -> None:
+    def start_after(self, record_id: int, gone_pg_ids: Iterable[str] = ()) -> None:
         """Entries up to ``record_id`` were another cursor's (a capture of the groups
         ``destroy_process_group()`` took: their entries stay in the ring, and the groups made
-        again reuse their names). Record ids that restart below it say torch reset its ring."""
+        again reuse their names), and so are the groups ``gone_pg_ids`` (torch's status keeps
+        them). Record ids that restart below it say torch reset its ring."""
         self.floor = max(self.floor, record_id)
         self.last_record = max(self.last_record, record_id)
+        self.gone_pg_ids.update(str(i) for i in gone_pg_ids)
+
+    def by_name(self, issued: Mapping[str, int]) -> dict[str, int]:
+        """torch's counts per ``pg_id`` (:func:`issued_by_group`) per group name; a key no entry
+        named is a group's own name (a torch that keys its status so), else a group no read has
+        shown (``pg_id N``); gone groups left out."""
+        out: dict[str, int] = {}
+        for key, n in issued.items():
+            if key in self.gone_pg_ids:
+                continue
+            name = self.pg_names.get(key)
+            if name is None:
+                name = key if key in self.groups else f"pg_id {key}"
+            out[name] = out.get(name, 0) + n
+        return out
 
     def read(self, dump: Mapping[str, Any]) -> list[FrCollective]:
         """New finished collectives of ``dump``, in the order they were issued."""
@@ -327,10 +350,10 @@ class FrCursor:
 
     def finish(self, issued: Mapping[str, int] | None) -> int:
         """At the end, after the last read: count what never came. ``issued``: torch's own count
-        per group (:func:`issued_by_group`), trusted for groups that ran no point-to-point op;
+        per group's pg_id (:func:`issued_by_group`), trusted for groups that ran no point-to-point op;
         elsewhere the collectives still pending count. Returns how many were added to ``unread``."""
         before = self.unread
-        issued = dict(issued or {})
+        issued = self.by_name(issued or {})
         for name, g in self.groups.items():
             n = issued.pop(name, None)
             if n is not None and not g.p2p:
@@ -363,6 +386,8 @@ class FrCursor:
             "timed_groups": sorted(self._timed_groups),
             "p2p_upto": self._p2p_upto,
             "sizes": dict(self._sizes),
+            "pg_names": dict(self.pg_names),
+            "gone_pg_ids": sorted(self.gone_pg_ids),
         }
 
     @classmethod
@@ -382,6 +407,8 @@ class FrCursor:
             c._settling = {(str(n), int(q)) for n, q in state.get("settling", ())}
             c._timed_groups = {str(n) for n in state.get("timed_groups", ())}
             c._sizes = {str(n): int(v) for n, v in dict(state["sizes"]).items()}
+            c.pg_names = {str(k): str(v) for k, v in dict(state.get("pg_names", {})).items()}
+            c.gone_pg_ids = {str(k) for k in state.get("gone_pg_ids", ())}
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a Flight Recorder cursor state: {exc!r}") from exc
         return c
@@ -393,6 +420,7 @@ class FrCursor:
         units: dict[tuple[str, int], list[Entry]] = {}
         oldest: dict[str, int] = {}
         groups = self.groups
+        pg_names = self.pg_names
         for e in entries:
             try:  # torch writes every one of these fields
                 name, desc = e["process_group"][:2]
@@ -408,6 +436,9 @@ class FrCursor:
             g = groups.get(name)
             if g is None:
                 g = groups[name] = GroupState(desc=str(desc))
+            pg_id = e.get("pg_id")
+            if pg_id is not None:
+                pg_names[str(pg_id)] = name
             if p2p:
                 g.p2p = True
                 rid = _rid(e)

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from typing import IO, Any
 
 from workers.capture.flight_recorder import FrCursor
@@ -51,7 +52,8 @@ def answer(request: str, decoder: LocalDecoder) -> FrBatch:
             issued = json.loads(arg) if arg else None
             decoder.finish({str(k): int(v) for k, v in issued.items()} if isinstance(issued, dict) else None)
         elif cmd == "start_after":
-            decoder.start_after(int(arg))
+            record_id, _, gone = arg.partition(" ")
+            decoder.start_after(int(record_id), [g for g in gone.split(",") if g])
         else:
             return FrBatch(state=decoder.cursor.state(), error=f"unknown request {cmd[:40]!r}")
         return batch_of([], decoder.cursor, 0)
@@ -130,8 +132,8 @@ class ChildDecoder:
         self._ask("finish " + json.dumps(issued))
         return self.cursor.unread - before
 
-    def start_after(self, record_id: int) -> None:
-        self._ask(f"start_after {int(record_id)}")
+    def start_after(self, record_id: int, gone_pg_ids: Sequence[str] = ()) -> None:
+        self._ask(f"start_after {int(record_id)} {','.join(str(int(g)) for g in gone_pg_ids)}".rstrip())
 
     def close(self) -> None:
         proc, self.proc = self.proc, None

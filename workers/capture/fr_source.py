@@ -305,8 +305,8 @@ class LocalDecoder:
     def finish(self, issued: dict[str, int] | None) -> int:
         return self.cursor.finish(issued)
 
-    def start_after(self, record_id: int) -> None:
-        self.cursor.start_after(record_id)
+    def start_after(self, record_id: int, gone_pg_ids: Sequence[str] = ()) -> None:
+        self.cursor.start_after(record_id, gone_pg_ids)
 
     def close(self) -> None:
         pass
@@ -323,7 +323,7 @@ class RingDecoder(Protocol):
 
     def finish(self, issued: dict[str, int] | None) -> int: ...
 
-    def start_after(self, record_id: int) -> None: ...
+    def start_after(self, record_id: int, gone_pg_ids: Sequence[str] = ()) -> None: ...
 
     def close(self) -> None: ...
 
@@ -431,13 +431,14 @@ class FlightRecorderSource:
             self._fall_back(exc)
             return self.decoder.finish(issued)
 
-    def start_after(self, record_id: int) -> None:
-        """Read only entries after ``record_id`` (:meth:`FrCursor.start_after`)."""
+    def start_after(self, record_id: int, gone_pg_ids: Sequence[str] = ()) -> None:
+        """Read only entries after ``record_id``, none of the groups ``gone_pg_ids``
+        (:meth:`FrCursor.start_after`)."""
         try:
-            self.decoder.start_after(record_id)
+            self.decoder.start_after(record_id, gone_pg_ids)
         except Exception as exc:  # noqa: BLE001 - a dead child: the next reader starts there
             self._fall_back(exc)
-            self.decoder.start_after(record_id)
+            self.decoder.start_after(record_id, gone_pg_ids)
 
     def close(self) -> None:
         self.decoder.close()
@@ -464,7 +465,7 @@ class FlightRecorderSource:
         """Ring entries recorded since the last read (torch counts collectives per group)."""
         groups = self.cursor.groups
         new = 0
-        for name, n in issued.items():
+        for name, n in self.cursor.by_name(issued).items():
             g = groups.get(name)
             new += max(0, n - (g.last_seq if g is not None else 0))
         return new * self.per_seq
