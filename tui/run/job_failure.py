@@ -166,11 +166,11 @@ def explain(
         e = exits.get(rank)
         after = f"after rank {first} failed" if first is not None else ""
         out = outputs.get(rank)
-        what = exception_line(out.err) if out is not None else ""
-        what = what or failing_byes.get(rank, (0, ""))[1]
-        if e is not None and e.stopped and not what:
+        own = exception_line(out.err) if out is not None else ""  # its traceback's exception
+        if e is not None and e.stopped and not own:
             ended[rank] = f"{ended_text(e.code)} (stopped by torchrun{' ' + after if after else ''})"
         else:  # its own error, also where torchrun's stop came after it (the error says more)
+            what = own or failing_byes.get(rank, (0, ""))[1]
             how = ended_text(e.code) if e is not None else "failed"
             ended[rank] = f"{how}{' ' + after if after else ''}" + (f": {what}" if what else "")
     lines = [f"rank {rank}: {text}" for rank, text in sorted(ended.items())]
