@@ -82,9 +82,14 @@ def test_only_changed_grid_lines_are_repainted_and_the_screen_matches_a_full_red
             app.show_snapshot(before)
             await pilot.pause()
             grid = app.query_one(RankGrid)
-            calls: list[tuple[int, int]] = []
-            repaint = grid.refresh_lines
-            grid.refresh_lines = lambda y, n=1: (calls.append((y, n)), repaint(y, n))[1]  # type: ignore[method-assign]
+            calls: list[tuple[int, int]] = []  # (first line, lines) of each region refreshed
+            refresh = grid.refresh
+
+            def counted(*regions: Any, **kwargs: Any) -> Any:
+                calls.extend((r.y, r.height) for r in regions)
+                return refresh(*regions, **kwargs)
+
+            grid.refresh = counted  # type: ignore[method-assign]
             app.show_snapshot(after)
             await pilot.pause()
             shown = [app.screen._compositor.render_update(full=True).render_segments(app.console)]  # noqa: SLF001

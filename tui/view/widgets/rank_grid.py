@@ -202,14 +202,20 @@ class RankGrid(ScrollView):
             self._strips.clear()
             self.refresh()
             return
+        # One region per run of adjacent changed lines, all in one refresh: Textual's
+        # refresh_lines per run read the widget's size, scroll offset and content offset and
+        # cleared its caches once per run (~8 runs a frame at 8 ranks).
+        regions: list[Region] = []
         start = None
-        for i, index in enumerate(changed):  # one refresh per run of adjacent changed lines
+        for i, index in enumerate(changed):
             self._strips.pop(index, None)
             if start is None:
                 start = index
             if i + 1 == len(changed) or changed[i + 1] != index + 1:
-                self.refresh_lines(start, index - start + 1)
+                regions.append(Region(0, start - top, width, index - start + 1))
                 start = None
+        if regions:
+            self.refresh(*regions)
 
     @staticmethod
     def _proc_states(snap: Snapshot) -> dict[int, str | None]:
@@ -263,7 +269,8 @@ class RankGrid(ScrollView):
             return super().render_lines(crop)
         self._fast_lines = True
         content_width = self.content_region.width
-        strips = [self.render_line(y) for y in crop.line_range]
+        scroll_y, width = int(self.scroll_offset.y), self.size.width  # once, not once per line
+        strips = [self._line_strip(y + scroll_y, width) for y in crop.line_range]
         if any(strip.cell_length != content_width for strip in strips):  # as Textual pads a line
             base, background = self.background_colors
             inner = VisualStyle(background=base + background).rich_style
@@ -279,10 +286,12 @@ class RankGrid(ScrollView):
         return strips
 
     def render_line(self, y: int) -> Strip:
-        index = y + int(self.scroll_offset.y)
+        return self._line_strip(y + int(self.scroll_offset.y), self.size.width)
+
+    def _line_strip(self, index: int, width: int) -> Strip:
+        """Line ``index`` of the view (scroll offset added) as a Strip ``width`` cells wide."""
         strip = self._strips.get(index)
         if strip is None:
-            width = self.size.width
             line_style = self._line_style if self._line_style is not None else self.rich_style
             view = self._view
             if view is not None and 0 <= index < view.n_lines:
