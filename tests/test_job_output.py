@@ -222,20 +222,11 @@ def test_the_log_pane_shows_every_rank_the_failing_ranks_error_first(rt) -> None
     assert closed and "l The job's output: every rank's last lines" in " ".join(help_text.split())
 
 
-def test_on_a_terminal_headless_rewrites_one_progress_line(rt) -> None:
-    _root, env, tmp = rt
-    token = f"TOKEN-{uuid.uuid4().hex[:12]}"
-    job = _script(tmp, "tokens.py", TOKEN_JOB)
+def _on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, str, float]:
+    """(exit code, everything written, seconds) of commtop run on a pseudo-terminal."""
     master, slave = pty.openpty()
     started = time.monotonic()
-    proc = subprocess.Popen(
-        [*COMMTOP, "run", "--headless", "--", "python", job, token, "40", "0.1"],
-        env=env,
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
-        stdout=slave,
-        stderr=slave,
-    )
+    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
     os.close(slave)
     chunks: list[bytes] = []
     while True:
@@ -252,10 +243,46 @@ def test_on_a_terminal_headless_rewrites_one_progress_line(rt) -> None:
             break
     proc.wait(30)
     os.close(master)
-    seconds = time.monotonic() - started
-    text = b"".join(chunks).decode(errors="replace")
-    assert proc.returncode == 0, text[-3000:]
+    return proc.returncode, b"".join(chunks).decode(errors="replace"), time.monotonic() - started
+
+
+def test_on_a_terminal_headless_rewrites_one_progress_line(rt) -> None:
+    _root, env, tmp = rt
+    token = f"TOKEN-{uuid.uuid4().hex[:12]}"
+    job = _script(tmp, "tokens.py", TOKEN_JOB)
+    code, text, seconds = _on_a_terminal([*COMMTOP, "run", "--headless", "--", "python", job, token, "40", "0.1"], env)
+    assert code == 0, text[-3000:]
     progress = re.findall(r"\r\x1b\[Kcommtop: (step \d+[^\r\n]*|starting[^\r\n]*)", text)
     assert any(re.match(r"step \d+ · [\d.]+ steps/s · ranks 2/2 · 0:\d\d$", p) for p in progress), progress[-5:]
     assert len(progress) <= 2 * seconds + 2, (len(progress), seconds)  # at most ~2 Hz
     assert f"[rank0]: {token} step 39" in text  # the job's lines still pass through, above it
+
+
+#: Rank 0 draws a progress bar as tqdm does (stderr, \r, no newline until the bar is done).
+BAR_JOB = """
+import sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(4)
+for i in range(1, 31):
+    dist.all_reduce(t)
+    if dist.get_rank() == 0:
+        sys.stderr.write(f"\\rtraining: {i}/30 it")
+        sys.stderr.flush()
+    time.sleep(0.1)
+if dist.get_rank() == 0:
+    sys.stderr.write("\\n")
+dist.destroy_process_group()
+"""
+
+
+def test_on_a_terminal_a_progress_bar_the_job_draws_shows_live_in_the_progress_line(rt) -> None:
+    """A tqdm bar ends its line only when it is done: until then the progress line shows its
+    latest state before commtop's own; the finished bar then passes through as a line."""
+    _root, env, tmp = rt
+    job = _script(tmp, "bar.py", BAR_JOB)
+    code, text, _seconds = _on_a_terminal([*COMMTOP, "run", "--headless", "--", "python", job], env)
+    assert code == 0, text[-3000:]
+    live = re.findall(r"\r\x1b\[K\[rank0\]: training: (\d+)/30 it │ commtop: ", text)
+    assert len({int(i) for i in live if int(i) < 30}) >= 2, text[-3000:]  # seen moving, before its end
+    assert "[rank0]: training: 30/30 it\n" in text.replace("\r\n", "\n")

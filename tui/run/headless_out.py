@@ -10,6 +10,7 @@ the SignalException traceback torchrun prints when commtop stops the job (Ctrl-C
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import TextIO
@@ -91,13 +92,20 @@ class HeadlessTerminal:
 
     # ------------------------------------------------------------------ progress
 
-    def progress(self, text: str) -> None:
-        """Rewrite the progress line (main thread; the caller keeps to PROGRESS_EVERY_S)."""
+    def progress(self, text: str, job_line: str = "") -> None:
+        """Rewrite the progress line (main thread; the caller keeps to PROGRESS_EVERY_S):
+        ``job_line`` first, the line a rank is still writing (a tqdm bar, which ends its line
+        only when done: it would not show at all until then), then commtop's ``text``. Cut to
+        the terminal's width: a line that wraps is not rewritten in place by ``\r``."""
         if not self.progress_on:
             return
+        line = f"{job_line} │ {text}" if job_line else text
+        width = _width(self.err)
+        if len(line) >= width:
+            line = line[: max(1, width - 2)] + "…"
         with self._lock:
-            self._progress = text
-            self._raw(self.err, _CLEAR + text)
+            self._progress = line
+            self._raw(self.err, _CLEAR + line)
 
     def close(self) -> None:
         """Clear the progress line and pass on what is still held."""
@@ -170,6 +178,14 @@ class Progress:
 def _clock(seconds: float) -> str:
     s = int(seconds)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def _width(stream: TextIO, default: int = 200) -> int:
+    """The terminal's width in columns (``default`` where it cannot be read)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or default
+    except (AttributeError, ValueError, OSError):
+        return default
 
 
 def _is_tty(stream: TextIO) -> bool:

@@ -67,6 +67,24 @@ def split_lines(data: bytes) -> tuple[list[bytes], bytes]:
     return out, partial
 
 
+def _text(rank: int | None, raw: bytes) -> str:
+    """A line as shown: decoded, a progress bar redrawn in place at its last state, a rank's
+    own ``[rankN]:`` prefix (torchrun --tee in the job) not doubled."""
+    text = raw.decode(errors="replace").rstrip()
+    text = text.rsplit("\r", 1)[-1]
+    return text if rank is None else without_own_prefix(rank, text)
+
+
+def _whole_chars(data: bytes) -> bytes:
+    """``data`` without a UTF-8 character still being written at its end."""
+    try:
+        data.decode()
+    except UnicodeDecodeError as exc:
+        if exc.reason == "unexpected end of data":
+            return data[: exc.start]
+    return data
+
+
 def _char_start(data: bytes, at: int) -> int:
     """``at``, or the start of the UTF-8 character it falls inside (continuation bytes are 10xxxxxx)."""
     back = at
@@ -121,6 +139,8 @@ class JobOutput:
         #: stderr only, longer: a traceback must fit
         self._rank_err: dict[int, collections.deque[str]] = {}
         self._traceback_seen: dict[int, int] = {}
+        #: (rank, stderr) -> the line it is writing now (a progress bar's latest state)
+        self._writing: dict[tuple[int, bool], str] = {}
         self.words = TorchrunWords()
         self._followed: dict[Path, _Followed] = {}
         self._reads = 0
@@ -130,7 +150,8 @@ class JobOutput:
 
     def start(self) -> None:
         try:
-            self._log = open(self.paths.log, "ab")  # noqa: SIM115 - closed by the thread at the end
+            # A new run's log replaces one left at the same path, as its recording does ("wb").
+            self._log = open(self.paths.log, "wb")  # noqa: SIM115 - closed by the thread at the end
         except OSError as exc:
             self.log_error = f"cannot write the job's log {self.paths.log}: {exc.strerror or exc}"
         self._thread.start()
@@ -157,6 +178,8 @@ class JobOutput:
                 if f.partial:
                     self._take(f, f.partial)
                     f.partial = b""
+            with self._lock:
+                self._writing.clear()
             self._flush()
         finally:
             for f in self._followed.values():
@@ -169,7 +192,10 @@ class JobOutput:
         found: list[tuple[Path, int | None, bool]] = [(p, None, err) for p, err in own]
         ranks_seen = len(self._followed) > len(own)
         if self.paths.ranks_dir.is_dir() and (everything or not ranks_seen or self._reads % DISCOVER_EVERY == 0):
-            for path in sorted(self.paths.ranks_dir.glob("*/attempt_*/*/std*.log")):
+            # stdout before stderr: lines read in one pass come in that order (the files keep no
+            # times), so a rank's last prints come before the traceback it ended with.
+            paths = self.paths.ranks_dir.glob("*/attempt_*/*/std*.log")
+            for path in sorted(paths, key=lambda path: (path.parent.as_posix(), path.name != "stdout.log")):
                 m = _RANK_FILE.search(path.as_posix())
                 if m:
                     found.append((path, int(m.group(2)), m.group(3) == "err"))
@@ -192,16 +218,26 @@ class JobOutput:
                 lines, f.partial = split_lines(f.partial + chunk)
                 for raw in lines:
                     self._take(f, raw)
+            if f.rank is not None:
+                self._note_writing(f)
         self._reads += 1
         if got:
             self._flush()
         return got
 
+    def _note_writing(self, f: _Followed) -> None:
+        """Keep the line the rank is writing now (a tqdm bar ends its line only when the bar is
+        done: until then the log pane shows its latest state, as a terminal would)."""
+        assert f.rank is not None
+        text = _text(f.rank, _whole_chars(f.partial)) if f.partial.strip() else ""
+        with self._lock:
+            if text.strip():
+                self._writing[(f.rank, f.err)] = text
+            else:
+                self._writing.pop((f.rank, f.err), None)
+
     def _take(self, f: _Followed, raw: bytes) -> None:
-        text = raw.decode(errors="replace").rstrip()
-        text = text.rsplit("\r", 1)[-1]  # a progress bar redrawn in place: its last state
-        if f.rank is not None:
-            text = without_own_prefix(f.rank, text)
+        text = _text(f.rank, raw)
         line = JobLine(f.rank, f.err, text)
         shown = line.shown()
         with self._lock:
@@ -242,6 +278,14 @@ class JobOutput:
         """The last lines of the job, every rank's and torchrun's, as shown."""
         with self._lock:
             return list(self._all)
+
+    def writing(self) -> dict[int, list[str]]:
+        """rank -> the lines it is writing now, not ended yet (stdout's, then stderr's)."""
+        with self._lock:
+            out: dict[int, list[str]] = {}
+            for (rank, _err), text in sorted(self._writing.items()):
+                out.setdefault(rank, []).append(text)
+            return out
 
     def torchrun_lines(self) -> list[str]:
         with self._lock:

@@ -149,6 +149,14 @@ class JobProcess:
     def lines(self) -> list[str]:
         return self.output.lines()
 
+    def writing_line(self) -> str:
+        """The line the lowest rank still writes (a progress bar's latest state), as shown, or ""."""
+        writing = self.output.writing()
+        if not writing:
+            return ""
+        rank = min(writing)
+        return f"[rank{rank}]: {writing[rank][-1].strip()}"
+
     def error_lines(self, limit: int = 14) -> list[str]:
         """The lines that explain a failure, the first failing rank's own error last."""
         return [ln.strip() for ln in self.failure().lines][-limit:]
@@ -162,7 +170,9 @@ class JobProcess:
             error = [ln.strip() for ln in failure.lines if ln.startswith(f"  [rank{failure.first}]")]
             what = self.output.rank_error(failure.first) or failure.ended.get(failure.first, "").split(" (")[0]
             sections.append((f"rank {failure.first} failed first: {what}", True, error))
-        for rank, lines in self.output.rank_lines().items():
+        ended, writing = self.output.rank_lines(), self.output.writing()
+        for rank in sorted(set(ended) | set(writing)):
+            lines = ended.get(rank, []) + writing.get(rank, [])  # a progress bar's latest state last
             state = failure.ended.get(rank, "")
             sections.append((f"rank {rank}" + (f" · {state}" if state else ""), False, lines[-lines_per_rank:]))
         torchrun = self.output.torchrun_lines()

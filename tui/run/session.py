@@ -255,7 +255,7 @@ class LiveSession:
         def until() -> bool:
             now = time.monotonic()
             if terminal is not None and terminal.progress_on and progress.due(now):
-                terminal.progress(progress.text(now))
+                terminal.progress(progress.text(now), job.writing_line())
             if asked.is_set():
                 asked_at[:] = asked_at or [now]
                 if now - asked_at[0] > STOP_GRACE_S:
