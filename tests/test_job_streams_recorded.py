@@ -388,6 +388,22 @@ def test_sends_and_receives_that_never_end_count_as_lost(monkeypatch, capsys, tm
     assert "rank 0: 1 collective failed inside torch once issued" in out, out[-3000:]
 
 
+def test_a_failed_wait_the_job_survives_counts_once(monkeypatch, capsys, tmp_path) -> None:
+    """Rank 0's irecv times out in its wait() mid-run, the job goes on: the irecv has no record
+    and counts as missing once, as the gap the later records leave (it also counted as lost at
+    once: 6 + 2 of the 7 rank 0 issued)."""
+    prefix = str(tmp_path / "caught")
+    job = [str(REPO / "tests" / "jobs" / "caught_recv_timeout.py"), "--counts", prefix]
+    tables = run_recorded(monkeypatch, capsys, job)
+    hellos = last_hellos(tables)
+    coll = tables.coll
+    for rank, hello in hellos.items():
+        iterations = np.sort(coll["iteration"][coll["rank"] == rank])
+        gaps = int(iterations[-1]) + 1 - len(iterations)
+        issued = json.loads(Path(f"{prefix}.rank{rank}.json").read_text())["issued"]
+        assert (len(iterations), gaps + hello.lost) == (issued - (rank == 0), int(rank == 0)), (rank, iterations, hello)
+
+
 @pytest.mark.parametrize(("by", "code", "reason"), [("sys.exit", 3, "sys.exit(3)"), ("message", 1, "SystemExit: rank")])
 def test_ranks_that_end_with_sys_exit_say_their_exit_code(monkeypatch, capsys, tmp_path, by, code, reason) -> None:
     """``sys.exit(3)`` (or a message: status 1) never reaches sys.excepthook: each rank's own Bye

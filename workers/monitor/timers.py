@@ -20,6 +20,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -100,7 +101,7 @@ class Ender:
         token: Any,
         status: WorkerStatus | None = None,
         inside: Any = None,
-        failed: Callable[[BaseException], None] | None = None,
+        failed: Callable[[BaseException, int], None] | None = None,
     ) -> None:
         self.timer = timer
         self.token = token
@@ -125,7 +126,7 @@ class Ender:
         """The Work failed after it was issued: counted as failed, not timed."""
         try:
             if self.failed is not None:
-                self.failed(exc)
+                self.failed(exc, self.iteration)
             self._release()
         except Exception:  # noqa: BLE001 - never raise on torch's thread
             pass
@@ -174,6 +175,14 @@ class Timers:
         self.graph_captured = 0  # GPU collectives the hooks saw issued while a CUDA graph was captured
         #: calls that raised after torch issued them (a peer gone, a timeout): (count, the last error)
         self.failed: tuple[int, str] = (0, "")
+        #: Of those, the ones that raised in the job's call (their iteration went back: no gap)...
+        self._failed_in_call = 0
+        #: ... and the iterations of async ones (their wait raised, the newest kept): a later
+        #: record shows each as a gap, so at close only those after the last record batched
+        #: count as lost (counted at once, a later gap counted them twice: a Hello's ``lost``
+        #: never goes down).
+        self._failed_async: deque[int] = deque(maxlen=wait_hook.MAX_DROPPED)
+        self._failed_async_lost = 0
         #: At close: collectives whose Work or tensor the job never waited on, after the last record
         self.unwaited = 0
         #: Counts the collectives in CUDA graphs, captured and replayed (workers.monitor.graphs),
@@ -388,6 +397,7 @@ class Timers:
         if issued and self.unseen.issued_anyway(code):
             with self._numbers:
                 self.failed = (self.failed[0] + 1, bye_reason(error, 160) if error is not None else "")
+                self._failed_in_call += 1
             self.publish_lost()
         else:
             self._seen[code] -= issued
@@ -474,6 +484,8 @@ class Timers:
         top = self.batcher.top_iteration
         ends = wait_hook.unwaited()
         self.unwaited = sum(1 for e in ends if isinstance(e, Ender) and e.timer is self.cpu_coll and e.iteration > top)
+        with self._numbers:
+            self._failed_async_lost = sum(1 for it in self._failed_async if it > top)
         self.publish_lost()
 
     def _count_untimed(self, cuda: CudaTimers, in_flight: bool) -> None:
@@ -501,10 +513,11 @@ class Timers:
             self.unseen.forget_groups()
             self.publish_lost()
 
-    def _async_failed(self, error: BaseException) -> None:
+    def _async_failed(self, error: BaseException, iteration: int) -> None:
         """An async Work failed after it was issued (Ender, on gloo's or the waiter's thread)."""
         with self._numbers:
             self.failed = (self.failed[0] + 1, bye_reason(error, 160))
+            self._failed_async.append(iteration)
         self.publish_lost()
 
     def say_failed(self, rank: int) -> None:
@@ -530,7 +543,8 @@ class Timers:
     def publish_lost(self) -> None:
         """The Hello's ``lost``: every way this rank knows collectives went unrecorded."""
         graphs = self.graph_counter.lost if self.graph_counter is not None else self.graph_captured
-        lost = self.capture_lost + self._cuda_lost + self._ring_less_lost + graphs + self.failed[0] + self.unwaited
+        failed = self._failed_in_call + self._failed_async_lost
+        lost = self.capture_lost + self._cuda_lost + self._ring_less_lost + graphs + failed + self.unwaited
         self.status.lost = lost + self.unseen.total
 
     def stop_waiter(self, timeout_s: float) -> None:

@@ -9,7 +9,8 @@ read when nothing is expected; Works are held weakly (a pipeline's Work keeps it
 alive: holding it would hold them). A Work dropped without ``wait()``, or whose ``wait()``
 raised (a peer gone, a timeout), never ends its record: the first is kept in a bounded list
 and, with the Works still un-waited at the end, counted as missing where no later record
-shows it as a gap (:func:`unwaited`); the second counts as failed at once (``fail``).
+shows it as a gap (:func:`unwaited`); the second counts as failed (``fail``), and as missing
+the same way (a job that catches the error and goes on leaves a gap: counted once).
 
 A functional collective (DTensor's) returns an AsyncCollectiveTensor whose first use calls
 ``wait_tensor`` on the op's output: :func:`expect_tensor` ends its record when
