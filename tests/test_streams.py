@@ -143,8 +143,10 @@ def test_step_view_from_the_step_column() -> None:
     assert v.steps == 2 * steps and v.has_steps
     assert v.steps_per_s == pytest.approx(1e9 / STEP_NS)  # every step starts STEP_NS after the last
     assert v.step.p50_ms == pytest.approx(STEP_NS / 1e6) and v.step.count == 2 * (steps - 1)
-    total = sum(float(b.columns["dur_us"].astype(np.float64).sum()) for b in batches(items))
-    assert v.coll_ms_per_step == pytest.approx(total / 1e3 / (2 * steps))
+    # per step whose length is known: a rank's last step is still open (nothing after it)
+    cols = [b.columns for b in batches(items)]
+    closed = sum(float(c["dur_us"][c["step"] < steps - 1].astype(np.float64).sum()) for c in cols)
+    assert v.coll_ms_per_step == pytest.approx(closed / 1e3 / (2 * (steps - 1)))
     (c,) = v.copies
     assert (c.direction, c.pinned, c.per_step, c.bytes_per_step) == ("d2h", True, 2.0, 2.0 * COPY_BYTES)
     assert c.gbps == pytest.approx(COPY_BYTES / 350.0 / 1e3)
@@ -342,6 +344,30 @@ def test_time_in_collectives_counts_overlapping_collectives_once() -> None:
     # two steps; in each, two async collectives of 3 ms that overlap by 1 ms
     steps.add_coll(np.array([0, 0, 1, 1]), np.array([0, 2, 10, 12]) * 1_000_000, np.full(4, 3000.0, np.float32))
     assert steps.busy_us == pytest.approx(2 * 5000.0) and steps.begun == 2
+
+
+def test_collectives_after_a_ranks_last_step_are_not_time_per_step() -> None:
+    """DDP ``join()``: a rank out of batches goes on with shadow all_reduces in its last step,
+    which no later step closes. Time in collectives per step is over the steps whose length is
+    known; before, the shadows' time over all steps begun read "122 % of a step"."""
+    from tui.model.steps import RankSteps, busy_split_ns, step_view
+
+    ms = 1_000_000
+    step = np.array([0, 1, 2, 3, 3, 3, 3, 3, 3])
+    start = np.array([0, 10, 20, 30, 32, 42, 52, 62, 72]) * ms  # steps 10 ms apart, 1 ms collectives
+    dur = np.array([1000.0] * 4 + [9000.0] * 5, np.float32)  # then five 9 ms shadows
+    steps = RankSteps()
+    steps.add_coll(step, start, dur)
+    view = step_view([steps])
+    assert steps.begun == 4 and steps.closed == (3, pytest.approx(3000.0))
+    assert view.coll_ms_per_step == pytest.approx(1.0) and view.coll_share == pytest.approx(0.1)
+    # the same in two batches, the open step's start in the second: the same per step
+    split = RankSteps()
+    split.add_coll(step[:2], start[:2], dur[:2])
+    split.add_coll(step[2:], start[2:], dur[2:])
+    assert split.closed == steps.closed and split.busy_us == steps.busy_us == pytest.approx(49_000.0)
+    # out of order (threads): each part is what its own intervals add past the earlier ones
+    assert busy_split_ns(np.array([5, 0, 20]), np.array([12, 10, 25]), -(2**62), 1) == (2, 15, 25)
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -52,7 +52,7 @@ class StepView:
     steps: int = 0  # steps begun (summed over ranks)
     steps_per_s: float = math.nan  # median over ranks
     step: RunStats = RunStats()  # step times (ms), all ranks pooled
-    coll_ms_per_step: float = math.nan  # time at least one collective ran, per step
+    coll_ms_per_step: float = math.nan  # time at least one collective ran, per closed step
     copies: tuple[CopyStep, ...] = ()
     during_per_step: float = math.nan  # collectives that overlapped a copy, per step
 
@@ -75,7 +75,28 @@ def busy_ns(start_ns: np.ndarray, end: np.ndarray, after: int) -> tuple[int, int
     case) an interval adds what it runs past every earlier one's end."""
     if not len(start_ns):
         return 0, after
+    added, _, reach = _added(start_ns, end, after)
+    return int(added.sum()), reach
+
+
+def busy_split_ns(start_ns: np.ndarray, end: np.ndarray, after: int, cut: int) -> tuple[int, int, int]:
+    """:func:`busy_ns` in two parts: (what intervals ``[:cut]`` add, what the rest add, the
+    latest end), each interval adding what it runs past the earlier ones."""
+    if not len(start_ns):
+        return 0, 0, after
+    added, order, reach = _added(start_ns, end, after)
+    if order is not None:  # back to the intervals' own order
+        own = np.empty_like(added)
+        own[order] = added
+        added = own
+    return int(added[:cut].sum()), int(added[cut:].sum()), reach
+
+
+def _added(start_ns: np.ndarray, end: np.ndarray, after: int) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """(per interval, in start order, the time it runs past ``after`` and every earlier one; the
+    order taken, None where the starts were in order; the latest end)."""
     start, end = np.asarray(start_ns, dtype=np.int64), np.asarray(end, dtype=np.int64)
+    order = None
     if len(start) > 1 and bool((start[1:] < start[:-1]).any()):
         order = np.argsort(start, kind="stable")
         start, end = start[order], end[order]
@@ -83,8 +104,7 @@ def busy_ns(start_ns: np.ndarray, end: np.ndarray, after: int) -> tuple[int, int
     before = np.empty_like(reach)
     before[0] = after
     np.maximum(reach[:-1], after, out=before[1:])
-    covered = int(np.maximum(end - np.maximum(start, before), 0).sum())
-    return covered, max(after, int(reach[-1]))
+    return np.maximum(end - np.maximum(start, before), 0), order, max(after, int(reach[-1]))
 
 
 def step_boundaries(
@@ -125,7 +145,11 @@ class RankSteps:
         self.first_start = 0
         self._begun = 0
         self._times = RunAggregate() if times is None else times  # step times, us
-        self._busy_ns = 0  # time at least one collective ran
+        #: Time at least one collective ran: in steps a later step's start closed, and in the
+        #: step still open (the last: a DDP join's shadow all_reduces after a rank's last batch
+        #: are in it, which made collectives "116 % of a step").
+        self._busy_closed_ns = 0
+        self._busy_open_ns = 0
         self._reach_ns = -(2**62)  # the latest end folded so far
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._pending_n = 0
@@ -162,7 +186,14 @@ class RankSteps:
     def busy_us(self) -> float:
         """Time at least one collective ran (us)."""
         self._fold()
-        return self._busy_ns / 1e3
+        return (self._busy_closed_ns + self._busy_open_ns) / 1e3
+
+    @property
+    def closed(self) -> tuple[int, float]:
+        """(steps a later step's start closed, the time at least one collective ran in them, us):
+        the time in collectives per step, over the steps whose length is known."""
+        self._fold()
+        return max(0, self._begun - 1), self._busy_closed_ns / 1e3
 
     @property
     def pending(self) -> bool:
@@ -179,15 +210,18 @@ class RankSteps:
             step, start_ns, dur_us = parts[0]
         else:
             step, start_ns, dur_us = (np.concatenate([p[i] for p in parts]) for i in range(3))
-        covered, self._reach_ns = busy_ns(start_ns, end_ns(start_ns, dur_us), self._reach_ns)
-        self._busy_ns += covered
         n = len(step)
         new = np.empty(n, dtype=bool)
         new[0] = self.last_step is None or int(step[0]) != self.last_step
         np.not_equal(step[1:], step[:-1], out=new[1:])
         first = np.flatnonzero(new)
+        cut = int(first[-1]) if len(first) else n  # the newest step's first record
+        closing, opened, self._reach_ns = busy_split_ns(start_ns, end_ns(start_ns, dur_us), self._reach_ns, cut)
         if not len(first):
+            self._busy_open_ns += closing
             return
+        self._busy_closed_ns += self._busy_open_ns + closing
+        self._busy_open_ns = opened
         s, t = step[first].astype(np.int64), start_ns[first].astype(np.int64)
         if self.last_step is not None:
             prev_s = np.concatenate(([self.last_step], s[:-1]))
@@ -267,7 +301,7 @@ def step_view(ranks: Sequence[RankSteps], during: int = 0) -> StepView:
     first (below), so it holds every rank's step times."""
     shared = ranks[0]._times if ranks and all(r._times is ranks[0]._times for r in ranks) else None
     times = RunAggregate() if shared is None else shared
-    begun = 0
+    begun = closed = 0
     coll_us = 0.0
     count = np.zeros(len(COPY_CLASSES), dtype=np.int64)
     nbytes = np.zeros(len(COPY_CLASSES))
@@ -277,7 +311,9 @@ def step_view(ranks: Sequence[RankSteps], during: int = 0) -> StepView:
         if shared is None:
             times.merge(r.times)
         begun += r.begun  # (folds the rank: its step times reach a shared aggregate)
-        coll_us += r.busy_us
+        rank_closed, rank_coll_us = r.closed
+        closed += rank_closed
+        coll_us += rank_coll_us
         count += r.copy_count
         nbytes += r.copy_bytes
         dur += r.copy_us
@@ -288,7 +324,7 @@ def step_view(ranks: Sequence[RankSteps], during: int = 0) -> StepView:
         steps=begun,
         steps_per_s=median(rates) if rates else math.nan,
         step=times.stats(),
-        coll_ms_per_step=coll_us / 1e3 / begun if begun else math.nan,
+        coll_ms_per_step=coll_us / 1e3 / closed if closed else math.nan,
         copies=copy_steps(count, nbytes, dur, begun),
         during_per_step=during / begun if begun else math.nan,
     )

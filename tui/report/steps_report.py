@@ -55,7 +55,7 @@ class RunPass:
     """What the pass found, per group id (``_Groups`` ids) and per process group."""
 
     span_ns: np.ndarray  # the rank's time in the epoch: first start to last end
-    busy_ns: np.ndarray  # the time at least one of its collectives ran
+    busy_ns: np.ndarray  # the time at least one of its collectives ran, in its closed steps
     begun: np.ndarray  # steps begun
     rate: np.ndarray  # steps/s (NaN: fewer than two steps)
     times_ms: dict[int, np.ndarray]  # step times, sorted
@@ -96,8 +96,9 @@ class RunWalk:
         step = np.take(self._coll["step"], idx)
         start, dur = np.take(self._coll["start_ns"], idx).astype(np.int64, copy=False), self._dur32[a:b]
         span = int(window_end_ns(start[-_EDGE:], dur[-_EDGE:]).max()) - int(start[:_EDGE].min())
-        busy = _busy_of_run(start, dur)
         first, dt, _ = step_boundaries(np.zeros(len(step), dtype=np.int8), step, start)
+        cut = int(first[-1]) if len(first) else 0  # the last step, still open: no length known
+        busy = _busy_of_run(start[:cut], dur[:cut])  # of the steps a later one closed
         steps_run = int(step[first[-1]] - step[first[0]])
         ns = int(start[first[-1]] - start[first[0]])
         rate = steps_run / (ns / 1e9) if steps_run > 0 and ns > 0 else math.nan
@@ -179,7 +180,8 @@ def step_rows(
                 times.sort()
             (p50, p99), _ = percentiles_and_max_sorted(times, [50, 99])
             steps = int(found.begun[gids].sum())
-            coll_ms = float(found.busy_ns[gids].sum()) / 1e6 / steps if steps else math.nan
+            closed = int(np.maximum(found.begun[gids] - 1, 0).sum())  # each (epoch, rank) run's last is open
+            coll_ms = float(found.busy_ns[gids].sum()) / 1e6 / closed if closed else math.nan
             mean = float(times.mean()) if len(times) else math.nan
             rates = [r for r in found.rate[gids].tolist() if math.isfinite(r)]
             during = int(np.count_nonzero(ocls[a:b] == DURING)) if len(ocls) else 0
