@@ -15,7 +15,8 @@ decoded in a child process (:mod:`.fr_child`) unless ``COMMTOP_FR_DECODE=rank``.
 Then the script runs through :mod:`runpy` as ``__main__`` with its own ``sys.argv``, so its
 exit code, exceptions and signal handling are its own. One handler is added where SIGTERM is
 at its default: on SIGTERM the rank sends what it timed, then ends by SIGTERM as it would have
-(:mod:`.on_sigterm`); a handler the script installs replaces it.
+(:mod:`.on_sigterm`); a handler the script installs replaces it. Its uncaught tracebacks are
+printed without this bootstrap's, runpy's and the hooks' frames (:mod:`.own_frames`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import os
 import runpy
 import sys
 
-from workers.capture import spawned
+from workers.capture import own_frames, spawned
 from workers.capture.capture import CAPTURE_ENV, DECODE_ENV, Capture, cupti_holder
 
 __all__ = ["CAPTURE_ENV", "DECODE_ENV", "Capture", "cupti_holder", "main", "split_target"]
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
             spawned.install(capture.stand_aside, capture.env_set)  # a script that starts its own ranks
     except Exception as exc:  # noqa: BLE001 - the job runs even if commtop cannot watch it
         print(f"commtop: not watching this job ({type(exc).__name__}: {exc})", file=sys.stderr)
+    own_frames.install()  # its tracebacks as the script alone prints them
     try:
         if kind == "module":
             runpy.run_module(target, run_name="__main__", alter_sys=True)
