@@ -193,3 +193,48 @@ def test_the_step_hooks_end_at_a_hold_point() -> None:
     assert mon.calls[-2:] == ["step 1", "hold point"]
     cap._user_step(7)
     assert mon.calls[-2:] == ["step 7", "hold point"]
+
+
+def test_an_optimizer_stepping_another_counts_one_step() -> None:
+    """ZeroRedundancyOptimizer (or any wrapper optimizer) steps its own inner optimizer: the
+    global post-step hook fires for both, and each training step counted twice (a 10-step ZeRO
+    job showed 21 steps at twice its rate). Only the outermost counts; a step that raised does
+    not leave later ones uncounted."""
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from workers.capture.bootstrap import Capture
+
+    class Wrapping(torch.optim.Optimizer):
+        """Test double: an optimizer that steps an inner one, as ZeroRedundancyOptimizer does."""
+
+        def __init__(self, params: Any) -> None:
+            params = list(params)
+            super().__init__(params, {})
+            self.inner = torch.optim.SGD(params, lr=0.1)
+            self.fail = False
+
+        def step(self, closure: Any = None) -> None:  # type: ignore[override]
+            self.inner.step()
+            if self.fail:
+                raise RuntimeError("a step that raised")
+
+    cap = Capture()
+    mon = cap.mon = _RecordingMonitor()
+    cap._mon_step = mon.step
+    cap.block = SimpleNamespace(__exit__=lambda *a: None)
+    weight = torch.nn.Parameter(torch.ones(2))
+    weight.grad = torch.ones(2)
+    outer = Wrapping([weight])
+    handle = register_optimizer_step_post_hook(cap._on_optimizer_step)
+    try:
+        outer.step()
+        outer.inner.step()  # stepped on its own: a step too
+        outer.fail = True
+        with pytest.raises(RuntimeError):
+            outer.step()  # its inner step ran inside it, then it raised: no step
+        outer.fail = False
+        outer.step()
+    finally:
+        handle.remove()
+    assert [c for c in mon.calls if c.startswith("step")] == ["step 1", "step 2", "step 3"]

@@ -25,6 +25,26 @@ log = logging.getLogger("commtop.capture")
 SIGTERM_SETTLE_S = 1.0
 
 
+def _inside_another_step() -> bool:
+    """Whether this optimizer step runs inside another's (ZeroRedundancyOptimizer steps its own
+    ``optim``; a wrapper optimizer its inner one): one training step, counted once, by the
+    outermost. Read from the stack, not a pre-hook's count, which a step that raised would leave
+    wrong for the rest of the run: each step runs in torch's ``profile_hook_step`` wrapper."""
+    frame = sys._getframe(1)  # noqa: SLF001 - once a step
+    steps = 0
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "wrapper" and code.co_filename.endswith(_OPTIMIZER_FILE):
+            steps += 1
+            if steps > 1:
+                return True
+        frame = frame.f_back
+    return False
+
+
+_OPTIMIZER_FILE = os.path.join("torch", "optim", "optimizer.py")
+
+
 class Capture:
     """What the bootstrap installed in this rank (one per process)."""
 
@@ -298,7 +318,7 @@ class Capture:
         return block
 
     def _on_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        if self.block is None or self.user_steps:
+        if self.block is None or self.user_steps or _inside_another_step():
             return
         self.block.__exit__(None, None, None)
         self.step += 1

@@ -16,8 +16,19 @@ from types import TracebackType
 _CAPTURE = Path(__file__).resolve().parent
 #: Files whose frames come before the script's first (its start).
 STARTUP = frozenset({str(_CAPTURE / "bootstrap.py")})
-#: Files of wrappers that sit between the job's call and torch's code.
-WRAPPERS = frozenset({str(_CAPTURE.parent / "monitor" / "patch.py"), str(_CAPTURE.parent / "monitor" / "wait_hook.py")})
+#: Files of wrappers that sit between the job's call and torch's code (collectives, waits,
+#: init/destroy_process_group, new_group, CUDA graph replays, spawned ranks).
+WRAPPERS = frozenset(
+    str(path)
+    for path in (
+        _CAPTURE.parent / "monitor" / "patch.py",
+        _CAPTURE.parent / "monitor" / "wait_hook.py",
+        _CAPTURE.parent / "monitor" / "graphs.py",
+        _CAPTURE / "capture.py",
+        _CAPTURE / "gloo_side.py",
+        _CAPTURE / "spawned.py",
+    )
+)
 
 
 def _is_runpy(filename: str) -> bool:
