@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from types import FrameType
 from typing import Any
 
 CAPTURE_ENV = "COMMTOP_CAPTURE"
@@ -30,7 +31,7 @@ def _inside_another_step() -> bool:
     ``optim``; a wrapper optimizer its inner one): one training step, counted once, by the
     outermost. Read from the stack, not a pre-hook's count, which a step that raised would leave
     wrong for the rest of the run: each step runs in torch's ``profile_hook_step`` wrapper."""
-    frame = sys._getframe(1)  # noqa: SLF001 - once a step
+    frame: FrameType | None = sys._getframe(1)  # noqa: SLF001 - once a step
     steps = 0
     while frame is not None:
         code = frame.f_code
