@@ -118,3 +118,26 @@ def test_the_launchers_word_on_an_exit_code_is_not_repeated_as_the_reason_the_ra
     )
     both = job_ending(byes((0, 3, "SystemExit: 3", 0.9), (0, 3, launcher, 1.0)), T0)
     assert both.first is not None and both.first.reason == "SystemExit: 3"
+
+
+def test_a_job_torchrun_restarted_ends_as_its_last_attempt_did_and_says_it_restarted() -> None:
+    """torchrun --max-restarts 1: rank 1 fails in the first attempt (rank 0 sees the peer gone),
+    both ranks start again in new processes and finish. The report said "ended: failed, rank 1
+    first" for a job that exited 0 (QA); the earlier attempt's failure is said as such."""
+    from frozen_run import frozen_hello
+
+    def hello(rank: int, pid: int, s: float) -> tuple[int, p.Hello]:
+        return (T0 + int(s * 1e9), frozen_hello(rank, 2, t_ns=T0 + int(s * 1e9), pid=pid))
+
+    hellos = [hello(0, 100, 0.1), hello(1, 101, 0.1), hello(0, 200, 1.0), hello(1, 201, 1.0)]
+    attempts = byes((1, 1, "RuntimeError: attempt 0 failed", 0.4), (0, 1, PEER, 0.45), (0, 0, "", 2.0), (1, 0, "", 2.1))
+    ending = job_ending(attempts, T0, hellos)
+    assert (ending.verdict, ending.first, ending.restarts) == ("finished", None, 1)
+    assert ending.line([0, 1]) == (
+        "ended: ranks 0-1 finished (after 1 restart; before: rank 1 failed first, 0.4 s in: "
+        "RuntimeError: attempt 0 failed)"
+    )
+    # the last attempt failing too: its own failure ends the job
+    again = job_ending([*attempts[:2], *byes((0, 1, "ValueError: attempt 1", 2.0), (1, -15, "", 2.1))], T0, hellos)
+    assert again.first is not None and (again.first.rank, again.first.reason) == (0, "ValueError: attempt 1")
+    assert again.before_restart is not None and again.before_restart.rank == 1

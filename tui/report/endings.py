@@ -45,6 +45,11 @@ class Ending:
     first: FirstFailure | None = None
     #: per rank its longest wait inside one collective of LONG_WAIT_S or more (its Hellos' inside)
     waits: dict[int, str] = field(default_factory=dict)
+    #: times the launcher started the ranks again (torchrun --max-restarts): a rank's Hellos from
+    #: more than one process; the failures before are not the job's ending, only said
+    restarts: int = 0
+    #: the first failure before the last restart
+    before_restart: FirstFailure | None = None
 
     @property
     def verdict(self) -> str:
@@ -66,12 +71,20 @@ class Ending:
         silent = [r for r in ranks if r not in self.by_rank]
         if silent:
             parts.append(f"{_ranks_text(silent)} no end recorded")
+        restarted = ""
+        if self.restarts:
+            restarted = f" (after {self.restarts} restart{'s' if self.restarts > 1 else ''}"
+            before = self.before_restart
+            if before is not None:
+                restarted += f"; before: rank {before.rank} failed first, {before.at_s:.1f} s in"
+                restarted += f": {before.reason}" if before.reason else ""
+            restarted += ")"
         if self.first is None:
-            return f"ended: {', '.join(parts)}"
+            return f"ended: {', '.join(parts)}{restarted}"
         f = self.first
         head = f"ended: failed, rank {f.rank} first ({end_text(f.code)}, {f.at_s:.1f} s in)"
         head += f": {f.reason}" if f.reason else ""
-        return head + (f"; {', '.join(parts)}" if parts else "")
+        return head + (f"; {', '.join(parts)}" if parts else "") + restarted
 
 
 def long_waits(hellos: Sequence[tuple[int, p.Hello]]) -> dict[int, str]:
@@ -94,19 +107,33 @@ def job_ending(byes: Sequence[tuple[int, p.Bye]], first_ns: int, hellos: Sequenc
     """The :class:`Ending` of a recording's ``(recv_ns, Bye)`` list (in file order), with the
     ranks' long waits from its Hellos."""
     last: dict[int, p.Bye] = {}
-    failures: list[p.Bye] = []
     for _, bye in byes:
         last[bye.rank] = bye
-        if bye.exit_code != 0 and bye.exit_code not in _STOPS:
-            failures.append(bye)
-    first = min(failures, key=lambda b: (peer_failed(b.reason), b.t_ns, b.rank), default=None)
+    # A rank started again (torchrun --max-restarts) says Hello again, from a new process, after
+    # its Bye: only Byes no later Hello of their rank follows end the job (a rank's own Bye and
+    # the launcher's word on it are both its last attempt's).
+    pids: dict[int, set[int]] = {}
+    latest_hello: dict[int, int] = {}
+    for _, h in hellos:
+        pids.setdefault(h.rank, set()).add(h.pid)
+        latest_hello[h.rank] = max(latest_hello.get(h.rank, 0), h.t_ns)
+    failures = [b for _, b in byes if b.exit_code != 0 and b.exit_code not in _STOPS]
+    final = [b for b in failures if b.t_ns >= latest_hello.get(b.rank, 0)]
+    earlier = [b for b in failures if b.t_ns < latest_hello.get(b.rank, 0)]
     ended = {r: end_text(b.exit_code) for r, b in sorted(last.items())}
-    waits = long_waits(hellos)
+    restarts = max((len(ps) - 1 for ps in pids.values()), default=0)
+    before = _first_failure(earlier, first_ns) if restarts else None
+    return Ending(ended, _first_failure(final, first_ns), long_waits(hellos), restarts, before)
+
+
+def _first_failure(failures: Sequence[p.Bye], first_ns: int) -> FirstFailure | None:
+    """The earliest failure of a rank's own (not a peer's seen through a collective), with the
+    rank's own words for it where one of its Byes has them."""
+    first = min(failures, key=lambda b: (peer_failed(b.reason), b.t_ns, b.rank), default=None)
     if first is None:
-        return Ending(ended, waits=waits)
+        return None
     said = (b.reason for b in failures if b.rank == first.rank and _own_words(b))
-    at_s = (first.t_ns - first_ns) / 1e9
-    return Ending(ended, FirstFailure(first.rank, first.exit_code, next(said, ""), at_s), waits)
+    return FirstFailure(first.rank, first.exit_code, next(said, ""), (first.t_ns - first_ns) / 1e9)
 
 
 def _own_words(bye: p.Bye) -> bool:

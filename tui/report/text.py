@@ -223,6 +223,10 @@ def format_json(report: Report) -> str:
         ],
         "ended": report.ending.verdict or None,
         "first_failure": asdict(report.ending.first) if report.ending.first is not None else None,
+        "restarts": report.ending.restarts,
+        "first_failure_before_restart": (
+            asdict(report.ending.before_restart) if report.ending.before_restart is not None else None
+        ),
         "missing": sum(r.missing for r in report.ranks),
         "ab": [ab_json(result) for result in report.ab],
         "peaks": peaks_json(report.peaks),
