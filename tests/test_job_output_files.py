@@ -9,8 +9,8 @@ from tui.run.job_output import JobOutput
 from tui.run.log_store import JobLogPaths
 
 
-def _rank_file(paths: JobLogPaths, rank: int, stream: str) -> Path:
-    path = paths.ranks_dir / "run_0" / "attempt_0" / str(rank) / f"{stream}.log"
+def _rank_file(paths: JobLogPaths, rank: int, stream: str, attempt: int = 0) -> Path:
+    path = paths.ranks_dir / "run_0" / f"attempt_{attempt}" / str(rank) / f"{stream}.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch()
     return path
@@ -71,3 +71,18 @@ def test_a_new_runs_log_replaces_the_one_at_the_same_path(tmp_path: Path) -> Non
     out.start()
     out.join(10)
     assert out.done and paths.log.read_text() == "[rank0]: this run\n"
+
+
+def test_a_restarted_ranks_error_is_its_last_attempts(tmp_path: Path) -> None:
+    """torchrun --max-restarts writes each attempt into attempt_N: the error that explains a
+    failure is the last attempt's (the first attempt's traceback was taken), and the restarts
+    are counted."""
+    paths = _paths(tmp_path)
+    _append(_rank_file(paths, 1, "stderr"), b"Traceback (most recent call last):\nValueError: attempt 0\n")
+    out = JobOutput(paths, lambda: False)
+    out._read_all()  # noqa: SLF001
+    assert out.restarts == 0 and out.rank_error(1) == "ValueError: attempt 0"
+    _append(_rank_file(paths, 1, "stderr", attempt=1), b"Traceback (most recent call last):\nKeyError: 'attempt 1'\n")
+    out._read_all(everything=True)  # noqa: SLF001
+    assert out.restarts == 1 and out.rank_error(1) == "KeyError: 'attempt 1'"
+    assert out.rank_lines()[1][-1] == "KeyError: 'attempt 1'" and len(out.rank_lines()[1]) == 4  # both kept to read

@@ -114,6 +114,7 @@ class _Followed:
     err: bool
     fh: BinaryIO
     partial: bytes = b""
+    attempt: int = 0  # torchrun's attempt (a restart writes into attempt_1, ...)
 
 
 class JobOutput:
@@ -141,6 +142,8 @@ class JobOutput:
         self._traceback_seen: dict[int, int] = {}
         #: (rank, stderr) -> the line it is writing now (a progress bar's latest state)
         self._writing: dict[tuple[int, bool], str] = {}
+        #: rank -> the newest attempt it wrote in (torchrun --max-restarts starts the ranks again)
+        self._attempt: dict[int, int] = {}
         self.words = TorchrunWords()
         self._followed: dict[Path, _Followed] = {}
         self._reads = 0
@@ -189,7 +192,7 @@ class JobOutput:
 
     def _discover(self, everything: bool) -> None:
         own = [(self.paths.torchrun_stdout, False), (self.paths.torchrun_stderr, True)]
-        found: list[tuple[Path, int | None, bool]] = [(p, None, err) for p, err in own]
+        found: list[tuple[Path, int | None, bool, int]] = [(p, None, err, 0) for p, err in own]
         ranks_seen = len(self._followed) > len(own)
         if self.paths.ranks_dir.is_dir() and (everything or not ranks_seen or self._reads % DISCOVER_EVERY == 0):
             # stdout before stderr: lines read in one pass come in that order (the files keep no
@@ -198,15 +201,15 @@ class JobOutput:
             for path in sorted(paths, key=lambda path: (path.parent.as_posix(), path.name != "stdout.log")):
                 m = _RANK_FILE.search(path.as_posix())
                 if m:
-                    found.append((path, int(m.group(2)), m.group(3) == "err"))
-        for path, rank, err in found:
+                    found.append((path, int(m.group(2)), m.group(3) == "err", int(m.group(1))))
+        for path, rank, err, attempt in found:
             if path in self._followed:
                 continue
             try:
                 fh = open(path, "rb")  # noqa: SIM115 - closed at the end of the thread
             except OSError:
                 continue
-            self._followed[path] = _Followed(path, rank, err, fh)
+            self._followed[path] = _Followed(path, rank, err, fh, attempt=attempt)
 
     def _read_all(self, everything: bool = False) -> bool:
         """One pass over every file (``everything``: look for new files now); whether anything was read."""
@@ -245,6 +248,10 @@ class JobOutput:
             if f.rank is None:
                 self._torchrun.append(text)
             else:
+                if f.attempt > self._attempt.get(f.rank, 0):  # started again: its error is the new attempt's
+                    self._rank_err.pop(f.rank, None)
+                    self._traceback_seen.pop(f.rank, None)
+                self._attempt[f.rank] = max(f.attempt, self._attempt.get(f.rank, 0))
                 self._rank_lines.setdefault(f.rank, collections.deque(maxlen=self._tail_lines)).append(text)
                 if f.err:
                     self._rank_err.setdefault(f.rank, collections.deque(maxlen=2 * self._tail_lines)).append(text)
@@ -286,6 +293,12 @@ class JobOutput:
             for (rank, _err), text in sorted(self._writing.items()):
                 out.setdefault(rank, []).append(text)
             return out
+
+    @property
+    def restarts(self) -> int:
+        """How many times torchrun started the ranks again (its newest attempt's number)."""
+        with self._lock:
+            return max(self._attempt.values(), default=0)
 
     def torchrun_lines(self) -> list[str]:
         with self._lock:

@@ -316,6 +316,14 @@ class LiveSession:
             return
         if job.output.log_error:
             print(f"commtop: {job.output.log_error}", file=sys.stderr)
+        restarts = job.output.restarts
+        if restarts:
+            times = "once" if restarts == 1 else f"{restarts} times"
+            print(
+                f"commtop: torchrun started the ranks again {times} (--max-restarts): the counts and "
+                "the log hold every attempt",
+                file=sys.stderr,
+            )
         if self.failed_code is None:
             print(f"commtop: the job's output is in {job.log_path}", file=sys.stderr)
             return
