@@ -254,3 +254,15 @@ def test_a_progress_bar_keeps_its_latest_state_and_long_lines_are_cut_between_ch
         assert all(len(p) <= MAX_LINE for p in [*pieces, rest])
         assert b"".join([*pieces, rest]).decode() == "█" * 20_000
         assert all(p.decode() for p in pieces)  # each piece whole characters
+
+
+def test_a_rank_that_failed_on_its_own_error_is_not_said_to_fail_after_the_first() -> None:
+    """Both ranks called init_process_group("glooo"): each failed on its own; the later one was
+    said to fail "after rank 0 failed", as if the first had caused it (QA). A peer's failure
+    seen through a collective still says after whom."""
+    own = ["Traceback (most recent call last):", "AssertionError: Unknown backend type glooo"]
+    outputs = {0: RankOutput(0, own, traceback_seen=1), 1: RankOutput(1, own, traceback_seen=2)}
+    failure = explain(1, {}, outputs, {}, [])
+    assert failure.first == 0 and failure.ended[1] == "failed: AssertionError: Unknown backend type glooo"
+    peer = {0: RankOutput(0, RANK1_ERR, traceback_seen=1), 1: RankOutput(1, RANK0_ERR, traceback_seen=2)}
+    assert explain(1, {}, peer, {}, []).ended[1].startswith("failed after rank 0 failed: RuntimeError: Connection")

@@ -172,6 +172,8 @@ def explain(
         else:  # its own error, also where torchrun's stop came after it (the error says more)
             what = own or failing_byes.get(rank, (0, ""))[1]
             how = ended_text(e.code) if e is not None else "failed"
+            if what and not peer_failed(what):  # an error of its own (both ranks' bad backend name):
+                after = ""  # not caused by the first rank's, only later
             ended[rank] = f"{how}{' ' + after if after else ''}" + (f": {what}" if what else "")
     lines = [f"rank {rank}: {text}" for rank, text in sorted(ended.items())]
     if first is None:
