@@ -238,3 +238,26 @@ def test_an_optimizer_stepping_another_counts_one_step() -> None:
     finally:
         handle.remove()
     assert [c for c in mon.calls if c.startswith("step")] == ["step 1", "step 2", "step 3"]
+
+
+@pytest.mark.parametrize(
+    ("init_method", "kept"),
+    [
+        ("tcp://127.0.0.1:29631", False),
+        ("tcp://localhost:29500", True),
+        ("env://", True),
+        (None, True),
+        ("tcp://h:x", True),
+    ],
+)
+def test_a_tcp_rendezvous_of_its_own_is_served_by_rank_0_as_run_by_hand(monkeypatch, init_method, kept) -> None:
+    """``init_process_group(init_method="tcp://127.0.0.1:29631", rank=..., world_size=...)`` under
+    torchrun: with torchrun's agent-store flag every rank is a client of 29631 and none serves it
+    (a hang of the timeout, as under plain torchrun). At another port than torchrun's store the
+    flag goes, and rank 0 serves it as the script run by hand does."""
+    from workers.capture.bootstrap import Capture
+
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    Capture._own_tcp_store(init_method)
+    assert ("TORCHELASTIC_USE_AGENT_STORE" in os.environ) == kept

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+import urllib.parse
 from types import FrameType
 from typing import Any
 
@@ -136,11 +137,26 @@ class Capture:
         if isinstance(world_size, int) and world_size > 0 and str(world_size) != os.environ.get("WORLD_SIZE", "1"):
             os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
 
+    @staticmethod
+    def _own_tcp_store(init_method: Any) -> None:
+        """A ``tcp://`` rendezvous at another port than torchrun's store: under torchrun torch
+        makes every rank a client of it (the agent store's way) and no rank serves it, a hang
+        of the whole timeout (as under plain torchrun; QA: ~110 s, then DistNetworkError). Run
+        by hand, rank 0 serves it: so it does under `commtop run -- python script.py`."""
+        if isinstance(init_method, str) and init_method.startswith("tcp://"):
+            try:
+                port = urllib.parse.urlparse(init_method).port
+            except ValueError:
+                return  # torch says what is wrong with it
+            if port is not None and str(port) != os.environ.get("MASTER_PORT"):
+                os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+
     def _wrap_init(self, original: Any) -> Any:
         original = getattr(original, "__commtop_original__", original)
 
         @functools.wraps(original)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            self._own_tcp_store(kwargs.get("init_method", args[1] if len(args) > 1 else None))
             if self.stood_aside:
                 self._own_rendezvous(kwargs.get("world_size", args[3] if len(args) > 3 else -1))
             result = original(*args, **kwargs)
