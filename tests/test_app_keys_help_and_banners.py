@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -121,6 +122,7 @@ async def test_ctrl_c_quits() -> None:
         await pilot.press("ctrl+c")
         await pilot.pause()
         assert app.return_code == 0  # exited (Textual's default only says "press ctrl+q")
+        assert app.stopped_by == signal.SIGINT  # the command then exits 130, as a shell's Ctrl-C says
 
 
 @pytest.mark.e2e
@@ -139,7 +141,7 @@ def test_sigterm_restores_the_terminal() -> None:
     try:
         tui.first_seen("rows/heat", timeout_s=60)  # the footer is drawn: Textual owns the terminal
         tui.proc.send_signal(sig.SIGTERM)
-        assert tui.wait(30) == 0
+        assert tui.wait(30) == 128 + sig.SIGTERM  # 143, as a shell reports a command SIGTERM stopped
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             with tui._lock:

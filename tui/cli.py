@@ -226,10 +226,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
     with session.supervised(headless=ns.headless) as job:
         if ns.headless:
             return session.run_headless(job)
-        show(session, title=plan.title)
+        stopped_by = show(session, title=plan.title)
         outcome = session.job_outcome()  # before the stop: a job stopped by q did not fail
         session.stop_job_collecting(job)
-        return outcome
+        return 128 + stopped_by if stopped_by else outcome  # 130 after ctrl+c, 143 after SIGTERM
 
 
 def cmd_watch(ns: argparse.Namespace) -> int:
@@ -245,8 +245,8 @@ def cmd_watch(ns: argparse.Namespace) -> int:
     with session.watching(headless=ns.headless) as stop:
         if ns.headless:
             return session.summarise(stop)
-        show(session, title=f"commtop watch · {session.connection.run_id}", connect=session.connect)
-        return 0
+        stopped_by = show(session, title=f"commtop watch · {session.connection.run_id}", connect=session.connect)
+        return 128 + stopped_by if stopped_by else 0
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:
@@ -263,17 +263,19 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     if session.warning:
         print(f"commtop replay: warning: {session.warning}", file=sys.stderr)
     try:
-        show(session, title=f"commtop replay · {Path(ns.file).name}", hint=session.warning)
-        return 0
+        stopped_by = show(session, title=f"commtop replay · {Path(ns.file).name}", hint=session.warning)
+        return 128 + stopped_by if stopped_by else 0
     finally:
         session.close()
 
 
-def show(session: Session, *, title: str, hint: str = "", connect: Sequence[str] = ()) -> None:
-    """The TUI on ``session`` until the user quits."""
+def show(session: Session, *, title: str, hint: str = "", connect: Sequence[str] = ()) -> int:
+    """The TUI on ``session`` until the user quits; the signal that ended it (0: q)."""
     from tui.view.build import build_app
 
-    build_app(session, title=title, hint=hint, connect=connect, tune_gc=True).run()
+    app = build_app(session, title=title, hint=hint, connect=connect, tune_gc=True)
+    app.run()
+    return app.stopped_by
 
 
 if __name__ == "__main__":

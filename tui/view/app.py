@@ -157,6 +157,9 @@ class CommtopApp(App[None]):
         self.ab = ABSlot()
         self.sinks.append(self.ab)
         self._sigterm_set = False
+        #: The signal that ended the app (SIGINT: ctrl+c, SIGTERM), 0 when q did: the command's
+        #: exit code is then 128 + it, as a shell reports a command a signal stopped.
+        self.stopped_by = 0
         #: The app's widgets by type, found once (a query walks the DOM: ~0.3 ms a frame).
         self._found: dict[type[Widget], Widget | None] = {}
         self._streams_to_choose = False  # two streams or more: the f key is in the footer
@@ -216,10 +219,18 @@ class CommtopApp(App[None]):
         if threading.current_thread() is not threading.main_thread():
             return
         try:
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.exit)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._stop_by, signal.SIGTERM)
         except (NotImplementedError, RuntimeError, ValueError):  # no signals here (not the main loop)
             return
         self._sigterm_set = True
+
+    def _stop_by(self, signum: int) -> None:
+        self.stopped_by = int(signum)
+        self.exit()
+
+    def action_interrupt(self) -> None:
+        """ctrl+c: quit as q does, with the exit code of a command Ctrl-C stopped (130)."""
+        self._stop_by(signal.SIGINT)
 
     def on_unmount(self) -> None:
         if self._sigterm_set:

@@ -73,6 +73,7 @@ def bindings() -> list[BindingType]:
         Binding(k.keys, k.action, k.label, show=k.show, key_display=k.display or None, priority=k.priority)
         for k in KEYS
     ]
-    # top, nvitop and torchrun users press ctrl+c to leave (Textual's default only says how to).
-    out.append(Binding("ctrl+c", "quit", "quit", show=False, priority=True))
+    # top, nvitop and torchrun users press ctrl+c to leave (Textual's default only says how to);
+    # it quits as q does, and commtop then exits 130, as a command a shell's Ctrl-C stopped.
+    out.append(Binding("ctrl+c", "interrupt", "quit", show=False, priority=True))
     return out
