@@ -65,7 +65,7 @@ def test_the_first_failing_rank_is_the_one_whose_error_is_its_own_not_torchruns_
     failure = explain(1, words.exits, outputs, {}, TORCHRUN)
     assert failure.first == 1
     assert failure.lines == [
-        "rank 0: exit code 1 after rank 1 failed: RuntimeError: Connection closed by peer [127.0.0.1]:25253. "
+        "rank 0: exit code 1 after rank 1 failed; its error: RuntimeError: Connection closed by peer [127.0.0.1]:25253. "
         "This is typically caused by a remote worker crashing.",
         "rank 1 failed first (exit code 1):",
         "  [rank1]: Traceback (most recent call last):",  # commtop's frames (bootstrap, runpy) left out
@@ -93,7 +93,7 @@ def test_without_any_rank_failing_torchruns_last_lines_are_said() -> None:
 def test_a_rank_that_exits_without_a_traceback_is_not_explained_by_commtops_own_notice() -> None:
     """The sweep: every rank ran sys.exit(3); the failure named commtop's capture notice as rank
     0's error. A rank's error is its own lines, and with none, how it ended."""
-    notice = "commtop: gloo: no Flight Recorder timing; timing collectives with Python hooks (DDP through a comm hook)"
+    notice = "commtop: gloo: no Flight Recorder timing; timing each collective call with Python hooks"
     torchrun = ["E1205 failed (exitcode: 3) local_rank: 0 (pid: 101) of binary: /venv/bin/python"]
     exits = torchrun_lines(torchrun).exits
     outputs = {0: RankOutput(0, [notice], traceback_seen=None)}
@@ -209,7 +209,9 @@ def test_a_rank_torchrun_stops_after_its_own_error_is_explained_by_that_error() 
     outputs = {0: RankOutput(0, RANK0_ERR, traceback_seen=3), 1: RankOutput(1, RANK1_ERR, traceback_seen=3)}
     failure = explain(1, words.exits, outputs, byes, lines)
     assert failure.first == 1
-    assert failure.lines[0].startswith("rank 0: exit code 1 after rank 1 failed: RuntimeError: Connection closed by")
+    assert failure.lines[0].startswith(
+        "rank 0: exit code 1 after rank 1 failed; its error: RuntimeError: Connection closed"
+    )
     quiet = {1: outputs[1]}  # a rank that had no error of its own: torchrun stopped it
     assert explain(1, words.exits, quiet, {1: byes[1]}, lines).lines[0] == (
         "rank 0: exit code 1 (stopped by torchrun after rank 1 failed)"
@@ -265,4 +267,8 @@ def test_a_rank_that_failed_on_its_own_error_is_not_said_to_fail_after_the_first
     failure = explain(1, {}, outputs, {}, [])
     assert failure.first == 0 and failure.ended[1] == "failed: AssertionError: Unknown backend type glooo"
     peer = {0: RankOutput(0, RANK1_ERR, traceback_seen=1), 1: RankOutput(1, RANK0_ERR, traceback_seen=2)}
-    assert explain(1, {}, peer, {}, []).ended[1].startswith("failed after rank 0 failed: RuntimeError: Connection")
+    assert (
+        explain(1, {}, peer, {}, [])
+        .ended[1]
+        .startswith("failed after rank 0 failed; its error: RuntimeError: Connection")
+    )

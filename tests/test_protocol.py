@@ -206,6 +206,8 @@ def test_bye_reason_drops_cpp_source_locations_and_keeps_the_message():
     assert bye_reason(ValueError("[rank 3] bad shape")) == "ValueError: [rank 3] bad shape"
     assert bye_reason(KeyError()) == "KeyError"
     assert bye_reason(OSError("\n\n  disk full  \n")) == "OSError: disk full"
+    long = bye_reason(RuntimeError("Check the logs of the remote worker before reporting an error."), 60)
+    assert long == "RuntimeError: Check the logs of the remote worker before…"  # cut between words
     assert len(bye_reason(RuntimeError("x" * 2000))) == 512
 
 

@@ -174,7 +174,12 @@ def explain(
             how = ended_text(e.code) if e is not None else "failed"
             if what and not peer_failed(what):  # an error of its own (both ranks' bad backend name):
                 after = ""  # not caused by the first rank's, only later
-            ended[rank] = f"{how}{' ' + after if after else ''}" + (f": {what}" if what else "")
+            if after and what:  # "after rank 1 failed; its error: ...": this rank's error, not rank 1's
+                ended[rank] = f"{how} {after}; its error: {what}"
+            elif what:
+                ended[rank] = f"{how}: {what}"
+            else:
+                ended[rank] = f"{how} {after}" if after else how
     lines = [f"rank {rank}: {text}" for rank, text in sorted(ended.items())]
     if first is None:
         tail = [ln for ln in torchrun_tail if ln.strip()][-8:]

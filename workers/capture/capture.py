@@ -209,9 +209,7 @@ class Capture:
             fallback.install()
             if self.mon.rank == 0:
                 why = "forced by $COMMTOP_CAPTURE" if self.mode == "hooks" else f"{backend}: no Flight Recorder timing"
-                print(
-                    f"commtop: {why}; timing collectives with Python hooks (DDP through a comm hook)", file=sys.stderr
-                )
+                print(f"commtop: {why}; timing each collective call with Python hooks", file=sys.stderr)
         self.mon.capture = {"hooks": "python hooks"}.get(self.how, self.how)
         self.mon._refresh()  # Hello: backend, world size, device, capture
         self._begin_step()

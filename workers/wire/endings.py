@@ -45,4 +45,8 @@ def bye_reason(exc: BaseException, limit: int = 512) -> str:
     the TUI's one-line note with a build path (the full traceback goes to stderr)."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     text = _SOURCE_PREFIX.sub("", lines[0]) if lines else ""
-    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:limit]
+    said = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    if len(said) <= limit:
+        return said
+    cut = said.rfind(" ", 0, limit)  # between words, not inside one ("before repo")
+    return said[: cut if cut > limit // 2 else limit - 1] + "…"
