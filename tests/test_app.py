@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 from app_pilot import run_async, wait_for
-from frozen_run import KEY, SESSION, FakePublisher, frozen_coll, frozen_hello, frozen_run, frozen_snapshot
+from frozen_run import KEY, SESSION, T0, FakePublisher, frozen_coll, frozen_hello, frozen_run, frozen_snapshot
 
 from tui.ingest.interfaces import ControlView, RecordingStatus, ReplayPosition
 from tui.view.app import CommtopApp
@@ -298,6 +298,20 @@ def test_header_text_without_data_and_with_pending_switch() -> None:
     view = ControlView(requested=Settings(mode="sync", **base))
     text = header_text(snap, view).plain
     assert "mode  overlap " in text and "epoch 3" in text and "⇢ switching mode overlap → sync at iteration 640" in text
+
+
+def test_header_says_the_ranks_exited_once_the_job_ended() -> None:
+    """After the job ended the header read "ranks 0/2" in the warning colour (QA: a fault?)."""
+    from tui.model.run_model import RunModel
+    from workers.wire import protocol as p
+
+    model = RunModel()
+    for m in frozen_run(world=2, iterations=100):
+        model.apply(m)
+    assert "ranks 2/2" in header_text(model.snapshot()).plain
+    for rank in (0, 1):
+        model.apply(p.Bye(rank, 0, "finished", T0 + 10**9))
+    assert "ranks 2 exited" in header_text(model.snapshot()).plain
 
 
 def test_header_text_shows_hello_only_runs() -> None:

@@ -251,7 +251,11 @@ def _health(
         _kv(t, "it/s", rate, bold=True)
     live = snap.live_ranks
     total = max(snap.world_size, len(snap.ranks))
-    _kv(t, "ranks", f"{live}/{total}", LIVE if live == total and total else WARN, bold=True)
+    exited = sum(1 for r in snap.ranks if r.state == "exited")
+    if total and not live and exited == total:  # the job ended: not "0/2", which reads as a fault
+        _kv(t, "ranks", f"{exited} exited", TEXT, bold=True)
+    else:
+        _kv(t, "ranks", f"{live}/{total}", LIVE if live == total and total else WARN, bold=True)
     if snap.drops or not compact:  # condensed: a zero is not news
         _kv(t, "drops", f"{snap.drops:,}", WARN if snap.drops else TEXT)
     if snap.lost:  # collectives the ranks issued and never recorded (their own count)
