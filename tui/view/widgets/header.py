@@ -251,9 +251,8 @@ def _health(
         _kv(t, "it/s", rate, bold=True)
     live = snap.live_ranks
     total = max(snap.world_size, len(snap.ranks))
-    exited = sum(1 for r in snap.ranks if r.state == "exited")
-    if total and not live and exited == total:  # the job ended: not "0/2", which reads as a fault
-        _kv(t, "ranks", f"{exited} exited", TEXT, bold=True)
+    if total and not live and len(snap.ranks) == total and all(r.state == "exited" for r in snap.ranks):
+        _kv(t, "ranks", f"{total} exited", TEXT, bold=True)  # the job ended: "0/2" read as a fault
     else:
         _kv(t, "ranks", f"{live}/{total}", LIVE if live == total and total else WARN, bold=True)
     if snap.drops or not compact:  # condensed: a zero is not news
