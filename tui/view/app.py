@@ -11,9 +11,6 @@ tests), or directly with ``CommtopApp(source, model, ...)``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -48,6 +45,7 @@ from tui.view import setting_keys
 from tui.view.gc_tuning import settle_garbage_collector
 from tui.view.keys import KEYS, bindings
 from tui.view.messages import IngestError, SnapshotReady
+from tui.view.signal_stop import SignalStop
 from tui.view.widgets.connect import ConnectPanel
 from tui.view.widgets.covered_box import CoveredBox
 from tui.view.widgets.header import RunHeader, settings_change
@@ -72,7 +70,7 @@ _CONTROL_ACTIONS = {"cycle_mode", "pick_mode", "copies", "cycle_scale", "toggle_
 _REPLAY_ACTIONS = {"replay_pause", "replay_speed", "replay_seek", "replay_jump"}
 
 
-class CommtopApp(App[None]):
+class CommtopApp(SignalStop, App[None]):
     """Live (or replayed) view of a commtop run.
 
     Args:
@@ -156,10 +154,6 @@ class CommtopApp(App[None]):
         #: The A/B experiment slot (key a); a sink, so it sees every message.
         self.ab = ABSlot()
         self.sinks.append(self.ab)
-        self._sigterm_set = False
-        #: The signal that ended the app (SIGINT: ctrl+c, SIGTERM), 0 when q did: the command's
-        #: exit code is then 128 + it, as a shell reports a command a signal stopped.
-        self.stopped_by = 0
         #: The app's widgets by type, found once (a query walks the DOM: ~0.3 ms a frame).
         self._found: dict[type[Widget], Widget | None] = {}
         self._streams_to_choose = False  # two streams or more: the f key is in the footer
@@ -193,7 +187,7 @@ class CommtopApp(App[None]):
                 yield Footer()
 
     def on_mount(self) -> None:
-        self._catch_sigterm()
+        self.catch_sigterm()
         self._one(StatusLine).show([], self.hint)
         if self.source is not None:
             self.ingest = IngestLoop(
@@ -213,29 +207,8 @@ class CommtopApp(App[None]):
         if self.tune_gc:
             settle_garbage_collector()
 
-    def _catch_sigterm(self) -> None:
-        """SIGTERM ends the app the way q does: from the event loop, so Textual's driver puts
-        the terminal back (alternate screen, mouse, raw mode) instead of dying mid-frame."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        try:
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._stop_by, signal.SIGTERM)
-        except (NotImplementedError, RuntimeError, ValueError):  # no signals here (not the main loop)
-            return
-        self._sigterm_set = True
-
-    def _stop_by(self, signum: int) -> None:
-        self.stopped_by = int(signum)
-        self.exit()
-
-    def action_interrupt(self) -> None:
-        """ctrl+c: quit as q does, with the exit code of a command Ctrl-C stopped (130)."""
-        self._stop_by(signal.SIGINT)
-
     def on_unmount(self) -> None:
-        if self._sigterm_set:
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+        self.release_sigterm()
         if self.ingest is not None:
             self.ingest.stop()
             self.ingest.join(2.0)
