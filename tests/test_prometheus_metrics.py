@@ -210,6 +210,21 @@ def test_gaps_in_sequence_numbers_count_lost_batches_and_silence_counts_one_stal
     assert sample(scrape(m)["commtop_rank_stalls"], "commtop_rank_stalls_total", rank="0") == 2
 
 
+def test_a_rank_whose_first_batch_has_not_come_is_not_stalled() -> None:
+    """A rank's Hello comes at once, its first batch after its first collectives: every rank
+    counted a stall at start-up (QA7: stalls 1 on both ranks of a job that never paused)."""
+    now = [100.0]
+    m = NodeMetrics("n", clock=lambda: now[0])
+    m.add_message(sealed_hello(_hello(0, t_ns=50 * 10**9)))
+    now[0] += STALL_AFTER_S + 5.0
+    m.check_stalls()
+    assert sample(scrape(m)["commtop_rank_stalls"], "commtop_rank_stalls_total", rank="0") == 0
+    m.add_message(coll_batch(0, 0, [0], [5.0]))
+    now[0] += STALL_AFTER_S + 0.1
+    m.check_stalls()  # its records stopped: a stall
+    assert sample(scrape(m)["commtop_rank_stalls"], "commtop_rank_stalls_total", rank="0") == 1
+
+
 def test_a_rank_inside_a_collective_grows_its_inside_gauge_until_it_comes_out() -> None:
     """A hang to alert on: the rank's Hellos (the heartbeat's copy to the exporter) say it is inside
     an all_reduce since 12 s; the gauge goes on growing between Hellos, and is 0 once it is out."""

@@ -89,7 +89,7 @@ class Hist:
 class RankState:
     epoch: int = 0
     last_record_s: float = 0.0  # wall clock of the latest record (its host_ns / start_ns)
-    last_arrival: float = 0.0  # monotonic, when its latest batch arrived here
+    last_arrival: float | None = None  # monotonic, when its latest batch arrived here (None: none yet)
     lost_batches: int = 0  # gaps in its batch sequence numbers seen by this exporter
     collector_dropped: int = 0  # records it could not queue for the collector (its own count)
     stalls: int = 0
@@ -266,7 +266,10 @@ class NodeMetrics:
         now = self.clock()
         with self.lock:
             for state in self.ranks.values():
-                if not state.stalled and not state.finished and now - state.last_arrival > STALL_AFTER_S:
+                # Only records that stopped: a rank whose first batch has not come (its Hello
+                # does, at once) counted a stall at start-up on every rank.
+                arrived = state.last_arrival
+                if not state.stalled and not state.finished and arrived is not None and now - arrived > STALL_AFTER_S:
                     state.stalled = True
                     state.stalls += 1
 
