@@ -245,8 +245,8 @@ def cmd_watch(ns: argparse.Namespace) -> int:
     with session.watching(headless=ns.headless) as stop:
         if ns.headless:
             return session.summarise(stop)
-        stopped_by = show(session, title=f"commtop watch · {session.connection.run_id}", connect=session.connect)
-        return 128 + stopped_by if stopped_by else 0
+        show(session, title=f"commtop watch · {session.connection.run_id}", connect=session.connect)
+        return 0  # ctrl+c and SIGTERM are how a collector ends: as --headless, 0
 
 
 def cmd_replay(ns: argparse.Namespace) -> int:
@@ -263,8 +263,8 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     if session.warning:
         print(f"commtop replay: warning: {session.warning}", file=sys.stderr)
     try:
-        stopped_by = show(session, title=f"commtop replay · {Path(ns.file).name}", hint=session.warning)
-        return 128 + stopped_by if stopped_by else 0
+        show(session, title=f"commtop replay · {Path(ns.file).name}", hint=session.warning)
+        return 0
     finally:
         session.close()
 
