@@ -141,3 +141,18 @@ def test_a_job_torchrun_restarted_ends_as_its_last_attempt_did_and_says_it_resta
     again = job_ending([*attempts[:2], *byes((0, 1, "ValueError: attempt 1", 2.0), (1, -15, "", 2.1))], T0, hellos)
     assert again.first is not None and (again.first.rank, again.first.reason) == (0, "ValueError: attempt 1")
     assert again.before_restart is not None and again.before_restart.rank == 1
+
+
+def test_a_job_without_steps_has_no_step_table() -> None:
+    """A job that marks no steps has all its records in step 0: one step "begun" per rank and no
+    step time. The report printed a table of 'n/a' rows for it (QA7); the live summary had none."""
+    import math
+
+    from tui.report.rows import StepRow
+    from tui.report.views_text import step_table
+
+    def row(rank: int | None, p50: float) -> StepRow:
+        return StepRow(0, rank, 1, math.nan, p50, p50, math.nan, math.nan, (), math.nan)
+
+    assert step_table([row(None, math.nan), row(0, math.nan), row(1, math.nan)]) == []
+    assert any(line.split()[:3] == ["epoch", "rank", "steps"] for line in step_table([row(None, 5.0), row(0, 5.0)]))

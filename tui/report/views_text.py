@@ -112,8 +112,8 @@ def stream_table(rows: Sequence[Row], modes: bool) -> list[str]:
 def step_table(steps: Sequence[StepRow]) -> list[str]:
     """The step view per epoch: all ranks, then each rank (up to STEP_RANKS_SHOWN ranks)."""
     shown = [s for s in steps if s.rank is None or s.rank < STEP_RANKS_SHOWN]
-    if not any(s.steps for s in shown):
-        return []
+    if not any(math.isfinite(s.step_p50_ms) for s in shown):  # no step time: the job marks no steps
+        return []  # (a rank's records all in step 0 are one step "begun", nothing measured)
     head: tuple[str, ...] = ("epoch", "rank", "steps", "steps/s", "step p50 ms", "step p99 ms", "coll ms/step")
     head += ("coll share", "copies per step", "during copies/step")
     body = []
