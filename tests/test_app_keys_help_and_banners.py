@@ -379,3 +379,18 @@ async def test_after_c_the_banner_says_the_change_made() -> None:
         pending = replace(snap, pending_epoch=snap.epoch_in_force + 1, apply_at=640)
         text = header_text(pending, app.controller.view()).plain  # type: ignore[union-attr]
         assert "⇢ switching copies 5 → 6 at iteration 640" in text and "switching to" not in text
+
+
+@run_async
+async def test_keys_a_replay_does_not_offer_say_why() -> None:
+    """A replay has no job and nothing to change: l and o did nothing and said nothing (QA7);
+    the help screen marked them "not in this session". Now the status line says why."""
+    app = CommtopApp(links=False)  # no controller, no job: as a replay
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("l")
+        await pilot.pause()
+        assert "no job's output here" in app.refused.why
+        await pilot.press("o")
+        await pilot.pause()
+        assert "nothing to change" in app.refused.why

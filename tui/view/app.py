@@ -70,6 +70,16 @@ _CONTROL_ACTIONS = {"cycle_mode", "pick_mode", "copies", "cycle_scale", "toggle_
 _REPLAY_ACTIONS = {"replay_pause", "replay_speed", "replay_seek", "replay_jump"}
 
 
+def _unoffered(key: str, available: Callable[[str], bool]) -> str:
+    """Why a setting key or ``l`` does nothing in a session without a controller (a replay)."""
+    action = next((k.action.partition("(")[0] for k in KEYS if key in k.keys.split(",")), "")
+    if action in _CONTROL_ACTIONS or action == "ab":
+        return "a recording plays as it was recorded: nothing to change"
+    if action == "job_log" and not available("job_log"):
+        return "no job's output here: commtop run keeps its job's (beside a recording: NAME.log)"
+    return ""
+
+
 class CommtopApp(SignalStop, App[None]):
     """Live (or replayed) view of a commtop run.
 
@@ -388,16 +398,20 @@ class CommtopApp(SignalStop, App[None]):
         return self._control.can_change if self._control is not None else Changeable()
 
     def on_key(self, event: events.Key) -> None:
-        """A setting key this run does not offer (hidden from the footer): say why, change nothing."""
-        if self.controller is not None and not isinstance(self.screen, HelpScreen):
-            why = setting_keys.key_refusal(event.key, self._can())
-            if why:
-                event.stop()
-                self._refuse(why)
+        """A key this session does not offer (hidden from the footer): say why, change nothing."""
+        if isinstance(self.screen, HelpScreen):
+            return
+        if self.controller is not None:
+            why, title = setting_keys.key_refusal(event.key, self._can()), "change refused"
+        else:  # a replay: nothing to change, and no job of its own (keys that did nothing, silently)
+            why, title = _unoffered(event.key, self._available), "not in this session"
+        if why:
+            event.stop()
+            self._refuse(why, title)
 
-    def _refuse(self, why: str) -> None:
-        """A refused change: a toast, and the reason in the status line for a while."""
-        self.notify(why, title="change refused", severity="error")
+    def _refuse(self, why: str, title: str = "change refused") -> None:
+        """A refused key: a toast, and the reason in the status line for a while."""
+        self.notify(why, title=title, severity="error")
         self.refused.set(why)
         self._update_status()
 
