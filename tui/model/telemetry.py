@@ -142,7 +142,7 @@ class TelemetrySnapshot:
             drops = f" · {h.dropped} sampler tick{'s' if h.dropped != 1 else ''} dropped" if h.dropped else ""
             if short:  # a narrow header: load and memory, the sampler's drops only when there are some
                 who = f"{h.host}: " if len(self.hosts) > 1 else ""
-                dropped = f" · {h.dropped} ticks dropped" if h.dropped else ""
+                dropped = f" · {h.dropped} tick{'s' if h.dropped != 1 else ''} dropped" if h.dropped else ""
                 parts.append(f"{who}cpu {cpu} mem {mem}{dropped}{stale}")
                 continue
             parts.append(f"{h.host}: cpu {cpu} mem {mem} · sampler {h.cost_us / 1e3:.1f} ms/tick{drops}{stale}")
