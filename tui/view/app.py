@@ -70,16 +70,6 @@ _CONTROL_ACTIONS = {"cycle_mode", "pick_mode", "copies", "cycle_scale", "toggle_
 _REPLAY_ACTIONS = {"replay_pause", "replay_speed", "replay_seek", "replay_jump"}
 
 
-def _unoffered(key: str, available: Callable[[str], bool]) -> str:
-    """Why a setting key or ``l`` does nothing in a session without a controller (a replay)."""
-    action = next((k.action.partition("(")[0] for k in KEYS if key in k.keys.split(",")), "")
-    if action in _CONTROL_ACTIONS or action == "ab":
-        return "a recording plays as it was recorded: nothing to change"
-    if action == "job_log" and not available("job_log"):
-        return "no job's output here: commtop run keeps its job's (beside a recording: NAME.log)"
-    return ""
-
-
 class CommtopApp(SignalStop, App[None]):
     """Live (or replayed) view of a commtop run.
 
@@ -404,7 +394,8 @@ class CommtopApp(SignalStop, App[None]):
         if self.controller is not None:
             why, title = setting_keys.key_refusal(event.key, self._can()), "change refused"
         else:  # a replay: nothing to change, and no job of its own (keys that did nothing, silently)
-            why, title = _unoffered(event.key, self._available), "not in this session"
+            why = setting_keys.replay_refusal(event.key, self._available("job_log"))
+            title = "not in this session"
         if why:
             event.stop()
             self._refuse(why, title)

@@ -47,11 +47,25 @@ def parameters(action: str) -> tuple[object, ...]:
     return tuple(int(p) if p.strip().lstrip("-").isdigit() else p.strip() for p in inside.split(",") if p.strip())
 
 
+def _action_of(key: str) -> str:
+    """The action a key is bound to (with its parameters: ``pick_mode(3)``), "" for none."""
+    return next((k.action for k in KEYS if key in k.keys.split(",")), "")
+
+
 def key_refusal(key: str, can: Changeable) -> str:
     """Why a pressed key that this run does not offer does nothing ("" for any other key)."""
-    for k in KEYS:
-        if key in k.keys.split(","):
-            return refusal(k.action, parameters(k.action), can)
+    action = _action_of(key)
+    return refusal(action, parameters(action), can) if action else ""
+
+
+def replay_refusal(key: str, job_log: bool) -> str:
+    """Why a setting key, ``a`` or ``l`` (without a job's log: ``job_log`` False) does nothing
+    in a session without a controller (a replay); "" for any other key."""
+    name = _action_of(key).partition("(")[0]
+    if name in KEY_SETTINGS or name == AB:
+        return "a recording plays as it was recorded: nothing to change"
+    if name == "job_log" and not job_log:
+        return "no job's output here: commtop run keeps its job's (beside a recording: NAME.log)"
     return ""
 
 
