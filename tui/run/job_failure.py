@@ -172,14 +172,12 @@ def explain(
         else:  # its own error, also where torchrun's stop came after it (the error says more)
             what = own or failing_byes.get(rank, (0, ""))[1]
             how = ended_text(e.code) if e is not None else "failed"
-            if what and not peer_failed(what):  # an error of its own (both ranks' bad backend name):
-                after = ""  # not caused by the first rank's, only later
-            if after and what:  # "after rank 1 failed; its error: ...": this rank's error, not rank 1's
+            if not what:
+                ended[rank] = f"{how} {after}".rstrip()
+            elif after and peer_failed(what):  # the first rank's failure, seen: the error is this rank's
                 ended[rank] = f"{how} {after}; its error: {what}"
-            elif what:
+            else:  # an error of its own (both ranks' bad backend name): not caused, only later
                 ended[rank] = f"{how}: {what}"
-            else:
-                ended[rank] = f"{how} {after}" if after else how
     lines = [f"rank {rank}: {text}" for rank, text in sorted(ended.items())]
     if first is None:
         tail = [ln for ln in torchrun_tail if ln.strip()][-8:]

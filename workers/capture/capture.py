@@ -27,6 +27,9 @@ log = logging.getLogger("commtop.capture")
 SIGTERM_SETTLE_S = 1.0
 
 
+_OPTIMIZER_FILE = os.path.join("torch", "optim", "optimizer.py")
+
+
 def _inside_another_step() -> bool:
     """Whether this optimizer step runs inside another's (ZeroRedundancyOptimizer steps its own
     ``optim``; a wrapper optimizer its inner one): one training step, counted once, by the
@@ -42,9 +45,6 @@ def _inside_another_step() -> bool:
                 return True
         frame = frame.f_back
     return False
-
-
-_OPTIMIZER_FILE = os.path.join("torch", "optim", "optimizer.py")
 
 
 class Capture:
