@@ -216,12 +216,13 @@ class JobOutput:
         self._discover(everything)
         got = False
         for f in list(self._followed.values()):
+            read = False
             while chunk := f.fh.read(65536):
-                got = True
+                read = got = True
                 lines, f.partial = split_lines(f.partial + chunk)
                 for raw in lines:
                     self._take(f, raw)
-            if f.rank is not None:
+            if read and f.rank is not None:  # its line being written changed only if it wrote
                 self._note_writing(f)
         self._reads += 1
         if got:
