@@ -300,3 +300,27 @@ def test_ctl_json_prints_the_status_without_the_envelope(conn, server, capsys):
     reply = json.loads(capsys.readouterr().out)
     assert reply["epoch_in_force"] == 0 and reply["in_force"]["mode"] == Settings().mode
     assert not {"nonce", "s", "v", "k"} & set(reply) and conn.session not in json.dumps(reply)
+
+
+def test_status_counts_ranks_that_ended_apart_and_drops_an_endpoint_its_sampler_closed(conn, server, capsys):
+    from workers.wire.telemetry import Caps, caps_body
+
+    for rank in (0, 1):
+        server.write(frozen_hello(rank, 0, Settings()))
+
+    def caps(url: str) -> dict:
+        return caps_body(conn.session, Caps("h", 1, 0, 0.5, "", "", (), prometheus=url))
+
+    server.write(caps("http://127.0.0.1:9400/metrics"))
+    assert cli.main(["ctl", "--run", conn.run_id, "status"]) == 0
+    out = capsys.readouterr().out
+    assert f"run {conn.run_id}: 2 rank(s) reporting\n" in out and "prometheus h: http://127.0.0.1:9400/metrics" in out
+    server.write(protocol.Bye(rank=1, exit_code=0, reason="", t_ns=0))
+    assert cli.main(["ctl", "--run", conn.run_id, "status"]) == 0
+    assert f"run {conn.run_id}: 1 rank(s) reporting, 1 exited\n" in capsys.readouterr().out
+    server.write(frozen_hello(1, 0, Settings()))  # torchrun started it again
+    server.write(protocol.Bye(rank=0, exit_code=0, reason="", t_ns=0))
+    server.write(caps(""))  # the sampler's last word: its exporter closed
+    assert cli.main(["ctl", "--run", conn.run_id, "status"]) == 0
+    out = capsys.readouterr().out
+    assert f"run {conn.run_id}: 1 rank(s) reporting, 1 exited\n" in out and "prometheus" not in out

@@ -133,6 +133,26 @@ def test_sampler_stops_on_sigterm(run: tuple[connection.Connection, zmq.Socket])
             proc.wait()
 
 
+def test_a_sampler_serving_prometheus_says_its_endpoint_closed_as_it_ends(
+    run: tuple[connection.Connection, zmq.Socket],
+) -> None:
+    """`ctl status` lists the endpoints the samplers named until a sampler's last Caps names none."""
+    conn, pull = run
+    proc = start_node_sampler(conn.path, [], prometheus="127.0.0.1:0")
+    assert proc is not None
+    try:
+        served = _until(pull, conn, lambda m: isinstance(m, Caps))
+        assert isinstance(served, Caps) and served.prometheus.startswith("http://127.0.0.1:")
+        proc.send_signal(signal.SIGTERM)
+        last = _until(pull, conn, lambda m: isinstance(m, Caps) and not m.prometheus)
+        assert isinstance(last, Caps) and last.host == served.host
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_bad_connection_file_is_one_line_error(tmp_path: Path) -> None:
     env = {**os.environ, connection.CONNECTION_FILE_ENV: str(tmp_path / "missing.json")}
     res = subprocess.run(

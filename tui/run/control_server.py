@@ -103,6 +103,7 @@ class ControlServer:
         self._in_force = in_force if in_force is not None else InForceTracker()
         self._feeds_in_force = in_force is None
         self._hellos: dict[int, tuple[int, Settings | None, int]] = {}  # rank -> (epoch, settings, rejected)
+        self._ended: set[int] = set()  # ranks whose Bye came (and no Hello since: a restart)
         self._headers: dict[int, tuple[int, int, int]] = {}  # rank -> (epoch in force, pending, apply_at)
         self._apply_at_seen: dict[int, int] = {}  # pending epoch -> latest apply_at seen
         #: What the run can change (tui.model.changeable), from its Hellos.
@@ -196,6 +197,7 @@ class ControlServer:
                 if message.rank == 0 or self._can.kind == UNKNOWN:  # rank 0 speaks for the job
                     self._can = can
                 self._hellos[message.rank] = (message.epoch, settings, rejected)
+                self._ended.discard(message.rank)
                 if settings is not None:
                     self._adopt(message.epoch, settings)
         elif isinstance(message, protocol.Batch):
@@ -205,6 +207,7 @@ class ControlServer:
         elif isinstance(message, protocol.Bye):
             with self._lock:
                 self._headers.pop(message.rank, None)
+                self._ended.add(message.rank)
         elif isinstance(message, dict) and message.get("k") == protocol.TELEM_CAPS:
             self._note_prometheus(message)
 
@@ -213,10 +216,11 @@ class ControlServer:
             caps = decode_caps(body)
         except protocol.ProtocolError:
             return
-        if caps.prometheus:
-            with self._lock:
-                if caps.host in self._prometheus or len(self._prometheus) < MAX_NODES:
-                    self._prometheus[caps.host] = caps.prometheus
+        with self._lock:
+            if not caps.prometheus:  # none, or its exporter closed (the sampler's last word)
+                self._prometheus.pop(caps.host, None)
+            elif caps.host in self._prometheus or len(self._prometheus) < MAX_NODES:
+                self._prometheus[caps.host] = caps.prometheus
 
     # ------------------------------------------------------------------ state (lock held)
 
@@ -375,7 +379,8 @@ class ControlServer:
             "pending_epoch": in_force.pending_epoch,
             "apply_at": in_force.apply_at,
             "in_force_since": self._apply_at_seen.get(in_force.epoch, -1),
-            "ranks": len(self._hellos),
+            "ranks": len(self._hellos.keys() - self._ended),
+            "exited": len(self._ended),
             "rejected": dict(self.rejected),
             "worker_rejected": sum(r for _, _, r in self._hellos.values()),
             "reissues": self.reissues,

@@ -339,7 +339,8 @@ def _settings_line(settings: dict[str, Any], can: Changeable) -> str:
 def format_status(conn: connections.Connection, reply: dict[str, Any]) -> str:
     """The human-readable `ctl status`."""
     can = Changeable.from_wire(reply.get("can_change"))
-    lines = [f"run {conn.run_id}: {reply.get('ranks', 0)} rank(s) reporting"]
+    exited = int(reply.get("exited") or 0)
+    lines = [f"run {conn.run_id}: {reply.get('ranks', 0)} rank(s) reporting" + (f", {exited} exited" if exited else "")]
     in_force = reply.get("in_force") or {}
     requested = reply.get("requested") or {}
     lines.append(f"in force  (epoch {reply.get('epoch_in_force', -1)}): {_settings_line(in_force, can)}")

@@ -8,6 +8,7 @@ whatever the collector cannot take right now.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -243,7 +244,10 @@ def run(connection: Any, gpu_uuids: list[str], interval_s: float = INTERVAL_S, p
     finally:
         if exporter is not None:
             exporter.close()
+            # The collector lists the endpoint in `ctl status` until told it closed.
+            with contextlib.suppress(Exception):
+                send(caps_body(session, replace(sampler.caps(), prometheus="")))
         sampler.close()
-        sock.close(0)
+        sock.close(100)  # ms for that last word; nothing waits where the collector is gone (IMMEDIATE)
         nvml.shutdown()
     return 0
