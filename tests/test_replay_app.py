@@ -71,3 +71,19 @@ async def test_r_records_what_the_app_receives(recording, tmp_path: Path) -> Non
     assert len(got) == len(items)
     for (_, a), b in zip(items, got, strict=True):
         assert_same_message(a, b)
+
+
+@run_async
+async def test_a_recording_without_rank_data_says_so_instead_of_waiting_for_ranks(tmp_path: Path) -> None:
+    from tui.recordings.writer import RecordingWriter
+    from tui.view.widgets.header import REPLAY_EMPTY, WAITING
+
+    path = tmp_path / "header_only.commtop"
+    with open(path, "wb") as f:  # a run stopped before any rank reported: the header and the trailer
+        RecordingWriter(f, {"schema_version": p.SCHEMA_VERSION}).close({})
+    source = ReplaySource(open_recording(path), clock=FrozenClock())
+    app = CommtopApp(source, RunModel(), links=False, owns_source=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: source.position().finished)
+        await wait_for(pilot, lambda: REPLAY_EMPTY in app.query_one("#header").render().plain)
+        assert WAITING not in app.query_one("#header").render().plain

@@ -48,7 +48,7 @@ from tui.view.messages import IngestError, SnapshotReady
 from tui.view.signal_stop import SignalStop
 from tui.view.widgets.connect import ConnectPanel
 from tui.view.widgets.covered_box import CoveredBox
-from tui.view.widgets.header import RunHeader, settings_change
+from tui.view.widgets.header import REPLAY_EMPTY, REPLAY_WAITING, RunHeader, settings_change
 from tui.view.widgets.help import HelpScreen, key_name
 from tui.view.widgets.job_log import JobLogScreen, job_log_of
 from tui.view.widgets.links import LinksPanel, RankGpu
@@ -331,7 +331,9 @@ class CommtopApp(SignalStop, App[None]):
         if changed:
             self._one(RunHeader).show(self.snapshot, self._control, self._recording)
         if self.replay is not None:
-            self._one(ReplayBar).show(self.replay.position())
+            position = self.replay.position()
+            self._one(ReplayBar).show(position)
+            self._one(RunHeader).set_waiting(REPLAY_EMPTY if position.finished else REPLAY_WAITING)
         self.ab.tick()
         self._show_verdict()
         self._update_status()

@@ -118,19 +118,27 @@ def clock_text(snap: Snapshot, most: int = 3) -> str:
     return f"clocks vs {snap.clock_ref}: {shown}{more}"
 
 
+#: What the header says before any rank reported: live, and in a replay (still going, ended).
+WAITING = "waiting for ranks to connect…"
+REPLAY_WAITING = "replaying: no rank has reported yet…"
+REPLAY_EMPTY = "this recording holds no rank data: no rank reported before it ended"
+
+
 def header_text(
     snap: Snapshot | None,
     control: ControlView | None = None,
     recording: RecordingStatus | None = None,
     title: str = "commtop",
     width: int = 0,
+    waiting: str = WAITING,
 ) -> Text:
     """Three lines; pure (tested without an app). When a line is wider than ``width`` the
-    header is condensed (fewer words, the same facts first) instead of cut at the edge."""
-    full = _header_text(snap, control, recording, title, compact=False)
+    header is condensed (fewer words, the same facts first) instead of cut at the edge.
+    ``waiting``: the line shown until a rank reports."""
+    full = _header_text(snap, control, recording, title, compact=False, waiting=waiting)
     if width <= 0 or all(len(line) <= width for line in full.plain.split("\n")):
         return full
-    return _header_text(snap, control, recording, title, compact=True)
+    return _header_text(snap, control, recording, title, compact=True, waiting=waiting)
 
 
 def _short_title(title: str, most: int = 34) -> str:
@@ -147,12 +155,13 @@ def _header_text(
     recording: RecordingStatus | None,
     title: str,
     compact: bool,
+    waiting: str = WAITING,
 ) -> Text:
     t = Text(no_wrap=True, overflow="ellipsis")
     shown_title = _short_title(title) if compact else title
     t.append(f"{shown_title}  ", style=style(ACCENT, bold=True))
     if snap is None or not snap.ranks:
-        t.append("waiting for ranks to connect…", style=style(MUTED))
+        t.append(waiting, style=style(MUTED))
         t.append("\n\n")
         if snap is not None:
             _health(t, snap, recording, control, compact)
@@ -296,6 +305,14 @@ class RunHeader(Widget):
         self._text = header_text(None, title=title)
         self._last: tuple[Snapshot | None, ControlView | None, RecordingStatus | None] = (None, None, None)
         self._key: tuple[ControlView | None, RecordingStatus | None, int] | None = None  # what else the text read
+        self._waiting = WAITING
+
+    def set_waiting(self, text: str) -> None:
+        """The line shown until a rank reports (a replay says whether it is still going)."""
+        if text != self._waiting:
+            self._waiting = text
+            self._key = None
+            self.show(*self._last)
 
     def on_resize(self) -> None:
         self.show(*self._last)
@@ -312,7 +329,7 @@ class RunHeader(Widget):
             self._last = (snap, control, recording)
             return
         self._last, self._key = (snap, control, recording), key
-        text = header_text(snap, control, recording, self.title_text, width)
+        text = header_text(snap, control, recording, self.title_text, width, self._waiting)
         if text.plain != self._text.plain or text.spans != self._text.spans:
             self._text = text
             self.refresh()
