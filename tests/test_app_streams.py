@@ -91,7 +91,7 @@ def test_the_panel_lists_streams_and_marks_the_selected_one() -> None:
     big = next(s for s in model.snapshot(fresh_run_stats=True).streams if s.nbytes == 4 << 20)
     model.select_stream(big.index)
     text = panel_text(model.snapshot(fresh_run_stats=True)).plain
-    assert text.splitlines()[0].startswith("steps: 222.2/s · step p50 4.500 ms")
+    assert text.splitlines()[0].startswith("steps (whole run): 222.2/s · step p50 4.500 ms")
     assert "lines: 0:default_pg all_reduce float32 4MiB" in text
     marked = [line for line in text.splitlines() if line.startswith("▶")]
     assert len(marked) == 1 and "4MiB" in marked[0]

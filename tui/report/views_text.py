@@ -56,14 +56,17 @@ def size_text(nbytes: float) -> str:
     return f"{nbytes:.0f} B"
 
 
-def step_line(v: StepView) -> str:
+def step_line(v: StepView, *, beside_live_rate: bool = False) -> str:
     """One line of the step view (the headless summary, the TUI): steps/s, step time p50/p99,
-    collectives per step, copies per step, collectives during copies per step."""
+    collectives per step, copies per step, collectives during copies per step.
+    ``beside_live_rate``: the TUI's header also shows a steps/s, over the newest seconds; this
+    one is the whole run's, and says so there (two unlabelled rates that differ read as a bug)."""
     if not v.has_steps:
         return ""
     approx = "" if v.step.exact else "~"
+    lead = "steps (whole run)" if beside_live_rate else "steps"
     parts = [
-        f"steps: {v.steps_per_s:,.1f}/s" if math.isfinite(v.steps_per_s) else "steps: -",
+        f"{lead}: {v.steps_per_s:,.1f}/s" if math.isfinite(v.steps_per_s) else f"{lead}: -",
         f"step p50 {approx}{_ms3(v.step.p50_ms)} ms p99 {approx}{_ms3(v.step.p99_ms)} ms",
     ]
     share = v.coll_share

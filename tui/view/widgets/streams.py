@@ -56,7 +56,7 @@ def _cells(s: StreamView) -> tuple[str, ...]:
 def panel_text(snap: Snapshot, max_rows: int = MAX_ROWS) -> Text:
     """The panel's lines; pure (tested without an app)."""
     t = Text(no_wrap=True, overflow="ellipsis")
-    steps = step_line(snap.steps)
+    steps = step_line(snap.steps, beside_live_rate=True)
     if steps:
         t.append(steps, style=style(TEXT))
         t.append("\n")
