@@ -61,6 +61,27 @@ def test_the_script_keeps_its_argv_main_exit_code_and_signal_handlers(tmp_path: 
 
 
 @pytest.mark.e2e
+def test_a_script_named_by_a_relative_path_gets_an_absolute_file_as_under_python(tmp_path: Path) -> None:
+    """Python (3.9+) makes the main script's ``__file__`` absolute and leaves ``sys.argv[0]`` as
+    typed; a script that changes directory and then opens a file beside itself depends on it."""
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "train.py").write_text(
+        "import os, sys\nos.chdir('/')\nprint('file', __file__)\nprint('argv0', sys.argv[0])\n"
+        "print('beside', open(os.path.join(os.path.dirname(__file__), 'train.py')).read(9))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "COMMTOP_CONNECTION_FILE"}
+    env["PYTHONPATH"] = str(ROOT)
+    for argv in ([sys.executable], [sys.executable, "-m", "workers.capture.bootstrap"]):
+        p = subprocess.run([*argv, "jobs/train.py"], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.splitlines() == [
+            f"file {tmp_path / 'jobs' / 'train.py'}",
+            "argv0 jobs/train.py",
+            "beside import os",
+        ]
+
+
+@pytest.mark.e2e
 def test_a_missing_script_is_one_clear_line(tmp_path: Path) -> None:
     p = subprocess.run(
         [sys.executable, "-m", "workers.capture.bootstrap", str(tmp_path / "nope.py")],

@@ -21,9 +21,12 @@ printed without this bootstrap's, runpy's and the hooks' frames (:mod:`.own_fram
 
 from __future__ import annotations
 
+import builtins
 import os
 import runpy
 import sys
+import types
+import zipfile
 
 from workers.capture import own_frames, spawned
 from workers.capture.capture import CAPTURE_ENV, DECODE_ENV, Capture, cupti_holder
@@ -49,6 +52,25 @@ def split_target(argv: list[str]) -> tuple[str, str, list[str]]:
     return "path", argv[0], list(argv)
 
 
+def run_script(target: str) -> None:
+    """Run a script file as python's command line does: as ``__main__``, its ``__file__`` (and
+    code's file name) absolute, ``sys.argv[0]`` as typed. ``runpy.run_path`` gives the path it is
+    handed to both: a relative one made ``__file__`` relative (a script that changes directory,
+    then opens a file beside itself, failed), an absolute one changes ``sys.argv[0]``. A
+    directory or zip file with a ``__main__.py`` runs through runpy."""
+    path = os.path.abspath(target)
+    sys.path[0] = os.path.dirname(path)
+    if not os.path.isfile(path) or zipfile.is_zipfile(path):
+        runpy.run_path(target, run_name="__main__")
+        return
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    main_module = types.ModuleType("__main__")
+    main_module.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins)
+    sys.modules["__main__"] = main_module  # pickle, multiprocessing's spawn and the script find it
+    exec(code, main_module.__dict__)
+
+
 def main(argv: list[str] | None = None) -> None:
     kind, target, script_argv = split_target(list(sys.argv[1:] if argv is None else argv))
     if kind == "path" and not os.path.exists(target):
@@ -66,8 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         if kind == "module":
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            sys.path[0] = os.path.dirname(os.path.abspath(target))
-            runpy.run_path(target, run_name="__main__")
+            run_script(target)
     except SystemExit as exc:  # never reaches sys.excepthook: the Bye says the script's own code
         if capture.mon is not None:
             capture.mon.failed_with(exc)
