@@ -82,6 +82,33 @@ def test_a_script_named_by_a_relative_path_gets_an_absolute_file_as_under_python
 
 
 @pytest.mark.e2e
+def test_commtops_warnings_keep_their_own_line_whatever_the_job_does_with_logging(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import io, logging, sys\n"
+        "logging.basicConfig(level=logging.ERROR, format='JOB %(levelname)s %(message)s')\n"
+        "logging.getLogger('commtop.monitor').warning('commtop monitor: rank 0: first')\n"
+        "logging.getLogger('commtop.monitor').info('commtop monitor: not shown')\n"
+        "logging.getLogger('job').error('its own')\n"
+        "sys.stderr = io.StringIO()  # a job that takes stderr over: commtop writes to its stream\n"
+        "logging.getLogger('commtop.capture').warning('commtop capture: second')\n"
+        "sys.__stderr__.write('taken ' + repr(sys.stderr.getvalue()) + '\\n')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "COMMTOP_CONNECTION_FILE"}
+    env["PYTHONPATH"] = str(ROOT)
+    p = subprocess.run(
+        [sys.executable, "-m", "workers.capture.bootstrap", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    lines = [line for line in p.stderr.splitlines() if "monitor: off" not in line]
+    assert lines == ["commtop monitor: rank 0: first", "JOB ERROR its own", "taken 'commtop capture: second\\n'"]
+
+
+@pytest.mark.e2e
 def test_a_missing_script_is_one_clear_line(tmp_path: Path) -> None:
     p = subprocess.run(
         [sys.executable, "-m", "workers.capture.bootstrap", str(tmp_path / "nope.py")],

@@ -12,8 +12,10 @@ capture once the backend is known: NCCL with a Flight Recorder -> :mod:`.cuda_ca
 one line. ``COMMTOP_CAPTURE=hooks`` forces the fallback, ``=off`` captures nothing; the ring is
 decoded in a child process (:mod:`.fr_child`) unless ``COMMTOP_FR_DECODE=rank``.
 
-Then the script runs through :mod:`runpy` as ``__main__`` with its own ``sys.argv``, so its
-exit code, exceptions and signal handling are its own. One handler is added where SIGTERM is
+Then the script runs as python runs it (:func:`run_script`: ``__main__``, its own ``sys.argv``,
+an absolute ``__file__``), so its exit code, exceptions and signal handling are its own;
+commtop's warnings keep their own plain stderr line whatever the job does with logging
+(:func:`own_log`). One handler is added where SIGTERM is
 at its default: on SIGTERM the rank sends what it timed, then ends by SIGTERM as it would have
 (:mod:`.on_sigterm`); a handler the script installs replaces it. Its uncaught tracebacks are
 printed without this bootstrap's, runpy's and the hooks' frames (:mod:`.own_frames`).
@@ -22,11 +24,13 @@ printed without this bootstrap's, runpy's and the hooks' frames (:mod:`.own_fram
 from __future__ import annotations
 
 import builtins
+import logging
 import os
 import runpy
 import sys
 import types
 import zipfile
+from typing import Any
 
 from workers.capture import own_frames, spawned
 from workers.capture.capture import CAPTURE_ENV, DECODE_ENV, Capture, cupti_holder
@@ -50,6 +54,36 @@ def split_target(argv: list[str]) -> tuple[str, str, list[str]]:
             raise SystemExit("usage: python -m workers.capture.bootstrap -m MODULE [ARGS]")
         return "module", argv[1], [argv[1], *argv[2:]]
     return "path", argv[0], list(argv)
+
+
+class _StderrOfTheMoment(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to ``sys.stderr`` as it is when a record comes (a job may replace it), as logging's
+    last-resort handler does."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
+def own_log() -> None:
+    """commtop's warnings (``commtop.*`` loggers) go to stderr as one plain line each, whatever
+    the job does with logging: through a job's ``basicConfig`` they took its format (a failed
+    rank's "its error" then quoted commtop's warning, date first), and a job's level of ERROR
+    hid them."""
+    logger = logging.getLogger("commtop")
+    if not any(isinstance(h, _StderrOfTheMoment) for h in logger.handlers):
+        handler = _StderrOfTheMoment()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
 
 
 def run_script(target: str) -> None:
@@ -76,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     if kind == "path" and not os.path.exists(target):
         raise SystemExit(f"commtop: cannot run {target!r}: no such file")
     sys.argv = script_argv  # the monitor names the run after the script
+    own_log()
     capture = Capture()
     try:
         capture.install()
