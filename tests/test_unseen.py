@@ -341,3 +341,19 @@ def test_no_read_counts_before_the_baseline(fake_c10d) -> None:
     unseen.baseline()
     gloo.issued += 1  # one out of sight
     assert unseen.read() == 1
+
+
+def test_a_warning_of_ddps_constructor_names_the_jobs_line_not_commtops_wrapper(mon) -> None:
+    import inspect
+    import warnings
+
+    from workers.capture import fallback
+
+    fallback.patch_ddp()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+        torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), broadcast_buffers=True)
+    said = [w for w in caught if "broadcast_buffers" in str(w.message)]
+    assert said, "torch no longer warns of broadcast_buffers: pick another of its constructor's warnings"
+    assert [(w.filename, w.lineno) for w in said] == [(__file__, line)]

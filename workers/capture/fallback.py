@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from typing import Any
 
 from workers import monitor
+from workers.capture.caller_warnings import at_the_callers_line
 
 log = logging.getLogger("commtop.capture")
 
@@ -51,7 +53,8 @@ def patch_ddp() -> None:
 
     @functools.wraps(original_init)
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
+        with at_the_callers_line(__file__, sys._getframe(1)):  # its warnings name the job's line
+            original_init(self, *args, **kwargs)
 
         def first_forward(module: Any, _inputs: Any) -> None:
             handle.remove()

@@ -25,6 +25,8 @@ WRAPPERS = frozenset(
         _CAPTURE.parent / "monitor" / "wait_hook.py",
         _CAPTURE.parent / "monitor" / "graphs.py",
         _CAPTURE / "capture.py",
+        _CAPTURE / "fallback.py",
+        _CAPTURE / "caller_warnings.py",
         _CAPTURE / "gloo_side.py",
         _CAPTURE / "spawned.py",
     )
