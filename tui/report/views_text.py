@@ -156,7 +156,7 @@ def group_table(groups: Sequence[GroupRow]) -> list[str]:
         if g.straggler is not None:
             straggler = f"rank {g.straggler} (last in {g.straggler_share * 100:.0f} % of {g.steps_compared} steps)"
         elif g.steps_compared:
-            straggler = f"none clearly ({g.steps_compared} steps compared)"
+            straggler = f"none clearly ({g.steps_compared} step{'' if g.steps_compared == 1 else 's'} compared)"
         else:
             straggler = "-"
         ranks = ",".join(map(str, g.ranks)) if len(g.ranks) <= 8 else f"{len(g.ranks)} ranks"

@@ -310,8 +310,9 @@ def say_missed(rank: int, unseen: Unseen, table: Sequence[tuple[str, str, int]],
         why = "were not seen by the Python hooks (before the group's first wrapper, C++, *_coalesced, compiled)"
     else:
         why = (
-            "were not seen by the Python hooks (DDP's own set-up and find_unused_parameters' per-step "
-            "all_reduce, *_coalesced, a funcol backward, compiled code, a ProcessGroup's own method: pg.allreduce)"
+            "were not seen by the Python hooks (DDP's own set-up, its broadcast_buffers' broadcast per forward and "
+            "find_unused_parameters' per-step all_reduce, *_coalesced, a funcol backward, compiled code, a "
+            "ProcessGroup's own method: pg.allreduce)"
         )
     log.warning(
         "commtop monitor: rank %d: %s torch issued on %s %s (%s): counted as missing",

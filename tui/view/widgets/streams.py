@@ -85,7 +85,10 @@ def panel_text(snap: Snapshot, max_rows: int = MAX_ROWS) -> Text:
         t.append("▶ " if mark else "  ", style=style(WARN, bold=True))
         t.append(_line(cells, widths), style=style(WARN if mark else TEXT, bold=mark))
     if len(streams) > len(shown):
-        t.append(f"\n  … {len(streams) - len(shown)} more streams (commtop report lists every one)", style=style(MUTED))
+        more = len(streams) - len(shown)
+        t.append(
+            f"\n  … {more} more stream{'' if more == 1 else 's'} (commtop report lists every one)", style=style(MUTED)
+        )
     return t
 
 
