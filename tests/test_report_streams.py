@@ -95,8 +95,9 @@ def test_stream_rows_match_numpy_on_the_records(capsys, job) -> None:
         p50, p99 = percentiles(dur, (50, 99))
         assert float(r["p50_us"]) == pytest.approx(p50, rel=1e-6) and float(r["p99_us"]) == pytest.approx(p99, rel=1e-6)
         assert float(r["total_ms"]) == pytest.approx(float(dur.astype(np.float64).sum()) / 1e3, rel=1e-6)
-        busbw = np.array([float(x["busbw"]) for x in mine])
-        assert float(r["busbw_gbps"]) == pytest.approx(busbw.mean(), rel=1e-5, abs=1e-9)
+        busbw = np.array([float(x["busbw"]) for x in mine])  # each record's: S / t x the op's factor
+        at_mean = float((busbw * dur).sum() / dur.astype(np.float64).sum())  # = S / mean t x factor
+        assert float(r["busbw_gbps"]) == pytest.approx(at_mean, rel=1e-5, abs=1e-9)
 
 
 @pytest.mark.e2e
@@ -230,3 +231,25 @@ def test_a_recording_started_mid_run_counts_only_what_was_lost_while_it_recorded
     first = replace(job_hello(0, 1, T0, lost=2), iteration=0)  # from the rank's start: all of it
     (row,) = rank_rows([0], {0: 10}, {0: (0, 9)}, [(1, first), (2, late)])
     assert (row.gaps, row.lost) == (0, 47)
+
+
+@pytest.mark.e2e
+def test_a_streams_busbw_is_the_live_views_at_the_average_duration(capsys, job) -> None:
+    """The report's per-stream busbw and the live stream table's are one number: busbw at the
+    stream's average duration, as nccl-tests gives it (the report took the mean of the records'
+    own rates, higher where some records are fast)."""
+    from tui.model.run_model import RunModel
+
+    path, items = job
+    model = RunModel()
+    for _, message in items:
+        model.apply(message)
+    live = {(s.op, s.nbytes, s.group): s for s in model.snapshot(fresh_run_stats=True).streams if s.op != "other"}
+    doc = json.loads(call(capsys, path, "--format", "json"))
+    report = {(s["op"], s["nbytes"], s["group"].split(":")[0]): s for s in doc["streams"]}
+    assert set(live) == set(report)
+    spread = 0.0
+    for key, view in live.items():
+        assert report[key]["busbw_gbps"] == pytest.approx(view.busbw_gbps, rel=1e-4), key
+        spread = max(spread, report[key]["p99_us"] / report[key]["p50_us"])
+    assert spread > 1.05  # durations that vary: the mean of the records' rates would differ

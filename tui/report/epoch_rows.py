@@ -324,8 +324,10 @@ def _part_row(
         by_class = None
     d = values.astype(np.float64)
     total_us = float(d.sum())
-    # per record as the workers compute them (workers.wire.busbw): algbw = S / t, busbw = algbw x factor
-    algbw = float((stream.nbytes / np.maximum(d, 1e-3)).mean()) / 1e3 if n else math.nan
+    # at the average duration, as nccl-tests and the live view (tui.model.stats.RunStats) give it:
+    # algbw = S / mean t, busbw = algbw x factor (the mean of the records' own rates came out
+    # higher than the live view's for the same stream: a few fast records weigh most)
+    algbw = stream.nbytes / max(total_us / n, 1e-3) / 1e3 if n else math.nan
     sums_of = _Sums5(
         total_us / n,
         algbw,
