@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tui.ingest.interfaces import ResetModel, Source
-from tui.run.job_failure import Failure, RankExit, ended_text
+from tui.run.job_failure import Failure, RankExit, ended_text, first_failure
 from tui.run.job_output import JobLine, JobOutput
 from tui.run.log_store import JobLogPaths
 from workers.wire.connection import CONNECTION_FILE_ENV, Connection
@@ -116,6 +116,11 @@ class JobProcess:
                 preexec_fn=_die_with(os.getpid()) if main_thread else None,
             )
         self.started = time.monotonic()
+        #: The exit code is the failing script's, as ``python train.py`` gives it (``commtop run --
+        #: python ...``: commtop chose torchrun, whose own code is 1 for any rank's failure); a
+        #: user's own torchrun line keeps torchrun's. Set by the session.
+        self.script_codes = False
+        self._script_code: int | None = None
         self.output = JobOutput(self.logs, lambda: self.proc.poll() is not None, on_line=on_line, tail_lines=tail_lines)
         self.output.start()
 
@@ -181,7 +186,25 @@ class JobProcess:
         return sections
 
     def exit_code(self) -> int | None:
-        return self.proc.poll()
+        code = self.proc.poll()
+        if code is None or code == 0 or not self.script_codes:
+            return code
+        return self._as_script_code(code)
+
+    def _as_script_code(self, code: int) -> int:
+        """The first failing rank's exit code (128 + N for a signal N, as a shell says) once
+        torchrun's summary was read; torchrun's own until then, or where no rank failed."""
+        if self._script_code is not None:
+            return self._script_code
+        if not self.output.done:
+            return code
+        exits = self.output.exits()
+        with self._lock:
+            byes = dict(self._failing_byes)
+        first = first_failure(exits, self.output.outputs(), byes)
+        rank_code = exits[first].code if first is not None and first in exits else 0
+        self._script_code = rank_code if rank_code > 0 else 128 - rank_code if rank_code < 0 else code
+        return self._script_code
 
     def output_done(self) -> bool:
         """Whether the job's output was read to its end (torchrun's failure summary comes last)."""
@@ -190,7 +213,7 @@ class JobProcess:
     def wait(self, timeout: float | None = None) -> int:
         code = self.proc.wait(timeout)
         self.output.join(timeout=2)
-        return code
+        return self._as_script_code(code) if code and self.script_codes else code
 
     def terminate(self) -> None:
         """SIGTERM the whole group and return at once: its ranks send their last records and end

@@ -34,6 +34,7 @@ from tui.run.job_output import JobLine
 from tui.run.job_plan import JobPlan
 from tui.run.launcher import STOP_GRACE_S, JobProcess
 from tui.run.log_store import JobLogPaths
+from tui.run.torchrun_line import is_torchrun
 from workers.wire import connection as connections
 
 if TYPE_CHECKING:
@@ -66,6 +67,8 @@ class LiveSession:
     expected_ranks: int = 0
     #: the job is commtop's own loop (its ranks' stdout is a machine-readable summary, not passed through)
     runs_loop: bool = False
+    #: the job's exit code is its failing rank's (a script commtop started torchrun for)
+    script_codes: bool = False
     #: the job's exit code if it failed; said after the cleanup, so its error is the last thing printed
     failed_code: int | None = None
     #: headless: the job's lines and the progress line on this terminal (:meth:`supervised`)
@@ -133,6 +136,7 @@ class LiveSession:
         session.job_argv = plan.argv(conn, session.job_logs)
         session.expected_ranks = plan.nproc
         session.runs_loop = plan.loop is not None
+        session.script_codes = plan.loop is None and not is_torchrun(list(plan.script))  # see JobProcess
         return session
 
     @classmethod
@@ -184,6 +188,7 @@ class LiveSession:
             job = JobProcess(self.job_argv, self.connection, logs=self.job_logs, on_line=on_line)
         except OSError as exc:  # the launcher itself cannot start (not found, not executable)
             raise SessionError(f"cannot start {self.job_argv[0]}: {exc.strerror or exc}") from None
+        job.script_codes = self.script_codes
         self.source = JobExitSource(self.source, job)  # a SIGKILLed rank's exit code
         self.job = job
         return job
