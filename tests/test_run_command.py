@@ -80,3 +80,48 @@ def test_a_torchrun_lines_script_is_not_looked_up_on_path(tmp_path: Path, monkey
     monkeypatch.chdir("/")
     with pytest.raises(ConfigError, match="no such file"):
         script_plan(["torchrun", "--nproc-per-node", "2", "my-trainer"], None)
+
+
+def test_pythons_joined_module_spelling_and_its_own_flags_are_told_apart() -> None:
+    from tui.run.torchrun_line import split_python
+
+    assert split_python(["python", "-mpkg.train", "--out", "x"]) == ([], ["-m", "pkg.train", "--out", "x"])
+    assert split_python(["python3", "-O", "-W", "error::UserWarning", "-Xdev", "-u", "t.py", "-O"]) == (
+        ["-O", "-W", "error::UserWarning", "-Xdev", "-u"],
+        ["t.py", "-O"],
+    )
+    with pytest.raises(ConfigError, match="python -c runs no script"):
+        split_python(["python", "-cprint(1)"])
+
+
+@pytest.mark.e2e
+def test_the_ranks_run_with_pythons_own_flags_as_the_command_gave_them(tmp_path: Path, monkeypatch) -> None:
+    """``commtop run -- python -O -X dev -W error::UserWarning train.py``: each rank's python has
+    them (they were dropped: asserts ran under -O, warnings did not raise under -W error)."""
+    import json
+    import tempfile
+
+    from tui import cli
+
+    script = tmp_path / "flags.py"
+    out = tmp_path / "flags.json"
+    script.write_text(
+        "import json, sys\n"
+        f"json.dump([sys.flags.optimize, sys.flags.dev_mode, sys.warnoptions, sys.argv[1:]], open({str(out)!r}, 'w'))\n"
+    )
+    root = tempfile.mkdtemp(prefix="cm-", dir="/tmp")
+    monkeypatch.setenv("COMMTOP_RUNTIME_DIR", root)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("COMMTOP_CONNECTION_FILE", raising=False)
+    try:
+        argv = ["python", "-O", "-X", "dev", "-W", "error::UserWarning", str(script), "-O", "x"]
+        code = cli.main(["run", "--headless", "--nproc", "1", "--", *argv])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert code == 0
+    assert json.loads(out.read_text()) == [
+        1,
+        True,
+        ["default", "error::UserWarning"],
+        ["-O", "x"],
+    ]  # as python gives them

@@ -117,18 +117,36 @@ def is_torchrun(command: list[str]) -> bool:
     return rest[:2] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"])
 
 
-def after_python(command: list[str]) -> list[str]:
-    """What a ``python [FLAGS] ...`` command runs (``train.py ARGS`` or ``-m mod ARGS``), python's
-    own flags (``-u``, ``-O``, ``-X dev``) left out; ``command`` as it is without ``python``.
-    ConfigError for ``python -c``, which runs no script."""
+#: python's own options whose value is the next word (``-W error``; ``-Werror`` is one word).
+_PYTHON_VALUE_FLAGS = ("-W", "-X", "--check-hash-based-pycs")
+
+
+def split_python(command: list[str]) -> tuple[list[str], list[str]]:
+    """(python's own flags, what it runs) of a ``python [FLAGS] ...`` command: ``(["-O", "-X",
+    "dev"], ["train.py", ARGS])`` or ``([], ["-m", "mod", ARGS])`` (``-mmod``, python's joined
+    spelling, too); without ``python``, ``([], command)``. ConfigError for ``python -c``, which
+    runs no script."""
     rest = list(command)
+    flags: list[str] = []
     if rest and os.path.basename(rest[0]).startswith("python"):
         rest = rest[1:]
         while rest and rest[0].startswith("-") and rest[0] != "-m":
-            if rest[0] == "-c":
+            token = rest[0]
+            if token.startswith("-c"):
                 raise ConfigError("python -c runs no script: put the code in a file and run that")
-            rest = rest[2:] if rest[0] in ("-W", "-X", "--check-hash-based-pycs") else rest[1:]
-    return rest
+            if token.startswith("-m"):  # -mpkg.train
+                rest = ["-m", token[2:], *rest[1:]]
+                break
+            taken = 2 if token in _PYTHON_VALUE_FLAGS else 1
+            flags += rest[:taken]
+            rest = rest[taken:]
+    return flags, rest
+
+
+def after_python(command: list[str]) -> list[str]:
+    """What a ``python [FLAGS] ...`` command runs (``train.py ARGS`` or ``-m mod ARGS``), python's
+    own flags left out (:func:`split_python`)."""
+    return split_python(command)[1]
 
 
 def _spelling(option: str) -> str:
