@@ -125,3 +125,30 @@ def test_the_ranks_run_with_pythons_own_flags_as_the_command_gave_them(tmp_path:
         ["default", "error::UserWarning"],
         ["-O", "x"],
     ]  # as python gives them
+
+
+def test_a_job_with_a_module_named_like_commtops_rank_package_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's own ``workers.py`` (or ``workers/`` package) beside its script or in the current
+    folder: every rank failed on "'workers' is not a package", or the script imported
+    commtop's; now one line says why before anything starts."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text("import workers\n")
+    (job / "workers.py").write_text("def make_loader(): ...\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        ConfigError, match=r"the script's folder holds a Python module named 'workers' \(.*workers.py\)"
+    ):
+        script_plan(["python", str(job / "train.py")], 2)
+    monkeypatch.chdir(job)
+    with pytest.raises(ConfigError, match="the current folder holds a Python module named 'workers'"):
+        script_plan(["python", "-m", "train"], 2)
+    (job / "workers.py").unlink()
+    (job / "workers").mkdir()
+    (job / "workers" / "loader.py").write_text("")  # a namespace package of the job's
+    with pytest.raises(ConfigError, match="named 'workers'"):
+        script_plan(["torchrun", "--nproc-per-node", "2", "train.py"], None)
+    (job / "workers" / "loader.py").unlink()  # a folder of data with that name: no module
+    assert script_plan(["python", "train.py"], 2).script == ("python", "train.py")

@@ -101,6 +101,7 @@ def script_plan(script: list[str], nproc: int | None) -> JobPlan:
     if runnable != rest:  # a console script found on PATH: python runs its file
         script = [*script[: len(script) - len(rest)], *runnable]
         rest = runnable
+    check_own_package_name(rest)
     gpus = visible_gpus()
     ranks = nproc if nproc is not None else (gpus.count or CPU_RANKS)
     if torchrun_line.is_torchrun(script):
@@ -110,6 +111,32 @@ def script_plan(script: list[str], nproc: int | None) -> JobPlan:
     label = script_label(script, rest)
     title = f"commtop run · {' '.join(script)[:60]}"
     return JobPlan(ranks, label=label, collective="monitor", title=title, script=tuple(script))
+
+
+#: commtop's rank-side package: every rank imports it before the script runs.
+OWN_PACKAGE = "workers"
+
+
+def check_own_package_name(rest: list[str]) -> None:
+    """ConfigError (one line) where a job has a module of its own named like commtop's rank-side
+    package, in the folder python searches first: the current one (the ranks start the
+    bootstrap with ``-m``) or the script's. One shadows the other (every rank failed on
+    "'workers' is not a package", or the script imported commtop's in place of its own); the
+    package's name is fixed, so this is said before anything starts."""
+    folders = [("the current folder", Path.cwd())]
+    if rest and rest[0] != "-m":
+        folders.append(("the script's folder", Path(rest[0]).resolve().parent))
+    for where, folder in folders:
+        module, package = folder / f"{OWN_PACKAGE}.py", folder / OWN_PACKAGE
+        if module.is_file() or (package.is_dir() and any(package.glob("*.py"))):
+            found = module if module.is_file() else package
+            if found.resolve() == Path(__file__).resolve().parents[2] / OWN_PACKAGE:
+                continue  # commtop's own (a run from its checkout)
+            raise ConfigError(
+                f"{where} holds a Python module named {OWN_PACKAGE!r} ({found}), the name of commtop's own "
+                "rank-side package: one would be imported in place of the other. Rename yours (or move it "
+                "into a package of your own), or run the job without commtop"
+            )
 
 
 def runnable_script(rest: list[str], on_path: bool = True) -> list[str]:
