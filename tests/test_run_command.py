@@ -152,3 +152,19 @@ def test_a_job_with_a_module_named_like_commtops_rank_package_is_refused_in_one_
         script_plan(["torchrun", "--nproc-per-node", "2", "train.py"], None)
     (job / "workers" / "loader.py").unlink()  # a folder of data with that name: no module
     assert script_plan(["python", "train.py"], 2).script == ("python", "train.py")
+
+
+def test_a_python_of_another_environment_is_said_to_be_replaced_by_commtops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tui.run.job_plan import interpreter_note
+
+    other = tmp_path / "env" / "bin"
+    other.mkdir(parents=True)
+    (other / "python3").write_text("#!/bin/sh\n")
+    (other / "python3").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{other}:/usr/bin:/bin")
+    note = interpreter_note(["python3", "train.py"])
+    assert note.startswith(f"the ranks run commtop's python ({sys.executable}), not {other / 'python3'}")
+    assert interpreter_note([sys.executable, "train.py"]) == ""
+    assert interpreter_note(["torchrun", "train.py"]) == ""

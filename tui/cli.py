@@ -208,7 +208,7 @@ def _one_line_errors(command: Callable[[argparse.Namespace], int]) -> Callable[[
 
 def cmd_run(ns: argparse.Namespace) -> int:
     """`commtop run [options]` (the synthetic loop) or `commtop run [options] -- CMD ...`."""
-    from tui.run.job_plan import loop_plan, script_plan
+    from tui.run.job_plan import interpreter_note, loop_plan, script_plan
     from tui.run.session import LiveSession
 
     if ns.script is not None:
@@ -219,6 +219,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
             return 2
         plan = script_plan(ns.script, ns.nproc)
         prometheus = prometheus_setting(ns.prometheus, here=True)
+        if note := interpreter_note(ns.script):
+            print(f"commtop: {note}", file=sys.stderr)
     else:
         prometheus = prometheus_setting(ns.prometheus, here=True)  # a bad address fails before anything is said
         plan = loop_plan(ns)

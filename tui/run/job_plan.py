@@ -113,6 +113,22 @@ def script_plan(script: list[str], nproc: int | None) -> JobPlan:
     return JobPlan(ranks, label=label, collective="monitor", title=title, script=tuple(script))
 
 
+def interpreter_note(script: list[str]) -> str:
+    """One line when the command names a python of another environment than commtop's (``--
+    /usr/bin/python3 train.py``, or a ``python`` on PATH from another virtualenv): the ranks run
+    commtop's, whose packages are the ones the job gets; "" when it is commtop's own. Two
+    spellings in one ``bin`` folder (python, python3) are one environment."""
+    if not script or not os.path.basename(script[0]).startswith("python"):
+        return ""
+    named = shutil.which(script[0])
+    if named is None or os.path.dirname(os.path.abspath(named)) == os.path.dirname(os.path.abspath(sys.executable)):
+        return ""
+    return (
+        f"the ranks run commtop's python ({sys.executable}), not {named}: the job gets its packages; "
+        "install commtop into the job's environment to run with that one"
+    )
+
+
 #: commtop's rank-side package: every rank imports it before the script runs.
 OWN_PACKAGE = "workers"
 
