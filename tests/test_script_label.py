@@ -62,3 +62,11 @@ def test_ab_runs_the_users_command_as_commtop_run_does(tmp_path: Path) -> None:
 def test_python_dash_c_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match="python -c runs no script"):
         _command(["python", "-c", "print(1)"])
+
+
+def test_a_package_run_as_python_m_pkg_is_named_after_the_package_not_main_py() -> None:
+    from workers.monitor.rank_info import script_name
+
+    assert script_name("/home/u/proj/pkg/__main__.py") == "pkg"
+    assert script_name("/home/u/proj/pkg/train.py") == "train.py"
+    assert script_name("train.py") == "train.py" and script_name("") == "python"

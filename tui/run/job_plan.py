@@ -242,7 +242,7 @@ def script_argv(script: list[str], nproc: int, logs: JobLogPaths | None = None) 
         watched = line.target[:2] in (BOOTSTRAP, ("-m", "workers"))  # already
         target = ["-m", "--", *line.target[1:]] if watched else [*RUN_BOOTSTRAP, *line.target]
         return [*launcher, *line.options, *ours, *target]
-    flags, _ = torchrun_line.split_python(script)
+    flags = [f for f in torchrun_line.split_python(script)[0] if f != "-u"]  # torchrun's own -u
     if flags:  # -O, -X dev, -W error: each rank's python is started with them, as the script asked
         return [
             *torchrun_prefix(nproc, logs),

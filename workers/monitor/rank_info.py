@@ -17,6 +17,15 @@ from workers.rank.groups import Group, describe
 from workers.rank.heartbeat import RunInfo, reported_hostname
 
 
+def script_name(argv0: str) -> str:
+    """What names the job: its script's file name; a package's when python runs its
+    ``__main__.py`` (``python -m pkg``: runpy puts that file's path in ``sys.argv[0]``)."""
+    name = os.path.basename(argv0 or "python")
+    if name == "__main__.py" and os.path.dirname(argv0):
+        return os.path.basename(os.path.dirname(os.path.abspath(argv0)))
+    return name
+
+
 def run_info(
     *,
     rank: int,
@@ -47,7 +56,7 @@ def run_info(
             device, uuid, nccl = torch.cuda.get_device_name(index), gpu_uuid(index), nccl_version()
     config = {
         "source": "monitor",
-        "collective": f"monitor: {os.path.basename(sys.argv[0] or 'python')}",
+        "collective": f"monitor: {script_name(sys.argv[0] if sys.argv else '')}",
         "op_names": list(OPS),
         "knobs": {k: list(v) for k, v in knobs.choices.items()},
         "mode_knob": knobs.mode_knob,
