@@ -25,13 +25,13 @@ def _report(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 def test_a_window_report_says_the_windows_length(capsys) -> None:
     out = _report(capsys, str(H200), "--window", "10:20")
-    assert " over 10.0 s (seconds 10-20 of the recording, --window);" in out.splitlines()[1]
+    assert " in 10.0 s of recording (seconds 10-20 after the first record, --window);" in out.splitlines()[1]
     doc = json.loads(_report(capsys, str(H200), "--window", "10:20", "--format", "json"))
     assert doc["duration_s"] == pytest.approx(10.0) and doc["window_s"] == [10.0, 20.0]
     tail = _report(capsys, str(H200), "--window", "30:")  # open end: up to the recording's end
-    assert " over 11.6 s (seconds 30-41.6 of the recording, --window);" in tail.splitlines()[1]
+    assert " in 11.6 s of recording (seconds 30-41.6 after the first record, --window);" in tail.splitlines()[1]
     whole = _report(capsys, str(H200))
-    assert " over 41.6 s; " in whole.splitlines()[1]
+    assert " in 41.6 s of recording; " in whole.splitlines()[1]
 
 
 def test_a_comparison_says_what_the_run_without_nccl_had(capsys) -> None:
@@ -40,4 +40,4 @@ def test_a_comparison_says_what_the_run_without_nccl_had(capsys) -> None:
     assert "?" not in out.split("differs:")[1].splitlines()[0]
     assert "torch 2.13.0+cpu · no NCCL · " in out and "nccl ?" not in out
     windowed = _report(capsys, str(H200), str(CPU), "--window", "10:20")
-    assert windowed.count("records over 10.0 s (seconds 10-20 of the recording, --window)") == 2
+    assert windowed.count("records in 10.0 s of recording (seconds 10-20 after the first record, --window)") == 2

@@ -246,7 +246,9 @@ def format_table(cmp: Comparison) -> str:
             + (f"nccl {facts['nccl']}" if "NCCL" not in facts["nccl"] else "no NCCL")
         )
         lines.append(f"  {_label(i)}  {report.path}")
-        lines.append(f"     {what} · {report.records:,} records over {report.duration_s:.1f} s{window_note(report)}")
+        lines.append(
+            f"     {what} · {report.records:,} records in {report.duration_s:.1f} s of recording{window_note(report)}"
+        )
         if report.problems:
             lines.append(f"     warning: {report.problems}")
     if cmp.differs:

@@ -60,14 +60,14 @@ def window_note(report: Report) -> str:
     if report.window_s is None:
         return ""
     lo, hi = report.window_s
-    return f" (seconds {round(lo, 1):g}-{round(hi, 1):g} of the recording, --window)"
+    return f" (seconds {round(lo, 1):g}-{round(hi, 1):g} after the first record, --window)"
 
 
 def format_table(report: Report) -> str:
     meta = report.meta
     lines = [
         f"commtop report: {report.path}",
-        f"  {report.records:,} collective records over {report.duration_s:.1f} s{window_note(report)}; "
+        f"  {report.records:,} collective records in {report.duration_s:.1f} s of recording{window_note(report)}; "
         f"ranks {len(meta.get('ranks') or [])} on {', '.join(meta.get('hosts') or ['?'])}; "
         f"commtop {meta.get('tool_version', '?')}, schema {meta.get('schema_version', '?')}",
     ]
