@@ -309,3 +309,30 @@ def test_a_tcp_rendezvous_of_its_own_is_served_by_rank_0_as_run_by_hand(monkeypa
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     Capture._own_tcp_store(init_method)
     assert ("TORCHELASTIC_USE_AGENT_STORE" in os.environ) == kept
+
+
+@pytest.mark.e2e
+def test_lines_printed_at_once_by_two_threads_come_out_whole_under_pythonunbuffered(tmp_path: Path) -> None:
+    """`commtop run` starts the job unbuffered (its lines show live); unbuffered, print writes the
+    text and the newline apart, and two writers (mp.spawn's ranks, threads) interleaved them."""
+    script = tmp_path / "two_writers.py"
+    script.write_text(
+        "import threading\n"
+        "def say(ch):\n"
+        "    for _ in range(3000):\n"
+        "        print(ch * 40)\n"
+        "ts = [threading.Thread(target=say, args=(c,)) for c in 'AB']\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "COMMTOP_CONNECTION_FILE"}
+    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    p = subprocess.run(
+        [sys.executable, "-m", "workers.capture.bootstrap", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 6000 and set(lines) == {"A" * 40, "B" * 40}

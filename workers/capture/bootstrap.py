@@ -34,6 +34,7 @@ from typing import Any
 
 from workers.capture import own_frames, spawned
 from workers.capture.capture import CAPTURE_ENV, DECODE_ENV, Capture, cupti_holder
+from workers.capture.whole_lines import whole_lines
 
 __all__ = ["CAPTURE_ENV", "DECODE_ENV", "Capture", "cupti_holder", "main", "split_target"]
 
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     if kind == "path" and not os.path.exists(target):
         raise SystemExit(f"commtop: cannot run {target!r}: no such file")
     sys.argv = script_argv  # the monitor names the run after the script
+    whole_lines()
     own_log()
     capture = Capture()
     try:

@@ -43,6 +43,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from workers.capture.whole_lines import whole_lines
+
 #: torchrun's variables, about the launcher (a torchrun worker), not a rank it starts: popped in
 #: the child unless the script set them (its MASTER_ADDR/MASTER_PORT, before starting its ranks).
 LAUNCHER_ENV = (
@@ -218,6 +220,7 @@ def _on_its_own(fn: Any, launch: Launch, *, at_init: bool, ranks: int = 0) -> It
     for name in [*launch.torchruns, *(k for k in os.environ if k.startswith("TORCHELASTIC_"))]:
         os.environ.pop(name, None)
     os.environ["LOCAL_RANK"] = str(launch.index)
+    whole_lines()  # the ranks share the launcher's stdout: a line split in two writes interleaves
     if ranks:
         os.environ["LOCAL_WORLD_SIZE"] = str(ranks)
     try:
