@@ -26,9 +26,17 @@ class _Line:
 
 
 def column_header(
-    width: int, top: float, k: int, view: str, n_ranks: int, per_host: int = 0, host_prefix: str = ""
+    width: int,
+    top: float,
+    k: int,
+    view: str,
+    n_ranks: int,
+    per_host: int = 0,
+    host_prefix: str = "",
+    modes: bool = True,
 ) -> list[list[Segment]]:
-    """Two header lines: column names, then units and the colour legend."""
+    """Two header lines: column names, then units and the colour legend (the bars' colours by
+    mode only where the run has modes: a user's job without a mode knob draws one colour)."""
     head = style(MUTED, bold=True)
     unit = style(MUTED)
     first, second = _Line(), _Line()
@@ -52,7 +60,7 @@ def column_header(
         first.append(f"latency per iteration · 0–{_axis(top)} ms · {k} it/cell", head)
         second.append(" " * (2 + 5 + 2 + len(host)))
         second.append("".join(f"{u:>{NUM_W}}" for u in ("ms", "ms", "ms", "GB/s", "GB/s")[: len(cols)]) + "  ", unit)
-        for mode, color in MODE_COLORS.items():
+        for mode, color in MODE_COLORS.items() if modes else ():
             second.append("■", style(color))
             second.append(f"{mode} ", unit)
         second.append("▲", style(TEXT, bold=True)).append("clipped ", unit)

@@ -169,7 +169,8 @@ class RankGrid(ScrollView):
         if self.header is not None:
             heat = self._view if isinstance(self._view, HeatView) else None
             per_host, prefix = (heat.per_host, heat.host_prefix) if heat is not None else (0, "")
-            self.header.set_lines(column_header(width, self.top, k, view, len(snap.ranks), per_host, prefix))
+            modes = snap.job.has_modes
+            self.header.set_lines(column_header(width, self.top, k, view, len(snap.ranks), per_host, prefix, modes))
         self.virtual_size = Size(width, self._view.n_lines)
         self._repaint_changed_lines(view, width)
 
