@@ -219,6 +219,7 @@ class _RecordingMonitor:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.status = SimpleNamespace(steps=-1)  # what its Hellos say of the steps taken
 
     def step(self, n: int) -> Any:
         self.calls.append(f"step {n}")
@@ -286,6 +287,7 @@ def test_an_optimizer_stepping_another_counts_one_step() -> None:
     finally:
         handle.remove()
     assert [c for c in mon.calls if c.startswith("step")] == ["step 1", "step 2", "step 3"]
+    assert mon.status.steps == 3  # what its Hellos say: the report counts the job's steps by it
 
 
 @pytest.mark.parametrize(

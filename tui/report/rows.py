@@ -90,7 +90,7 @@ class StepRow:
 
     epoch: int
     rank: int | None
-    steps: int  # steps begun
+    steps: int  # steps begun, less a last one after the rank's last optimizer step (its Hello says)
     steps_per_s: float  # all ranks: the median of the ranks'
     step_p50_ms: float
     step_p99_ms: float

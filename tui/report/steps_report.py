@@ -60,11 +60,14 @@ class RunPass:
     rate: np.ndarray  # steps/s (NaN: fewer than two steps)
     times_ms: dict[int, np.ndarray]  # step times, sorted
     groups: dict[int, GroupSteps]  # by global group index
+    #: steps begun less one where the run's last "step" is its collectives after the rank's last
+    #: optimizer step (an eval, a barrier): what the row counts, the job's own optimizer steps
+    counted: np.ndarray | None = None
 
 
-#: One run's findings: (span ns, busy ns, steps begun, step times ms sorted, steps/s, and per
-#: process group (group, its steps, per step the time and number of its collectives)).
-_RunFound = tuple[int, int, int, np.ndarray, float, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]]
+#: One run's findings: (span ns, busy ns, steps begun, step times ms sorted, steps/s, per process
+#: group (group, its steps, per step the time and number of its collectives), steps counted).
+_RunFound = tuple[int, int, int, np.ndarray, float, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]], int]
 
 
 class RunWalk:
@@ -75,11 +78,19 @@ class RunWalk:
     the report's longest step, with the main thread waiting on it)."""
 
     def __init__(
-        self, g: _Groups, coll: dict[str, np.ndarray], dur32: np.ndarray, gindex: np.ndarray, one_group: bool
+        self,
+        g: _Groups,
+        coll: dict[str, np.ndarray],
+        dur32: np.ndarray,
+        gindex: np.ndarray,
+        one_group: bool,
+        optimizer_steps: dict[int, int] | None = None,
     ) -> None:
         """``dur32`` is sorted by (epoch, rank), ``coll`` in file order, ``gindex`` each record's
-        global group (file order; one value when ``one_group``)."""
+        global group (file order; one value when ``one_group``); ``optimizer_steps``: rank ->
+        the optimizer steps it said it took (its last Hello), where it said."""
         self._g, self._coll, self._dur32, self._gindex, self._one_group = g, coll, dur32, gindex, one_group
+        self._optimizer_steps = optimizer_steps or {}
         self._next = itertools.count()  # next() is atomic under the GIL: each index goes to one thread
         self._found: list[_RunFound | None] = [None] * len(g.runs)
 
@@ -90,7 +101,7 @@ class RunWalk:
             self._found[i] = self._one(runs[i])
 
     def _one(self, run: tuple[int, int, int]) -> _RunFound:
-        _, a, b = run
+        key, a, b = run
         idx = self._g.order[a:b]
         # np.take: a third less than fancy indexing for these mostly ascending indices
         step = np.take(self._coll["step"], idx)
@@ -113,7 +124,9 @@ class RunWalk:
                 s = step[mine]
                 new = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
                 parts.append((grp, *_group_steps(s, dur[mine], new)))
-        return span, busy, len(first), np.sort(dt) / 1e6, rate, parts
+        taken = self._optimizer_steps.get(key & 0xFFFFF, 0)
+        after_last = taken >= 1 and len(first) > 1 and int(step[first[-1]]) >= taken  # no optimizer step ended it
+        return span, busy, len(first), np.sort(dt) / 1e6, rate, parts, len(first) - after_last
 
     def result(self) -> RunPass:
         """What the pass found (every run walked: :meth:`work` has returned on some thread)."""
@@ -121,16 +134,18 @@ class RunWalk:
         span = np.zeros(g.span)
         busy = np.zeros(g.span)
         begun = np.zeros(g.span, dtype=np.int64)
+        counted = np.zeros(g.span, dtype=np.int64)
         rate = np.full(g.span, math.nan)
         times: dict[int, np.ndarray] = {}
         groups: dict[int, GroupSteps] = {}
         for (key, _, _), gid, found in zip(g.runs, g.ids, self._found, strict=True):
             assert found is not None, "a run was not walked"
-            r_span, r_busy, r_begun, r_times, r_rate, parts = found
+            r_span, r_busy, r_begun, r_times, r_rate, parts, r_counted = found
             span[gid], busy[gid], begun[gid], times[gid], rate[gid] = r_span, r_busy, r_begun, r_times, r_rate
+            counted[gid] = r_counted
             for grp, steps, total, counts in parts:
                 groups.setdefault(grp, GroupSteps()).add(key & 0xFFFFF, steps, total, counts)
-        return RunPass(span, busy, begun, rate, times, groups)
+        return RunPass(span, busy, begun, rate, times, groups, counted)
 
 
 def _busy_of_run(start: np.ndarray, dur: np.ndarray) -> int:
@@ -189,7 +204,7 @@ def step_rows(
                 StepRow(
                     epoch=e,
                     rank=rank,
-                    steps=steps,
+                    steps=int(found.counted[gids].sum()) if found.counted is not None else steps,
                     steps_per_s=float(np.median(rates)) if rates else math.nan,
                     step_p50_ms=p50,
                     step_p99_ms=p99,

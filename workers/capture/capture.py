@@ -337,6 +337,7 @@ class Capture:
             return
         self.block.__exit__(None, None, None)
         self.step += 1
+        self.mon.status.steps = self.step  # its Hellos say how many the job took (the report's count)
         self._begin_step()
         self.mon.hold_if_stopping()
 

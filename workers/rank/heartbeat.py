@@ -75,6 +75,8 @@ class WorkerStatus:
     inside: tuple[int, int, int, int] | tuple[()] = ()
     #: The oldest collective still running on the GPU at the Flight Recorder's last read (its thread).
     gpu_inside: tuple[int, int, int, int] | tuple[()] = ()
+    #: Optimizer steps the job took (Hello.steps; the capture's step hook); -1: not counted.
+    steps: int = -1
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ def hello_body(session: str, info: RunInfo, status: WorkerStatus, counters: Coun
         groups=status.groups,
         lost=status.lost,
         inside=status.inside or status.gpu_inside,
+        steps=status.steps,
         rejected=status.rejected() if status.rejected is not None else {},
     )
     return protocol.hello_body(session, hello)

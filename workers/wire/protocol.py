@@ -428,6 +428,9 @@ class Hello:
     #: the blocking collective the job is inside now: (op code, group code, nbytes, since: the
     #: rank's wall-clock ns at its call), () when none (or its capture cannot tell)
     inside: tuple[int, int, int, int] | tuple[()] = ()
+    #: optimizer steps the job took so far (its global step hook); -1: not counted (the loop,
+    #: a job marking its own steps, a recording made before)
+    steps: int = -1
 
     @property
     def inside_s(self) -> float:
@@ -466,6 +469,8 @@ def hello_body(session: str, hello: Hello) -> dict[str, Any]:
     body["lost"] = hello.lost
     if hello.inside:
         body["inside"] = list(hello.inside)
+    if hello.steps >= 0:
+        body["steps"] = hello.steps
     return body
 
 
@@ -481,6 +486,7 @@ def decode_hello(body: Mapping[str, Any]) -> Hello:
         groups=_groups(body.get("groups", [])),
         lost=lost,
         inside=_inside(body.get("inside", [])),
+        steps=get_int(body, "steps") if "steps" in body else -1,
         **values,
     )
 
