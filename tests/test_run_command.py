@@ -45,6 +45,9 @@ def test_a_shell_script_or_a_program_is_refused_naming_what_it_is(tmp_path: Path
     for command in (["ls", "-l"], [program]):
         with pytest.raises(ConfigError, match="a program, not a Python script"):
             script_plan(command, 2)
+    if shutil.which("env"):  # `-- env FOO=1 python ...`: where the variables go instead
+        with pytest.raises(ConfigError, match=r"set variables before commtop: `FOO=1 commtop run -- python \.\.\.`"):
+            script_plan(["env", "FOO=1", "python", "train.py"], 2)
 
 
 def test_a_python_file_runs_with_or_without_its_suffix_or_shebang(tmp_path: Path) -> None:

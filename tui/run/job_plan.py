@@ -181,9 +181,14 @@ def runnable_script(rest: list[str], on_path: bool = True) -> list[str]:
         path = found
     what = _not_python(path)
     if what:
+        env = (
+            "; set variables before commtop: `FOO=1 commtop run -- python ...`"
+            if os.path.basename(path) == "env"
+            else ""
+        )
         raise ConfigError(
             f"cannot run {rest[0]!r}: {what}, not a Python script; commtop run needs the python command "
-            "it runs: `-- python train.py ARGS` or `-- torchrun OPTIONS train.py ARGS`"
+            f"it runs: `-- python train.py ARGS` or `-- torchrun OPTIONS train.py ARGS`{env}"
         )
     return [path, *rest[1:]]
 
