@@ -272,3 +272,14 @@ def test_a_rank_that_failed_on_its_own_error_is_not_said_to_fail_after_the_first
         .ended[1]
         .startswith("failed after rank 0 failed; its error: RuntimeError: Connection")
     )
+
+
+def test_a_long_error_is_cut_between_words_and_says_so() -> None:
+    long = (
+        "RuntimeError: Read error [127.0.0.1]:9132: Connection reset by peer. "
+        + "Check the logs of the remote worker before reporting " * 4
+    )
+    err = ["Traceback (most recent call last):", '  File "t.py", line 1, in <module>', long.strip()]
+    said = exception_line(err)
+    assert len(said) <= 200 and said.endswith("…") and said[:-1] == long[: len(said) - 1]
+    assert long[len(said) - 1] == " "  # the cut fell between two words

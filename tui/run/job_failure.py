@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from workers.wire.endings import ended_text, peer_failed
+from workers.wire.endings import cut_between_words, ended_text, peer_failed
 
 #: torchrun's agent, when it stops the other workers: "Sending process 123 closing signal SIGTERM".
 _CLOSING = re.compile(r"Sending process (\d+) closing signal (SIG[A-Z]+)")
@@ -132,7 +132,7 @@ def exception_line(err: Sequence[str]) -> str:
     block = last_traceback(err)
     for line in reversed(block):
         if line.strip() and not line.startswith((" ", "\t")) and line.strip() != TRACEBACK:
-            return _SOURCE.sub("", line.strip())[:200]
+            return cut_between_words(_SOURCE.sub("", line.strip()), 200)
     return ""
 
 

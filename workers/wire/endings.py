@@ -46,7 +46,13 @@ def bye_reason(exc: BaseException, limit: int = 512) -> str:
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     text = _SOURCE_PREFIX.sub("", lines[0]) if lines else ""
     said = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    if len(said) <= limit:
-        return said
-    cut = said.rfind(" ", 0, limit)  # between words, not inside one ("before repo")
-    return said[: cut if cut > limit // 2 else limit - 1] + "…"
+    return cut_between_words(said, limit)
+
+
+def cut_between_words(text: str, limit: int) -> str:
+    """``text`` if it fits in ``limit`` characters, else cut between two words (not inside one:
+    "before repo") and marked "…"."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return text[: cut if cut > limit // 2 else limit - 1] + "…"
