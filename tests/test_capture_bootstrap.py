@@ -27,6 +27,19 @@ ROOT = Path(__file__).resolve().parent.parent
 FR_DUMP = ROOT / "tests" / "fixtures" / "h200" / "fr_dump_h200_torch2.11_nccl2.28.9.pkl"
 
 
+def run_bootstrap(script: Path, **env_set: str) -> subprocess.CompletedProcess[str]:
+    """``python -m workers.capture.bootstrap SCRIPT`` with no collector (the monitor says it is off)."""
+    env = {k: v for k, v in os.environ.items() if k != "COMMTOP_CONNECTION_FILE"}
+    env.update(PYTHONPATH=str(ROOT), **env_set)
+    return subprocess.run(
+        [sys.executable, "-m", "workers.capture.bootstrap", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
 @pytest.mark.e2e
 def test_the_script_keeps_its_argv_main_exit_code_and_signal_handlers(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
@@ -94,15 +107,7 @@ def test_commtops_warnings_keep_their_own_line_whatever_the_job_does_with_loggin
         "logging.getLogger('commtop.capture').warning('commtop capture: second')\n"
         "sys.__stderr__.write('taken ' + repr(sys.stderr.getvalue()) + '\\n')\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "COMMTOP_CONNECTION_FILE"}
-    env["PYTHONPATH"] = str(ROOT)
-    p = subprocess.run(
-        [sys.executable, "-m", "workers.capture.bootstrap", str(script)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    p = run_bootstrap(script)
     assert p.returncode == 0, p.stderr
     lines = [line for line in p.stderr.splitlines() if "monitor: off" not in line]
     assert lines == ["commtop monitor: rank 0: first", "JOB ERROR its own", "taken 'commtop capture: second\\n'"]
@@ -326,15 +331,7 @@ def test_lines_printed_at_once_by_two_threads_come_out_whole_under_pythonunbuffe
         "ts = [threading.Thread(target=say, args=(c,)) for c in 'AB']\n"
         "[t.start() for t in ts]; [t.join() for t in ts]\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "COMMTOP_CONNECTION_FILE"}
-    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    p = subprocess.run(
-        [sys.executable, "-m", "workers.capture.bootstrap", str(script)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    p = run_bootstrap(script, PYTHONUNBUFFERED="1")
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert len(lines) == 6000 and set(lines) == {"A" * 40, "B" * 40}
