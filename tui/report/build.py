@@ -97,8 +97,8 @@ def build_report(rec: Recording, tables: Tables | None = None, measured: Sequenc
     epochs = _epochs(g.runs)
     # the steps' pass (gathers and sorts per (epoch, rank): numpy, mostly without the GIL) on
     # side threads beside the epochs' sorts; this thread joins it once the sorts are done
-    taken = {h.rank: h.steps for _, h in tables.hellos}  # the last Hello of each rank says last
-    walk = RunWalk(g, coll, recs.dur32, names.index, names.single, {r: n for r, n in taken.items() if n >= 0})
+    taken = {h.rank: h.steps for _, h in tables.hellos}  # the last Hello of each rank says last (-1: not counted)
+    walk = RunWalk(g, coll, recs.dur32, names.index, names.single, taken)
     side_threads = worker_threads(MAX_STEP_THREADS) if usable_cpus() > 2 else 1
     with ThreadPoolExecutor(max_workers=side_threads, thread_name_prefix="commtop-step-runs") as side:
         walking = [side.submit(walk.work) for _ in range(side_threads)]

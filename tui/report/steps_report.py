@@ -62,7 +62,7 @@ class RunPass:
     groups: dict[int, GroupSteps]  # by global group index
     #: steps begun less one where the run's last "step" is its collectives after the rank's last
     #: optimizer step (an eval, a barrier): what the row counts, the job's own optimizer steps
-    counted: np.ndarray | None = None
+    counted: np.ndarray
 
 
 #: One run's findings: (span ns, busy ns, steps begun, step times ms sorted, steps/s, per process
@@ -204,7 +204,7 @@ def step_rows(
                 StepRow(
                     epoch=e,
                     rank=rank,
-                    steps=int(found.counted[gids].sum()) if found.counted is not None else steps,
+                    steps=int(found.counted[gids].sum()),
                     steps_per_s=float(np.median(rates)) if rates else math.nan,
                     step_p50_ms=p50,
                     step_p99_ms=p99,

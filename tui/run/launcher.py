@@ -91,6 +91,7 @@ class JobProcess:
         *,
         logs: JobLogPaths | None = None,
         on_line: Callable[[JobLine], None] | None = None,
+        script_codes: bool = False,
     ) -> None:
         self.argv = argv
         run_dir = Path(connection.run_dir)
@@ -118,8 +119,8 @@ class JobProcess:
         self.started = time.monotonic()
         #: The exit code is the failing script's, as ``python train.py`` gives it (``commtop run --
         #: python ...``: commtop chose torchrun, whose own code is 1 for any rank's failure); a
-        #: user's own torchrun line keeps torchrun's. Set by the session.
-        self.script_codes = False
+        #: user's own torchrun line keeps torchrun's.
+        self.script_codes = script_codes
         self._script_code: int | None = None
         self.output = JobOutput(self.logs, lambda: self.proc.poll() is not None, on_line=on_line, tail_lines=tail_lines)
         self.output.start()
@@ -187,13 +188,14 @@ class JobProcess:
 
     def exit_code(self) -> int | None:
         code = self.proc.poll()
-        if code is None or code == 0 or not self.script_codes:
-            return code
-        return self._as_script_code(code)
+        return None if code is None else self._as_script_code(code)
 
     def _as_script_code(self, code: int) -> int:
-        """The first failing rank's exit code (128 + N for a signal N, as a shell says) once
-        torchrun's summary was read; torchrun's own until then, or where no rank failed."""
+        """torchrun's ``code``, or for a script (``script_codes``) that failed, its first failing
+        rank's exit code (128 + N for a signal N, as a shell says) once torchrun's summary was
+        read; torchrun's own until then, or where no rank failed."""
+        if code == 0 or not self.script_codes:
+            return code
         if self._script_code is not None:
             return self._script_code
         if not self.output.done:
@@ -213,7 +215,7 @@ class JobProcess:
     def wait(self, timeout: float | None = None) -> int:
         code = self.proc.wait(timeout)
         self.output.join(timeout=2)
-        return self._as_script_code(code) if code and self.script_codes else code
+        return self._as_script_code(code)
 
     def terminate(self) -> None:
         """SIGTERM the whole group and return at once: its ranks send their last records and end

@@ -185,10 +185,11 @@ class LiveSession:
         if not self.job_argv:
             raise SessionError("this session has no job to start")
         try:
-            job = JobProcess(self.job_argv, self.connection, logs=self.job_logs, on_line=on_line)
+            job = JobProcess(
+                self.job_argv, self.connection, logs=self.job_logs, on_line=on_line, script_codes=self.script_codes
+            )
         except OSError as exc:  # the launcher itself cannot start (not found, not executable)
             raise SessionError(f"cannot start {self.job_argv[0]}: {exc.strerror or exc}") from None
-        job.script_codes = self.script_codes
         self.source = JobExitSource(self.source, job)  # a SIGKILLed rank's exit code
         self.job = job
         return job

@@ -15,13 +15,10 @@ from types import FrameType
 
 
 @contextlib.contextmanager
-def at_the_callers_line(wrapper_file: str, caller: FrameType | None) -> Iterator[None]:
+def at_the_callers_line(wrapper_file: str, caller: FrameType) -> Iterator[None]:
     """Record every warning of the block, then issue each again through the job's filters: those
     that named ``wrapper_file`` at ``caller``'s line (in its module, its registry, its source
     line shown), the others where they were."""
-    if caller is None:
-        yield
-        return
     caught: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
