@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,20 +16,8 @@ from synthetic_ranks import PY, REPO, child_env, short_runtime_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]  # starts processes
 
-UNMODIFIED = """
-import sys
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-model = torch.nn.Linear(8, 8)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(int(sys.argv[1])):
-    model(torch.ones(4, 8)).sum().backward()
-    for p in model.parameters():
-        dist.all_reduce(p.grad)
-    opt.step()
-    opt.zero_grad()
-dist.destroy_process_group()
-"""
+#: A script that knows nothing of commtop: N SGD steps, each gradient all_reduced (no eval after).
+UNMODIFIED = Path(__file__).parent / "jobs" / "eval_after_last_step.py"
 
 
 def test_the_printed_line_for_an_unmodified_script_brings_its_ranks(tmp_path: Path) -> None:
@@ -38,7 +25,7 @@ def test_the_printed_line_for_an_unmodified_script_brings_its_ranks(tmp_path: Pa
     env = child_env(root)
     env["PATH"] = f"{Path(PY).parent}{os.pathsep}{env.get('PATH', '')}"  # this environment's torchrun
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(UNMODIFIED))
+    shutil.copy(UNMODIFIED, script)
     watch = subprocess.Popen(
         [PY, "-m", "tui.cli", "watch", "--headless"],
         env=env,
@@ -53,7 +40,9 @@ def test_the_printed_line_for_an_unmodified_script_brings_its_ranks(tmp_path: Pa
         line = next((ln for ln in said if "your own script" in ln), "")
         assert "unmodified: " in line and "[ARGS]" in line, said
         command = line.split("unmodified: ", 1)[1].strip()
-        command = command.replace("--nproc-per-node N", "--nproc-per-node 2").replace("train.py [ARGS]", f"{script} 12")
+        command = command.replace("--nproc-per-node N", "--nproc-per-node 2").replace(
+            "train.py [ARGS]", f"{script} 12 no-eval"
+        )
         job = subprocess.run(
             ["bash", "-c", command], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180
         )

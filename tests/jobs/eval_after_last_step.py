@@ -1,5 +1,6 @@
 """A user's job: N optimizer steps (an all_reduce of each gradient in each), then an eval's
-barrier and all_reduce after the last step (none with "no-eval"; tests/test_report_steps_count.py)."""
+barrier and all_reduce after the last step (none with "no-eval"; tests/test_report_steps_count.py,
+tests/test_watch_unmodified.py)."""
 
 import sys
 
