@@ -124,8 +124,8 @@ class RunWalk:
                 s = step[mine]
                 new = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1])))
                 parts.append((grp, *_group_steps(s, dur[mine], new)))
-        taken = self._optimizer_steps.get(key & 0xFFFFF, 0)
-        after_last = taken >= 1 and len(first) > 1 and int(step[first[-1]]) >= taken  # no optimizer step ended it
+        taken = self._optimizer_steps.get(key & 0xFFFFF, -1)
+        after_last = taken >= 0 and len(first) > 0 and int(step[first[-1]]) >= taken  # no optimizer step ended it
         return span, busy, len(first), np.sort(dt) / 1e6, rate, parts, len(first) - after_last
 
     def result(self) -> RunPass:

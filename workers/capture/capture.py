@@ -109,6 +109,8 @@ class Capture:
         on_os_exit.install(self._flush_on_os_exit)
 
     def _adopt_monitor(self) -> None:
+        # the optimizer hook counts the job's steps from here: a job that never steps took 0
+        self.mon.status.steps = -1 if self.user_steps else self.step
         self._mon_step = self.mon.step
         self.mon.step = self._user_step  # a script that names its steps takes over from the optimizer hook
         self._mon_close = self.mon.close
@@ -324,6 +326,7 @@ class Capture:
     def _user_step(self, step: int) -> Any:
         if not self.user_steps:
             self.user_steps = True
+            self.mon.status.steps = -1  # the script's own steps, not the optimizer's: not counted
             block, self.block = self.block, None
             if block is not None:
                 block.__exit__(None, None, None)
