@@ -97,7 +97,7 @@ def columns(messages: list[Any], kind: str) -> dict[str, np.ndarray]:
 
 def test_records_go_out_while_the_job_issues_no_more_collectives(run, source) -> None:
     """A job blocked in a collective no peer joins, evaluating or saving issues no more
-    collectives: what it finished before goes out meanwhile (workers.monitor.idle_flush), not at
+    collectives: what it finished before goes out meanwhile (workers.monitor.flush_thread), not at
     its end (a hung gloo job showed 1 of its 4 all_reduces for as long as it hung)."""
     monitor.start(run.path, wait_s=2.0, sampler=False)
     monitor.patch_distributed()
@@ -105,6 +105,31 @@ def test_records_go_out_while_the_job_issues_no_more_collectives(run, source) ->
         dist.all_reduce(torch.ones(4))
     messages = drain(source, until_bye=False, timeout_s=3.0)  # the job issues nothing meanwhile
     assert len(columns(messages, protocol.COLL).get("iteration", [])) == 4
+
+
+def test_the_jobs_thread_never_encodes_or_sends_a_batch(run, source, monkeypatch) -> None:
+    """Encoding and sending a batch (0.2-0.9 ms on the 2-core VM, cold after the job's idle gap)
+    ran on the job's thread in its first collective after each batch interval: a job that
+    computes between collectives paid it inside the call it timed, and commtop's duration left
+    it out (a user's own timer read ~0.6 ms more). The job's threads only hand rows on."""
+    from workers.rank.publisher import RecordPublisher
+
+    senders: list[str] = []
+    publish = RecordPublisher.publish
+
+    def spy(self: RecordPublisher, *args: Any) -> bool:  # a spy in the test: who sends
+        senders.append(threading.current_thread().name)
+        return publish(self, *args)
+
+    monkeypatch.setattr(RecordPublisher, "publish", spy)
+    monitor.start(run.path, wait_s=2.0, sampler=False, batch_ms=20.0)
+    monitor.patch_distributed()
+    for _ in range(6):
+        time.sleep(0.03)  # the job computes for longer than a batch interval
+        dist.all_reduce(torch.ones(4))
+    messages = drain(source, until_bye=False, timeout_s=1.5)
+    assert len(columns(messages, protocol.COLL).get("iteration", [])) == 6  # all sent, none late
+    assert senders and threading.main_thread().name not in senders
 
 
 def test_a_blocking_collective_is_the_ranks_inside_until_it_returns(run) -> None:

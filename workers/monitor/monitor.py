@@ -29,7 +29,7 @@ import numpy as np
 from workers.monitor import graphs
 from workers.monitor import patch as monitor_patch
 from workers.monitor.exits import system_exit_status
-from workers.monitor.idle_flush import IDLE_S, IdleFlush
+from workers.monitor.flush_thread import FlushThread
 from workers.monitor.knobs import MAX_NAME, Knobs, live_control
 from workers.monitor.patch import Args, Kwargs, OpSpec
 from workers.monitor.rank_info import env_int, node_gpus, run_info, world_group
@@ -105,8 +105,8 @@ class Monitor:
         )
         self.timers = Timers(self.batcher, self.status, on_cuda=self._refresh, groups=self.groups)
         self.timers.unseen.baselined = False  # no read counts before the hooks' baseline (hooks_in)
-        self._idle_flush = IdleFlush(self._harvest_if_idle, self.rank)
-        self._idle_flush.start()
+        self._flush_thread = FlushThread(self._harvest_and_send, self.rank, self.batcher.batch_ns / 1e9)
+        self._flush_thread.start()
         if monitor_patch.patched():
             self.hooks_in()
         self.count_graphs()
@@ -186,7 +186,7 @@ class Monitor:
         if self._closed:
             return
         self._closed = True
-        self._idle_flush.stop()
+        self._flush_thread.stop()
         try:
             self.timers.stop_waiter(EXIT_DRAIN_S)  # the Works it waits on end first
             if self.on:
@@ -227,13 +227,13 @@ class Monitor:
             return None
 
     def coll_end(self, token: Any, result: Any) -> None:
-        """After the call returned (:meth:`Timers.coll_end`); harvests every HARVEST_EVERY, or when a
-        batch interval has passed since the last harvest."""
+        """After the call returned (:meth:`Timers.coll_end`); every HARVEST_EVERY records moves
+        them into the batcher (the sending is the flush thread's)."""
         if token is None:
             return
         try:
             if self.timers.coll_end(token, result):
-                self.harvest()
+                self.harvest(send=False)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
         if self._holding:
@@ -363,18 +363,19 @@ class Monitor:
             except Exception as exc:  # noqa: BLE001 - a count, never worth the job
                 self._warn_once("unseen", f"collectives the hooks did not see are not counted ({exc!r})")
 
-    def harvest(self) -> None:
-        """Move finished records into the batcher; send a batch if one is due. Never waits."""
+    def harvest(self, send: bool = True) -> None:
+        """Move finished records into the batcher; with ``send``, send a batch if one is due
+        (the job's threads pass False: only a full batcher is sent from them). Never waits."""
         if self.control is None and not self._closed:  # a job that never calls step(): Hellos anyway
             with self._making_control:  # once, whichever of the job's threads harvests first
                 if self.control is None:
                     self._make_control()
-        self.timers.harvest()
+        self.timers.harvest(send)
 
-    def _harvest_if_idle(self) -> None:
-        """The idle flush thread's (workers.monitor.idle_flush): records the job's threads left."""
+    def _harvest_and_send(self) -> None:
+        """The flush thread's (workers.monitor.flush_thread), every batch interval."""
         if self.on and not self._closed:
-            self.timers.harvest_if_idle(int(IDLE_S * 1e9))
+            self.timers.harvest()
 
     def add_records(self, coll_rows: list[tuple[Any, ...]], copy_rows: list[tuple[Any, ...]]) -> None:
         """Rows captured off the job's thread (workers.capture): batched and sent from the
@@ -430,7 +431,7 @@ class Monitor:
             return
         try:
             self.status.iteration = self.timers.iteration
-            self.harvest()
+            self.harvest(send=False)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
 

@@ -59,6 +59,9 @@ class MonitorBatcher(RecordBatcher):
             self.coll_arrays.append(records)
             self.array_records += len(records)
 
+    def full(self) -> bool:
+        return self.array_records >= self.max_records or super().full()
+
     def due(self) -> bool:
         return self.array_records >= self.max_records or super().due()
 

@@ -46,8 +46,8 @@ COLL_RING = 4096
 COPY_RING = 1024
 #: Threads whose GPU collectives are timed (a ring each); more are counted as lost.
 MAX_COLL_RINGS = 8
-#: Collectives between harvests when a step runs many (keeps the CUDA event rings from filling);
-#: a collective also harvests once a batch interval has passed since the last harvest.
+#: Collectives between two moves of the job's rows into the batcher (keeps the CUDA event rings
+#: from filling); sending is the flush thread's (workers.monitor.flush_thread).
 HARVEST_EVERY = 64
 #: The ops of point-to-point calls (OpSpec.op): NCCL numbers them apart from its collectives.
 P2P_OPS = frozenset({"send", "recv"})
@@ -162,9 +162,6 @@ class Timers:
         self.iteration = 0  # collectives begun on this rank (the records' iteration)
         self.lock = threading.RLock()  # harvest vs rows from a capture thread (add)
         self._since_harvest = 0
-        #: perf_counter_ns after which the next collective harvests: a job without steps that
-        #: issues few collectives still sends its records within about a batch interval
-        self._harvest_at = time.perf_counter_ns() + batcher.batch_ns
         self._dtypes: dict[Any, int] = {}  # torch dtype -> protocol code (a handful per job)
         #: what torch issued on gloo groups that no hook saw (counted into the Hello's ``lost``)
         self.unseen = Unseen(groups)
@@ -349,9 +346,9 @@ class Timers:
             return it
 
     def _count(self) -> bool:
-        """One more collective ended or handed on; True when a harvest is due."""
+        """One more collective ended or handed on; True when the job's thread moves its rows on."""
         self._since_harvest += 1
-        return self._since_harvest >= HARVEST_EVERY or time.perf_counter_ns() >= self._harvest_at
+        return self._since_harvest >= HARVEST_EVERY
 
     def _first_capturing(self) -> bool:
         """The first GPU collective: from now on ``capturing`` is torch's own C function (~0.1 us
@@ -408,11 +405,11 @@ class Timers:
 
     # ------------------------------------------------------------------ records
 
-    def harvest(self) -> None:
-        """Move finished records into the batcher; send a batch if one is due. Never waits
-        (the lock is only contended by a capture thread's add, a list extend)."""
+    def harvest(self, send: bool = True) -> None:
+        """Move finished records into the batcher; send a batch if one is due (``send``), else
+        only a full one (the job's threads: bounded memory, the rest is the flush thread's).
+        The lock is contended by the flush thread's send and a capture thread's add."""
         self._since_harvest = 0
-        self._harvest_at = time.perf_counter_ns() + self.batcher.batch_ns
         with self.lock:
             b = self.batcher
             self.cpu_coll.harvest(b.coll_rows)
@@ -422,18 +419,12 @@ class Timers:
                 for ring in cuda.coll_rings():
                     ring.harvest(b.coll_rows)
                 cuda.copy.harvest(b.copy_rows)
-            if b.due():
+            if b.due() if send else b.full():
                 b.flush()
                 if cuda is not None:
                     self._count_untimed(cuda, in_flight=False)
                 if self.unseen.due():
                     self.count_unseen()
-
-    def harvest_if_idle(self, idle_ns: int) -> None:
-        """From the idle flush thread (workers.monitor.idle_flush): no thread of the job harvested
-        for ``idle_ns`` past due (a hang, a long computation): what they finished goes out now."""
-        if time.perf_counter_ns() >= self._harvest_at + idle_ns:
-            self.harvest()
 
     def add(self, coll_rows: list[tuple[Any, ...]], copy_rows: list[tuple[Any, ...]]) -> None:
         """Rows captured off the job's thread (workers.capture), batched and sent from the

@@ -190,12 +190,11 @@ class RecordBatcher:
         self.copy_rows: list[tuple[Any, ...]] = []
         self._last_flush = time.perf_counter_ns()
 
+    def full(self) -> bool:
+        return len(self.coll_rows) >= self.max_records or len(self.copy_rows) >= self.max_records
+
     def due(self) -> bool:
-        return (
-            len(self.coll_rows) >= self.max_records
-            or len(self.copy_rows) >= self.max_records
-            or time.perf_counter_ns() - self._last_flush >= self.batch_ns
-        )
+        return self.full() or time.perf_counter_ns() - self._last_flush >= self.batch_ns
 
     def flush(self) -> None:
         self._last_flush = time.perf_counter_ns()
