@@ -282,6 +282,31 @@ def test_a_job_whose_ranks_all_issue_the_same_collectives_keeps_its_straggler() 
     assert not table.ranks_aligned(4)  # the same stream seen as a group of 2 in a world of 4
 
 
+def test_a_ranks_window_numbers_are_the_drawn_streams_as_its_lines_are() -> None:
+    """A rank's last / p50 / p99 / busbw / rate are of the stream its lines draw (f): a job of
+    1 KiB and 1 MiB all_reduces showed the drawn 1 KiB stream's lines beside a p50 that sat
+    between the two sizes (the median of a mix of every collective), none of its own."""
+    from workers.wire.stats import percentiles as exact
+
+    items = list(job_run(world=2, steps=40))
+    model = fed(items)
+    every = {v.rank: v for v in model.snapshot().ranks}
+    big = next(s for s in model.snapshot(fresh_run_stats=True).streams if s.nbytes == 4_194_304)
+    model.select_stream(big.index)
+    drawn = {v.rank: v for v in model.snapshot().ranks}
+    for rank in (0, 1):
+        cols = [b.columns for b in batches(items, rank)]
+        start = np.concatenate([c["start_ns"] for c in cols])
+        dur = np.concatenate([c["dur_us"] for c in cols])
+        mine = np.concatenate([c["nbytes"] == 4_194_304 for c in cols]) & (start >= start.max() - 5_000_000_000)
+        p50, p99 = exact(dur[mine], (50, 99))
+        view = drawn[rank]
+        assert (view.p50_ms, view.p99_ms, view.last_ms) == pytest.approx((p50 / 1e3, p99 / 1e3, dur[mine][-1] / 1e3))
+        assert view.p50_ms != pytest.approx(every[rank].p50_ms)  # the job mixes sizes: it was another number
+    model.select_stream(-1)
+    assert {v.rank: v.p50_ms for v in model.snapshot().ranks} == pytest.approx({r: v.p50_ms for r, v in every.items()})
+
+
 def test_selected_stream_history_grows_with_new_batches() -> None:
     items = list(job_run(world=2, steps=40))
     model = RunModel(clock=lambda: T0)

@@ -39,7 +39,7 @@ from workers.wire.stats import percentiles
 #: Windowed statistics (last / p50 / p99 / busbw / rate) cover this much record time.
 WINDOW_S = 5.0
 #: What a rank's numbers read of its collectives' window.
-_VIEW_COLUMNS = ("start_ns", "dur_us", "busbw", "mode", "epoch")
+_VIEW_COLUMNS = ("start_ns", "dur_us", "busbw", "mode", "epoch", "stream")
 #: Whole-run statistics (histogram percentiles) of a snapshot are at most this old,
 #: unless the snapshot is asked for ``fresh_run_stats`` (the headless summary is).
 RUN_STATS_EVERY_S = 1.0
@@ -124,6 +124,7 @@ class SnapshotBuilder:
         #: A clock that always moves (the model's stands still in a paused replay); tests inject one.
         self.wall = wall
         self._run_stats_on = True  # what the last snapshot found whole_run_stats to be
+        self._drawn = -1  # the stream the last snapshot's ranks' numbers were of (-1: every collective)
         self.reset()
 
     def reset(self) -> None:
@@ -153,14 +154,16 @@ class SnapshotBuilder:
             between = self._between_ticks(run, order, now)
             if between is not None:
                 return between
-        if run.whole_run_stats and not self._run_stats_on:
-            # Back on: every rank's numbers count as changed, so their kept views (with whole-run
-            # statistics of when they were off) are recomputed like those of a rank with news.
+        if run.selected_stream != self._drawn or (run.whole_run_stats and not self._run_stats_on):
+            # Another stream drawn, or back on: every rank's numbers count as changed, so their kept
+            # views (of the stream drawn before, with whole-run statistics of when they were off)
+            # are recomputed like those of a rank with news.
             hold = False
             for kept in self._kept.values():
                 if kept.view is not None:
                     kept.view = (-1, *kept.view[1:])
         self._run_stats_on = run.whole_run_stats
+        self._drawn = run.selected_stream
         if fresh_run_stats:  # the final summary: no copy can still come for what is pending
             for state in run.ranks.values():
                 state.overlap.flush()
@@ -497,11 +500,15 @@ class SnapshotBuilder:
         span = int(WINDOW_S * 1e9)
         win = s.coll.window("start_ns", span, _VIEW_COLUMNS)
         cwin = s.copy.window("start_ns", span, ("nbytes", "dur_us"))
+        mode, epoch, starts = win["mode"], win["epoch"], win["start_ns"]
+        rate = math.nan  # of every collective, as the count beside it
+        if len(starts) > 1:
+            span = int(starts[-1] - starts[0])
+            rate = (len(starts) - 1) / (span / 1e9) if span > 0 else math.nan
+        if run.selected_stream >= 0:  # the latency numbers of the stream the lines draw, not of a mix
+            mine = win["stream"] == run.selected_stream
+            win = {k: win[k][mine] for k in ("dur_us", "busbw")}
         dur = win["dur_us"]
-        rate = math.nan
-        if len(dur) > 1:
-            span = int(win["start_ns"][-1] - win["start_ns"][0])
-            rate = (len(dur) - 1) / (span / 1e9) if span > 0 else math.nan
         whole, run_by_mode, copy_run = self._run_stats(run, s, kept, now, fresh)
         p50, p99 = percentiles(dur, (50, 99))
         copy_gbps = math.nan
@@ -530,8 +537,8 @@ class SnapshotBuilder:
             copy_gbps=copy_gbps,
             iter_rate=rate,
             step_rate=self._step_rate(s, kept, fresh),
-            mode=MODES[int(win["mode"][-1])] if len(dur) and int(win["mode"][-1]) < len(MODES) else "",
-            epoch=int(win["epoch"][-1]) if len(dur) else (h.epoch if h else -1),
+            mode=MODES[int(mode[-1])] if len(mode) and int(mode[-1]) < len(MODES) else "",
+            epoch=int(epoch[-1]) if len(epoch) else (h.epoch if h else -1),
             run=whole,
             run_by_mode=run_by_mode,
             copy_run=copy_run,

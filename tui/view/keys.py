@@ -26,7 +26,13 @@ KEYS: tuple[Key, ...] = (
     Key("q", "quit", "quit", "Quit commtop (ctrl+c and ctrl+q too); the job it started ends with it", "app"),
     Key("question_mark,f1", "help", "help", "This list of keys", "app", display="?/F1"),
     Key("v", "toggle_view", "rows/heat", "Switch between one row per rank and the latency heat map", "view"),
-    Key("f", "next_stream", "stream", "Latency lines of each stream (group, op, size) in turn, then of all", "view"),
+    Key(
+        "f",
+        "next_stream",
+        "stream",
+        "Latency lines and the ranks' last/p50/p99 of each stream (group, op, size) in turn, then of all",
+        "view",
+    ),
     Key("i", "toggle_connect", "connect", "Show or hide how to connect workers to this run (watch)", "view"),
     Key(
         "l", "job_log", "log", "The job's output: every rank's last lines, the first failing rank's error first", "view"

@@ -118,7 +118,7 @@ class RowsView:
         if line == 0:
             return _numbers(self.snap, r, self.narrow)
         if line == 1:
-            return _run_numbers(r, self.narrow)
+            return _run_numbers(r, self.narrow, of_all=self.snap.selected_stream >= 0)
         if line == 2:
             return _counts(r, self.narrow)
         if line == 3:  # p50 per overlap class (tui.view.widgets.class_row)
@@ -163,7 +163,7 @@ def _shown(snap: Snapshot, r: RankView, line: int) -> tuple[object, ...]:
         return (r.state, r.exit_code, r.rank, snap.straggler == r.rank, r.host, r.gpu, r.last_ms, r.p50_ms,
                 r.p99_ms, r.busbw_gbps, r.copy_gbps)  # fmt: skip
     if line == 1:
-        return (r.run, r.copy_run)
+        return (r.run, r.copy_run, snap.selected_stream >= 0)
     if line == 2:
         return (r.iter_rate, r.count, r.missing, r.drops, r.state == "stalled")
     if line == 3:
@@ -192,12 +192,15 @@ def _numbers(snap: Snapshot, r: RankView, narrow: bool = False) -> list[Segment]
     ]
 
 
-def _run_numbers(r: RankView, narrow: bool = False) -> list[Segment]:
-    """Whole-run max, p50, p99, busbw and copy GB/s under the windowed ones (dim)."""
+def _run_numbers(r: RankView, narrow: bool = False, *, of_all: bool = False) -> list[Segment]:
+    """Whole-run max, p50, p99, busbw and copy GB/s under the windowed ones (dim). ``of_all``:
+    the windowed ones are of one stream (f), these still of every collective: the label says so."""
     dim = style(STALE)
     # "whole run" over all its columns; the first is the run's max (under "last"), so it says so.
     if narrow:  # no host column: "run" where the rank number stands
-        lead = [Segment(f"  {'run':<5}", dim)]
+        lead = [Segment(f"{'all run':<7}" if of_all else f"  {'run':<5}", dim)]
+    elif of_all:
+        lead = [Segment(f"{'all colls, whole run':>{2 + 5 + 2 + HOST_W - 4}}", dim)]
     else:
         lead = [Segment(" " * (2 + 5 + 2)), Segment(f"{'whole run':>{HOST_W - 4}}", dim)]
     copy = "" if narrow else fmt_gbps(r.copy_run.busbw_gbps, NUM_W)
