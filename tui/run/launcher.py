@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tui.ingest.interfaces import ResetModel, Source
 from tui.run.job_failure import Failure, RankExit, ended_text, first_failure
@@ -224,7 +225,14 @@ class JobProcess:
             self._signal_group(signal.SIGTERM)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int:
-        """SIGTERM the whole group, then SIGKILL what is left after ``grace_s``."""
+        """SIGTERM the whole group, then SIGKILL what is left after ``grace_s``: the group, and
+        every process torchrun had started when the stop began. torch starts each rank in a
+        session of its own, out of the group's reach: a job whose ranks catch SIGTERM and carry
+        on (some frameworks' handlers only note it) ran on, orphaned, after commtop exited."""
+        import psutil
+
+        started = self._descendants()
+        deadline = time.monotonic() + grace_s
         if self.proc.poll() is None:
             self._signal_group(signal.SIGTERM)
             try:
@@ -233,9 +241,25 @@ class JobProcess:
                 pass
         # Workers may outlive torchrun by a moment; the group is ours, so clean it fully.
         self._signal_group(signal.SIGKILL)
+        # the ranks get the rest of the grace (torchrun may go first): their last records and Bye
+        _, left = psutil.wait_procs(started, timeout=max(0.0, deadline - time.monotonic()))
+        for process in left:
+            try:
+                process.kill()  # psutil: not a later process that took the pid
+            except psutil.Error:  # gone meanwhile, or not ours
+                pass
         code = self.proc.wait()
         self.output.join(timeout=2)
         return code
+
+    def _descendants(self) -> list[Any]:
+        """torchrun's processes (ranks and what they started) now, as psutil Processes."""
+        import psutil
+
+        try:
+            return list(psutil.Process(self.proc.pid).children(recursive=True))
+        except psutil.Error:
+            return []
 
     def _signal_group(self, sig: int) -> None:
         try:
