@@ -40,6 +40,19 @@ def test_the_first_failure_is_the_rank_whose_error_is_its_own_even_when_a_peer_s
     )
 
 
+def test_a_rank_stopped_in_its_teardown_did_not_fail_first_as_the_live_summary_said() -> None:
+    """Both ranks raise the same error; rank 0 says so first, but rank 1 exits first and torchrun
+    stops rank 0 in its teardown: the live summary said rank 1 failed first, the report said
+    "rank 0 first (exit code 1 ...)" beside "rank 0: killed by SIGTERM" in its own JSON."""
+    err = "RuntimeError: failure at step 5"
+    stop = "killed by SIGTERM (stopped by torchrun after rank 1 failed)"
+    ending = job_ending(byes((0, 1, err, 0.30), (1, 1, err, 0.35), (0, -15, stop, 0.9)), T0)
+    assert ending.first is not None and (ending.first.rank, ending.first.code) == (1, 1)
+    assert (
+        ending.line([0, 1]) == f"ended: failed, rank 1 first (exit code 1, 0.3 s in): {err}; rank 0 killed by SIGTERM"
+    )
+
+
 def test_among_errors_of_their_own_the_earliest_fails_first_and_a_signal_other_than_a_stop_is_a_failure() -> None:
     ending = job_ending(byes((2, 1, "OSError: disk full", 2.0), (3, -9, "killed by SIGKILL", 1.5)), T0)
     assert ending.first is not None and ending.first.rank == 3

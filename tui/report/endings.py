@@ -5,7 +5,9 @@ recording has only the Byes).
 
 The first failure is the earliest Bye with an error of the rank's own, not a peer's failure seen
 through a collective ("Connection closed by peer"); ranks stamp their Byes on one host clock.
-A rank stopped by SIGTERM or SIGINT (Ctrl-C, ``q``, torchrun stopping the others) did not fail.
+A rank stopped by SIGTERM or SIGINT (Ctrl-C, ``q``, torchrun stopping the others) did not fail,
+nor did it fail first where another rank's failure ended it, even if it raised earlier (as the
+headless summary, from torchrun's word, says).
 """
 
 from __future__ import annotations
@@ -119,6 +121,10 @@ def job_ending(byes: Sequence[tuple[int, p.Bye]], first_ns: int, hellos: Sequenc
         latest_hello[h.rank] = max(latest_hello.get(h.rank, 0), h.t_ns)
     failures = [b for _, b in byes if b.exit_code != 0 and b.exit_code not in _STOPS]
     final = [b for b in failures if b.t_ns >= latest_hello.get(b.rank, 0)]
+    # a rank that raised and was then stopped in its teardown (torchrun stopping the others after
+    # the first exit) did not fail first where another's failure ended it: the live summary's rule
+    stopped = {r for r, b in last.items() if b.exit_code in _STOPS}
+    final = [b for b in final if b.rank not in stopped] or final
     earlier = [b for b in failures if b.t_ns < latest_hello.get(b.rank, 0)]
     ended = {r: end_text(b.exit_code) for r, b in sorted(last.items())}
     restarts = max((len(ps) - 1 for ps in pids.values()), default=0)
