@@ -22,6 +22,9 @@ from workers.wire.config import ConfigError
         (["accelerate", "launch", "--num_processes", "2", "train.py"], "accelerate launch"),
         (["/opt/venv/bin/accelerate", "launch", "train.py"], "accelerate launch"),
         (["python", "-m", "accelerate.commands.launch", "train.py"], "accelerate launch"),
+        (["accelerate-launch", "--multi_gpu", "--num_processes", "2", "train.py"], "accelerate launch"),
+        (["python", "-m", "accelerate.commands.accelerate_cli", "launch", "train.py"], "accelerate launch"),
+        (["ds", "--num_gpus", "8", "train.py"], "deepspeed"),
         (["deepspeed", "--num_gpus", "8", "train.py", "--deepspeed", "ds.json"], "deepspeed"),
         (["mpirun", "-np", "2", "python", "train.py"], "mpirun"),
         (["srun", "python", "train.py"], "srun"),
@@ -33,6 +36,14 @@ def test_a_launcher_that_starts_ranks_itself_is_refused_saying_what_to_run(comma
     line = str(err.value)
     assert "\n" not in line and line.startswith(f"{named} starts the ranks itself")
     assert "commtop run --nproc N -- python train.py ARGS" in line
+
+
+def test_a_launchers_subcommand_that_starts_no_ranks_is_not_called_a_launcher() -> None:
+    """`accelerate env` starts nothing: it is not refused as `accelerate launch` is (here, with
+    no accelerate installed, it is refused as a command that is not there)."""
+    with pytest.raises(ConfigError) as err:
+        script_plan(["accelerate", "env"], 2)
+    assert "starts the ranks itself" not in str(err.value)
 
 
 def test_a_shell_script_or_a_program_is_refused_naming_what_it_is(tmp_path: Path) -> None:

@@ -29,16 +29,24 @@ BOOTSTRAP = ("-m", "workers.capture.bootstrap")
 RUN_BOOTSTRAP = ("-m", "--", "workers.capture.bootstrap")
 #: Launchers that start the ranks themselves (a command, or the module ``python -m`` runs): under
 #: commtop torchrun starts them, so the script runs directly; what the launcher gives it instead.
+_ACCELERATE = ("accelerate launch", "Accelerator() reads torchrun's environment; on a CPU, Accelerator(cpu=True)")
+_DEEPSPEED = ("deepspeed", "deepspeed.initialize() reads LOCAL_RANK from torchrun's environment")
 OTHER_LAUNCHERS = {
-    "accelerate": ("accelerate launch", "Accelerator() reads torchrun's environment"),
-    "accelerate.commands.launch": ("accelerate launch", "Accelerator() reads torchrun's environment"),
-    "deepspeed": ("deepspeed", "deepspeed.initialize() reads LOCAL_RANK from torchrun's environment"),
-    "deepspeed.launcher.runner": ("deepspeed", "deepspeed.initialize() reads LOCAL_RANK from torchrun's environment"),
+    "accelerate": _ACCELERATE,  # with the subcommand ``launch`` (SUBCOMMAND_LAUNCHERS)
+    "accelerate.commands.accelerate_cli": _ACCELERATE,  # the same, as python -m
+    "accelerate-launch": _ACCELERATE,
+    "accelerate.commands.launch": _ACCELERATE,
+    "deepspeed": _DEEPSPEED,
+    "deepspeed.pt": _DEEPSPEED,
+    "ds": _DEEPSPEED,
+    "deepspeed.launcher.runner": _DEEPSPEED,
     "mpirun": ("mpirun", "N ranks on this node"),
     "mpiexec": ("mpiexec", "N ranks on this node"),
     "srun": ("srun", "N ranks on this node"),
     "torchx": ("torchx", "N ranks on this node"),
 }
+#: Launchers that start ranks only by one subcommand (``accelerate env`` starts none).
+SUBCOMMAND_LAUNCHERS = {"accelerate": "launch", "accelerate.commands.accelerate_cli": "launch"}
 
 
 @dataclass(frozen=True)
@@ -163,8 +171,9 @@ def runnable_script(rest: list[str], on_path: bool = True) -> list[str]:
     (a shell script, a binary) and a missing file."""
     if not rest:
         return rest
-    other = OTHER_LAUNCHERS.get(rest[1] if rest[0] == "-m" and len(rest) > 1 else os.path.basename(rest[0]))
-    if other is not None:
+    command, args = (rest[1], rest[2:]) if rest[0] == "-m" and len(rest) > 1 else (os.path.basename(rest[0]), rest[1:])
+    other = OTHER_LAUNCHERS.get(command)
+    if other is not None and SUBCOMMAND_LAUNCHERS.get(command, args[0] if args else "") == (args[0] if args else ""):
         name, gives = other
         raise ConfigError(
             f"{name} starts the ranks itself, and under commtop torchrun does: run the script directly, "
