@@ -190,6 +190,7 @@ def test_rows_view_number_columns_kept_by_what_they_show_draw_what_a_fresh_view_
         "drops": 7,
         "run_by_class": {"no copies": live.run_by_class["no copies"]},  # short: the overlapped share fits
         "overlapped": 0.25,
+        "copies": 0,
     }
     changes: list[dict[int, dict]] = [{0: {"p50_ms": 9.5}}, {2: {"exit_code": 0}}]
     changes += [{6: {name: value}} for name, value in one_field_each.items()]
@@ -269,3 +270,19 @@ def test_a_frame_between_text_ticks_reuses_the_rows_and_draws_what_a_fresh_view_
         assert [again.line(i) for i in range(again.n_lines)] == [made.line(i) for i in range(made.n_lines)]
     stale = HeatView(new_ranks, cells, top, 160, max_lines, restyle, first.layout)
     assert stale.line(1) != reused.line(1)  # the new states show (dimmed cells, a warning label)
+
+
+def test_a_rank_that_copies_nothing_has_no_overlap_class_line() -> None:
+    """ "p50 by class  during -  after -  none 3.38" under every rank of a job that copies
+    nothing (the forum loop's classes): the line is blank there, and shown once the rank copies."""
+    from tui.view.widgets.rank_rows import RowsView
+
+    snap = frozen_snapshot(world=2, iterations=50)
+
+    def class_line(copies: int) -> str:
+        s = replace(snap, ranks=tuple(replace(r, copies=copies) for r in snap.ranks))
+        view = RowsView(s, bucket(s.history, 60, 1), 15.0, 150, row_h=4, restyle=Restyle(Style()))
+        return "".join(seg.text for seg in view._fixed_columns(s.ranks[0], 3, FIXED_W))
+
+    assert "p50 by class" in class_line(8)
+    assert class_line(0).strip() == ""

@@ -519,8 +519,10 @@ class CommtopApp(SignalStop, App[None]):
         idle = replay_idle_text(self.replay.position()) if self.replay is not None else ""
         text = verdict_text(self.ab.progress(), snap.epochs if snap else None, peak, idle, self._can())
         modes = snap is None or snap.job.has_modes  # a job without a mode knob has no modes to compare
-        said = modes or text.startswith(("A/B", "verdict: no settings"))  # what a job without modes may hear
-        self._one(VerdictLine).show(text if said else "")
+        said = modes or text.startswith("A/B")  # what a job without modes may hear
+        line = self._one(VerdictLine)
+        line.display = said  # a job without modes: no line (its ranks get it) until an A/B says something
+        line.show(text if said else "")
 
     def action_ab(self) -> None:
         """Start an A/B of the current settings against none (a dialog lets you change both);

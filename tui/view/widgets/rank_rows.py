@@ -121,7 +121,7 @@ class RowsView:
             return _run_numbers(r, self.narrow, of_all=self.snap.selected_stream >= 0)
         if line == 2:
             return _counts(r, self.narrow)
-        if line == 3:  # p50 per overlap class (tui.view.widgets.class_row)
+        if line == 3 and r.copies:  # p50 per overlap class (tui.view.widgets.class_row); no copy, no class
             return class_numbers(r, fixed_width(self.width))
         return [Segment(" " * fixed_width(self.width))]
 
@@ -167,7 +167,7 @@ def _shown(snap: Snapshot, r: RankView, line: int) -> tuple[object, ...]:
     if line == 2:
         return (r.iter_rate, r.count, r.missing, r.drops, r.state == "stalled")
     if line == 3:
-        return (tuple(r.run_by_class.items()), r.overlapped)
+        return (tuple(r.run_by_class.items()), r.overlapped, bool(r.copies))
     return ()
 
 
