@@ -105,6 +105,8 @@ class Recorder:
         #: (label, wall-clock start) of a file named before any Hello said what runs: renamed
         #: after what ran when the recording ends (``commtop watch --record``).
         self._provisional: tuple[str, float] | None = None
+        #: Every recording this recorder finished, in order (``r`` stops one and starts another).
+        self.saved: list[str] = []
         self._error = ""
         self._lost = 0
         self._writer: RecordingWriter | None = None
@@ -140,6 +142,8 @@ class Recorder:
             self._thread.join()
         label = run_label(self._hellos) or self.collective
         started_wall = time.time()
+        if path:  # later recordings of this session (r) go where the user put this one
+            self.directory = Path(path).parent
         target = Path(path) if path else default_path(self.directory, label, now=started_wall)
         self._provisional = (label, started_wall) if not path and not run_label(self._hellos) else None
         self._path = str(target)
@@ -193,6 +197,8 @@ class Recorder:
             self._remove_empty()
             return
         self._name_after_run()
+        if writer is not None and self._path not in self.saved:
+            self.saved.append(self._path)
 
     def _remove_empty(self) -> None:
         """A recording of no rank holds nothing to report or replay (a node's telemetry at

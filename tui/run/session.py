@@ -75,6 +75,8 @@ class LiveSession:
     terminal: HeadlessTerminal | None = None
     #: how to reach this run (`commtop watch`): said on stderr, and shown in the TUI
     connect: tuple[str, ...] = ()
+    #: the recording said as the run started (``--record``); others (``r``) are said at its end
+    announced_recording: str = ""
 
     # ------------------------------------------------------------------ constructors
 
@@ -122,6 +124,7 @@ class LiveSession:
                 session.close()
                 raise SessionError(error)
             print(f"commtop: recording to {path}", file=sys.stderr)
+            session.announced_recording = path
         return session
 
     @classmethod
@@ -310,10 +313,20 @@ class LiveSession:
         if logs is None or job is None or not job.output_done():
             return
         logs.remove_parts()
-        recording = self.recorder.status().path
-        if recording and Path(recording).exists():
-            self.job_logs = logs.moved_beside(recording)
+        from tui.run.log_store import logs_root
+
+        # beside the first recording (one the run made from its start has it there already; later
+        # ones of `r` leave it), else in the state folder until one was made
+        first = next((path for path in self.recorder.saved if Path(path).exists()), "")
+        if first and logs.log.parent == logs_root():
+            self.job_logs = logs.moved_beside(first)
             job.logs = self.job_logs
+
+    def _say_recordings(self) -> None:
+        """The recordings made with ``r`` (the one of ``--record`` was said as it started)."""
+        for path in self.recorder.saved:
+            if path != self.announced_recording:
+                print(f"commtop: recorded (r): {path}", file=sys.stderr)
 
     def _say_outcome(self) -> None:
         """Where the job's log is; if the job failed, why: the first failing rank's error last."""
@@ -395,7 +408,7 @@ class LiveSession:
             remove_run(self.connection)
 
     def close(self) -> None:
-        _close_all([self.recorder.stop, self.controller.close, self.source.close, self._keep_log])
+        _close_all([self.recorder.stop, self.controller.close, self.source.close, self._keep_log, self._say_recordings])
         if self.owns_run:
             from tui.run.run_dirs import remove_run
 
