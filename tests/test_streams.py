@@ -270,6 +270,23 @@ def test_skew_and_straggler_compare_one_collective_across_ranks_not_each_ranks_k
     assert math.isnan(shares[0]) and math.isnan(shares[1]) and shares[2] > shares[3]
 
 
+def test_a_skew_found_on_a_drawn_stream_is_placed_by_that_streams_call_not_an_iteration() -> None:
+    """On a drawn stream (f) a skew's number counts that stream's calls: the header said "at it
+    227" of what the report and its CSV call iteration 455. It says which calls it counts."""
+    from tui.view.widgets.header import skew_text, worst_skew_text
+
+    model = fed(job_run(world=4, steps=200, slow_rank=2), clock_ns=T0 + 201 * STEP_NS)
+    pair = next(s for s in model.snapshot(fresh_run_stats=True).streams if s.group == "2")
+    model.select_stream(pair.index)
+    snap = model.snapshot(fresh_run_stats=True)
+    assert snap.worst_skew is not None and snap.worst_skew.stream == pair.index
+    worst = dataclasses.replace(snap.worst_skew, skew_ms=1e3, typical_ms=1.0)  # headline-worthy
+    text = worst_skew_text(dataclasses.replace(snap, worst_skew=worst, recent_skew=None))
+    assert f"at call {worst.iteration} of all_to_all " in text and "iteration" not in text
+    recent = skew_text(dataclasses.replace(snap, recent_skew=worst), compact=True)
+    assert f"at call {worst.iteration} of all_to_all" in recent
+
+
 def test_a_job_whose_ranks_all_issue_the_same_collectives_keeps_its_straggler() -> None:
     """One group, every rank: the k-th record of each rank is the same collective."""
     table = StreamTable()

@@ -97,6 +97,9 @@ class SkewEvent:
     own_ms: float  # the straggler's own latency
     typical_ms: float  # median over recent iterations of their longest latency
     t_ns: int = 0  # start of the iteration (host clock of the lowest rank that has it)
+    #: the stream drawn (its ring value) when it was found: ``iteration`` then counts that
+    #: stream's calls, not the ranks' iterations (the report's and the CSV's); -1: iterations
+    stream: int = -1
 
     @property
     def headline(self) -> bool:

@@ -195,6 +195,9 @@ class SnapshotBuilder:
         skew, found = (
             worst_skews(aligned, a_order, settle, complete, since_ns=since) if aligned is not None else (None, None)
         )
+        if drawn is not None:  # their "iteration" is the drawn stream's call number: said so
+            skew = replace(skew, stream=run.selected_stream) if skew is not None else None
+            found = replace(found, stream=run.selected_stream) if found is not None else None
         if skew is not None and (self.worst_skew is None or skew.skew_ms > self.worst_skew.skew_ms):
             self.worst_skew = skew
         recent_skew = self._recent_skew(found, since)
