@@ -10,12 +10,14 @@ between hosts.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
 from tui.model.rank_state import RankState
 from tui.model.snapshot import History, SkewEvent
 from tui.model.streams import UNNAMED
+from workers.wire.protocol import Hello
 from workers.wire.stats import median
 from workers.wire.straggler import STRAGGLER_ITERS, clearly_last
 
@@ -171,3 +173,21 @@ def straggler(shares: np.ndarray | None, complete: np.ndarray | None, order: lis
     best = int(np.argmax(shares))
     total = min(STRAGGLER_ITERS, int(complete.sum()) if complete is not None else 0)
     return order[best] if clearly_last(round(float(shares[best]) * total), total, len(order)) else None
+
+
+def members_only(history: History | None) -> tuple[History | None, np.ndarray | None]:
+    """``history`` without the rows of ranks that have no record in it (ranks outside a drawn
+    stream's group), and which rows stayed (None: all)."""
+    if history is None or history.ms.shape[0] < 2:
+        return history, None
+    rows = ~np.isnan(history.ms).all(axis=1)
+    if rows.all() or not rows.any():
+        return history, None
+    return replace(history, ms=history.ms[rows], mode=history.mode[rows]), rows
+
+
+def settle_iters(lead: Hello | None) -> int:
+    """Iterations of the first step: left out of the straggler headline (warm-up is not
+    reported, but the first step after it still carries the ranks' start-up skew)."""
+    per_step = (lead.config.get("collectives_per_step") if lead else None) or SETTLE_ITERS
+    return int(per_step) if isinstance(per_step, int) and per_step > 0 else SETTLE_ITERS

@@ -27,7 +27,7 @@ from tui.model.inside import inside_of
 from tui.model.job import JobInfo
 from tui.model.rank_state import RankState
 from tui.model.rank_totals import RankTotals
-from tui.model.skew import SETTLE_ITERS, clock_offsets, straggler, straggler_shares, worst_skews
+from tui.model.skew import clock_offsets, members_only, settle_iters, straggler, straggler_shares, worst_skews
 from tui.model.snapshot import History, RankView, SkewEvent, Snapshot
 from tui.model.stats import RunStats, pooled_stats, weighted_rate
 from tui.model.steps import StepView, step_view
@@ -179,7 +179,7 @@ class SnapshotBuilder:
             self._unaligned_seen, self.worst_skew = True, None
             self._recent_skews.clear()
         if drawn is not None:
-            aligned, members = _members_only(history)
+            aligned, members = members_only(history)
         else:
             aligned, members = (history if all_aligned else None), None
         a_order = order if members is None else [r for r, m in zip(order, members.tolist(), strict=True) if m]
@@ -190,7 +190,7 @@ class SnapshotBuilder:
         if a_shares is not None and members is not None:
             shares = np.full(len(order), np.nan)
             shares[members] = a_shares
-        settle = _settle_iters(run.lead_hello())
+        settle = settle_iters(run.lead_hello())
         since = now - int(RECENT_SKEW_S * 1e9)
         skew, found = (
             worst_skews(aligned, a_order, settle, complete, since_ns=since) if aligned is not None else (None, None)
@@ -566,24 +566,6 @@ def _history(run: RunState, order: list[int]) -> tuple[History, HistoryMatrix | 
     drawn = run.stream_history_matrix(order)  # one stream's lines instead of every collective's
     first, ms, mode, start = (drawn if drawn is not None else run.history_matrix(order)).window()
     return History(first_iteration=first, ms=ms, mode=mode, start_ns=start), drawn
-
-
-def _members_only(history: History | None) -> tuple[History | None, np.ndarray | None]:
-    """``history`` without the rows of ranks that have no record in it (ranks outside a drawn
-    stream's group), and which rows stayed (None: all)."""
-    if history is None or history.ms.shape[0] < 2:
-        return history, None
-    rows = ~np.isnan(history.ms).all(axis=1)
-    if rows.all() or not rows.any():
-        return history, None
-    return replace(history, ms=history.ms[rows], mode=history.mode[rows]), rows
-
-
-def _settle_iters(lead: Hello | None) -> int:
-    """Iterations of the first step: left out of the straggler headline (warm-up is not
-    reported, but the first step after it still carries the ranks' start-up skew)."""
-    per_step = (lead.config.get("collectives_per_step") if lead else None) or SETTLE_ITERS
-    return int(per_step) if isinstance(per_step, int) and per_step > 0 else SETTLE_ITERS
 
 
 def _run_stats_every_ns(run: RunState) -> float:
