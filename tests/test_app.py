@@ -311,7 +311,19 @@ def test_header_says_the_ranks_exited_once_the_job_ended() -> None:
     assert "ranks 2/2" in header_text(model.snapshot()).plain
     for rank in (0, 1):
         model.apply(p.Bye(rank, 0, "finished", T0 + 10**9))
-    assert "ranks 2 exited" in header_text(model.snapshot()).plain
+    text = header_text(model.snapshot()).plain
+    assert "ranks 2 exited" in text
+    assert "it/s -" in text  # the newest seconds' rate of a run that ended is no rate (it read the last one)
+
+
+def test_header_counts_stalled_ranks_as_there_not_gone() -> None:
+    """A job's data-loader stall (heartbeats, no collective for 2 s): the header read "ranks 0/2"
+    while both rows said "heartbeat alive"."""
+    from dataclasses import replace
+
+    snap = frozen_snapshot(world=2, iterations=100)
+    stalled = replace(snap, ranks=tuple(replace(r, state="stalled") for r in snap.ranks))
+    assert "ranks 2/2 (2 stalled)" in header_text(stalled).plain
 
 
 def test_header_text_shows_hello_only_runs() -> None:

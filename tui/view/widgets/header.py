@@ -262,15 +262,20 @@ def _health(
     control: ControlView | None = None,
     compact: bool = False,
 ) -> None:
-    if snap.job.is_job and math.isfinite(snap.step_rate):  # a job's pace is its steps, not its collectives
-        _kv(t, "steps/s", f"{snap.step_rate:,.1f}", bold=True)
+    total = max(snap.world_size, len(snap.ranks))
+    ended = bool(total) and len(snap.ranks) == total and all(r.state == "exited" for r in snap.ranks)
+    if snap.job.is_job and (math.isfinite(snap.step_rate) or ended):  # a job's pace is its steps
+        # a rate of the newest seconds: once every rank exited it is no rate of anything now
+        _kv(t, "steps/s", "-" if ended else f"{snap.step_rate:,.1f}", bold=True)
     else:
-        rate = f"{snap.iter_rate:,.0f}" if math.isfinite(snap.iter_rate) else "-"
+        rate = f"{snap.iter_rate:,.0f}" if math.isfinite(snap.iter_rate) and not ended else "-"
         _kv(t, "it/s", rate, bold=True)
     live = snap.live_ranks
-    total = max(snap.world_size, len(snap.ranks))
-    if total and not live and len(snap.ranks) == total and all(r.state == "exited" for r in snap.ranks):
+    stalled = sum(1 for r in snap.ranks if r.state == "stalled")  # alive (heartbeats), no collective lately
+    if ended:
         _kv(t, "ranks", f"{total} exited", TEXT, bold=True)  # the job ended: "0/2" read as a fault
+    elif stalled:
+        _kv(t, "ranks", f"{live + stalled}/{total} ({stalled} stalled)", WARN, bold=True)
     else:
         _kv(t, "ranks", f"{live}/{total}", LIVE if live == total and total else WARN, bold=True)
     if snap.drops or not compact:  # condensed: a zero is not news
