@@ -218,6 +218,28 @@ def test_a_rank_torchrun_stops_after_its_own_error_is_explained_by_that_error() 
     )
 
 
+def test_a_stopped_ranks_last_printed_line_is_not_its_error() -> None:
+    """A rank torchrun stopped after another failed, with no traceback of its own: its last line
+    (a framework's tip) was said as its error ("killed by SIGTERM: 💡 Tip: For seamless cloud
+    logging ..."); it was only stopped."""
+    lines = [
+        "W1207 14:44:35.337000 1152 api.py:1028] Sending process 1157 closing signal SIGTERM",
+        "E1207 14:44:35.702000 1152 api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 1158) of binary: python",
+        "[0]:",
+        "  rank      : 0 (local_rank: 0)",
+        "  exitcode  : -15 (pid: 1157)",
+        "[1]:",
+        "  rank      : 1 (local_rank: 1)",
+        "  exitcode  : 1 (pid: 1158)",
+    ]
+    words = torchrun_lines(lines)
+    tip = ["💡 Tip: For seamless cloud logging and experiment tracking, try installing litlogger"]
+    assert exception_line(tip) == ""
+    outputs = {0: RankOutput(0, tip), 1: RankOutput(1, RANK1_ERR, traceback_seen=3)}
+    failure = explain(1, words.exits, outputs, {1: (1_000, "ValueError: boom on rank 1")}, lines)
+    assert failure.lines[0] == "rank 0: killed by SIGTERM (stopped by torchrun after rank 1 failed)"
+
+
 def test_commtops_end_lines_after_a_rank_s_traceback_are_not_its_error() -> None:
     """The monitor's lines at a rank's end come after the job's traceback in its stderr; the
     rank's error is the traceback's exception, not "commtop monitor: ... failed inside torch"."""

@@ -128,7 +128,11 @@ def _without_commtop_frames(block: list[str]) -> list[str]:
 
 
 def exception_line(err: Sequence[str]) -> str:
-    """The exception of the last traceback ("ValueError: boom"), C++ source locations cut."""
+    """The exception of the last traceback ("ValueError: boom"), C++ source locations cut; ""
+    without a traceback (a rank's last line is then anything it printed: a framework's tip read
+    as the error of a rank torchrun stopped)."""
+    if not any(ln.strip() == TRACEBACK for ln in err):
+        return ""
     block = last_traceback(err)
     for line in reversed(block):
         if line.strip() and not line.startswith((" ", "\t")) and line.strip() != TRACEBACK:
