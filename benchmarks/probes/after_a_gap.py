@@ -5,8 +5,10 @@ for longer than a batch interval (gloo, CPU, a world of one; the collective itse
 
 A user's job spends most of a step computing and issues a few collectives; whatever commtop does
 in the first hook after such a gap lands inside the call the job times. Prints the median, p90
-and max of the wall time and of the job-thread CPU of ``coll_begin + coll_end``, and the same for
-back-to-back calls (the same run's reference), with the machine.
+and max of the wall time and of the job-thread CPU of ``coll_begin + coll_end``, the same for
+back-to-back calls, and a plain ``torch.ones(3)`` after a gap (the same run's references: any
+first call after a sleep pays for cold caches), with the machine. ``--n`` gaps, half of them
+for the torch reference.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gap-s", type=float, default=0.1)
-    ap.add_argument("--n", type=int, default=60)
+    ap.add_argument("--n", type=int, default=120)
     ns = ap.parse_args()
     os.environ.setdefault("COMMTOP_RUNTIME_DIR", tempfile.mkdtemp(prefix="cmg-", dir="/tmp"))
     import torch
@@ -52,9 +54,17 @@ def main() -> int:
         end(begin(spec, args, {}), None)
         return (time.perf_counter_ns() - w) / 1e3, (time.thread_time_ns() - c) / 1e3
 
-    after_gap, back_to_back = [], []
-    for _ in range(ns.n):
+    def torch_call() -> tuple[float, float]:
+        w, c = time.perf_counter_ns(), time.thread_time_ns()
+        torch.ones(3)
+        return (time.perf_counter_ns() - w) / 1e3, (time.thread_time_ns() - c) / 1e3
+
+    after_gap, back_to_back, cold_torch = [], [], []
+    for i in range(ns.n):
         time.sleep(ns.gap_s)
+        if i % 2:  # every other gap: what any first call pays after one (caches, clocks)
+            cold_torch.append(torch_call())
+            continue
         after_gap.append(one())
         back_to_back.append(one())
         while pull.poll(0):
@@ -62,9 +72,16 @@ def main() -> int:
     monitor.stop()
     dist.destroy_process_group()
     print(f"machine: {platform.node()} {os.cpu_count()} CPUs, Python {platform.python_version()}")
-    print(f"{ns.n} rounds: sleep {ns.gap_s} s, then two hooked calls (coll_begin + coll_end)")
+    print(
+        f"{ns.n} gaps of {ns.gap_s} s: after one, two hooked calls (coll_begin + coll_end); after the next, torch.ones(3)"
+    )
     print("call                      wall µs p50    p90     max  | job-thread CPU µs p50    p90     max")
-    for label, xs in (("first after the gap", after_gap), ("the next (reference)", back_to_back)):
+    rows = (
+        ("first after the gap", after_gap),
+        ("the next (reference)", back_to_back),
+        ("torch.ones(3) after one", cold_torch),
+    )
+    for label, xs in rows:
         parts = []
         for i in (0, 1):  # wall, then job-thread CPU
             v = sorted(x[i] for x in xs)
