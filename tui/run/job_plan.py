@@ -132,8 +132,8 @@ def interpreter_note(script: list[str]) -> str:
     if named is None or os.path.dirname(os.path.abspath(named)) == os.path.dirname(os.path.abspath(sys.executable)):
         return ""
     return (
-        f"the ranks run commtop's python ({sys.executable}), not {named}: the job gets its packages; "
-        "install commtop into the job's environment to run with that one"
+        f"the ranks run commtop's python ({sys.executable}), not {named}: the job imports the "
+        "packages of commtop's environment; install commtop into the job's environment to run with its own"
     )
 
 
