@@ -231,6 +231,12 @@ def test_a_recording_started_mid_run_counts_only_what_was_lost_while_it_recorded
     first = replace(job_hello(0, 1, T0, lost=2), iteration=0)  # from the rank's start: all of it
     (row,) = rank_rows([0], {0: 10}, {0: (0, 9)}, [(1, first), (2, late)])
     assert (row.gaps, row.lost) == (0, 47)
+    # a rank whose first Hello came after its first collectives (a loaded machine; DDP's 5 unseen
+    # set-up collectives already in its count), recorded from its first collective: all of it
+    # (the report said 51 + 0 where the live summary said 51 + 5)
+    slow = replace(job_hello(0, 1, T0, lost=5), iteration=12)
+    (row,) = rank_rows([0], {0: 51}, {0: (0, 50)}, [(1, slow), (2, replace(slow, iteration=51))])
+    assert (row.gaps, row.lost) == (0, 5)
 
 
 @pytest.mark.e2e

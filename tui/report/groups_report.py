@@ -103,6 +103,8 @@ def rank_rows(
         lo, hi = iterations.get(r, (0, -1))
         gaps = max(0, hi - lo + 1 - n) if n else 0
         h0 = first.get(r)
-        base = 0 if h0 is None or h0.iteration <= 0 else h0.lost  # recorded from its start: all of it
+        # recorded from its start (its first Hello, or its first collective: a Hello may come after
+        # a few on a loaded machine): all of it
+        base = 0 if h0 is None or h0.iteration <= 0 or (n and lo == 0) else h0.lost
         out.append(RankRow(r, host.get(r, "?"), n, gaps, max(0, top.get(r, 0) - base)))
     return out
