@@ -54,6 +54,7 @@ def test_ranks_that_catch_sigterm_end_when_commtop_is_stopped() -> None:
         while marked_pids(marker) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert marked_pids(marker) == {}, rest[-2000:]
+        assert "of the job still ran 5 s after the SIGTERM and were SIGKILLed" in rest  # said, not silent
     finally:
         for pid in marked_pids(marker):
             os.kill(pid, signal.SIGKILL)

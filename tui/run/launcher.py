@@ -118,6 +118,9 @@ class JobProcess:
                 preexec_fn=_die_with(os.getpid()) if main_thread else None,
             )
         self.started = time.monotonic()
+        #: Processes of the job still running when :meth:`stop`'s grace ended, SIGKILLed by it
+        #: (their command lines): the end says so (a rank that catches SIGTERM and carries on).
+        self.killed: list[str] = []
         #: The exit code is the failing script's, as ``python train.py`` gives it (``commtop run --
         #: python ...``: commtop chose torchrun, whose own code is 1 for any rank's failure); a
         #: user's own torchrun line keeps torchrun's.
@@ -245,7 +248,9 @@ class JobProcess:
         _, left = psutil.wait_procs(started, timeout=max(0.0, deadline - time.monotonic()))
         for process in left:
             try:
+                what = " ".join(process.cmdline()[-2:])
                 process.kill()  # psutil: not a later process that took the pid
+                self.killed.append(what)
             except psutil.Error:  # gone meanwhile, or not ours
                 pass
         code = self.proc.wait()

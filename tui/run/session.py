@@ -335,6 +335,12 @@ class LiveSession:
             return
         if job.output.log_error:
             print(f"commtop: {job.output.log_error}", file=sys.stderr)
+        if job.killed:
+            print(
+                f"commtop: {len(job.killed)} process(es) of the job still ran {STOP_GRACE_S:g} s after the "
+                f"SIGTERM and were SIGKILLed ({', '.join(job.killed[:3])}{', ...' if len(job.killed) > 3 else ''})",
+                file=sys.stderr,
+            )
         restarts = job.output.restarts
         if restarts:
             times = "once" if restarts == 1 else f"{restarts} times"
