@@ -282,9 +282,9 @@ def test_a_skew_found_on_a_drawn_stream_is_placed_by_that_streams_call_not_an_it
     assert snap.worst_skew is not None and snap.worst_skew.stream == pair.index
     worst = dataclasses.replace(snap.worst_skew, skew_ms=1e3, typical_ms=1.0)  # headline-worthy
     text = worst_skew_text(dataclasses.replace(snap, worst_skew=worst, recent_skew=None))
-    assert f"at call {worst.iteration} of all_to_all " in text and "iteration" not in text
+    assert f"at call {worst.iteration + 1} of all_to_all 64KiB" in text and "iteration" not in text  # from 1
     recent = skew_text(dataclasses.replace(snap, recent_skew=worst), compact=True)
-    assert f"at call {worst.iteration} of all_to_all" in recent
+    assert f"at call {worst.iteration + 1} of all_to_all" in recent
 
 
 def test_a_job_whose_ranks_all_issue_the_same_collectives_keeps_its_straggler() -> None:

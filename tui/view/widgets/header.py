@@ -15,6 +15,7 @@ from tui.model.in_force import settings_wire
 from tui.model.snapshot import SkewEvent, Snapshot
 from tui.model.snapshot_builder import RECENT_SKEW_S
 from tui.model.streams import OTHER, groups_and_ops, listed
+from tui.report.views_text import size_cell
 from tui.view.widgets.palette import (
     ACCENT,
     EXITED,
@@ -99,11 +100,13 @@ def skew_text(snap: Snapshot, compact: bool = False) -> str:
 
 def _at(e: SkewEvent, snap: Snapshot, compact: bool = False) -> str:
     """Where a skew was: ``iteration 455`` (the records' iteration, as the report and its CSV
-    say), or, found on a drawn stream, ``call 227 of all_reduce 1.0 KiB``: that stream's calls."""
+    say), or, found on a drawn stream, ``call 228 of all_reduce 1KiB``: that stream's calls,
+    counted from 1, its size as the stream table writes it."""
     if e.stream < 0:
         return f"it {e.iteration}" if compact else f"iteration {e.iteration}"
     view = next((v for v in snap.streams if v.index == e.stream), None)
-    return f"call {e.iteration} of {view.op} {fmt_bytes(view.nbytes)}" if view else f"call {e.iteration} of a stream"
+    call = e.iteration + 1  # the history's columns count from 0
+    return f"call {call} of {view.op} {size_cell(view.nbytes)}" if view else f"call {call} of a stream"
 
 
 def worst_skew_text(snap: Snapshot) -> str:
