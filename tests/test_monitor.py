@@ -130,6 +130,8 @@ def test_the_jobs_thread_never_encodes_or_sends_a_batch(run, source, monkeypatch
     messages = drain(source, until_bye=False, timeout_s=1.5)
     assert len(columns(messages, protocol.COLL).get("iteration", [])) == 6  # all sent, none late
     assert senders and threading.main_thread().name not in senders
+    # a job that never calls step(): its Hellos start anyway, from its collectives
+    assert any(isinstance(m, protocol.Hello) for m in messages)
 
 
 def test_a_blocking_collective_is_the_ranks_inside_until_it_returns(run) -> None:

@@ -105,6 +105,9 @@ class Monitor:
         )
         self.timers = Timers(self.batcher, self.status, on_cuda=self._refresh, groups=self.groups)
         self.timers.unseen.baselined = False  # no read counts before the hooks' baseline (hooks_in)
+        #: perf_counter_ns after which a job that never calls step() makes its control (and starts
+        #: its Hellos) at its next collective, on its own thread
+        self._control_due_ns = time.perf_counter_ns() + self.batcher.batch_ns
         self._flush_thread = FlushThread(self._harvest_and_send, self.rank, self.batcher.batch_ns / 1e9)
         self._flush_thread.start()
         if monitor_patch.patched():
@@ -232,7 +235,9 @@ class Monitor:
         if token is None:
             return
         try:
-            if self.timers.coll_end(token, result):
+            if self.timers.coll_end(token, result) or (
+                self.control is None and time.perf_counter_ns() >= self._control_due_ns
+            ):
                 self.harvest(send=False)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
