@@ -340,7 +340,7 @@ class SnapshotBuilder:
         RECENT_SKEW_S): the history window may hold less than that (fast collectives), so each
         snapshot's finding ``found`` is kept until it is older."""
         kept = self._recent_skews
-        if found is not None and not any(e.iteration == found.iteration for e in kept):
+        if found is not None and not any((e.iteration, e.stream) == (found.iteration, found.stream) for e in kept):
             kept.append(found)
         while kept and kept[0].t_ns < since:
             kept.popleft()

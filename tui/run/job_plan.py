@@ -172,8 +172,8 @@ def runnable_script(rest: list[str], on_path: bool = True) -> list[str]:
     if not rest:
         return rest
     command, args = (rest[1], rest[2:]) if rest[0] == "-m" and len(rest) > 1 else (os.path.basename(rest[0]), rest[1:])
-    other = OTHER_LAUNCHERS.get(command)
-    if other is not None and SUBCOMMAND_LAUNCHERS.get(command, args[0] if args else "") == (args[0] if args else ""):
+    other, subcommand = OTHER_LAUNCHERS.get(command), SUBCOMMAND_LAUNCHERS.get(command)
+    if other is not None and (subcommand is None or args[:1] == [subcommand]):
         name, gives = other
         raise ConfigError(
             f"{name} starts the ranks itself, and under commtop torchrun does: run the script directly, "

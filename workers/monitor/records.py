@@ -59,11 +59,8 @@ class MonitorBatcher(RecordBatcher):
             self.coll_arrays.append(records)
             self.array_records += len(records)
 
-    def full(self) -> bool:
+    def full(self) -> bool:  # RecordBatcher.due asks it too
         return self.array_records >= self.max_records or super().full()
-
-    def due(self) -> bool:
-        return self.array_records >= self.max_records or super().due()
 
     def flush(self) -> None:
         if self.coll_arrays:
